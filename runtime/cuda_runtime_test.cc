@@ -1,0 +1,91 @@
+// The runtime on a CUDA device: copies, streams, events and the caching allocator.
+// Compiles in every build; skips with the reason where no GPU is visible.
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "runtime/tensor.h"
+
+namespace tandem {
+namespace {
+
+class CudaRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  }
+  Device gpu_ = Device::Cuda(0);
+};
+
+TEST_F(CudaRuntimeTest, HostDeviceRoundTrip) {
+  std::vector<float> v(1000);
+  std::iota(v.begin(), v.end(), -500.0f);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Tensor d = *Tensor::FromVector(v, {10, 100}, gpu_, t);
+    EXPECT_EQ(d.device(), gpu_);
+    EXPECT_EQ(*d.ToFloatVector(), v) << DTypeName(t);  // integers up to 500 are exact
+  }
+}
+
+TEST_F(CudaRuntimeTest, AsyncCopiesThroughPinnedMemoryOnOwnStream) {
+  auto stream = *Stream::Create(gpu_);
+  Tensor host = *Tensor::FromVector(std::vector<float>(1 << 20, 3.0f), {1 << 20});
+  Tensor pinned = *Tensor::Empty(host.shape(), DType::kF32, Device::Cpu(), HostMemoryKind::kPinned);
+  Tensor back = *Tensor::Empty(host.shape(), DType::kF32, Device::Cpu(), HostMemoryKind::kPinned);
+  Tensor dev = *Tensor::Empty(host.shape(), DType::kF32, gpu_);
+  Tensor dev2 = *Tensor::Empty(host.shape(), DType::kF32, gpu_);
+  ASSERT_TRUE(CopySync(pinned, host).ok());
+  auto start = *Event::Create(gpu_);
+  auto stop = *Event::Create(gpu_);
+  ASSERT_TRUE(start->Record(*stream).ok());
+  ASSERT_TRUE(Copy(dev, pinned, *stream).ok());
+  ASSERT_TRUE(Copy(dev2, dev, *stream).ok());
+  ASSERT_TRUE(Copy(back, dev2, *stream).ok());
+  ASSERT_TRUE(stop->Record(*stream).ok());
+  ASSERT_TRUE(stop->Synchronize().ok());
+  EXPECT_TRUE(*stop->Query());
+  EXPECT_GT(*stop->ElapsedMsSince(*start), 0.0f);
+  EXPECT_EQ(back.data<float>()[12345], 3.0f);
+}
+
+TEST_F(CudaRuntimeTest, EventOrdersTwoStreams) {
+  auto a = *Stream::Create(gpu_);
+  auto b = *Stream::Create(gpu_);
+  Tensor dev = *Tensor::FromVector(std::vector<float>(4096, 1.0f), {4096}, gpu_);
+  ASSERT_TRUE(ZeroFill(dev, *a).ok());
+  auto done = *Event::Create(gpu_, /*timing=*/false);
+  ASSERT_TRUE(done->Record(*a).ok());
+  ASSERT_TRUE(done->MakeStreamWait(*b).ok());
+  Tensor host = *Tensor::Empty({4096}, DType::kF32, Device::Cpu(), HostMemoryKind::kPinned);
+  ASSERT_TRUE(Copy(host, dev, *b).ok());
+  ASSERT_TRUE(b->Synchronize().ok());
+  EXPECT_EQ(host.data<float>()[4095], 0.0f);
+}
+
+TEST_F(CudaRuntimeTest, CachingAllocatorReusesDeviceBlocks) {
+  Allocator* alloc = *GetAllocator(gpu_);
+  alloc->EmptyCache();
+  const AllocatorStats before = alloc->stats();
+  void* p = *alloc->Allocate(64 << 20);
+  alloc->Free(p);
+  void* q = *alloc->Allocate(64 << 20);
+  EXPECT_EQ(p, q);
+  EXPECT_EQ(alloc->stats().system_allocations, before.system_allocations + 1);
+  alloc->Free(q);
+  alloc->EmptyCache();
+  EXPECT_EQ(alloc->stats().reserved_bytes, before.reserved_bytes);
+}
+
+TEST_F(CudaRuntimeTest, OutOfMemoryIsAClearError) {
+  Allocator* alloc = *GetAllocator(gpu_);
+  auto r = alloc->Allocate(size_t{1} << 50);  // 1 PiB
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("out of memory on cuda:0"), std::string::npos)
+      << r.status();
+  // The device still works afterwards.
+  EXPECT_TRUE(Tensor::FromVector({1, 2}, {2}, gpu_).ok());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,126 @@
+// Trains one model on one device and prints the loss of every step and the throughput:
+//   bazel run //examples:train -- --model=gpt-tiny --steps=300
+// It is the single-worker baseline that every parallel strategy is checked against.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "model/trainer.h"
+
+ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp");
+ABSL_FLAG(int, n_layer, 0, "layers (0: the preset's)");
+ABSL_FLAG(int, d_model, 0, "channels / MLP width (0: the preset's)");
+ABSL_FLAG(int, n_head, 0, "attention heads (0: the preset's)");
+ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the preset's)");
+ABSL_FLAG(int, steps, 300, "optimizer steps");
+ABSL_FLAG(int, batch, 16, "samples per step");
+ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
+ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
+ABSL_FLAG(int, warmup, 20, "linear warmup steps");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
+ABSL_FLAG(double, weight_decay, 0.0, "decoupled weight decay (AdamW) / L2 (SGD)");
+ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm; 0: off");
+ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
+ABSL_FLAG(std::string, data, "", "text file to train on (default: /usr/share/common-licenses)");
+ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
+ABSL_FLAG(std::string, checkpoint_dir, "", "directory for checkpoints (empty: none)");
+ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
+ABSL_FLAG(std::string, resume, "", "checkpoint file to resume from");
+
+namespace tandem {
+namespace {
+
+absl::StatusOr<TrainConfig> ConfigFromFlags() {
+  TrainConfig c;
+  auto model = ModelPreset(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return model.status();
+  c.model = *model;
+  if (int v = absl::GetFlag(FLAGS_n_layer)) c.model.n_layer = v;
+  if (int v = absl::GetFlag(FLAGS_d_model)) c.model.d_model = v;
+  if (int v = absl::GetFlag(FLAGS_n_head)) c.model.n_head = v;
+  if (int v = absl::GetFlag(FLAGS_seq_len)) c.model.seq_len = v;
+  c.steps = absl::GetFlag(FLAGS_steps);
+  c.batch = absl::GetFlag(FLAGS_batch);
+  c.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  c.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
+  c.optimizer.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  c.optimizer.warmup_steps = absl::GetFlag(FLAGS_warmup);
+  c.optimizer.total_steps = c.steps;
+  c.optimizer.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  c.optimizer.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
+  c.seed = absl::GetFlag(FLAGS_seed);
+  c.data = absl::GetFlag(FLAGS_data);
+  c.synthetic_data = absl::GetFlag(FLAGS_synthetic);
+  auto device = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return device.status();
+  c.device = *device;
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return dtype.status();
+  c.dtype = *dtype;
+  c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  c.resume = absl::GetFlag(FLAGS_resume);
+  if (c.device.is_cuda()) {
+    std::string why;
+    if (CudaDeviceCount(&why) <= c.device.index()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--device=%s: no such CUDA device (%s); use --device=cpu", c.device.ToString(), why));
+    }
+  }
+  return c;
+}
+
+int Main() {
+  auto config = ConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "train: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  auto trainer = Trainer::Create(*config);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "train: %s\n", std::string(trainer.status().message()).c_str());
+    return 2;
+  }
+  const TrainConfig& c = *config;
+  std::printf("model  %s\ndata   %s (%lld tokens, %lld samples)\ndevice %s, batch %d x %d tokens\n",
+              c.model.ToString().c_str(), (*trainer)->data().source().c_str(),
+              static_cast<long long>((*trainer)->data().num_tokens()),
+              static_cast<long long>((*trainer)->data().num_samples()),
+              c.device.ToString().c_str(), c.batch, c.model.seq_len);
+  double seconds = 0;
+  int timed = 0;
+  absl::Status s = (*trainer)->Run([&](const StepReport& r) {
+    const double tok_s = c.batch * c.model.seq_len / r.seconds;
+    if (r.step >= 2) {  // the first steps warm caches and the allocator
+      seconds += r.seconds;
+      ++timed;
+    }
+    std::printf("step %4d/%d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s%s\n", r.step + 1,
+                c.steps, r.loss, r.lr, r.grad_norm, tok_s, r.skipped ? "  (skipped)" : "");
+    std::fflush(stdout);
+  });
+  if (!s.ok()) {
+    std::fprintf(stderr, "train: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  if (timed > 0) {
+    std::printf("mean %.0f tokens/s over %d steps\n", c.batch * c.model.seq_len * timed / seconds,
+                timed);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Trains a model on one device.\n  train --model=gpt-tiny --steps=300");
+  absl::ParseCommandLine(argc, argv);
+  return tandem::Main();
+}

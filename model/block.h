@@ -1,0 +1,60 @@
+// A model is an ordered list of blocks (embedding, layers, head); any contiguous range of
+// blocks is a pipeline stage. A block is a forward/backward pair over runtime ops: the same
+// code for CPU and CUDA. Activations a block keeps for backward live in a Saved per
+// micro-batch, so several micro-batches can be in flight (GPipe) and each is freed as soon
+// as its backward ran (1F1B).
+#ifndef TANDEM_MODEL_BLOCK_H_
+#define TANDEM_MODEL_BLOCK_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+
+namespace tandem {
+
+// The data of one micro-batch, on the stage's device.
+struct MicroBatch {
+  Tensor tokens;   // (B, T) i32; read by the embedding
+  Tensor targets;  // (B, T) i32; read by the head
+  // Gradient of the training loss with respect to one token's loss: 1 / (tokens in the
+  // global batch), times the loss scale under f16. With it, summing gradients over
+  // micro-batches and ranks gives exactly the gradient of the global batch's mean loss.
+  float dloss_scale = 1.0f;
+};
+
+// Activations one block keeps for backward, for one micro-batch.
+struct Saved {
+  std::vector<Tensor> t;
+};
+
+class Block {
+ public:
+  virtual ~Block() = default;
+  // "embed", "h3", "head".
+  virtual std::string name() const = 0;
+  // The block's parameters, names prefixed by name().
+  virtual std::vector<ParamSpec> Params() const = 0;
+  // y = block(x). The embedding ignores x; the head's y is the per-token loss (B*T) f32.
+  // `params` are the views of Params(), in order.
+  virtual absl::Status Forward(Stream& s, const std::vector<Tensor>& params,
+                               const MicroBatch& mb, const Tensor& x, Tensor* y,
+                               Saved* saved) const = 0;
+  // From dy (undefined for the head) computes dx (not for the embedding) and ADDS the
+  // parameter gradients into `grads` (same order as params).
+  virtual absl::Status Backward(Stream& s, const std::vector<Tensor>& params,
+                                const std::vector<Tensor>& grads, const MicroBatch& mb,
+                                const Tensor& dy, const Saved& saved, Tensor* dx) const = 0;
+};
+
+// The blocks of a GPT or an MLP for `config`, embedding first and head last.
+std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config);
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_BLOCK_H_

@@ -1,0 +1,268 @@
+// The GPT (GPT-2 style, pre-LayerNorm) and MLP blocks.
+// Legend: B = micro-batch, T = sequence, C = channels (d_model), V = vocabulary,
+// NH = heads, N = B * T rows.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "model/block.h"
+#include "runtime/ops.h"
+#include "runtime/status.h"
+
+namespace tandem {
+namespace {
+
+absl::StatusOr<Tensor> Like(const Tensor& t, const Shape& shape, DType dtype = DType::kF32) {
+  return Tensor::Empty(shape, dtype, t.device());
+}
+
+// Token embedding plus learned positions (GPT) or token embedding only (MLP).
+class EmbeddingBlock : public Block {
+ public:
+  EmbeddingBlock(const ModelConfig& c, bool positions) : c_(c), positions_(positions) {}
+  std::string name() const override { return "embed"; }
+  std::vector<ParamSpec> Params() const override {
+    std::vector<ParamSpec> p = {{"embed.wte", {c_.vocab, c_.d_model}, Init::kNormal, 0.02f}};
+    if (positions_) p.push_back({"embed.wpe", {c_.seq_len, c_.d_model}, Init::kNormal, 0.01f});
+    return p;
+  }
+  absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch& mb,
+                       const Tensor&, Tensor* y, Saved*) const override {
+    const int64_t B = mb.tokens.dim(0), T = mb.tokens.dim(1);
+    ASSIGN_OR_RETURN(*y, Like(p[0], {B, T, c_.d_model}));
+    return ops::EmbeddingForward(s, *y, mb.tokens, p[0], positions_ ? p[1] : Tensor());
+  }
+  absl::Status Backward(Stream& s, const std::vector<Tensor>&, const std::vector<Tensor>& g,
+                        const MicroBatch& mb, const Tensor& dy, const Saved&,
+                        Tensor*) const override {
+    return ops::EmbeddingBackward(s, g[0], positions_ ? g[1] : Tensor(), dy, mb.tokens);
+  }
+
+ private:
+  ModelConfig c_;
+  bool positions_;
+};
+
+// ln1 -> attention -> +residual -> ln2 -> MLP (4C, GELU) -> +residual.
+class TransformerBlock : public Block {
+ public:
+  TransformerBlock(const ModelConfig& c, int layer) : c_(c), layer_(layer) {}
+  std::string name() const override { return absl::StrCat("h", layer_); }
+  std::vector<ParamSpec> Params() const override {
+    const int64_t C = c_.d_model;
+    const std::string n = name();
+    // GPT-2: residual projections scaled down by sqrt(2 * layers).
+    const float proj_std = 0.02f / std::sqrt(2.0f * c_.n_layer);
+    return {
+        {n + ".ln1.weight", {C}, Init::kOnes},
+        {n + ".ln1.bias", {C}, Init::kZeros},
+        {n + ".attn.qkv.weight", {3 * C, C}, Init::kNormal, 0.02f},
+        {n + ".attn.qkv.bias", {3 * C}, Init::kZeros},
+        {n + ".attn.proj.weight", {C, C}, Init::kNormal, proj_std},
+        {n + ".attn.proj.bias", {C}, Init::kZeros},
+        {n + ".ln2.weight", {C}, Init::kOnes},
+        {n + ".ln2.bias", {C}, Init::kZeros},
+        {n + ".mlp.fc.weight", {4 * C, C}, Init::kNormal, 0.02f},
+        {n + ".mlp.fc.bias", {4 * C}, Init::kZeros},
+        {n + ".mlp.proj.weight", {C, 4 * C}, Init::kNormal, proj_std},
+        {n + ".mlp.proj.bias", {C}, Init::kZeros},
+    };
+  }
+  enum P { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
+  // Saved tensors, in this order.
+  enum S { kX, kLn1, kMean1, kRstd1, kQkv, kAtt, kAttY, kRes2, kLn2, kMean2, kRstd2, kFcPre, kFcAct };
+
+  absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
+                       const Tensor& x, Tensor* y, Saved* saved) const override {
+    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T, NH = c_.n_head;
+    ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
+    ASSIGN_OR_RETURN(Tensor ln1, Like(x, {N, C}));
+    ASSIGN_OR_RETURN(Tensor mean1, Like(x, {N}));
+    ASSIGN_OR_RETURN(Tensor rstd1, Like(x, {N}));
+    RETURN_IF_ERROR(ops::LayerNormForward(s, ln1, mean1, rstd1, x2, p[kLn1W], p[kLn1B]));
+    ASSIGN_OR_RETURN(Tensor qkv, Like(x, {N, 3 * C}));
+    RETURN_IF_ERROR(ops::LinearForward(s, qkv, ln1, p[kQkvW], p[kQkvB]));
+    ASSIGN_OR_RETURN(Tensor qkv3, qkv.Reshape({B, T, 3 * C}));
+    ASSIGN_OR_RETURN(Tensor atty, Like(x, {B, T, C}));
+    ASSIGN_OR_RETURN(Tensor att, Like(x, {B, NH, T, T}));
+    RETURN_IF_ERROR(ops::AttentionForward(s, atty, att, qkv3, c_.n_head));
+    ASSIGN_OR_RETURN(Tensor atty2, atty.Reshape({N, C}));
+    ASSIGN_OR_RETURN(Tensor proj, Like(x, {N, C}));
+    RETURN_IF_ERROR(ops::LinearForward(s, proj, atty2, p[kProjW], p[kProjB]));
+    ASSIGN_OR_RETURN(Tensor res2, Like(x, {N, C}));
+    ASSIGN_OR_RETURN(Tensor ln2, Like(x, {N, C}));
+    ASSIGN_OR_RETURN(Tensor mean2, Like(x, {N}));
+    ASSIGN_OR_RETURN(Tensor rstd2, Like(x, {N}));
+    RETURN_IF_ERROR(ops::ResidualLayerNormForward(s, res2, ln2, mean2, rstd2, x2, proj,
+                                                  p[kLn2W], p[kLn2B]));
+    ASSIGN_OR_RETURN(Tensor fc_pre, Like(x, {N, 4 * C}));
+    ASSIGN_OR_RETURN(Tensor fc_act, Like(x, {N, 4 * C}));
+    RETURN_IF_ERROR(ops::LinearGeluForward(s, fc_act, fc_pre, ln2, p[kFcW], p[kFcB]));
+    ASSIGN_OR_RETURN(Tensor fc_out, Like(x, {N, C}));
+    RETURN_IF_ERROR(ops::LinearForward(s, fc_out, fc_act, p[kFcProjW], p[kFcProjB]));
+    ASSIGN_OR_RETURN(*y, Like(x, {B, T, C}));
+    ASSIGN_OR_RETURN(Tensor y2, y->Reshape({N, C}));
+    RETURN_IF_ERROR(ops::Add(s, y2, res2, fc_out));
+    saved->t = {x2, ln1, mean1, rstd1, qkv3, att, atty2, res2, ln2, mean2, rstd2, fc_pre, fc_act};
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(Stream& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
+                        const MicroBatch&, const Tensor& dy, const Saved& saved,
+                        Tensor* dx) const override {
+    const std::vector<Tensor>& v = saved.t;
+    const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
+    ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
+    // MLP branch: y = res2 + proj(gelu(fc(ln2(res2)))).
+    ASSIGN_OR_RETURN(Tensor dfc_act, Like(dy, {N, 4 * C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dfc_act, g[kFcProjW], g[kFcProjB], dy2, v[kFcAct],
+                                        p[kFcProjW]));
+    ASSIGN_OR_RETURN(Tensor dfc_pre, Like(dy, {N, 4 * C}));
+    RETURN_IF_ERROR(ops::GeluBackward(s, dfc_pre, v[kFcPre], dfc_act));
+    ASSIGN_OR_RETURN(Tensor dln2, Like(dy, {N, C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dln2, g[kFcW], g[kFcB], dfc_pre, v[kLn2], p[kFcW]));
+    ASSIGN_OR_RETURN(Tensor dres2, Like(dy, {N, C}));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, g[kLn2W], g[kLn2B], dln2, v[kRes2],
+                                           p[kLn2W], v[kMean2], v[kRstd2]));
+    RETURN_IF_ERROR(ops::Axpy(s, dres2, 1.0f, dy2));  // the residual path
+    // Attention branch: res2 = x + proj(attention(qkv(ln1(x)))).
+    ASSIGN_OR_RETURN(Tensor datty, Like(dy, {N, C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, datty, g[kProjW], g[kProjB], dres2, v[kAttY],
+                                        p[kProjW]));
+    ASSIGN_OR_RETURN(Tensor datty3, datty.Reshape({B, T, C}));
+    ASSIGN_OR_RETURN(Tensor dqkv, Like(dy, {B, T, 3 * C}));
+    RETURN_IF_ERROR(ops::AttentionBackward(s, dqkv, datty3, v[kQkv], v[kAtt], c_.n_head));
+    ASSIGN_OR_RETURN(Tensor dqkv2, dqkv.Reshape({N, 3 * C}));
+    ASSIGN_OR_RETURN(Tensor dln1, Like(dy, {N, C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dln1, g[kQkvW], g[kQkvB], dqkv2, v[kLn1], p[kQkvW]));
+    ASSIGN_OR_RETURN(*dx, Like(dy, {B, T, C}));
+    ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[kLn1W], g[kLn1B], dln1, v[kX], p[kLn1W],
+                                           v[kMean1], v[kRstd1]));
+    return ops::Axpy(s, dx2, 1.0f, dres2);
+  }
+
+ private:
+  ModelConfig c_;
+  int layer_;
+};
+
+// One MLP hidden layer: y = x + relu(x @ W^T + b), a residual so depth trains stably.
+class MlpLayerBlock : public Block {
+ public:
+  MlpLayerBlock(const ModelConfig& c, int layer) : c_(c), layer_(layer) {}
+  std::string name() const override { return absl::StrCat("h", layer_); }
+  std::vector<ParamSpec> Params() const override {
+    const int64_t C = c_.d_model;
+    return {{name() + ".fc.weight", {C, C}, Init::kNormal, 1.0f / std::sqrt(float(C))},
+            {name() + ".fc.bias", {C}, Init::kZeros}};
+  }
+  absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
+                       const Tensor& x, Tensor* y, Saved* saved) const override {
+    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T;
+    ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
+    ASSIGN_OR_RETURN(Tensor h, Like(x, {N, C}));
+    RETURN_IF_ERROR(ops::LinearForward(s, h, x2, p[0], p[1]));
+    RETURN_IF_ERROR(ops::ReluForward(s, h, h));
+    ASSIGN_OR_RETURN(*y, Like(x, {B, T, C}));
+    ASSIGN_OR_RETURN(Tensor y2, y->Reshape({N, C}));
+    RETURN_IF_ERROR(ops::Add(s, y2, x2, h));
+    saved->t = {x2, h};
+    return absl::OkStatus();
+  }
+  absl::Status Backward(Stream& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
+                        const MicroBatch&, const Tensor& dy, const Saved& saved,
+                        Tensor* dx) const override {
+    const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
+    ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
+    ASSIGN_OR_RETURN(Tensor dh, Like(dy, {N, C}));
+    RETURN_IF_ERROR(ops::ReluBackward(s, dh, saved.t[1], dy2));
+    ASSIGN_OR_RETURN(*dx, Like(dy, {B, T, C}));
+    ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dx2, g[0], g[1], dh, saved.t[0], p[0]));
+    return ops::Axpy(s, dx2, 1.0f, dy2);
+  }
+
+ private:
+  ModelConfig c_;
+  int layer_;
+};
+
+// Final LayerNorm (GPT only), the vocabulary projection and the softmax cross-entropy,
+// fused with its backward: dlogits are made in the forward pass (after llm.c), so the
+// logits are never kept.
+class HeadBlock : public Block {
+ public:
+  HeadBlock(const ModelConfig& c, bool layernorm) : c_(c), layernorm_(layernorm) {}
+  std::string name() const override { return "head"; }
+  std::vector<ParamSpec> Params() const override {
+    const int64_t C = c_.d_model, V = c_.vocab;
+    std::vector<ParamSpec> p;
+    if (layernorm_) {
+      p.push_back({"head.ln.weight", {C}, Init::kOnes});
+      p.push_back({"head.ln.bias", {C}, Init::kZeros});
+    }
+    p.push_back({"head.weight", {V, C}, Init::kNormal, 0.02f});
+    if (!layernorm_) p.push_back({"head.bias", {V}, Init::kZeros});
+    return p;
+  }
+  absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch& mb,
+                       const Tensor& x, Tensor* y, Saved* saved) const override {
+    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T, V = c_.vocab;
+    ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
+    Tensor h = x2, mean, rstd;
+    if (layernorm_) {
+      ASSIGN_OR_RETURN(h, Like(x, {N, C}));
+      ASSIGN_OR_RETURN(mean, Like(x, {N}));
+      ASSIGN_OR_RETURN(rstd, Like(x, {N}));
+      RETURN_IF_ERROR(ops::LayerNormForward(s, h, mean, rstd, x2, p[0], p[1]));
+    }
+    ASSIGN_OR_RETURN(Tensor logits, Like(x, {N, V}));
+    RETURN_IF_ERROR(ops::LinearForward(s, logits, h, weight(p), bias(p)));
+    ASSIGN_OR_RETURN(*y, Like(x, {N}));
+    ASSIGN_OR_RETURN(Tensor targets, mb.targets.Reshape({N}));
+    // The logits' buffer receives its own gradient in place.
+    RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, logits, logits, targets, mb.dloss_scale));
+    saved->t = {x2, h, mean, rstd, logits};
+    return absl::OkStatus();
+  }
+  absl::Status Backward(Stream& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
+                        const MicroBatch& mb, const Tensor&, const Saved& saved,
+                        Tensor* dx) const override {
+    const std::vector<Tensor>& v = saved.t;
+    const int64_t N = v[0].dim(0), C = c_.d_model;
+    const int64_t B = mb.targets.dim(0), T = mb.targets.dim(1);
+    ASSIGN_OR_RETURN(*dx, Like(v[0], {B, T, C}));
+    ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
+    if (!layernorm_) {
+      return ops::LinearBackward(s, dx2, g[0], g[1], v[4], v[1], p[0]);
+    }
+    ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dh, g[2], Tensor(), v[4], v[1], p[2]));
+    return ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]);
+  }
+
+ private:
+  const Tensor& weight(const std::vector<Tensor>& p) const { return p[layernorm_ ? 2 : 0]; }
+  Tensor bias(const std::vector<Tensor>& p) const { return layernorm_ ? Tensor() : p[1]; }
+  ModelConfig c_;
+  bool layernorm_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config) {
+  std::vector<std::unique_ptr<Block>> blocks;
+  const bool gpt = config.kind == ModelKind::kGpt;
+  blocks.push_back(std::make_unique<EmbeddingBlock>(config, gpt));
+  for (int l = 0; l < config.n_layer; ++l) {
+    if (gpt) {
+      blocks.push_back(std::make_unique<TransformerBlock>(config, l));
+    } else {
+      blocks.push_back(std::make_unique<MlpLayerBlock>(config, l));
+    }
+  }
+  blocks.push_back(std::make_unique<HeadBlock>(config, gpt));
+  return blocks;
+}
+
+}  // namespace tandem

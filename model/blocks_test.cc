@@ -1,0 +1,181 @@
+// The model's blocks: gradients against finite differences of the loss, and a model split
+// into stages computing exactly what the whole model computes.
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "model/data.h"
+#include "model/stage.h"
+#include "runtime/ops.h"
+
+namespace tandem {
+namespace {
+
+ModelConfig SmallGpt() {
+  ModelConfig c = *ModelPreset("gpt");
+  c.n_layer = 2;
+  c.d_model = 16;
+  c.n_head = 2;
+  c.seq_len = 8;
+  c.vocab = 32;
+  return c;
+}
+
+ModelConfig SmallMlp() {
+  ModelConfig c = *ModelPreset("mlp");
+  c.n_layer = 2;
+  c.d_model = 16;
+  c.seq_len = 8;
+  c.vocab = 32;
+  return c;
+}
+
+MicroBatch Batch(const ModelConfig& c, int B, uint64_t seed) {
+  auto data = TokenDataset::Synthetic(4096, c.seq_len, c.vocab, seed);
+  DataOrder order(data.num_samples(), seed);
+  std::vector<int32_t> tok, tgt;
+  FillBatch(data, order, 0, 0, B, &tok, &tgt);
+  MicroBatch mb;
+  mb.tokens = *Tensor::FromInts(tok, {B, c.seq_len});
+  mb.targets = *Tensor::FromInts(tgt, {B, c.seq_len});
+  mb.dloss_scale = 1.0f / (B * c.seq_len);
+  return mb;
+}
+
+double MeanLoss(Stage& st, const MicroBatch& mb) {
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Tensor losses;
+  EXPECT_TRUE(st.Forward(s, 0, mb, Tensor(), &losses).ok());
+  st.DropActivations();
+  double sum = 0;
+  const std::vector<float> values = *losses.ToFloatVector();
+  for (float l : values) sum += l;
+  return sum / losses.numel();
+}
+
+// h: the finite-difference step; abs_tol: the rounding of an f32 loss divided by 2h, plus
+// for ReLU the chance that a step crosses a kink.
+void CheckGradients(const ModelConfig& c, float h, double abs_tol) {
+  auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 5);
+  Stream& s = **Stream::Compute(Device::Cpu());
+  MicroBatch mb = Batch(c, 3, 17);
+  Tensor losses, dx;
+  ASSERT_TRUE(st->Forward(s, 0, mb, Tensor(), &losses).ok());
+  ASSERT_TRUE(st->Backward(s, 0, mb, Tensor(), &dx).ok());
+  EXPECT_EQ(st->in_flight(), 0);
+  std::vector<float> grads = *st->grads().flat().ToFloatVector();
+  float* p = st->params().flat().data<float>();
+  // Every parameter tensor: its three largest gradients and one arbitrary entry.
+  int checked = 0;
+  for (const ParamEntry& e : st->layout().entries()) {
+    const int64_t n = e.spec.shape.numel();
+    std::vector<int64_t> idx(n);
+    for (int64_t i = 0; i < n; ++i) idx[i] = e.offset + i;
+    std::partial_sort(idx.begin(), idx.begin() + std::min<int64_t>(3, n), idx.end(),
+                      [&](int64_t a, int64_t b) { return std::fabs(grads[a]) > std::fabs(grads[b]); });
+    idx.resize(std::min<int64_t>(3, n));
+    idx.push_back(e.offset + n / 2);
+    for (int64_t i : idx) {
+      const float keep = p[i];
+      p[i] = keep + h;
+      const double up = MeanLoss(*st, mb);
+      p[i] = keep - h;
+      const double down = MeanLoss(*st, mb);
+      p[i] = keep;
+      const double fd = (up - down) / (2 * h);
+      EXPECT_NEAR(grads[i], fd, abs_tol + 0.03 * std::fabs(fd))
+          << e.spec.name << " element " << (i - e.offset);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(BlocksTest, GptGradientsMatchFiniteDifferences) { CheckGradients(SmallGpt(), 1e-2f, 2e-4); }
+TEST(BlocksTest, MlpGradientsMatchFiniteDifferences) { CheckGradients(SmallMlp(), 3e-4f, 3e-4); }
+
+TEST(BlocksTest, ParameterCountMatchesConfig) {
+  for (ModelConfig c : {SmallGpt(), SmallMlp(), *ModelPreset("gpt-tiny")}) {
+    auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 1);
+    EXPECT_EQ(st->layout().numel(), c.num_params()) << c.ToString();
+  }
+  // GPT-2 small: the 124,439,808 parameters of the 124M model, whose output projection is
+  // tied to the token embedding, plus Tandem's untied head (V x C): a stage boundary may
+  // fall between embedding and head, so they cannot share one buffer.
+  ModelConfig g = *ModelPreset("gpt2-small");
+  EXPECT_EQ(g.num_params(), 124439808 + int64_t{50257} * 768);
+}
+
+// Stages [0, k) and [k, n) chained compute the same losses and gradients as one stage, and
+// their initial weights are the same whatever the split.
+TEST(BlocksTest, SplitStagesMatchTheWholeModel) {
+  for (ModelConfig c : {SmallGpt(), SmallMlp()}) {
+    const int n = c.num_blocks();
+    Stream& s = **Stream::Compute(Device::Cpu());
+    MicroBatch mb = Batch(c, 2, 3);
+    auto whole = *Stage::Create(c, 0, n, Device::Cpu(), 9);
+    Tensor losses, dx;
+    ASSERT_TRUE(whole->Forward(s, 0, mb, Tensor(), &losses).ok());
+    ASSERT_TRUE(whole->Backward(s, 0, mb, Tensor(), &dx).ok());
+    const std::vector<float> want_loss = *losses.ToFloatVector();
+    const std::vector<float> want_grad = *whole->grads().flat().ToFloatVector();
+    const std::vector<float> want_param = *whole->params().flat().ToFloatVector();
+    for (int k = 1; k < n; ++k) {
+      auto a = *Stage::Create(c, 0, k, Device::Cpu(), 9);
+      auto b = *Stage::Create(c, k, n, Device::Cpu(), 9);
+      Tensor mid, l2, dmid, dnone;
+      ASSERT_TRUE(a->Forward(s, 0, mb, Tensor(), &mid).ok());
+      ASSERT_TRUE(b->Forward(s, 0, mb, mid, &l2).ok());
+      ASSERT_TRUE(b->Backward(s, 0, mb, Tensor(), &dmid).ok());
+      ASSERT_TRUE(a->Backward(s, 0, mb, dmid, &dnone).ok());
+      EXPECT_FALSE(dnone.defined());
+      EXPECT_EQ(*l2.ToFloatVector(), want_loss) << "split at " << k;
+      std::vector<float> g = *a->grads().flat().ToFloatVector();
+      std::vector<float> gb = *b->grads().flat().ToFloatVector();
+      g.insert(g.end(), gb.begin(), gb.end());
+      EXPECT_EQ(g, want_grad) << "split at " << k;
+      std::vector<float> p = *a->params().flat().ToFloatVector();
+      std::vector<float> pb = *b->params().flat().ToFloatVector();
+      p.insert(p.end(), pb.begin(), pb.end());
+      EXPECT_EQ(p, want_param) << "split at " << k;
+    }
+  }
+}
+
+TEST(BlocksTest, MicroBatchesAccumulateTheFullBatchGradient) {
+  ModelConfig c = SmallGpt();
+  Stream& s = **Stream::Compute(Device::Cpu());
+  auto data = TokenDataset::Synthetic(4096, c.seq_len, c.vocab, 1);
+  DataOrder order(data.num_samples(), 1);
+  auto make = [&](int row, int rows) {
+    std::vector<int32_t> tok, tgt;
+    FillBatch(data, order, 0, row, rows, &tok, &tgt);
+    MicroBatch mb;
+    mb.tokens = *Tensor::FromInts(tok, {rows, c.seq_len});
+    mb.targets = *Tensor::FromInts(tgt, {rows, c.seq_len});
+    mb.dloss_scale = 1.0f / (4 * c.seq_len);
+    return mb;
+  };
+  auto full = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 2);
+  auto acc = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 2);
+  Tensor y, dx;
+  MicroBatch all = make(0, 4);
+  ASSERT_TRUE(full->Forward(s, 0, all, Tensor(), &y).ok());
+  ASSERT_TRUE(full->Backward(s, 0, all, Tensor(), &dx).ok());
+  // Two micro-batches in flight at once (GPipe order), then both backwards.
+  MicroBatch m0 = make(0, 2), m1 = make(2, 2);
+  ASSERT_TRUE(acc->Forward(s, 0, m0, Tensor(), &y).ok());
+  ASSERT_TRUE(acc->Forward(s, 1, m1, Tensor(), &y).ok());
+  EXPECT_EQ(acc->in_flight(), 2);
+  ASSERT_TRUE(acc->Backward(s, 1, m1, Tensor(), &dx).ok());
+  ASSERT_TRUE(acc->Backward(s, 0, m0, Tensor(), &dx).ok());
+  std::vector<float> a = *full->grads().flat().ToFloatVector();
+  std::vector<float> b = *acc->grads().flat().ToFloatVector();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NEAR(a[i], b[i], 1e-6 + 1e-4 * std::fabs(a[i])) << i;
+  }
+  EXPECT_FALSE(acc->Backward(s, 0, m0, Tensor(), &dx).ok());  // already done
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,65 @@
+#include "model/config.h"
+
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+
+int64_t ModelConfig::num_params() const {
+  const int64_t C = d_model, V = vocab;
+  if (kind == ModelKind::kMlp) {
+    // embedding (V, C); per layer (C, C) + C; head (V, C) + V
+    return V * C + n_layer * (C * C + C) + V * C + V;
+  }
+  const int64_t per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C +
+                            (4 * C * C + 4 * C) + (4 * C * C + C);
+  return V * C + static_cast<int64_t>(seq_len) * C + n_layer * per_layer + 2 * C + V * C;
+}
+
+std::string ModelConfig::ToString() const {
+  if (kind == ModelKind::kMlp) {
+    return absl::StrFormat("%s: mlp, %d layers, width %d, seq %d, vocab %d, %.2fM parameters",
+                           name, n_layer, d_model, seq_len, vocab, num_params() / 1e6);
+  }
+  return absl::StrFormat(
+      "%s: gpt, %d layers, d_model %d, %d heads, seq %d, vocab %d, %.2fM parameters", name,
+      n_layer, d_model, n_head, seq_len, vocab, num_params() / 1e6);
+}
+
+absl::Status ModelConfig::Validate() const {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrFormat("model %s: %s", name, what));
+  };
+  if (n_layer < 1) return bad(absl::StrFormat("--n-layer=%d: need at least 1", n_layer));
+  if (d_model < 1) return bad(absl::StrFormat("--d-model=%d: need at least 1", d_model));
+  if (seq_len < 1) return bad(absl::StrFormat("--seq-len=%d: need at least 1", seq_len));
+  if (vocab < 2) return bad(absl::StrFormat("--vocab=%d: need at least 2", vocab));
+  if (kind == ModelKind::kGpt && (n_head < 1 || d_model % n_head != 0)) {
+    return bad(absl::StrFormat("--n-head=%d must divide --d-model=%d", n_head, d_model));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
+  ModelConfig c;
+  c.name = std::string(name);
+  if (name == "gpt-tiny" || name == "gpt") return c;
+  if (name == "gpt2-small") {
+    c.n_layer = 12;
+    c.n_head = 12;
+    c.d_model = 768;
+    c.seq_len = 1024;
+    c.vocab = 50257;  // GPT-2's vocabulary size, so the parameter count is the 124M one
+    return c;
+  }
+  if (name == "mlp") {
+    c.kind = ModelKind::kMlp;
+    c.n_layer = 4;
+    c.d_model = 512;
+    c.n_head = 1;
+    return c;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown model '%s': use gpt-tiny, gpt2-small, gpt or mlp", name));
+}
+
+}  // namespace tandem

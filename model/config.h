@@ -1,0 +1,41 @@
+// Model configurations: a GPT (GPT-2 style, pre-LayerNorm) or an MLP language model, both
+// over the same byte tokens, and the named presets users pick with --model.
+#ifndef TANDEM_MODEL_CONFIG_H_
+#define TANDEM_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+enum class ModelKind { kGpt, kMlp };
+
+struct ModelConfig {
+  ModelKind kind = ModelKind::kGpt;
+  std::string name = "gpt-tiny";
+  int n_layer = 8;     // GPT: transformer blocks; MLP: hidden layers (depth)
+  int n_head = 4;      // GPT only
+  int d_model = 128;   // GPT: channels; MLP: width
+  int seq_len = 64;    // tokens per sample
+  int vocab = 256;     // byte vocabulary; for the MLP also the number of classes
+
+  // Blocks in order: embedding, n_layer layers, head.
+  int num_blocks() const { return n_layer + 2; }
+  // Parameters in all blocks.
+  int64_t num_params() const;
+  // "gpt-tiny: gpt, 8 layers, d_model 128, 4 heads, seq 64, vocab 256, 1.65M parameters".
+  std::string ToString() const;
+  // Checks every size (positive, heads divide d_model, ...); the error says which and why.
+  absl::Status Validate() const;
+};
+
+// "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M), "gpt" and "mlp" (sizes from flags,
+// starting from gpt-tiny's and mlp's defaults: depth 4, width 512).
+absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name);
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_CONFIG_H_

@@ -1,0 +1,83 @@
+// Optimizers over a stage's flat buffers (AdamW with decoupled weight decay, SGD with
+// momentum), the learning-rate schedule (linear warmup, then cosine decay to a floor),
+// gradient clipping by global norm, and the dynamic loss scaler for f16 training.
+#ifndef TANDEM_MODEL_OPTIMIZER_H_
+#define TANDEM_MODEL_OPTIMIZER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/ops.h"
+#include "runtime/tensor.h"
+
+namespace tandem {
+
+struct OptimizerConfig {
+  std::string kind = "adamw";  // or "sgd"
+  float lr = 1e-3f;            // peak learning rate
+  float min_lr_ratio = 0.1f;   // cosine decays to lr * min_lr_ratio
+  int warmup_steps = 0;
+  int total_steps = 1;         // for the cosine
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW
+  float momentum = 0.9f;                          // SGD
+  float clip_norm = 1.0f;      // clip gradients to this global L2 norm; 0 disables
+  absl::Status Validate() const;
+};
+
+// Learning rate at 0-based `step`: linear warmup over warmup_steps, then cosine to the floor.
+float LearningRate(const OptimizerConfig& c, int step);
+
+class Optimizer {
+ public:
+  // State (f32, zero) for `numel` parameters on `device`.
+  static absl::StatusOr<Optimizer> Create(const OptimizerConfig& c, int64_t numel,
+                                          Device device);
+  // One update at 0-based `step` with gradients multiplied by grad_scale first (unscaling
+  // and clipping folded into one pass over memory).
+  absl::Status Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
+                    float grad_scale, const Tensor& params_low = Tensor());
+  const OptimizerConfig& config() const { return c_; }
+  // The state tensors (AdamW: m, v; SGD: momentum, v undefined), for checkpoints.
+  const Tensor& state0() const { return m_; }
+  const Tensor& state1() const { return v_; }
+
+ private:
+  OptimizerConfig c_;
+  Tensor m_, v_;
+};
+
+// The factor to multiply gradients by so their global L2 norm (sqrt(sum_squares)) is at
+// most clip_norm; 1 when clipping is off or the norm is within bounds.
+float ClipFactor(float sum_squares, float clip_norm);
+
+// Dynamic loss scaling (as PyTorch's GradScaler): multiply the loss by scale(); after
+// backward, if any gradient is inf/nan the step is skipped and the scale halved; after
+// growth_interval clean steps in a row it doubles.
+class LossScaler {
+ public:
+  LossScaler(bool enabled, float initial_scale = 65536.0f, int growth_interval = 2000)
+      : enabled_(enabled), scale_(enabled ? initial_scale : 1.0f),
+        growth_interval_(growth_interval) {}
+  bool enabled() const { return enabled_; }
+  float scale() const { return scale_; }
+  int good_steps() const { return good_steps_; }
+  // Records the outcome of a step; returns true when the optimizer step should be taken.
+  bool Update(bool found_inf);
+  // For checkpoints.
+  void Restore(float scale, int good_steps) {
+    scale_ = scale;
+    good_steps_ = good_steps;
+  }
+
+ private:
+  bool enabled_;
+  float scale_;
+  int growth_interval_;
+  int good_steps_ = 0;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_OPTIMIZER_H_

@@ -1,0 +1,117 @@
+#include "model/optimizer.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+Tensor T(std::vector<float> v) { return *Tensor::FromVector(v, {int64_t(v.size())}); }
+
+// Values worked out by hand from the update rules (see the comments).
+TEST(OptimizerTest, AdamWMatchesHandComputedSteps) {
+  OptimizerConfig c;
+  c.lr = 0.1f;
+  c.min_lr_ratio = 1.0f;  // constant rate
+  c.beta1 = 0.9f;
+  c.beta2 = 0.95f;
+  c.weight_decay = 0.1f;
+  auto opt = *Optimizer::Create(c, 1, Device::Cpu());
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Tensor p = T({1.0f});
+  // Step 1, g = 0.5: m = 0.05, v = 0.0125, m^ = 0.5, v^ = 0.25, update = 1;
+  // p = 1 - 0.1 * (1 + 0.1 * 1) = 0.89.
+  ASSERT_TRUE(opt.Step(s, p, T({0.5f}), 0, 1.0f).ok());
+  EXPECT_NEAR(p.data<float>()[0], 0.89f, 1e-6);
+  // Step 2, g = -0.5: m = -0.005, v = 0.024375, m^ = -0.0263158, v^ = 0.25,
+  // update = -0.0526316; p = 0.89 - 0.1 * (-0.0526316 + 0.089) = 0.8863632.
+  ASSERT_TRUE(opt.Step(s, p, T({-0.5f}), 1, 1.0f).ok());
+  EXPECT_NEAR(p.data<float>()[0], 0.8863632f, 1e-6);
+}
+
+TEST(OptimizerTest, AdamWGradScaleUnscales) {
+  OptimizerConfig c;
+  c.lr = 0.1f;
+  c.min_lr_ratio = 1.0f;
+  auto a = *Optimizer::Create(c, 1, Device::Cpu());
+  auto b = *Optimizer::Create(c, 1, Device::Cpu());
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Tensor pa = T({2.0f}), pb = T({2.0f});
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a.Step(s, pa, T({0.25f * (i + 1)}), i, 1.0f).ok());
+    ASSERT_TRUE(b.Step(s, pb, T({1024.0f * 0.25f * (i + 1)}), i, 1.0f / 1024).ok());
+  }
+  EXPECT_FLOAT_EQ(pa.data<float>()[0], pb.data<float>()[0]);
+}
+
+TEST(OptimizerTest, SgdMomentumMatchesHandComputedSteps) {
+  OptimizerConfig c;
+  c.kind = "sgd";
+  c.lr = 0.1f;
+  c.min_lr_ratio = 1.0f;
+  c.momentum = 0.9f;
+  auto opt = *Optimizer::Create(c, 1, Device::Cpu());
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Tensor p = T({1.0f});
+  ASSERT_TRUE(opt.Step(s, p, T({0.5f}), 0, 1.0f).ok());  // buf = 0.5, p = 0.95
+  EXPECT_NEAR(p.data<float>()[0], 0.95f, 1e-6);
+  ASSERT_TRUE(opt.Step(s, p, T({0.5f}), 1, 1.0f).ok());  // buf = 0.95, p = 0.855
+  EXPECT_NEAR(p.data<float>()[0], 0.855f, 1e-6);
+}
+
+TEST(OptimizerTest, WarmupThenCosine) {
+  OptimizerConfig c;
+  c.lr = 1.0f;
+  c.warmup_steps = 10;
+  c.total_steps = 110;
+  c.min_lr_ratio = 0.1f;
+  EXPECT_FLOAT_EQ(LearningRate(c, 0), 0.1f);
+  EXPECT_FLOAT_EQ(LearningRate(c, 9), 1.0f);
+  EXPECT_FLOAT_EQ(LearningRate(c, 10), 1.0f);
+  EXPECT_NEAR(LearningRate(c, 60), 0.55f, 1e-6);  // half way: floor + half the range
+  EXPECT_NEAR(LearningRate(c, 110), 0.1f, 1e-6);
+  EXPECT_NEAR(LearningRate(c, 500), 0.1f, 1e-6);
+}
+
+TEST(OptimizerTest, ClipFactor) {
+  EXPECT_FLOAT_EQ(ClipFactor(4.0f, 1.0f), 1.0f / (2.0f + 1e-6f));  // norm 2 -> 0.5
+  EXPECT_FLOAT_EQ(ClipFactor(0.25f, 1.0f), 1.0f);
+  EXPECT_FLOAT_EQ(ClipFactor(100.0f, 0.0f), 1.0f);  // off
+}
+
+TEST(OptimizerTest, BadConfigIsRefused) {
+  OptimizerConfig c;
+  c.kind = "lamb";
+  EXPECT_NE(c.Validate().message().find("--optimizer=lamb"), std::string::npos);
+  c.kind = "adamw";
+  c.lr = -1;
+  EXPECT_NE(c.Validate().message().find("--lr=-1"), std::string::npos);
+}
+
+TEST(LossScalerTest, OverflowSkipsAndBacksOffCleanStepsGrow) {
+  LossScaler s(/*enabled=*/true, 65536.0f, /*growth_interval=*/2000);
+  EXPECT_EQ(s.scale(), 65536.0f);
+  EXPECT_FALSE(s.Update(/*found_inf=*/true));  // skip the step
+  EXPECT_EQ(s.scale(), 32768.0f);
+  for (int i = 0; i < 1999; ++i) ASSERT_TRUE(s.Update(false));
+  EXPECT_EQ(s.scale(), 32768.0f);
+  EXPECT_TRUE(s.Update(false));  // the 2000th clean step in a row
+  EXPECT_EQ(s.scale(), 65536.0f);
+  // An overflow resets the count of clean steps.
+  for (int i = 0; i < 1500; ++i) s.Update(false);
+  s.Update(true);
+  for (int i = 0; i < 1999; ++i) s.Update(false);
+  EXPECT_EQ(s.scale(), 32768.0f);
+}
+
+TEST(LossScalerTest, DisabledKeepsScaleOneButStillSkipsNonFinite) {
+  LossScaler s(false);
+  EXPECT_EQ(s.scale(), 1.0f);
+  EXPECT_TRUE(s.Update(false));
+  EXPECT_FALSE(s.Update(true));
+  EXPECT_EQ(s.scale(), 1.0f);
+}
+
+}  // namespace
+}  // namespace tandem

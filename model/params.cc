@@ -1,0 +1,52 @@
+#include "model/params.h"
+
+#include <cmath>
+
+#include "model/rng.h"
+#include "runtime/status.h"
+
+namespace tandem {
+
+ParamLayout::ParamLayout(std::vector<ParamSpec> specs) {
+  for (ParamSpec& s : specs) {
+    entries_.push_back({std::move(s), numel_});
+    numel_ += entries_.back().spec.shape.numel();
+  }
+}
+
+absl::StatusOr<FlatBuffer> FlatBuffer::Create(const ParamLayout& layout, DType dtype,
+                                              Device device) {
+  FlatBuffer b;
+  ASSIGN_OR_RETURN(b.flat_, Tensor::Empty({layout.numel()}, dtype, device));
+  for (const ParamEntry& e : layout.entries()) {
+    ASSIGN_OR_RETURN(Tensor v, b.flat_.View(e.offset, e.spec.shape));
+    b.views_.push_back(v);
+  }
+  return b;
+}
+
+absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& params,
+                              uint64_t seed) {
+  std::vector<float> host(layout.numel());
+  for (const ParamEntry& e : layout.entries()) {
+    float* p = host.data() + e.offset;
+    const int64_t n = e.spec.shape.numel();
+    switch (e.spec.init) {
+      case Init::kZeros:
+        std::fill(p, p + n, 0.0f);
+        break;
+      case Init::kOnes:
+        std::fill(p, p + n, 1.0f);
+        break;
+      case Init::kNormal: {
+        Rng rng(seed ^ HashName(e.spec.name));
+        for (int64_t i = 0; i < n; ++i) p[i] = e.spec.std * rng.Normal();
+        break;
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(Tensor src, Tensor::FromVector(host, {layout.numel()}));
+  return CopySync(params.flat(), src);
+}
+
+}  // namespace tandem

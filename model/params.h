@@ -1,0 +1,62 @@
+// Parameters of a stage in one flat f32 buffer, with a table of named views (after llm.c's
+// malloc_and_point_parameters). Gradients, optimizer moments and the low-precision copy use
+// the same layout, so data-parallel buckets and sharding offsets are plain arithmetic.
+#ifndef TANDEM_MODEL_PARAMS_H_
+#define TANDEM_MODEL_PARAMS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/tensor.h"
+
+namespace tandem {
+
+enum class Init { kZeros, kOnes, kNormal };
+
+struct ParamSpec {
+  std::string name;  // globally unique: "h3.attn.qkv.weight"
+  Shape shape;
+  Init init = Init::kZeros;
+  float std = 0.0f;  // for kNormal
+};
+
+struct ParamEntry {
+  ParamSpec spec;
+  int64_t offset;  // elements from the start of the flat buffer
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(std::vector<ParamSpec> specs);
+  const std::vector<ParamEntry>& entries() const { return entries_; }
+  int64_t numel() const { return numel_; }
+
+ private:
+  std::vector<ParamEntry> entries_;
+  int64_t numel_ = 0;
+};
+
+// A flat buffer laid out by a ParamLayout, with one view per entry.
+class FlatBuffer {
+ public:
+  static absl::StatusOr<FlatBuffer> Create(const ParamLayout& layout, DType dtype,
+                                           Device device);
+  const Tensor& flat() const { return flat_; }
+  const Tensor& view(size_t i) const { return views_[i]; }
+  size_t size() const { return views_.size(); }
+
+ private:
+  Tensor flat_;
+  std::vector<Tensor> views_;
+};
+
+// Fills `params` (f32) deterministically: each parameter's values depend only on `seed` and
+// its name, so any split of the model into stages gets the same initial weights.
+absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& params,
+                              uint64_t seed);
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_PARAMS_H_

@@ -1,0 +1,94 @@
+#include "model/stage.h"
+
+#include "absl/strings/str_format.h"
+#include "runtime/status.h"
+
+namespace tandem {
+
+absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, int begin,
+                                                     int end, Device device, uint64_t seed) {
+  RETURN_IF_ERROR(config.Validate());
+  if (begin < 0 || end > config.num_blocks() || begin >= end) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stage blocks [%d, %d) are not a non-empty range of the model's %d blocks", begin,
+        end, config.num_blocks()));
+  }
+  std::unique_ptr<Stage> st(new Stage(config, begin, end, device));
+  std::vector<std::unique_ptr<Block>> all = BuildBlocks(config);
+  std::vector<ParamSpec> specs;
+  for (int b = begin; b < end; ++b) {
+    std::vector<size_t> idx;
+    for (ParamSpec& p : all[b]->Params()) {
+      idx.push_back(specs.size());
+      specs.push_back(std::move(p));
+    }
+    st->block_params_.push_back(std::move(idx));
+    st->blocks_.push_back(std::move(all[b]));
+  }
+  st->layout_ = std::make_unique<ParamLayout>(std::move(specs));
+  ASSIGN_OR_RETURN(st->params_, FlatBuffer::Create(*st->layout_, DType::kF32, device));
+  ASSIGN_OR_RETURN(st->grads_, FlatBuffer::Create(*st->layout_, DType::kF32, device));
+  RETURN_IF_ERROR(InitializeParams(*st->layout_, st->params_, seed));
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
+  RETURN_IF_ERROR(st->ZeroGrads(*s));
+  RETURN_IF_ERROR(s->Synchronize());
+  return st;
+}
+
+absl::Status Stage::Forward(Stream& s, int id, const MicroBatch& mb, const Tensor& x,
+                            Tensor* y) {
+  if (saved_.count(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("stage [%d, %d): forward of micro-batch %d twice without its backward",
+                        begin_, end_, id));
+  }
+  std::vector<Saved>& saved = saved_[id];
+  saved.resize(blocks_.size());
+  Tensor in = x;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    std::vector<Tensor> p;
+    for (size_t i : block_params_[b]) p.push_back(params_.view(i));
+    Tensor out;
+    RETURN_IF_ERROR(blocks_[b]->Forward(s, p, mb, in, &out, &saved[b]));
+    in = out;
+  }
+  *y = in;
+  return absl::OkStatus();
+}
+
+absl::Status Stage::Backward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
+                             Tensor* dx, const std::function<absl::Status(int)>& block_done) {
+  auto it = saved_.find(id);
+  if (it == saved_.end()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "stage [%d, %d): backward of micro-batch %d before its forward", begin_, end_, id));
+  }
+  Tensor d = dy;
+  for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
+    std::vector<Tensor> p, g;
+    for (size_t i : block_params_[b]) {
+      p.push_back(params_.view(i));
+      g.push_back(grads_.view(i));
+    }
+    Tensor dprev;
+    RETURN_IF_ERROR(blocks_[b]->Backward(s, p, g, mb, d, it->second[b], &dprev));
+    it->second[b].t.clear();  // free this block's activations as soon as possible
+    if (block_done) RETURN_IF_ERROR(block_done(b));
+    d = dprev;
+  }
+  saved_.erase(it);
+  *dx = is_first() ? Tensor() : d;
+  return absl::OkStatus();
+}
+
+std::vector<int> Stage::ParamBlocks() const {
+  std::vector<int> owner(layout_->entries().size());
+  for (size_t b = 0; b < block_params_.size(); ++b) {
+    for (size_t i : block_params_[b]) owner[i] = static_cast<int>(b);
+  }
+  return owner;
+}
+
+absl::Status Stage::ZeroGrads(Stream& s) { return ZeroFill(grads_.flat(), s); }
+
+}  // namespace tandem

@@ -1,0 +1,70 @@
+// A stage: a contiguous range of the model's blocks on one device, with its parameters and
+// gradients in flat buffers and the activations of every micro-batch in flight. One worker
+// training alone holds one stage with every block; a pipeline holds one per rank.
+#ifndef TANDEM_MODEL_STAGE_H_
+#define TANDEM_MODEL_STAGE_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/block.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace tandem {
+
+class Stage {
+ public:
+  // Blocks [begin, end) of the model; parameters initialized from `seed` (the same values
+  // whatever the split), gradients zero.
+  static absl::StatusOr<std::unique_ptr<Stage>> Create(const ModelConfig& config, int begin,
+                                                       int end, Device device, uint64_t seed);
+
+  bool is_first() const { return begin_ == 0; }
+  bool is_last() const { return end_ == config_.num_blocks(); }
+  int begin() const { return begin_; }
+  int end() const { return end_; }
+  Device device() const { return device_; }
+  const ModelConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return *layout_; }
+  const FlatBuffer& params() const { return params_; }
+  const FlatBuffer& grads() const { return grads_; }
+
+  // Runs micro-batch `id` forward through the stage's blocks. x is the previous stage's
+  // output (undefined for the first stage); y is this stage's output, or for the last stage
+  // the per-token losses (B*T) f32. Activations are kept until Backward(id).
+  absl::Status Forward(Stream& s, int id, const MicroBatch& mb, const Tensor& x, Tensor* y);
+  // From dy (undefined for the last stage) adds this micro-batch's parameter gradients and
+  // returns dx for the previous stage (undefined for the first); frees its activations.
+  // `block_done(b)`, if given, runs as soon as block b's gradients are written (blocks go
+  // from last to first): data parallelism starts a bucket's all-reduce there.
+  absl::Status Backward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy, Tensor* dx,
+                        const std::function<absl::Status(int)>& block_done = nullptr);
+  // Number of blocks in the stage, and the block (stage-relative) owning each parameter.
+  int num_blocks() const { return static_cast<int>(blocks_.size()); }
+  std::vector<int> ParamBlocks() const;
+  // Forgets every micro-batch's activations (e.g. after an evaluation forward).
+  void DropActivations() { saved_.clear(); }
+  // Number of micro-batches whose activations are held now.
+  int in_flight() const { return static_cast<int>(saved_.size()); }
+
+  absl::Status ZeroGrads(Stream& s);
+
+ private:
+  Stage(const ModelConfig& c, int begin, int end, Device d) : config_(c), begin_(begin), end_(end), device_(d) {}
+  ModelConfig config_;
+  int begin_, end_;
+  Device device_;
+  std::vector<std::unique_ptr<Block>> blocks_;           // the stage's blocks only
+  std::vector<std::vector<size_t>> block_params_;        // per block: indices into layout
+  std::unique_ptr<ParamLayout> layout_;
+  FlatBuffer params_, grads_;
+  std::map<int, std::vector<Saved>> saved_;              // micro-batch id -> per block
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_STAGE_H_

@@ -1,0 +1,194 @@
+#include "model/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/checkpoint.h"
+#include "runtime/ops.h"
+#include "runtime/status.h"
+
+namespace tandem {
+
+absl::Status TrainConfig::Validate() const {
+  RETURN_IF_ERROR(model.Validate());
+  RETURN_IF_ERROR(optimizer.Validate());
+  if (steps < 1) return absl::InvalidArgumentError(absl::StrFormat("--steps=%d: need at least 1", steps));
+  if (batch < 1) return absl::InvalidArgumentError(absl::StrFormat("--batch=%d: need at least 1", batch));
+  if (micro_batches < 1 || batch % micro_batches != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--micro-batches=%d must divide --batch=%d", micro_batches, batch));
+  }
+  if (device.is_cpu() && dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--dtype=%s on the CPU: the CPU computes in f32; use --dtype=f32 or a CUDA device",
+        DTypeName(dtype)));
+  }
+  if (dtype != DType::kF32) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "--dtype=%s: mixed-precision training is not available yet; use --dtype=f32",
+        DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {
+  if (c.synthetic_data) {
+    return TokenDataset::Synthetic(int64_t{1} << 20, c.model.seq_len, c.model.vocab, c.seed);
+  }
+  if (c.data.empty()) return TokenDataset::Default(c.model.seq_len, c.model.vocab);
+  return TokenDataset::FromFile(c.data, c.model.seq_len, c.model.vocab);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
+  RETURN_IF_ERROR(c.Validate());
+  ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c));
+  std::unique_ptr<Trainer> t(new Trainer(c, std::move(data)));
+  ASSIGN_OR_RETURN(t->stage_,
+                   Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed));
+  ASSIGN_OR_RETURN(t->optimizer_,
+                   Optimizer::Create(c.optimizer, t->stage_->layout().numel(), c.device));
+  if (!c.resume.empty()) RETURN_IF_ERROR(t->LoadCheckpoint(c.resume));
+  return t;
+}
+
+absl::StatusOr<StepReport> Trainer::Step() {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.device));
+  const int64_t T = c_.model.seq_len;
+  const int64_t rows = c_.batch / c_.micro_batches;
+  ASSIGN_OR_RETURN(Tensor loss_sum, Tensor::Empty({1}, DType::kF32, c_.device));
+  RETURN_IF_ERROR(ZeroFill(loss_sum, *s));
+  std::vector<int32_t> tokens, targets;
+  for (int m = 0; m < c_.micro_batches; ++m) {
+    FillBatch(data_, order_, int64_t{step_} * c_.batch, m * rows, rows, &tokens, &targets);
+    MicroBatch mb;
+    ASSIGN_OR_RETURN(mb.tokens, Tensor::FromInts(tokens, {rows, T}, c_.device));
+    ASSIGN_OR_RETURN(mb.targets, Tensor::FromInts(targets, {rows, T}, c_.device));
+    mb.dloss_scale = scaler_.scale() / static_cast<float>(c_.batch * T);
+    Tensor losses, dx;
+    RETURN_IF_ERROR(stage_->Forward(*s, m, mb, Tensor(), &losses));
+    ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, c_.device));
+    RETURN_IF_ERROR(ops::Sum(*s, part, losses));
+    RETURN_IF_ERROR(ops::Axpy(*s, loss_sum, 1.0f, part));
+    RETURN_IF_ERROR(stage_->Backward(*s, m, mb, Tensor(), &dx));
+  }
+  ASSIGN_OR_RETURN(Tensor sumsq, Tensor::Empty({1}, DType::kF32, c_.device));
+  RETURN_IF_ERROR(ZeroFill(sumsq, *s));
+  RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
+  ASSIGN_OR_RETURN(std::vector<float> sq, sumsq.ToFloatVector());
+  ASSIGN_OR_RETURN(std::vector<float> loss, loss_sum.ToFloatVector());
+  ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, c_, *stage_, optimizer_, scaler_, step_, loss[0], sq[0]));
+  ++step_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& stage,
+                                      Optimizer& optimizer, LossScaler& scaler, int step,
+                                      float loss_sum, float grad_sumsq) {
+  const float unscale = 1.0f / scaler.scale();
+  const float norm_sq = grad_sumsq * unscale * unscale;
+  StepReport r;
+  r.step = step;
+  r.loss = loss_sum / static_cast<float>(int64_t{c.batch} * c.model.seq_len);
+  r.grad_norm = std::sqrt(norm_sq);
+  r.lr = LearningRate(c.optimizer, step);
+  r.skipped = !scaler.Update(!std::isfinite(norm_sq));
+  if (!r.skipped) {
+    const float clip = ClipFactor(norm_sq, c.optimizer.clip_norm);
+    RETURN_IF_ERROR(optimizer.Step(s, stage.params().flat(), stage.grads().flat(), step,
+                                   unscale * clip));
+  }
+  RETURN_IF_ERROR(stage.ZeroGrads(s));
+  return r;
+}
+
+absl::Status Trainer::Run(const std::function<void(const StepReport&)>& report) {
+  while (step_ < c_.steps) {
+    ASSIGN_OR_RETURN(StepReport r, Step());
+    if (report) report(r);
+    if (!c_.checkpoint_dir.empty() && c_.checkpoint_every > 0 &&
+        (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {
+      RETURN_IF_ERROR(SaveCheckpoint(
+          absl::StrFormat("%s/step-%06d.ckpt", c_.checkpoint_dir, step_)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveCheckpoint(const std::string& path) {
+  return SaveTrainingState(path, c_, *stage_, optimizer_, scaler_, step_);
+}
+
+absl::Status Trainer::LoadCheckpoint(const std::string& path) {
+  return LoadTrainingState(path, c_, *stage_, &optimizer_, &scaler_, &step_);
+}
+
+absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+                               const Optimizer& optimizer, const LossScaler& scaler, int step) {
+  CheckpointData d;
+  ASSIGN_OR_RETURN(std::vector<float> p, stage.params().flat().ToFloatVector());
+  d.arrays.emplace_back("params", std::move(p));
+  ASSIGN_OR_RETURN(std::vector<float> m, optimizer.state0().ToFloatVector());
+  d.arrays.emplace_back("optimizer.0", std::move(m));
+  if (optimizer.state1().defined()) {
+    ASSIGN_OR_RETURN(std::vector<float> v, optimizer.state1().ToFloatVector());
+    d.arrays.emplace_back("optimizer.1", std::move(v));
+  }
+  d.meta["model"] = c.model.ToString();
+  d.meta["blocks"] = absl::StrCat(stage.begin(), "-", stage.end());
+  d.meta["optimizer"] = c.optimizer.kind;
+  d.meta["step"] = absl::StrCat(step);
+  d.meta["seed"] = absl::StrCat(c.seed);
+  d.meta["batch"] = absl::StrCat(c.batch);
+  d.meta["data_position"] = absl::StrCat(int64_t{step} * c.batch);
+  d.meta["loss_scale"] = absl::StrFormat("%.9g", scaler.scale());
+  d.meta["loss_scale_good_steps"] = absl::StrCat(scaler.good_steps());
+  return WriteCheckpoint(path, d);
+}
+
+absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+                               Optimizer* optimizer, LossScaler* scaler, int* step) {
+  ASSIGN_OR_RETURN(CheckpointData d, ReadCheckpoint(path));
+  auto expect = [&](const std::string& key, const std::string& want,
+                    const std::string& fix) -> absl::Status {
+    ASSIGN_OR_RETURN(std::string got, d.Meta(key));
+    if (got != want) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint %s is of %s '%s', not '%s'; %s", path, key, got, want, fix));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(expect("model", c.model.ToString(), "pass the same --model and sizes"));
+  RETURN_IF_ERROR(expect("blocks", absl::StrCat(stage.begin(), "-", stage.end()),
+                         "resume with the same strategy and number of workers"));
+  RETURN_IF_ERROR(expect("optimizer", c.optimizer.kind, "pass the same --optimizer"));
+  RETURN_IF_ERROR(expect("batch", absl::StrCat(c.batch), "pass the same --batch"));
+  std::vector<std::pair<std::string, Tensor>> targets = {
+      {"params", stage.params().flat()}, {"optimizer.0", optimizer->state0()}};
+  if (optimizer->state1().defined()) targets.push_back({"optimizer.1", optimizer->state1()});
+  // Check every size before changing anything, so a mismatch leaves the state untouched.
+  for (const auto& [name, t] : targets) {
+    ASSIGN_OR_RETURN(const std::vector<float>* v, d.Array(name));
+    if (static_cast<int64_t>(v->size()) != t.numel()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint %s: '%s' has %d values, the model needs %d", path, name, v->size(),
+          t.numel()));
+    }
+  }
+  ASSIGN_OR_RETURN(std::string step_text, d.Meta("step"));
+  ASSIGN_OR_RETURN(std::string scale, d.Meta("loss_scale"));
+  ASSIGN_OR_RETURN(std::string good, d.Meta("loss_scale_good_steps"));
+  for (const auto& [name, t] : targets) {
+    ASSIGN_OR_RETURN(const std::vector<float>* v, d.Array(name));
+    ASSIGN_OR_RETURN(Tensor src, Tensor::FromVector(*v, t.shape()));
+    RETURN_IF_ERROR(CopySync(t, src));
+  }
+  *step = std::stoi(step_text);
+  scaler->Restore(std::stof(scale), std::stoi(good));
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,92 @@
+// Training on one device: the whole model as one stage, gradient accumulation over
+// micro-batches, clipping, the optimizer and its schedule, loss scaling, checkpoints.
+// This is the baseline every parallel strategy must match (DESIGN.md, invariant 1).
+#ifndef TANDEM_MODEL_TRAINER_H_
+#define TANDEM_MODEL_TRAINER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/data.h"
+#include "model/optimizer.h"
+#include "model/stage.h"
+
+namespace tandem {
+
+struct TrainConfig {
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  DType dtype = DType::kF32;     // compute dtype; the CPU computes in f32 only
+  Device device = Device::Cpu();
+  int steps = 100;
+  int batch = 16;                // global batch, in samples
+  int micro_batches = 1;         // gradient accumulation: batch / micro_batches per pass
+  uint64_t seed = 1234;
+  std::string data;              // text file; empty: the default corpus
+  bool synthetic_data = false;
+  std::string checkpoint_dir;    // where checkpoints go; empty: none
+  int checkpoint_every = 0;      // steps; 0: only none
+  std::string resume;            // a checkpoint file to start from
+  absl::Status Validate() const;
+};
+
+struct StepReport {
+  int step = 0;          // 0-based
+  float loss = 0;        // mean over the global batch's tokens
+  float lr = 0;
+  float grad_norm = 0;   // before clipping
+  bool skipped = false;  // loss scaler found inf/nan
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& c);
+  // Runs from the current step to c.steps, calling `report` after each step.
+  absl::Status Run(const std::function<void(const StepReport&)>& report);
+  // One step (all micro-batches, then the optimizer).
+  absl::StatusOr<StepReport> Step();
+  int step() const { return step_; }
+  const Stage& stage() const { return *stage_; }
+  const TokenDataset& data() const { return data_; }
+  absl::Status SaveCheckpoint(const std::string& path);
+  absl::Status LoadCheckpoint(const std::string& path);
+
+ private:
+  Trainer(const TrainConfig& c, TokenDataset d)
+      : c_(c), data_(std::move(d)), order_(data_.num_samples(), c.seed),
+        scaler_(c.dtype == DType::kF16) {}
+  TrainConfig c_;
+  TokenDataset data_;
+  DataOrder order_;
+  std::unique_ptr<Stage> stage_;
+  Optimizer optimizer_;
+  LossScaler scaler_;
+  int step_ = 0;
+};
+
+// The end of every step, for one worker or many: given the step's summed token losses and
+// the global sum of squared gradients (both as seen by this rank after any reduction),
+// applies the loss scaler's verdict, clipping and the optimizer, then zeroes the gradients.
+absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& stage,
+                                      Optimizer& optimizer, LossScaler& scaler, int step,
+                                      float loss_sum, float grad_sumsq);
+
+// A stage's parameters, optimizer state, loss scale and step, in one checkpoint file.
+absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+                               const Optimizer& optimizer, const LossScaler& scaler, int step);
+// Loads what SaveTrainingState wrote, after checking it is of the same model, stage,
+// optimizer and batch; on any error nothing is changed.
+absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+                               Optimizer* optimizer, LossScaler* scaler, int* step);
+
+// Reads the dataset a config names (file, synthetic, or the default corpus).
+absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c);
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_TRAINER_H_

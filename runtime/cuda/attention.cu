@@ -1,0 +1,285 @@
+// Causal multi-head self-attention on CUDA (after llm.c's attention_forward with cuBLAS):
+// q, k, v are gathered from qkv into per-head buffers, scores and products are batched
+// GEMMs over B * NH heads (gemm.cuh), and one fused kernel scales, masks and softmaxes
+// each score row (one warp per row). Backward mirrors it, with a softmax-backward kernel
+// restricted to the causal triangle. att (B, NH, T, T) is f32; with bf16/f16 activations a
+// rounded copy of the probabilities feeds the GEMMs (they take one input dtype).
+// Legend: B = batch, T = sequence, C = channels, NH = heads, hs = C / NH.
+#include <cmath>
+#include <type_traits>
+
+#include "runtime/cuda/common.cuh"
+#include "runtime/cuda/gemm.cuh"
+#include "runtime/ops_backend.h"
+
+namespace tandem {
+namespace ops {
+namespace cuda {
+namespace {
+
+constexpr int kRowsPerBlock = kThreads / kWarpSize;
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+// Moves S sections between the token-major layout rows (B, T, S * C), section s at columns
+// [s * C, (s + 1) * C) with head h at [h * hs, (h + 1) * hs), and head-major buffers
+// heads[s] (B, NH, T, hs); kToHeads gathers, else scatters. P elements move per step
+// (hs % P == 0, so a pack never crosses a head).
+template <typename E, int P, bool kToHeads>
+__global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T, int NH,
+                              int hs) {
+  using Vec = Pack<E, P>;
+  const int64_t C = static_cast<int64_t>(NH) * hs;
+  const int64_t total = static_cast<int64_t>(B) * NH * T * hs;  // per section
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total / P;
+       p += stride) {
+    const int64_t idx = p * P;  // into heads[s], (b, h, t, d)
+    const int d = static_cast<int>(idx % hs);
+    int64_t r = idx / hs;
+    const int t = static_cast<int>(r % T);
+    r /= T;
+    const int h = static_cast<int>(r % NH);
+    const int64_t b = r / NH;
+    const int64_t row_idx = (b * T + t) * (S * C) + static_cast<int64_t>(h) * hs + d;
+    for (int s = 0; s < S; ++s) {
+      E* head = s == 0 ? h0 : (s == 1 ? h1 : h2);
+      if (kToHeads) {
+        Vec::Load(rows + row_idx + s * C).Store(head + idx);
+      } else {
+        Vec::Load(head + idx).Store(rows + row_idx + s * C);
+      }
+    }
+  }
+}
+
+// In place on raw scores att[row, :] (row = (b, h, t)): att[j] = softmax_j(scale * att[j])
+// over j <= t and 0 for j > t; att_low (if not null) gets the same values rounded to E.
+// att: (rows, T) f32; att_low: (rows, T)
+template <typename E>
+__global__ void CausalSoftmaxKernel(float* att, E* att_low, int T, int64_t rows, float scale) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  float* a = att + row * T;
+  MaxSum ms = MaxSumEmpty();
+  for (int j = lane; j <= t; j += kWarpSize) ms = MaxSumAdd(ms, scale * a[j]);
+  ms = WarpMaxSum(ms);
+  const float inv = 1.0f / ms.s;
+  for (int j = lane; j < T; j += kWarpSize) {
+    const float p = j <= t ? expf(scale * a[j] - ms.m) * inv : 0.0f;
+    a[j] = p;
+    if (att_low != nullptr) att_low[row * T + j] = FromF32<E>(p);
+  }
+}
+
+// dpre[row, j] = scale * att[j] * (datt[j] - sum_{i <= t} att[i] datt[i]) for j <= t, else 0
+// (the gradient with respect to the unscaled scores). dpre may be datt itself. att_low (if
+// not null) gets att rounded to E, zeros above the diagonal.
+// dpre, att_low: (rows, T); datt, att: (rows, T) f32
+template <typename E>
+__global__ void CausalSoftmaxBackwardKernel(E* dpre, E* att_low, const float* datt,
+                                            const float* att, int T, int64_t rows, float scale) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  const float* a = att + row * T;
+  const float* g = datt + row * T;
+  float dot = 0.0f;
+  for (int j = lane; j <= t; j += kWarpSize) dot += a[j] * g[j];
+  dot = WarpSum(dot);  // every lane has read its g[j] before any lane writes dpre below
+  for (int j = lane; j < T; j += kWarpSize) {
+    const bool causal = j <= t;
+    const float aj = causal ? a[j] : 0.0f;
+    const float d = causal ? scale * aj * (g[j] - dot) : 0.0f;
+    dpre[row * T + j] = FromF32<E>(d);
+    if (att_low != nullptr) att_low[row * T + j] = FromF32<E>(aj);
+  }
+}
+
+// ---- launchers --------------------------------------------------------------------------------
+
+struct Dims {
+  int B, T, C, NH, hs;
+  int64_t heads() const { return static_cast<int64_t>(B) * NH; }
+  int64_t head_elems() const { return heads() * T * hs; }  // one (B, NH, T, hs) buffer
+  int64_t att_elems() const { return heads() * T * T; }
+};
+
+Dims DimsOf(const Tensor& qkv, int num_heads) {
+  Dims d;
+  d.B = static_cast<int>(qkv.dim(0));
+  d.T = static_cast<int>(qkv.dim(1));
+  d.C = static_cast<int>(qkv.dim(2) / 3);
+  d.NH = num_heads;
+  d.hs = num_heads > 0 ? d.C / num_heads : 0;
+  return d;
+}
+
+template <typename E>
+absl::Status Permute(cudaStream_t stream, bool to_heads, E* rows, E* h0, E* h1, E* h2, int S,
+                     const Dims& d) {
+  constexpr int V = Packed128<E>::size;
+  bool vec = d.hs % V == 0 && IsAligned(rows, 16);
+  for (E* h : {h0, h1, h2}) vec = vec && (h == nullptr || IsAligned(h, 16));
+  const int P = vec ? V : 1;
+  const unsigned int blocks = BlocksFor(d.head_elems() / P);
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, stream>>>(rows, h0, h1, h2, S, d.B, d.T, d.NH, d.hs);
+  };
+  if (to_heads && vec) {
+    launch(PermuteKernel<E, V, true>);
+  } else if (to_heads) {
+    launch(PermuteKernel<E, 1, true>);
+  } else if (vec) {
+    launch(PermuteKernel<E, V, false>);
+  } else {
+    launch(PermuteKernel<E, 1, false>);
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+// out (m, n) = op(a) @ op(b) for each of the B * NH heads, all row-major and contiguous.
+absl::Status HeadGemm(Stream& s, const Dims& d, int64_t m, int64_t n, int64_t k, bool ta,
+                      const void* a, bool tb, const void* b, void* out,
+                      cudaDataType_t ab_type, cudaDataType_t out_type) {
+  RowMajorGemm g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.transpose_a = ta;
+  g.a = a;
+  g.lda = ta ? m : k;  // stored (k, m) or (m, k)
+  g.transpose_b = tb;
+  g.b = b;
+  g.ldb = tb ? k : n;  // stored (n, k) or (k, n)
+  g.out = out;
+  g.ldo = n;
+  g.batch = static_cast<int>(d.heads());
+  g.stride_a = m * k;
+  g.stride_b = k * n;
+  g.stride_out = m * n;
+  g.ab_type = ab_type;
+  g.out_type = out_type;
+  return RunGemm(s, g);
+}
+
+template <typename E>
+absl::Status Forward(Stream& s, cudaStream_t stream, const Tensor& out, const Tensor& att,
+                     const Tensor& qkv, const Dims& d) {
+  if (d.heads() == 0 || d.T == 0) return absl::OkStatus();
+  const int64_t rows = d.heads() * d.T;
+  const unsigned int row_blocks =
+      static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  if (d.hs == 0) {
+    // Empty heads: every score is 0, so each row is uniform over its causal prefix (as on
+    // the CPU); out has no elements.
+    RETURN_IF_ERROR(ZeroFill(att, s));
+    CausalSoftmaxKernel<E><<<row_blocks, kThreads, 0, stream>>>(MutPtr<float>(att), nullptr,
+                                                                 d.T, rows, 1.0f);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
+  const int64_t n = d.head_elems();
+  constexpr bool kLow = !std::is_same<E, float>::value;
+  ASSIGN_OR_RETURN(Tensor heads, Tensor::Empty({3, n}, qkv.dtype(), s.device()));
+  E* q = MutPtr<E>(heads);
+  E* k = q + n;
+  E* v = k + n;
+  Tensor att_low;
+  if (kLow) {
+    ASSIGN_OR_RETURN(att_low, Tensor::Empty({d.att_elems()}, qkv.dtype(), s.device()));
+  }
+  const cudaDataType_t et = CudaType<E>();
+  const int T = d.T;
+  const int hs = d.hs;
+
+  RETURN_IF_ERROR(Permute<E>(stream, /*to_heads=*/true, MutPtr<E>(qkv), q, k, v, 3, d));
+  // scores (T, T) = q (T, hs) @ k (T, hs)^T, f32, straight into att
+  RETURN_IF_ERROR(HeadGemm(s, d, T, T, hs, false, q, true, k, att.raw(), et, CUDA_R_32F));
+  CausalSoftmaxKernel<E><<<row_blocks, kThreads, 0, stream>>>(
+      MutPtr<float>(att), MutPtr<E>(att_low), T, rows, 1.0f / std::sqrt(static_cast<float>(hs)));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  // y (T, hs) = att (T, T) @ v (T, hs), into q's buffer (q is no longer needed)
+  const void* probs = kLow ? att_low.raw() : att.raw();
+  E* y = q;
+  RETURN_IF_ERROR(HeadGemm(s, d, T, hs, T, false, probs, false, v, y, et, et));
+  return Permute<E>(stream, /*to_heads=*/false, MutPtr<E>(out), y, nullptr, nullptr, 1, d);
+}
+
+template <typename E>
+absl::Status Backward(Stream& s, cudaStream_t stream, const Tensor& dqkv, const Tensor& dout,
+                      const Tensor& qkv, const Tensor& att, const Dims& d) {
+  if (d.heads() == 0 || d.T == 0) return absl::OkStatus();
+  if (d.hs == 0) return absl::OkStatus();  // dqkv has no elements
+  const int64_t n = d.head_elems();
+  constexpr bool kLow = !std::is_same<E, float>::value;
+  // q, k, v, dy, dq, dk, dv: (B, NH, T, hs) each
+  ASSIGN_OR_RETURN(Tensor heads, Tensor::Empty({7, n}, qkv.dtype(), s.device()));
+  E* q = MutPtr<E>(heads);
+  E* k = q + n;
+  E* v = k + n;
+  E* dy = v + n;
+  E* dq = dy + n;
+  E* dk = dq + n;
+  E* dv = dk + n;
+  // datt (B, NH, T, T) f32; with E != f32 also dpre and att rounded to E
+  ASSIGN_OR_RETURN(Tensor datt, Tensor::Empty({d.att_elems()}, DType::kF32, s.device()));
+  Tensor low;
+  if (kLow) {
+    ASSIGN_OR_RETURN(low, Tensor::Empty({2, d.att_elems()}, qkv.dtype(), s.device()));
+  }
+  E* dpre = kLow ? MutPtr<E>(low) : reinterpret_cast<E*>(MutPtr<float>(datt));
+  E* att_low = kLow ? MutPtr<E>(low) + d.att_elems() : nullptr;
+  const void* probs = kLow ? static_cast<const void*>(att_low) : att.raw();
+  const cudaDataType_t et = CudaType<E>();
+  const int T = d.T;
+  const int hs = d.hs;
+
+  RETURN_IF_ERROR(Permute<E>(stream, true, MutPtr<E>(qkv), q, k, v, 3, d));
+  RETURN_IF_ERROR(Permute<E>(stream, true, MutPtr<E>(dout), dy, nullptr, nullptr, 1, d));
+  // datt (T, T) = dy (T, hs) @ v (T, hs)^T
+  RETURN_IF_ERROR(HeadGemm(s, d, T, T, hs, false, dy, true, v, datt.raw(), et, CUDA_R_32F));
+  const int64_t rows = d.heads() * T;
+  CausalSoftmaxBackwardKernel<E>
+      <<<static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
+         stream>>>(dpre, att_low, Ptr<float>(datt), Ptr<float>(att), T, rows,
+                   1.0f / std::sqrt(static_cast<float>(hs)));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  // dv (T, hs) = att^T (T, T) @ dy (T, hs)
+  RETURN_IF_ERROR(HeadGemm(s, d, T, hs, T, true, probs, false, dy, dv, et, et));
+  // dq (T, hs) = dpre (T, T) @ k (T, hs)
+  RETURN_IF_ERROR(HeadGemm(s, d, T, hs, T, false, dpre, false, k, dq, et, et));
+  // dk (T, hs) = dpre^T (T, T) @ q (T, hs)
+  RETURN_IF_ERROR(HeadGemm(s, d, T, hs, T, true, dpre, false, q, dk, et, et));
+  return Permute<E>(stream, false, MutPtr<E>(dqkv), dq, dk, dv, 3, d);
+}
+
+}  // namespace
+
+absl::Status AttentionForward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv,
+                              int num_heads) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  RETURN_IF_ERROR(SameFloatDType("AttentionForward", qkv.dtype(), {&out}));
+  const Dims d = DimsOf(qkv, num_heads);
+  return DispatchFloat("AttentionForward", qkv.dtype(), [&](auto tag) {
+    return Forward<decltype(tag)>(s, stream, out, att, qkv, d);
+  });
+}
+
+absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout,
+                               const Tensor& qkv, const Tensor& att, int num_heads) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  RETURN_IF_ERROR(SameFloatDType("AttentionBackward", qkv.dtype(), {&dqkv, &dout}));
+  const Dims d = DimsOf(qkv, num_heads);
+  return DispatchFloat("AttentionBackward", qkv.dtype(), [&](auto tag) {
+    return Backward<decltype(tag)>(s, stream, dqkv, dout, qkv, att, d);
+  });
+}
+
+}  // namespace cuda
+}  // namespace ops
+}  // namespace tandem

@@ -1,0 +1,114 @@
+// Row softmax on CUDA, forward and backward: one block per row (32 to 1024 threads, as the
+// row needs), online max/sum in one pass, then the write pass; 16-byte packs when C is a
+// multiple of the pack and the pointers are aligned. f32 math.
+#include "runtime/cuda/common.cuh"
+#include "runtime/ops_backend.h"
+
+namespace tandem {
+namespace ops {
+namespace cuda {
+namespace {
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+// out[r, :] = exp(inp[r, :] - max) / sum(exp(inp[r, :] - max)); block r does row r.
+// out, inp: (N, C)
+template <typename T, int P>
+__global__ void SoftmaxForwardKernel(T* out, const T* inp, int C) {
+  using Vec = Pack<T, P>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * C;
+  MaxSum ms = MaxSumEmpty();
+  for (int c = threadIdx.x * P; c < C; c += blockDim.x * P) {
+    const Vec v = Vec::Load(inp + base + c);
+#pragma unroll
+    for (int j = 0; j < P; ++j) ms = MaxSumAdd(ms, ToF32(v[j]));
+  }
+  ms = BlockMaxSum(ms);
+  const float inv = 1.0f / ms.s;
+  for (int c = threadIdx.x * P; c < C; c += blockDim.x * P) {
+    const Vec v = Vec::Load(inp + base + c);
+    Vec o;
+#pragma unroll
+    for (int j = 0; j < P; ++j) o[j] = FromF32<T>(expf(ToF32(v[j]) - ms.m) * inv);
+    o.Store(out + base + c);
+  }
+}
+
+// dinp = out * (dout - sum(dout * out)) per row; dinp may be dout (read before written).
+// dinp, out, dout: (N, C)
+template <typename T, int P>
+__global__ void SoftmaxBackwardKernel(T* dinp, const T* out, const T* dout, int C) {
+  using Vec = Pack<T, P>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * C;
+  float dot = 0.0f;
+  for (int c = threadIdx.x * P; c < C; c += blockDim.x * P) {
+    const Vec y = Vec::Load(out + base + c);
+    const Vec g = Vec::Load(dout + base + c);
+#pragma unroll
+    for (int j = 0; j < P; ++j) dot += ToF32(y[j]) * ToF32(g[j]);
+  }
+  dot = BlockSum(dot);
+  for (int c = threadIdx.x * P; c < C; c += blockDim.x * P) {
+    const Vec y = Vec::Load(out + base + c);
+    const Vec g = Vec::Load(dout + base + c);
+    Vec d;
+#pragma unroll
+    for (int j = 0; j < P; ++j) d[j] = FromF32<T>(ToF32(y[j]) * (ToF32(g[j]) - dot));
+    d.Store(dinp + base + c);
+  }
+}
+
+// ---- launchers --------------------------------------------------------------------------------
+
+// Threads for a block that walks `units` packs: a power of two in [32, 1024].
+int RowThreads(int64_t units) {
+  int t = kWarpSize;
+  while (t < units && t < 1024) t *= 2;
+  return t;
+}
+
+template <typename T>
+absl::Status LaunchSoftmax(cudaStream_t stream, bool backward, const Tensor& out,
+                           const Tensor& in0, const Tensor& in1) {
+  const int C = static_cast<int>(out.dim(-1));
+  const int64_t N = C == 0 ? 0 : out.numel() / C;
+  if (N == 0) return absl::OkStatus();
+  constexpr int V = Packed128<T>::size;
+  const bool vec = C % V == 0 && IsAligned(out.raw(), 16) && IsAligned(in0.raw(), 16) &&
+                   (!in1.defined() || IsAligned(in1.raw(), 16));
+  const int P = vec ? V : 1;
+  const int threads = RowThreads((C + P - 1) / P);
+  const unsigned int blocks = static_cast<unsigned int>(N);
+  if (backward) {
+    auto kernel = vec ? SoftmaxBackwardKernel<T, V> : SoftmaxBackwardKernel<T, 1>;
+    kernel<<<blocks, threads, 0, stream>>>(MutPtr<T>(out), Ptr<T>(in0), Ptr<T>(in1), C);
+  } else {
+    auto kernel = vec ? SoftmaxForwardKernel<T, V> : SoftmaxForwardKernel<T, 1>;
+    kernel<<<blocks, threads, 0, stream>>>(MutPtr<T>(out), Ptr<T>(in0), C);
+  }
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SoftmaxForward(Stream& s, const Tensor& out, const Tensor& inp) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  RETURN_IF_ERROR(SameFloatDType("SoftmaxForward", out.dtype(), {&inp}));
+  return DispatchFloat("SoftmaxForward", out.dtype(), [&](auto tag) {
+    return LaunchSoftmax<decltype(tag)>(stream, /*backward=*/false, out, inp, Tensor());
+  });
+}
+
+absl::Status SoftmaxBackward(Stream& s, const Tensor& dinp, const Tensor& out,
+                             const Tensor& dout) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  RETURN_IF_ERROR(SameFloatDType("SoftmaxBackward", dinp.dtype(), {&out, &dout}));
+  return DispatchFloat("SoftmaxBackward", dinp.dtype(), [&](auto tag) {
+    return LaunchSoftmax<decltype(tag)>(stream, /*backward=*/true, dinp, out, dout);
+  });
+}
+
+}  // namespace cuda
+}  // namespace ops
+}  // namespace tandem

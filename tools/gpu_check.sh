@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Checks Tandem's CUDA backend on a GPU machine that has no Bazel and no network.
+#   tools/gpu_check.sh build   builds the CUDA test binaries here and packs them, with the
+#                              shared libraries they load that a GPU machine with CUDA 13 in
+#                              /usr/local/cuda lacks (Debian's absl, OpenBLAS, ...; Bazel's
+#                              solib .so files), into dist/gpu_check/ with a run.sh.
+#   dist/gpu_check/run.sh      on the GPU machine: runs every test, prints PASS/FAIL/SKIP
+#                              per test and "N passed, N failed, N skipped"; exit 1 on failure.
+#   tools/gpu_check.sh run     runs dist/gpu_check/run.sh (here the tests skip: no GPU).
+# The CUDA toolkit's and the driver's libraries (cudart, cuBLAS, NCCL, cuDNN, libcuda) are
+# never packed: run.sh finds them in /usr/local/cuda/lib64 and in PyTorch's nvidia/*/lib.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="$root/dist/gpu_check"
+targets=(//runtime:cuda_ops_test //runtime:cuda_runtime_test //runtime:ops_test)
+# Libraries above this size are stored gzip-compressed and unpacked by run.sh.
+compress_above_bytes=$((8 << 20))
+
+usage() {
+  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# True for libraries every Linux machine has (glibc, the GCC runtime) and for the CUDA
+# toolkit's and driver's, which the GPU machine brings itself.
+skip_library() {
+  local name="$1" path="$2"
+  case "$name" in
+    linux-vdso.so.* | ld-linux*.so.* | libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | \
+      librt.so.* | libresolv.so.* | libutil.so.* | libgcc_s.so.* | libstdc++.so.*)
+      return 0 ;;
+    libcuda.so.* | libcudart.so.* | libcublas.so.* | libcublasLt.so.* | libnccl.so.* | \
+      libcudnn*.so.* | libnvrtc*.so.* | libnvJitLink.so.* | libcufft*.so.* | libcurand.so.* | \
+      libcusparse*.so.* | libcusolver*.so.* | libcupti.so.* | libnvidia-*.so.*)
+      return 0 ;;
+  esac
+  case "$path" in
+    /usr/local/cuda* | /usr/lib/x86_64-linux-gnu/nvidia/*) return 0 ;;
+  esac
+  return 1
+}
+
+pack_library() {
+  local name="$1" path="$2"
+  if [ -e "$out/lib/$name" ] || [ -e "$out/lib/$name.gz" ]; then
+    return 0
+  fi
+  local size
+  size="$(stat -L -c %s "$path")"
+  if [ "$size" -gt "$compress_above_bytes" ]; then
+    gzip -9 -c "$path" >"$out/lib/$name.gz"
+  else
+    cp -L "$path" "$out/lib/$name"
+    chmod u+w "$out/lib/$name"
+    # Bazel's own libraries carry debug info (-g1); the GPU run does not need it.
+    case "$path" in */_solib_*) strip --strip-debug "$out/lib/$name" ;; esac
+  fi
+}
+
+build() {
+  cd "$root"
+  bazel build "${targets[@]}"
+  local bin_dir
+  bin_dir="$(bazel info bazel-bin 2>/dev/null)"
+  rm -rf "$out"
+  mkdir -p "$out/bin" "$out/lib"
+  local target name bin line lib path missing=""
+  for target in "${targets[@]}"; do
+    name="${target##*:}"
+    bin="$bin_dir/runtime/$name"
+    cp -L "$bin" "$out/bin/$name"
+    chmod u+w "$out/bin/$name"
+    strip --strip-debug "$out/bin/$name"
+    # "libfoo.so.1 => /path/libfoo.so.1 (0x...)"; lines without "=>" are the loader and vdso.
+    while IFS= read -r line; do
+      case "$line" in *"=>"*) ;; *) continue ;; esac
+      lib="$(awk '{print $1}' <<<"$line")"
+      path="$(awk '{print $3}' <<<"$line")"
+      if [ "$path" = "not" ]; then
+        missing="$missing $lib"
+        continue
+      fi
+      skip_library "$lib" "$path" && continue
+      pack_library "$lib" "$path"
+    done < <(ldd "$bin")
+  done
+  if [ -n "$missing" ]; then
+    echo "gpu_check: libraries the binaries need are missing here:$missing" >&2
+    exit 1
+  fi
+  local deps
+  deps="$(ldd "$bin_dir/runtime/cuda_ops_test")"
+  if ! grep -q 'libcudart\.so' <<<"$deps"; then
+    echo "gpu_check: the test binaries were built without CUDA (is CUDA_PATH set to a" \
+         "toolkit without nvcc?); nothing to check on a GPU" >&2
+    exit 1
+  fi
+  write_run_script >"$out/run.sh"
+  chmod +x "$out/run.sh"
+  local kib
+  kib="$(du -sk "$out" | cut -f1)"
+  echo "gpu_check: packed $(ls "$out/bin" | wc -l) test binaries and $(ls "$out/lib" | wc -l)" \
+       "libraries into ${out#"$root"/} ($((kib / 1024)) MiB)"
+  if [ "$kib" -gt $((40 * 1024)) ]; then
+    echo "gpu_check: warning: ${out#"$root"/} is over 40 MiB" >&2
+  fi
+}
+
+write_run_script() {
+  cat <<'RUN'
+#!/usr/bin/env bash
+# Runs Tandem's CUDA test binaries (packed by tools/gpu_check.sh build) on a GPU machine with
+# CUDA 13 in /usr/local/cuda; no Bazel, no network. One line per test: PASS, FAIL or SKIP and
+# its name; then "N passed, N failed, N skipped". Exit status 1 when any test failed or a
+# binary crashed, timed out or could not start. Environment: GPU_CHECK_TIMEOUT_S (per binary,
+# default 150), GPU_CHECK_FILTER (a --gtest_filter for every binary).
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+timeout_s="${GPU_CHECK_TIMEOUT_S:-150}"
+
+# The large libraries travel compressed.
+mkdir -p "$work/lib" "$work/tmp"
+for gz in "$here"/lib/*.gz; do
+  [ -e "$gz" ] || continue
+  gzip -dc "$gz" >"$work/lib/$(basename "${gz%.gz}")"
+done
+
+# Ours first, then CUDA's, then the CUDA libraries of an installed PyTorch (NCCL lives there).
+lib_path="$here/lib:$work/lib"
+[ -d /usr/local/cuda/lib64 ] && lib_path="$lib_path:/usr/local/cuda/lib64"
+torch_libs="$(python3 -c '
+import glob, os
+try:
+    import nvidia
+except Exception:
+    raise SystemExit(0)
+print(":".join(d for base in getattr(nvidia, "__path__", [])
+               for d in sorted(glob.glob(os.path.join(base, "*", "lib")))))
+' 2>/dev/null || true)"
+[ -n "$torch_libs" ] && lib_path="$lib_path:$torch_libs"
+export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TEST_TMPDIR="$work/tmp"
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader \
+    2>/dev/null | sed 's/^/gpu: /'
+else
+  echo "gpu: nvidia-smi not found"
+fi
+
+passed=0
+failed=0
+skipped=0
+for bin in "$here"/bin/*; do
+  name="$(basename "$bin")"
+  log="$work/$name.log"
+  missing="$(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')"
+  if [ -n "$missing" ]; then
+    echo "FAIL $name (shared libraries not found: $missing)"
+    failed=$((failed + 1))
+    continue
+  fi
+  filter=()
+  [ -n "${GPU_CHECK_FILTER:-}" ] && filter=("--gtest_filter=$GPU_CHECK_FILTER")
+  start=$(date +%s)
+  (cd "$work" && timeout --kill-after=10 "$timeout_s" "$bin" ${filter[@]+"${filter[@]}"}) \
+    >"$log" 2>&1
+  rc=$?
+  # "[       OK ] Suite.Test (12 ms)", "[  FAILED  ] Suite.Test/bf16, where GetParam() = ... (3 ms)"
+  # and "[  SKIPPED ] Suite.Test (0 ms)"; the summary's repeats carry no time and are left out.
+  results="$(awk '
+    /^\[ *(OK|FAILED|SKIPPED) *\] .* \([0-9]+ ms\)$/ {
+      status = $0; sub(/^\[ */, "", status); sub(/ *\].*$/, "", status)
+      test = $0; sub(/^\[[^]]*\] /, "", test); sub(/[ ,].*$/, "", test)
+      print (status == "OK" ? "PASS" : status == "FAILED" ? "FAIL" : "SKIP"), test
+    }' "$log")"
+  if [ -n "$results" ]; then
+    echo "$results"
+    passed=$((passed + $(grep -c '^PASS ' <<<"$results")))
+    skipped=$((skipped + $(grep -c '^SKIP ' <<<"$results")))
+    failed=$((failed + $(grep -c '^FAIL ' <<<"$results")))
+  fi
+  # A test that started but never reported: the binary crashed or timed out inside it.
+  last_run="$(awk '/^\[ RUN      \] / {t = $4}
+                   /^\[ *(OK|FAILED|SKIPPED) *\] .* \([0-9]+ ms\)$/ {t = ""}
+                   END {print t}' "$log")"
+  if [ "$rc" -ne 0 ] && { [ -n "$last_run" ] || ! grep -q '^FAIL ' <<<"$results"; }; then
+    why="exit status $rc"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      why="timed out after ${timeout_s}s"
+    fi
+    echo "FAIL ${last_run:-$name} ($name: $why)"
+    failed=$((failed + 1))
+    tail -n 30 "$log" | sed 's/^/    | /'
+  fi
+  # What each failed test printed, for the record.
+  for test in $(grep '^FAIL ' <<<"$results" | awk '{print $2}'); do
+    awk -v t="$test" '
+      $0 ~ /^\[ RUN      \] / { on = ($4 == t); n = 0 }
+      on && n < 40 { print "    | " $0; n++ }
+      /^\[  FAILED  \] / && on { on = 0 }' "$log"
+  done
+  echo "# $name: $(( $(date +%s) - start ))s"
+done
+
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
+RUN
+}
+
+case "${1:-}" in
+  build) build ;;
+  run) exec "$out/run.sh" ;;
+  *) usage ;;
+esac

@@ -1,0 +1,119 @@
+// The coordinator's client, used by workers (and by the launcher as rank -1). Every call
+// carries the job token and has a timeout; errors name the rank, the call and what it
+// waited for. An optional heartbeat thread reports the worker's progress every interval and
+// delivers the job's abort (or the loss of the coordinator) within one interval.
+#ifndef TANDEM_COMM_COORDINATOR_CLIENT_H_
+#define TANDEM_COMM_COORDINATOR_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "comm/coordinator.pb.h"
+#include "comm/key_value_store.h"
+
+namespace tandem {
+
+struct CoordinatorClientOptions {
+  std::string address;  // "127.0.0.1:PORT"
+  std::string token;    // the job token; never logged
+  int rank = -1;        // -1: the launcher
+  // Deadline of calls that do not wait for other ranks.
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Heartbeats failing for this long count as an abort ("lost the coordinator").
+  absl::Duration coordinator_timeout = absl::Seconds(60);
+
+  // Address and token from TANDEM_COORDINATOR and TANDEM_JOB_TOKEN; InvalidArgument naming
+  // the variable that is missing.
+  static absl::StatusOr<CoordinatorClientOptions> FromEnvironment(int rank);
+};
+
+// What a worker tells the coordinator about itself when it registers.
+struct WorkerIdentity {
+  int world_size = 1;
+  std::string host;
+  int64_t pid = 0;
+  std::string device;  // "cpu", "cuda:0"
+};
+
+// What registration answers.
+struct JobInfo {
+  int world_size = 1;
+  std::string job_config;
+};
+
+// A worker's progress, sent with each heartbeat.
+struct WorkerReport {
+  int64_t step = 0;
+  std::string phase;
+  uint64_t collective_issued = 0;
+  uint64_t collective_completed = 0;
+  double loss = 0;
+  double step_time_ms = 0;
+  int64_t memory_allocated_bytes = 0;
+  int64_t memory_peak_bytes = 0;
+  bool finished = false;
+};
+
+// The job's abort state as a heartbeat answers it.
+struct AbortState {
+  bool aborted = false;
+  std::string reason;
+};
+
+class CoordinatorClient : public KeyValueStore {
+ public:
+  // Makes the channel; connects lazily (Register waits for the server to come up).
+  static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Connect(
+      CoordinatorClientOptions options);
+  // Stops the heartbeat thread if running.
+  ~CoordinatorClient() override;
+
+  int rank() const;
+
+  // Registers this rank, waiting up to `timeout` for the coordinator to be reachable.
+  absl::StatusOr<JobInfo> Register(const WorkerIdentity& identity, absl::Duration timeout);
+
+  // KeyValueStore.
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key) override;
+  absl::StatusOr<std::string> Wait(absl::string_view key, absl::Duration timeout) override;
+
+  // Returns once every rank reached barrier `name`; DeadlineExceeded names the missing.
+  absl::Status Barrier(absl::string_view name, absl::Duration timeout);
+  // One heartbeat; answers whether the job was aborted.
+  absl::StatusOr<AbortState> Heartbeat(const WorkerReport& report);
+  // Aborts the whole job.
+  absl::Status Abort(absl::string_view reason);
+  // Every rank's last report.
+  absl::StatusOr<rpc::GetStatusResponse> GetStatus();
+
+  // Starts a thread sending report() every heartbeat_interval. When the job is aborted, or
+  // no heartbeat succeeded for coordinator_timeout, on_abort(reason) is called once from
+  // that thread and the heartbeats stop. Fails if heartbeats already run.
+  absl::Status StartHeartbeats(std::function<WorkerReport()> report,
+                               std::function<void(const std::string&)> on_abort);
+  // Stops the thread; with `finished`, first sends a last heartbeat marking this rank
+  // finished so the watchdog stops watching it.
+  absl::Status StopHeartbeats(bool finished);
+
+  // True once an abort was delivered (by a heartbeat or a call answering ABORTED).
+  bool aborted() const;
+  std::string abort_reason() const;
+
+  class Impl;
+
+ private:
+  explicit CoordinatorClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMM_COORDINATOR_CLIENT_H_

@@ -1,0 +1,621 @@
+// MpiCommunicator: operations are queued by the caller and executed, one at a time and in
+// issue order, by the communicator's thread with blocking MPI calls on a private duplicate
+// communicator. Works wait on the shared state's "completed" counter: operations finish in
+// order, so an operation is done exactly when the counter has reached its sequence number.
+#include "comm/mpi_communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "comm/op_info.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+#define MPI_RETURN_IF_ERROR(call)                                                 \
+  do {                                                                            \
+    int tandem_mpi_err_ = (call);                                                 \
+    if (tandem_mpi_err_ != MPI_SUCCESS)                                           \
+      return ::tandem::MpiErrorStatus(tandem_mpi_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+namespace tandem {
+namespace {
+
+constexpr int kTag = 7301;                   // every point-to-point message of Tandem
+constexpr int64_t kMaxChunk = int64_t{1} << 30;  // elements per MPI call (counts are int)
+// How long a destructor waits for an operation stuck inside MPI before leaving the thread.
+constexpr absl::Duration kStopGrace = absl::Seconds(2);
+// How long the communication thread keeps looking for the next operation before it sleeps.
+constexpr std::chrono::microseconds kIdleSpin(50);
+
+// The MPI type used to move (not reduce) elements of `t`.
+MPI_Datatype MoveType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kBF16:
+    case DType::kF16:
+      return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+// Calls fn(offset, count) over [0, n) in chunks MPI can count; at least once, so that a
+// zero-count operation still takes part (every rank makes the same calls).
+absl::Status ForChunks(int64_t n, const std::function<absl::Status(int64_t, int)>& fn) {
+  int64_t off = 0;
+  do {
+    const int64_t c = std::min(kMaxChunk, n - off);
+    RETURN_IF_ERROR(fn(off, static_cast<int>(c)));
+    off += c;
+  } while (off < n);
+  return absl::OkStatus();
+}
+
+void ToF32(const Tensor& t, float* out) {
+  const uint16_t* in = t.data<uint16_t>();
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(in[i]);
+  }
+}
+
+void FromF32(const float* in, const Tensor& t) {
+  uint16_t* out = t.data<uint16_t>();
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToHalf(in[i]);
+  }
+}
+
+void Divide(float* p, int64_t n, int by) {
+  const float d = static_cast<float>(by);
+  for (int64_t i = 0; i < n; ++i) p[i] /= d;
+}
+
+struct CommState;
+
+struct QueuedOp {
+  OpInfo info;
+  std::function<absl::Status(CommState&)> run;  // holds the tensors it uses
+};
+
+// What the communicator, its thread and its Works share. Kept alive by all three, so a
+// Work may outlive its communicator and a thread stuck in MPI after Abort stays valid.
+struct CommState {
+  CommIdentity id;
+  MPI_Comm comm = MPI_COMM_NULL;  // used by the communication thread only
+
+  absl::Mutex mu;
+  std::deque<QueuedOp> queue ABSL_GUARDED_BY(mu);
+  uint64_t issued ABSL_GUARDED_BY(mu) = 0;
+  uint64_t completed ABSL_GUARDED_BY(mu) = 0;
+  std::optional<OpInfo> running ABSL_GUARDED_BY(mu);
+  uint64_t failed_sequence ABSL_GUARDED_BY(mu) = 0;  // first operation that failed
+  absl::Status failure ABSL_GUARDED_BY(mu);
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+  std::string abort_reason ABSL_GUARDED_BY(mu);
+  uint64_t completed_at_abort ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  bool exited ABSL_GUARDED_BY(mu) = false;
+
+  // Readable without the lock (heartbeat reports, Wait's fast path).
+  std::atomic<uint64_t> issued_atomic{0};
+  std::atomic<uint64_t> completed_atomic{0};
+
+  // f32 staging for 16-bit reductions; communication thread only.
+  std::vector<float> scratch;
+  std::vector<float> scratch_out;
+
+  // The outcome of a finished (or aborted) operation.
+  absl::Status StatusOf(const OpInfo& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (aborted && op.sequence > completed_at_abort) {
+      return OpAbortedError(id, op, abort_reason);
+    }
+    if (failed_sequence != 0 && op.sequence >= failed_sequence) {
+      if (op.sequence == failed_sequence) return failure;
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", id.rank, ": ", op.Describe(), " not run: operation #",
+                       failed_sequence, " failed before it: ", failure.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Where the communication thread is, for timeout messages.
+  std::string Progress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::string s = running ? absl::StrCat("the communication thread is in ",
+                                           running->Describe())
+                            : std::string("the communication thread is idle");
+    absl::StrAppend(&s, ", finished through #", completed, ", ", queue.size(),
+                    " more queued");
+    return s;
+  }
+};
+
+class MpiWork : public Work {
+ public:
+  MpiWork(std::shared_ptr<CommState> state, OpInfo info)
+      : state_(std::move(state)), info_(std::move(info)), description_(info_.Describe()) {}
+
+  absl::Status Wait(absl::Duration timeout) override {
+    CommState* st = state_.get();
+    const uint64_t seq = info_.sequence;
+    // Poll briefly before sleeping, for the same reason as the communication thread.
+    const auto spin_until = std::chrono::steady_clock::now() +
+                            std::min(kIdleSpin * 2, absl::ToChronoMicroseconds(timeout));
+    while (st->completed_atomic.load(std::memory_order_acquire) < seq &&
+           std::chrono::steady_clock::now() < spin_until) {
+      std::this_thread::yield();
+    }
+    absl::MutexLock lock(&st->mu);
+    auto done = [st, seq]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return st->completed >= seq || st->aborted;
+    };
+    if (!st->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      return WaitTimeoutError(st->id, info_, timeout, st->Progress());
+    }
+    return st->StatusOf(info_);
+  }
+
+  absl::StatusOr<bool> IsCompleted() override {
+    absl::MutexLock lock(&state_->mu);
+    if (state_->completed < info_.sequence && !state_->aborted) return false;
+    RETURN_IF_ERROR(state_->StatusOf(info_));
+    return true;
+  }
+
+  uint64_t sequence() const override { return info_.sequence; }
+  const std::string& description() const override { return description_; }
+
+ private:
+  std::shared_ptr<CommState> state_;
+  const OpInfo info_;
+  const std::string description_;
+};
+
+// ---- the operations, run on the communication thread ----
+
+absl::Status RunAllReduce(CommState& st, const Tensor& t, ReduceOp op) {
+  const int64_t n = t.numel();
+  const int world = st.id.world_size;
+  if (t.dtype() == DType::kF32 || t.dtype() == DType::kI32) {
+    char* base = static_cast<char*>(t.raw());
+    const size_t esize = DTypeSize(t.dtype());
+    RETURN_IF_ERROR(ForChunks(n, [&](int64_t off, int c) -> absl::Status {
+      MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, base + off * esize, c,
+                                        MoveType(t.dtype()), MPI_SUM, st.comm));
+      return absl::OkStatus();
+    }));
+    if (op == ReduceOp::kAvg) Divide(t.data<float>(), n, world);  // checked: floats only
+    return absl::OkStatus();
+  }
+  st.scratch.resize(n);
+  float* f = st.scratch.data();
+  ToF32(t, f);
+  RETURN_IF_ERROR(ForChunks(n, [&](int64_t off, int c) -> absl::Status {
+    MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, f + off, c, MPI_FLOAT, MPI_SUM, st.comm));
+    return absl::OkStatus();
+  }));
+  if (op == ReduceOp::kAvg) Divide(f, n, world);
+  FromF32(f, t);
+  return absl::OkStatus();
+}
+
+absl::Status RunBroadcast(CommState& st, const Tensor& t, int root) {
+  char* base = static_cast<char*>(t.raw());
+  const size_t esize = DTypeSize(t.dtype());
+  return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
+    MPI_RETURN_IF_ERROR(
+        MPI_Bcast(base + off * esize, c, MoveType(t.dtype()), root, st.comm));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status RunAllGather(CommState& st, const Tensor& out, const Tensor& in) {
+  const int c = static_cast<int>(in.numel());  // checked at issue
+  const MPI_Datatype type = MoveType(in.dtype());
+  const char* my_block = static_cast<const char*>(out.raw()) + in.bytes() * st.id.rank;
+  const void* send = (in.raw() == my_block) ? MPI_IN_PLACE : in.raw();
+  MPI_RETURN_IF_ERROR(MPI_Allgather(send, c, type, out.raw(), c, type, st.comm));
+  return absl::OkStatus();
+}
+
+absl::Status RunReduceScatter(CommState& st, const Tensor& out, const Tensor& in, ReduceOp op) {
+  const int c = static_cast<int>(out.numel());  // checked at issue
+  const int world = st.id.world_size;
+  if (in.dtype() == DType::kF32 || in.dtype() == DType::kI32) {
+    MPI_RETURN_IF_ERROR(MPI_Reduce_scatter_block(in.raw(), out.raw(), c, MoveType(in.dtype()),
+                                                 MPI_SUM, st.comm));
+    if (op == ReduceOp::kAvg) Divide(out.data<float>(), c, world);
+    return absl::OkStatus();
+  }
+  st.scratch.resize(in.numel());
+  st.scratch_out.resize(c);
+  ToF32(in, st.scratch.data());
+  MPI_RETURN_IF_ERROR(MPI_Reduce_scatter_block(st.scratch.data(), st.scratch_out.data(), c,
+                                               MPI_FLOAT, MPI_SUM, st.comm));
+  if (op == ReduceOp::kAvg) Divide(st.scratch_out.data(), c, world);
+  FromF32(st.scratch_out.data(), out);
+  return absl::OkStatus();
+}
+
+absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want, int peer) {
+  int got = 0;
+  MPI_RETURN_IF_ERROR(MPI_Get_count(&status, type, &got));
+  if (got != want) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "received %d elements from rank %d, expected %d (mismatched send and recv)", got,
+        peer, want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunSend(CommState& st, const Tensor& t, int peer) {
+  char* base = static_cast<char*>(t.raw());
+  const size_t esize = DTypeSize(t.dtype());
+  return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
+    MPI_RETURN_IF_ERROR(
+        MPI_Send(base + off * esize, c, MoveType(t.dtype()), peer, kTag, st.comm));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status RunRecv(CommState& st, const Tensor& t, int peer) {
+  char* base = static_cast<char*>(t.raw());
+  const size_t esize = DTypeSize(t.dtype());
+  const MPI_Datatype type = MoveType(t.dtype());
+  return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
+    MPI_Status status;
+    MPI_RETURN_IF_ERROR(MPI_Recv(base + off * esize, c, type, peer, kTag, st.comm, &status));
+    return CheckReceived(status, type, c, peer);
+  });
+}
+
+absl::Status RunSendRecv(CommState& st, const std::vector<PeerTransfer>& transfers) {
+  std::vector<MPI_Request> requests(transfers.size(), MPI_REQUEST_NULL);
+  absl::Status posted;
+  // Receives first, so that eager sends find them posted.
+  for (int pass = 0; pass < 2 && posted.ok(); ++pass) {
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      const PeerTransfer& x = transfers[i];
+      const bool recv = x.kind == PeerTransfer::Kind::kRecv;
+      if (recv != (pass == 0)) continue;
+      const int c = static_cast<int>(x.tensor.numel());  // checked at issue
+      const MPI_Datatype type = MoveType(x.tensor.dtype());
+      const int e = recv ? MPI_Irecv(x.tensor.raw(), c, type, x.peer, kTag, st.comm,
+                                     &requests[i])
+                         : MPI_Isend(x.tensor.raw(), c, type, x.peer, kTag, st.comm,
+                                     &requests[i]);
+      if (e != MPI_SUCCESS) {
+        posted = MpiErrorStatus(e, recv ? "MPI_Irecv" : "MPI_Isend", __FILE__, __LINE__);
+        break;
+      }
+    }
+  }
+  std::vector<MPI_Status> statuses(transfers.size());
+  // Posted requests are completed even after a failure, so no buffer stays in use.
+  const int e = MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                            statuses.data());
+  RETURN_IF_ERROR(posted);
+  if (e != MPI_SUCCESS) {
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
+        return MpiErrorStatus(statuses[i].MPI_ERROR,
+                              absl::StrCat("MPI_Waitall (transfer ", i, ")").c_str(), __FILE__,
+                              __LINE__);
+      }
+    }
+    return MpiErrorStatus(e, "MPI_Waitall", __FILE__, __LINE__);
+  }
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const PeerTransfer& x = transfers[i];
+    if (x.kind != PeerTransfer::Kind::kRecv) continue;
+    RETURN_IF_ERROR(CheckReceived(statuses[i], MoveType(x.tensor.dtype()),
+                                  static_cast<int>(x.tensor.numel()), x.peer));
+  }
+  return absl::OkStatus();
+}
+
+// ---- the communication thread ----
+
+void CommunicationLoop(std::shared_ptr<CommState> st) {
+  CommState* s = st.get();
+  auto has_work = [s]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return !s->queue.empty() || s->stopping || s->aborted;
+  };
+  bool aborted = false;
+  uint64_t taken = 0;  // sequence number of the last operation taken from the queue
+  for (;;) {
+    // A caller that waits on each operation issues the next within microseconds of the last
+    // finishing; polling briefly (yielding the core) is cheaper than waking from a sleep,
+    // which costs several microseconds (allreduce_bench's "waited" column shows it).
+    const auto spin_until = std::chrono::steady_clock::now() + kIdleSpin;
+    while (s->issued_atomic.load(std::memory_order_acquire) == taken &&
+           std::chrono::steady_clock::now() < spin_until) {
+      std::this_thread::yield();
+    }
+    QueuedOp op;
+    bool skip = false;
+    {
+      absl::MutexLock lock(&s->mu);
+      s->mu.Await(absl::Condition(&has_work));
+      if (s->aborted || s->queue.empty()) {
+        aborted = s->aborted;
+        break;
+      }
+      op = std::move(s->queue.front());
+      s->queue.pop_front();
+      s->running = op.info;
+      taken = op.info.sequence;
+      skip = s->failed_sequence != 0;
+    }
+    absl::Status status;
+    if (!skip) {
+      status = op.run(*s);
+      if (!status.ok()) {
+        status = absl::Status(status.code(), absl::StrCat("rank ", s->id.rank, ": ",
+                                                          op.info.Describe(), " failed: ",
+                                                          status.message()));
+      }
+    }
+    op.run = nullptr;  // release the tensors before reporting completion
+    {
+      absl::MutexLock lock(&s->mu);
+      s->running.reset();
+      if (!status.ok() && s->failed_sequence == 0) {
+        s->failed_sequence = op.info.sequence;
+        s->failure = status;
+      }
+      s->completed = op.info.sequence;
+      s->completed_atomic.store(op.info.sequence, std::memory_order_release);
+    }
+  }
+  // After an abort the communicator may be mid-operation on other ranks: leave it alone.
+  if (!aborted) MPI_Comm_free(&s->comm);
+  absl::MutexLock lock(&s->mu);
+  s->exited = true;
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(std::shared_ptr<CommState> state) : state_(std::move(state)) {
+    thread_ = std::thread(CommunicationLoop, state_);
+  }
+
+  ~MpiCommunicator() override {
+    CommState* s = state_.get();
+    {
+      absl::MutexLock lock(&s->mu);
+      if (!s->queue.empty() || s->running) {
+        AbortLocked("communicator destroyed with operations in flight");
+      }
+      s->stopping = true;
+    }
+    bool exited;
+    {
+      absl::MutexLock lock(&s->mu);
+      auto is_exited = [s]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->exited; };
+      exited = s->mu.AwaitWithTimeout(absl::Condition(&is_exited), kStopGrace);
+    }
+    // A thread still blocked in MPI (peers gone after an abort) keeps the state alive.
+    if (exited) {
+      thread_.join();
+    } else {
+      thread_.detach();
+    }
+  }
+
+  int rank() const override { return state_->id.rank; }
+  int world_size() const override { return state_->id.world_size; }
+  Device device() const override { return Device::Cpu(); }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(const Tensor& t,
+                                                  const AllReduceOptions& options) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckAllReduce(state_->id, t, options.op));
+    return Enqueue(std::move(info), [t, options](CommState& st) {
+      return RunAllReduce(st, t, options.op);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(const Tensor& t,
+                                                  const BroadcastOptions& options) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckBroadcast(state_->id, t, options.root));
+    return Enqueue(std::move(info), [t, options](CommState& st) {
+      return RunBroadcast(st, t, options.root);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(const Tensor& out, const Tensor& in) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckAllGather(state_->id, out, in));
+    RETURN_IF_ERROR(CheckIntCount(info, in.numel() * world_size()));
+    return Enqueue(std::move(info),
+                   [out, in](CommState& st) { return RunAllGather(st, out, in); });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(
+      const Tensor& out, const Tensor& in, const ReduceScatterOptions& options) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckReduceScatter(state_->id, out, in, options.op));
+    RETURN_IF_ERROR(CheckIntCount(info, out.numel()));
+    return Enqueue(std::move(info), [out, in, options](CommState& st) {
+      return RunReduceScatter(st, out, in, options.op);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Send(const Tensor& t, int peer) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckSend(state_->id, t, peer));
+    return Enqueue(std::move(info), [t, peer](CommState& st) { return RunSend(st, t, peer); });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Recv(const Tensor& t, int peer) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckRecv(state_->id, t, peer));
+    return Enqueue(std::move(info), [t, peer](CommState& st) { return RunRecv(st, t, peer); });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> SendRecv(
+      const std::vector<PeerTransfer>& transfers) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckSendRecv(state_->id, transfers));
+    for (const PeerTransfer& x : transfers) RETURN_IF_ERROR(CheckIntCount(info, x.tensor.numel()));
+    return Enqueue(std::move(info),
+                   [transfers](CommState& st) { return RunSendRecv(st, transfers); });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Barrier() override {
+    return Enqueue(BarrierInfo(), [](CommState& st) -> absl::Status {
+      MPI_RETURN_IF_ERROR(MPI_Barrier(st.comm));
+      return absl::OkStatus();
+    });
+  }
+
+  void Abort(absl::string_view reason) override {
+    std::deque<QueuedOp> dropped;
+    {
+      absl::MutexLock lock(&state_->mu);
+      dropped = AbortLocked(reason);
+    }
+    // `dropped` (and the tensors it holds) goes here, outside the lock.
+  }
+
+  uint64_t last_issued_sequence() const override {
+    return state_->issued_atomic.load(std::memory_order_acquire);
+  }
+  uint64_t last_completed_sequence() const override {
+    return state_->completed_atomic.load(std::memory_order_acquire);
+  }
+
+ private:
+  std::deque<QueuedOp> AbortLocked(absl::string_view reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    CommState* s = state_.get();
+    if (s->aborted) return {};
+    s->aborted = true;
+    s->abort_reason = std::string(reason);
+    s->completed_at_abort = s->completed;
+    std::deque<QueuedOp> dropped;
+    dropped.swap(s->queue);
+    return dropped;
+  }
+
+  // MPI counts elements in an int; larger all_gather / reduce_scatter / send_recv blocks
+  // are refused (all_reduce, broadcast, send and recv are split in chunks instead).
+  absl::Status CheckIntCount(const OpInfo& info, int64_t count) {
+    if (count <= INT_MAX) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d: %s: %d elements in one block exceed MPI's int count",
+                        rank(), OpKindName(info.kind), count));
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Enqueue(
+      OpInfo info, std::function<absl::Status(CommState&)> run) {
+    CommState* s = state_.get();
+    absl::MutexLock lock(&s->mu);
+    if (s->aborted) {
+      return absl::AbortedError(absl::StrCat("rank ", s->id.rank, ": ", OpKindName(info.kind),
+                                             " refused: the communicator was aborted: ",
+                                             s->abort_reason));
+    }
+    info.sequence = ++s->issued;
+    s->issued_atomic.store(info.sequence, std::memory_order_release);
+    auto work = std::make_unique<MpiWork>(state_, info);
+    s->queue.push_back(QueuedOp{std::move(info), std::move(run)});
+    return std::unique_ptr<Work>(std::move(work));
+  }
+
+  std::shared_ptr<CommState> state_;
+  std::thread thread_;
+};
+
+const char* ThreadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+absl::Status CheckThreadLevel(int level) {
+  if (level >= MPI_THREAD_SERIALIZED) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "MPI runs at ", ThreadLevelName(level),
+      "; Tandem's communication thread needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE"));
+}
+
+}  // namespace
+
+absl::Status MpiErrorStatus(int code, const char* call, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) {
+    len = snprintf(text, sizeof(text), "MPI error %d", code);
+  }
+  return absl::InternalError(absl::StrFormat("%s:%d: %s failed: %s", file, line, call,
+                                             absl::string_view(text, len)));
+}
+
+absl::Status InitMpi(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_RETURN_IF_ERROR(MPI_Initialized(&initialized));
+  int level = MPI_THREAD_SINGLE;
+  if (initialized) {
+    MPI_RETURN_IF_ERROR(MPI_Query_thread(&level));
+  } else {
+    MPI_RETURN_IF_ERROR(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level));
+  }
+  return CheckThreadLevel(level);
+}
+
+absl::Status FinalizeMpi() {
+  int initialized = 0, finalized = 0;
+  MPI_RETURN_IF_ERROR(MPI_Initialized(&initialized));
+  MPI_RETURN_IF_ERROR(MPI_Finalized(&finalized));
+  if (initialized && !finalized) MPI_RETURN_IF_ERROR(MPI_Finalize());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(
+    const MpiCommunicatorOptions& options) {
+  int initialized = 0, finalized = 0;
+  MPI_RETURN_IF_ERROR(MPI_Initialized(&initialized));
+  MPI_RETURN_IF_ERROR(MPI_Finalized(&finalized));
+  if (!initialized || finalized) {
+    return absl::FailedPreconditionError(
+        "MPI communicator: MPI is not running (call InitMpi first, and before FinalizeMpi)");
+  }
+  int level = MPI_THREAD_SINGLE;
+  MPI_RETURN_IF_ERROR(MPI_Query_thread(&level));
+  RETURN_IF_ERROR(CheckThreadLevel(level));
+  auto state = std::make_shared<CommState>();
+  MPI_RETURN_IF_ERROR(MPI_Comm_dup(options.base, &state->comm));
+  MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(state->comm, MPI_ERRORS_RETURN));
+  MPI_RETURN_IF_ERROR(MPI_Comm_rank(state->comm, &state->id.rank));
+  MPI_RETURN_IF_ERROR(MPI_Comm_size(state->comm, &state->id.world_size));
+  state->id.device = Device::Cpu();
+  return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(state)));
+}
+
+}  // namespace tandem

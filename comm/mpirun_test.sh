@@ -1,0 +1,30 @@
+#!/bin/sh
+# Runs a gtest binary on N ranks of this host through mpirun, over shared memory ("shm",
+# Open MPI's vader) or TCP on loopback ("tcp", the transport used across hosts), with a time
+# limit so that a hang fails the test instead of stalling it.
+# Usage: mpirun_test.sh N shm|tcp BINARY [ARGS...]
+set -eu
+n="$1"
+transport="$2"
+bin="$3"
+shift 3
+case "$transport" in
+  shm) btl="--mca btl self,vader" ;;
+  tcp) btl="--mca btl self,tcp --mca btl_tcp_if_include lo" ;;
+  *) echo "mpirun_test.sh: transport must be shm or tcp, not '$transport'" >&2; exit 2 ;;
+esac
+# Open MPI refuses to run as root without these (CI runs as root).
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Keep Open MPI's temporary files inside the test's temporary directory.
+export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
+limit="${TANDEM_MPIRUN_TIMEOUT_S:-120}"
+echo "mpirun -np $n over $transport: $bin $* (limit ${limit}s)"
+status=0
+# shellcheck disable=SC2086  # $btl is a list of words
+timeout --signal=TERM --kill-after=10 "$limit" \
+  mpirun --oversubscribe -np "$n" $btl --bind-to none "$bin" "$@" || status=$?
+if [ "$status" -eq 124 ]; then
+  echo "FAILED: mpirun -np $n did not finish within ${limit}s (a rank hung)" >&2
+fi
+exit "$status"

@@ -1,0 +1,469 @@
+// NcclCommunicator: a non-blocking NCCL communicator (so initialization and every wait can
+// time out and Abort can interrupt) on a private CUDA stream. Operations are enqueued on
+// the calling thread, in issue order; each records an event that its Work polls. Tensors
+// stay referenced until their operation's event has fired, even if the Work is dropped.
+#include "comm/nccl_communicator.h"
+
+#include "absl/strings/str_cat.h"
+
+#if TANDEM_CUDA
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "comm/op_info.h"
+#include "runtime/cuda_status.h"
+#include "runtime/device.h"
+#include "runtime/status.h"
+#include "runtime/stream.h"
+
+namespace tandem {
+namespace {
+
+// How long the destructor lets outstanding operations drain before aborting them.
+constexpr absl::Duration kFinalizeTimeout = absl::Seconds(30);
+
+ncclDataType_t NcclType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kI32:
+      return ncclInt32;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
+
+// A CUDA event that fires after one operation.
+class CudaEvent {
+ public:
+  static absl::StatusOr<std::shared_ptr<CudaEvent>> Create() {
+    cudaEvent_t e;
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return std::shared_ptr<CudaEvent>(new CudaEvent(e));
+  }
+  ~CudaEvent() { cudaEventDestroy(event_); }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  explicit CudaEvent(cudaEvent_t e) : event_(e) {}
+  cudaEvent_t event_;
+};
+
+struct InFlight {
+  uint64_t sequence;
+  std::shared_ptr<CudaEvent> done;
+  std::vector<Tensor> tensors;  // kept alive until `done` fires
+};
+
+// What the communicator and its Works share.
+struct NcclState {
+  CommIdentity id;
+  std::unique_ptr<Stream> stream;  // the communication stream
+
+  absl::Mutex mu;
+  ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+  std::string abort_reason ABSL_GUARDED_BY(mu);
+  uint64_t completed_at_abort ABSL_GUARDED_BY(mu) = 0;
+  std::deque<InFlight> in_flight ABSL_GUARDED_BY(mu);
+  uint64_t issued ABSL_GUARDED_BY(mu) = 0;
+  std::atomic<uint64_t> issued_atomic{0};
+  std::atomic<uint64_t> completed_atomic{0};
+
+  // Drops finished operations from the front (they finish in stream order).
+  void RetireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (!in_flight.empty() && cudaEventQuery(in_flight.front().done->get()) == cudaSuccess) {
+      completed_atomic.store(in_flight.front().sequence, std::memory_order_release);
+      in_flight.pop_front();
+    }
+    cudaGetLastError();  // a not-ready query leaves no error behind
+  }
+
+  // NCCL's asynchronous error, if any (a failed peer, a network error).
+  absl::Status AsyncErrorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (comm == nullptr) return absl::OkStatus();
+    ncclResult_t async = ncclSuccess;
+    NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress) {
+      return NcclErrorStatus(async, "ncclCommGetAsyncError", __FILE__, __LINE__);
+    }
+    return absl::OkStatus();
+  }
+
+  // In non-blocking mode a call may return before NCCL has taken it in; wait until it has.
+  absl::Status WaitAcceptedLocked(absl::Duration timeout, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (int spins = 0;;) {
+      ncclResult_t state = ncclSuccess;
+      NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &state));
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) {
+        return NcclErrorStatus(state, std::string(what).c_str(), __FILE__, __LINE__);
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "rank %d: %s still in progress after %s", id.rank, what,
+            absl::FormatDuration(timeout)));
+      }
+      if (++spins < 1000) {
+        std::this_thread::yield();
+      } else {
+        absl::SleepFor(absl::Microseconds(100));
+      }
+    }
+  }
+};
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclState> state, OpInfo info, std::shared_ptr<CudaEvent> done)
+      : state_(std::move(state)),
+        info_(std::move(info)),
+        description_(info_.Describe()),
+        done_(std::move(done)) {}
+
+  absl::Status Wait(absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (int i = 0;; ++i) {
+      absl::StatusOr<bool> done = IsCompleted();
+      if (!done.ok() || *done) return done.status();
+      if (absl::Now() >= deadline) {
+        absl::MutexLock lock(&state_->mu);
+        return WaitTimeoutError(
+            state_->id, info_, timeout,
+            absl::StrFormat("the NCCL stream finished through #%d, %d operations in flight",
+                            state_->completed_atomic.load(), state_->in_flight.size()));
+      }
+      if (i < 200) {
+        std::this_thread::yield();
+      } else {
+        absl::SleepFor(absl::Microseconds(50));
+      }
+    }
+  }
+
+  absl::StatusOr<bool> IsCompleted() override {
+    absl::MutexLock lock(&state_->mu);
+    if (state_->aborted) {
+      if (info_.sequence <= state_->completed_at_abort) return true;
+      return OpAbortedError(state_->id, info_, state_->abort_reason);
+    }
+    const cudaError_t e = cudaEventQuery(done_->get());
+    if (e == cudaSuccess) {
+      state_->RetireLocked();
+      return true;
+    }
+    if (e != cudaErrorNotReady) return CudaErrorStatus(e, "cudaEventQuery", __FILE__, __LINE__);
+    cudaGetLastError();
+    absl::Status async = state_->AsyncErrorLocked();
+    if (!async.ok()) {
+      return absl::Status(async.code(), absl::StrCat("rank ", state_->id.rank, ": ",
+                                                     description_, " failed: ",
+                                                     async.message()));
+    }
+    return false;
+  }
+
+  uint64_t sequence() const override { return info_.sequence; }
+  const std::string& description() const override { return description_; }
+
+ private:
+  std::shared_ptr<NcclState> state_;
+  const OpInfo info_;
+  const std::string description_;
+  std::shared_ptr<CudaEvent> done_;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<NcclState> state, std::unique_ptr<Event> compute_ready,
+                   Tensor barrier)
+      : state_(std::move(state)),
+        compute_ready_(std::move(compute_ready)),
+        barrier_(std::move(barrier)) {}
+
+  ~NcclCommunicator() override {
+    NcclState* s = state_.get();
+    absl::MutexLock lock(&s->mu);
+    if (s->comm != nullptr && !s->aborted) {
+      // Let issued operations finish (bounded), then free; abort what does not finish.
+      const ncclResult_t r = ncclCommFinalize(s->comm);
+      absl::Status finalized =
+          (r == ncclSuccess || r == ncclInProgress)
+              ? s->WaitAcceptedLocked(kFinalizeTimeout, "ncclCommFinalize")
+              : NcclErrorStatus(r, "ncclCommFinalize", __FILE__, __LINE__);
+      if (finalized.ok()) {
+        ncclCommDestroy(s->comm);
+      } else {
+        ncclCommAbort(s->comm);
+      }
+      s->comm = nullptr;
+    }
+    s->in_flight.clear();
+  }
+
+  int rank() const override { return state_->id.rank; }
+  int world_size() const override { return state_->id.world_size; }
+  Device device() const override { return state_->id.device; }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(const Tensor& t,
+                                                  const AllReduceOptions& options) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckAllReduce(state_->id, t, options.op));
+    return Issue(info, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllReduce(t.raw(), t.raw(), t.numel(), NcclType(t.dtype()), NcclOp(options.op),
+                           comm, stream);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(const Tensor& t,
+                                                  const BroadcastOptions& options) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckBroadcast(state_->id, t, options.root));
+    return Issue(info, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclBroadcast(t.raw(), t.raw(), t.numel(), NcclType(t.dtype()), options.root, comm,
+                           stream);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(const Tensor& out, const Tensor& in) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckAllGather(state_->id, out, in));
+    return Issue(info, {out, in}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllGather(in.raw(), out.raw(), in.numel(), NcclType(in.dtype()), comm, stream);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(
+      const Tensor& out, const Tensor& in, const ReduceScatterOptions& options) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckReduceScatter(state_->id, out, in, options.op));
+    return Issue(info, {out, in}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclReduceScatter(in.raw(), out.raw(), out.numel(), NcclType(in.dtype()),
+                               NcclOp(options.op), comm, stream);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Send(const Tensor& t, int peer) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckSend(state_->id, t, peer));
+    return Issue(info, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclSend(t.raw(), t.numel(), NcclType(t.dtype()), peer, comm, stream);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Recv(const Tensor& t, int peer) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckRecv(state_->id, t, peer));
+    return Issue(info, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclRecv(t.raw(), t.numel(), NcclType(t.dtype()), peer, comm, stream);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> SendRecv(
+      const std::vector<PeerTransfer>& transfers) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckSendRecv(state_->id, transfers));
+    std::vector<Tensor> tensors;
+    for (const PeerTransfer& x : transfers) tensors.push_back(x.tensor);
+    return Issue(info, std::move(tensors), [&](ncclComm_t comm, cudaStream_t stream) {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      for (const PeerTransfer& x : transfers) {
+        const Tensor& t = x.tensor;
+        r = x.kind == PeerTransfer::Kind::kSend
+                ? ncclSend(t.raw(), t.numel(), NcclType(t.dtype()), x.peer, comm, stream)
+                : ncclRecv(t.raw(), t.numel(), NcclType(t.dtype()), x.peer, comm, stream);
+        if (r != ncclSuccess && r != ncclInProgress) {
+          ncclGroupEnd();
+          return r;
+        }
+      }
+      return ncclGroupEnd();
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Barrier() override {
+    // NCCL has no barrier: a one-element all-reduce has the same effect.
+    const Tensor& t = barrier_;
+    return Issue(BarrierInfo(), {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllReduce(t.raw(), t.raw(), 1, ncclFloat32, ncclSum, comm, stream);
+    });
+  }
+
+  void Abort(absl::string_view reason) override {
+    absl::MutexLock lock(&state_->mu);
+    if (state_->aborted) return;
+    state_->RetireLocked();
+    state_->aborted = true;
+    state_->abort_reason = std::string(reason);
+    state_->completed_at_abort = state_->completed_atomic.load();
+    if (state_->comm != nullptr) ncclCommAbort(state_->comm);
+    state_->comm = nullptr;
+  }
+
+  uint64_t last_issued_sequence() const override {
+    return state_->issued_atomic.load(std::memory_order_acquire);
+  }
+  uint64_t last_completed_sequence() const override {
+    absl::MutexLock lock(&state_->mu);
+    state_->RetireLocked();
+    return state_->completed_atomic.load(std::memory_order_acquire);
+  }
+
+ private:
+  // Enqueues `call` after the compute stream's work so far, records its completion event.
+  template <typename Call>
+  absl::StatusOr<std::unique_ptr<Work>> Issue(OpInfo info, std::vector<Tensor> tensors,
+                                              Call call) {
+    NcclState* s = state_.get();
+    RETURN_IF_ERROR(SetCurrentDevice(s->id.device));
+    ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> done, CudaEvent::Create());
+    ASSIGN_OR_RETURN(Stream * compute, Stream::Compute(s->id.device));
+    absl::MutexLock lock(&s->mu);
+    if (s->aborted) {
+      return absl::AbortedError(absl::StrCat("rank ", s->id.rank, ": ", OpKindName(info.kind),
+                                             " refused: the communicator was aborted: ",
+                                             s->abort_reason));
+    }
+    info.sequence = ++s->issued;
+    s->issued_atomic.store(info.sequence, std::memory_order_release);
+    const std::string what = info.Describe();
+    auto fail = [&](const absl::Status& e) {
+      return absl::Status(e.code(), absl::StrCat("rank ", s->id.rank, ": ", what, " failed: ",
+                                                 e.message()));
+    };
+    absl::Status st = compute_ready_->Record(*compute);
+    if (st.ok()) st = compute_ready_->MakeStreamWait(*s->stream);
+    if (!st.ok()) return fail(st);
+    const ncclResult_t r =
+        call(s->comm, static_cast<cudaStream_t>(s->stream->native()));
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return fail(NcclErrorStatus(r, OpKindName(info.kind), __FILE__, __LINE__));
+    }
+    st = s->WaitAcceptedLocked(absl::Minutes(1), what);
+    if (!st.ok()) return fail(st);
+    const cudaError_t e =
+        cudaEventRecord(done->get(), static_cast<cudaStream_t>(s->stream->native()));
+    if (e != cudaSuccess) return fail(CudaErrorStatus(e, "cudaEventRecord", __FILE__, __LINE__));
+    s->in_flight.push_back(InFlight{info.sequence, done, std::move(tensors)});
+    s->RetireLocked();
+    return std::unique_ptr<Work>(new NcclWork(state_, std::move(info), std::move(done)));
+  }
+
+  std::shared_ptr<NcclState> state_;
+  std::unique_ptr<Event> compute_ready_;  // recorded on the compute stream before each op
+  const Tensor barrier_;                  // one f32 on the device, for Barrier
+};
+
+absl::Status CheckOptions(const NcclCommunicatorOptions& o) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "NCCL communicator: rank %d outside a world of %d", o.rank, o.world_size));
+  }
+  if (!o.device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank,
+                                                   ": NCCL communicator needs a CUDA device, "
+                                                   "not ", o.device.ToString()));
+  }
+  if (o.world_size > 1 && o.store == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", o.rank, ": NCCL communicator of ", o.world_size,
+        " ranks needs a key-value store to share the unique id"));
+  }
+  if (o.init_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("NCCL communicator: init_timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0 makes the unique id and publishes it; the others wait for it.
+absl::StatusOr<ncclUniqueId> ShareUniqueId(const NcclCommunicatorOptions& o) {
+  ncclUniqueId id;
+  if (o.rank == 0) {
+    NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+    if (o.store != nullptr) {
+      RETURN_IF_ERROR(o.store->Set(o.key, absl::string_view(id.internal, sizeof(id.internal))));
+    }
+    return id;
+  }
+  ASSIGN_OR_RETURN(std::string bytes, o.store->Wait(o.key, o.init_timeout));
+  if (bytes.size() != sizeof(id.internal)) {
+    return absl::DataLossError(absl::StrFormat(
+        "rank %d: the NCCL unique id under '%s' has %d bytes, expected %d", o.rank, o.key,
+        bytes.size(), sizeof(id.internal)));
+  }
+  std::memcpy(id.internal, bytes.data(), bytes.size());
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    const NcclCommunicatorOptions& o) {
+  RETURN_IF_ERROR(CheckOptions(o));
+  std::string why;
+  const int devices = CudaDeviceCount(&why);
+  if (devices <= o.device.index()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "rank %d: NCCL communicator on %s: %s", o.rank, o.device.ToString(),
+        devices == 0 ? why : absl::StrCat("only ", devices, " CUDA devices visible")));
+  }
+  RETURN_IF_ERROR(SetCurrentDevice(o.device));
+  ASSIGN_OR_RETURN(ncclUniqueId id, ShareUniqueId(o));
+  auto state = std::make_shared<NcclState>();
+  state->id = CommIdentity{o.rank, o.world_size, o.device};
+  ASSIGN_OR_RETURN(state->stream, Stream::Create(o.device));
+  ASSIGN_OR_RETURN(std::unique_ptr<Event> compute_ready, Event::Create(o.device, false));
+  ASSIGN_OR_RETURN(Tensor barrier, Tensor::Empty(Shape{1}, DType::kF32, o.device));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a missing rank ends in a timeout, not a hang
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, o.world_size, id, o.rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return NcclErrorStatus(r, "ncclCommInitRankConfig", __FILE__, __LINE__);
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    state->comm = comm;
+    absl::Status s = state->WaitAcceptedLocked(
+        o.init_timeout, absl::StrFormat("NCCL initialization (waiting for all %d ranks to "
+                                        "join with the unique id under '%s')",
+                                        o.world_size, o.key));
+    if (!s.ok()) {
+      ncclCommAbort(comm);
+      state->comm = nullptr;
+      return s;
+    }
+  }
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(std::move(state), std::move(compute_ready), std::move(barrier)));
+}
+
+}  // namespace tandem
+
+#else  // !TANDEM_CUDA
+
+namespace tandem {
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    const NcclCommunicatorOptions& options) {
+  return absl::UnavailableError(absl::StrCat(
+      "rank ", options.rank, ": NCCL communicator requested, but this build has no CUDA"));
+}
+
+}  // namespace tandem
+
+#endif  // TANDEM_CUDA

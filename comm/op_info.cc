@@ -1,0 +1,249 @@
+// Descriptions and argument checks shared by the MPI and NCCL communicators.
+#include "comm/op_info.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace tandem {
+namespace {
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+
+absl::Status Bad(const CommIdentity& c, OpKind kind, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("rank ", c.rank, ": ", OpKindName(kind), ": ", what));
+}
+
+absl::Status CheckTensor(const CommIdentity& c, OpKind kind, absl::string_view arg,
+                         const Tensor& t) {
+  if (!t.defined()) return Bad(c, kind, absl::StrCat(arg, " is undefined"));
+  if (t.device() != c.device) {
+    return Bad(c, kind,
+               absl::StrCat(arg, " is ", t.ToString(), " but this communicator works on ",
+                            c.device.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReducible(const CommIdentity& c, OpKind kind, const Tensor& t, ReduceOp op) {
+  if (IsFloat(t.dtype())) return absl::OkStatus();
+  if (t.dtype() == DType::kI32 && op == ReduceOp::kSum) return absl::OkStatus();
+  return Bad(c, kind,
+             absl::StrCat("cannot ", ReduceOpName(op), "-reduce ", DTypeName(t.dtype()),
+                          " (f32, bf16 and f16 reduce; i32 only sums)"));
+}
+
+absl::Status CheckPeer(const CommIdentity& c, OpKind kind, absl::string_view role, int peer) {
+  if (peer < 0 || peer >= c.world_size) {
+    return Bad(c, kind,
+               absl::StrCat(role, " ", peer, " is outside ranks 0..", c.world_size - 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNotSelf(const CommIdentity& c, OpKind kind, int peer) {
+  if (peer == c.rank) {
+    return Bad(c, kind, absl::StrCat("peer ", peer, " is this rank; copy the tensor instead"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kSendRecv:
+      return "send_recv";
+    case OpKind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+std::string OpInfo::Describe() const {
+  std::string head = absl::StrCat(OpKindName(kind), " #", sequence);
+  const std::string data = absl::StrCat(DTypeName(dtype), " x ", count);
+  switch (kind) {
+    case OpKind::kAllReduce:
+      return absl::StrCat(head, " (", data, ", ", ReduceOpName(op), ")");
+    case OpKind::kBroadcast:
+      return absl::StrCat(head, " (", data, ", root ", peer, ")");
+    case OpKind::kAllGather:
+      return absl::StrCat(head, " (", data, " per rank)");
+    case OpKind::kReduceScatter:
+      return absl::StrCat(head, " (", data, " per rank, ", ReduceOpName(op), ")");
+    case OpKind::kSend:
+      return absl::StrCat(head, " (", data, " to rank ", peer, ")");
+    case OpKind::kRecv:
+      return absl::StrCat(head, " (", data, " from rank ", peer, ")");
+    case OpKind::kSendRecv:
+      return absl::StrCat(head, " (to ranks [", absl::StrJoin(sends, ", "),
+                          "], from ranks [", absl::StrJoin(recvs, ", "), "])");
+    case OpKind::kBarrier:
+      return head;
+  }
+  return head;
+}
+
+std::string OpInfo::WaitingFor(int world_size) const {
+  switch (kind) {
+    case OpKind::kSend:
+      return absl::StrCat("rank ", peer, " to receive it");
+    case OpKind::kRecv:
+      return absl::StrCat("rank ", peer, " to send its ", DTypeName(dtype), " x ", count);
+    case OpKind::kSendRecv:
+      return absl::StrCat("ranks [", absl::StrJoin(sends, ", "), "] to receive and ranks [",
+                          absl::StrJoin(recvs, ", "), "] to send");
+    case OpKind::kBroadcast:
+      return absl::StrCat("all ", world_size, " ranks to join it (root ", peer, ")");
+    default:
+      return absl::StrCat("all ", world_size, " ranks to join it");
+  }
+}
+
+absl::StatusOr<OpInfo> CheckAllReduce(const CommIdentity& c, const Tensor& t, ReduceOp op) {
+  OpInfo info;
+  info.kind = OpKind::kAllReduce;
+  absl::Status s = CheckTensor(c, info.kind, "tensor", t);
+  if (s.ok()) s = CheckReducible(c, info.kind, t, op);
+  if (!s.ok()) return s;
+  info.dtype = t.dtype();
+  info.count = t.numel();
+  info.op = op;
+  return info;
+}
+
+absl::StatusOr<OpInfo> CheckBroadcast(const CommIdentity& c, const Tensor& t, int root) {
+  OpInfo info;
+  info.kind = OpKind::kBroadcast;
+  absl::Status s = CheckTensor(c, info.kind, "tensor", t);
+  if (s.ok()) s = CheckPeer(c, info.kind, "root", root);
+  if (!s.ok()) return s;
+  info.dtype = t.dtype();
+  info.count = t.numel();
+  info.peer = root;
+  return info;
+}
+
+absl::StatusOr<OpInfo> CheckAllGather(const CommIdentity& c, const Tensor& out,
+                                      const Tensor& in) {
+  OpInfo info;
+  info.kind = OpKind::kAllGather;
+  absl::Status s = CheckTensor(c, info.kind, "out", out);
+  if (s.ok()) s = CheckTensor(c, info.kind, "in", in);
+  if (!s.ok()) return s;
+  if (out.dtype() != in.dtype()) {
+    return Bad(c, info.kind, absl::StrCat("out is ", DTypeName(out.dtype()), " but in is ",
+                                          DTypeName(in.dtype())));
+  }
+  if (out.numel() != in.numel() * c.world_size) {
+    return Bad(c, info.kind,
+               absl::StrFormat("out has %d elements, expected world size %d x %d (in)",
+                               out.numel(), c.world_size, in.numel()));
+  }
+  info.dtype = in.dtype();
+  info.count = in.numel();
+  return info;
+}
+
+absl::StatusOr<OpInfo> CheckReduceScatter(const CommIdentity& c, const Tensor& out,
+                                          const Tensor& in, ReduceOp op) {
+  OpInfo info;
+  info.kind = OpKind::kReduceScatter;
+  absl::Status s = CheckTensor(c, info.kind, "out", out);
+  if (s.ok()) s = CheckTensor(c, info.kind, "in", in);
+  if (s.ok()) s = CheckReducible(c, info.kind, in, op);
+  if (!s.ok()) return s;
+  if (out.dtype() != in.dtype()) {
+    return Bad(c, info.kind, absl::StrCat("out is ", DTypeName(out.dtype()), " but in is ",
+                                          DTypeName(in.dtype())));
+  }
+  if (in.numel() != out.numel() * c.world_size) {
+    return Bad(c, info.kind,
+               absl::StrFormat("in has %d elements, expected world size %d x %d (out)",
+                               in.numel(), c.world_size, out.numel()));
+  }
+  info.dtype = in.dtype();
+  info.count = out.numel();
+  info.op = op;
+  return info;
+}
+
+absl::StatusOr<OpInfo> CheckSend(const CommIdentity& c, const Tensor& t, int peer) {
+  OpInfo info;
+  info.kind = OpKind::kSend;
+  absl::Status s = CheckTensor(c, info.kind, "tensor", t);
+  if (s.ok()) s = CheckPeer(c, info.kind, "peer", peer);
+  if (s.ok()) s = CheckNotSelf(c, info.kind, peer);
+  if (!s.ok()) return s;
+  info.dtype = t.dtype();
+  info.count = t.numel();
+  info.peer = peer;
+  return info;
+}
+
+absl::StatusOr<OpInfo> CheckRecv(const CommIdentity& c, const Tensor& t, int peer) {
+  OpInfo info;
+  info.kind = OpKind::kRecv;
+  absl::Status s = CheckTensor(c, info.kind, "tensor", t);
+  if (s.ok()) s = CheckPeer(c, info.kind, "peer", peer);
+  if (s.ok()) s = CheckNotSelf(c, info.kind, peer);
+  if (!s.ok()) return s;
+  info.dtype = t.dtype();
+  info.count = t.numel();
+  info.peer = peer;
+  return info;
+}
+
+absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
+                                     const std::vector<PeerTransfer>& transfers) {
+  OpInfo info;
+  info.kind = OpKind::kSendRecv;
+  if (transfers.empty()) return Bad(c, info.kind, "no transfers given");
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const PeerTransfer& x = transfers[i];
+    const std::string arg = absl::StrCat("transfer ", i);
+    absl::Status s = CheckTensor(c, info.kind, arg, x.tensor);
+    if (s.ok()) s = CheckPeer(c, info.kind, absl::StrCat(arg, " peer"), x.peer);
+    if (s.ok()) s = CheckNotSelf(c, info.kind, x.peer);
+    if (!s.ok()) return s;
+    (x.kind == PeerTransfer::Kind::kSend ? info.sends : info.recvs).push_back(x.peer);
+    info.count += x.tensor.numel();
+  }
+  info.dtype = transfers[0].tensor.dtype();
+  return info;
+}
+
+OpInfo BarrierInfo() {
+  OpInfo info;
+  info.kind = OpKind::kBarrier;
+  return info;
+}
+
+absl::Status WaitTimeoutError(const CommIdentity& c, const OpInfo& op, absl::Duration timeout,
+                              absl::string_view progress) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      "rank ", c.rank, ": ", op.Describe(), " not finished after ",
+      absl::FormatDuration(timeout), ": waiting for ", op.WaitingFor(c.world_size),
+      progress.empty() ? "" : "; ", progress));
+}
+
+absl::Status OpAbortedError(const CommIdentity& c, const OpInfo& op, absl::string_view reason) {
+  return absl::AbortedError(
+      absl::StrCat("rank ", c.rank, ": ", op.Describe(), " aborted: ", reason));
+}
+
+}  // namespace tandem

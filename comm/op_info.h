@@ -1,0 +1,82 @@
+// What one communicator operation is (kind, sequence number, dtype, count, peer) and the
+// argument checks every Communicator implementation shares, so the MPI and NCCL
+// communicators refuse the same calls with the same messages. Private to comm/.
+#ifndef TANDEM_COMM_OP_INFO_H_
+#define TANDEM_COMM_OP_INFO_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "comm/communicator.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace tandem {
+
+enum class OpKind {
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kSend,
+  kRecv,
+  kSendRecv,
+  kBarrier,
+};
+
+// "all_reduce", "broadcast", ...
+const char* OpKindName(OpKind kind);
+
+struct OpInfo {
+  OpKind kind = OpKind::kBarrier;
+  uint64_t sequence = 0;
+  DType dtype = DType::kF32;
+  int64_t count = 0;  // elements; per rank for all_gather and reduce_scatter
+  ReduceOp op = ReduceOp::kSum;
+  int peer = -1;           // broadcast root, send/recv peer
+  std::vector<int> sends;  // send_recv: peers sent to, in order
+  std::vector<int> recvs;  // send_recv: peers received from, in order
+
+  // "all_reduce #42 (f32 x 1024, sum)".
+  std::string Describe() const;
+  // "all 4 ranks to join it", "rank 3 to send its f32 x 10", ...
+  std::string WaitingFor(int world_size) const;
+};
+
+// Who is checking: the communicator's rank, size and device.
+struct CommIdentity {
+  int rank = 0;
+  int world_size = 1;
+  Device device = Device::Cpu();
+};
+
+// Each returns the operation (sequence number unset) or InvalidArgument naming the rank,
+// the operation and the offending argument.
+absl::StatusOr<OpInfo> CheckAllReduce(const CommIdentity& c, const Tensor& t, ReduceOp op);
+absl::StatusOr<OpInfo> CheckBroadcast(const CommIdentity& c, const Tensor& t, int root);
+absl::StatusOr<OpInfo> CheckAllGather(const CommIdentity& c, const Tensor& out,
+                                      const Tensor& in);
+absl::StatusOr<OpInfo> CheckReduceScatter(const CommIdentity& c, const Tensor& out,
+                                          const Tensor& in, ReduceOp op);
+absl::StatusOr<OpInfo> CheckSend(const CommIdentity& c, const Tensor& t, int peer);
+absl::StatusOr<OpInfo> CheckRecv(const CommIdentity& c, const Tensor& t, int peer);
+absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
+                                     const std::vector<PeerTransfer>& transfers);
+OpInfo BarrierInfo();
+
+// DeadlineExceeded: "rank 1: all_reduce #42 (f32 x 1024, sum) not finished after 5s:
+// waiting for all 4 ranks to join it; <progress>".
+absl::Status WaitTimeoutError(const CommIdentity& c, const OpInfo& op, absl::Duration timeout,
+                              absl::string_view progress);
+// Aborted: "rank 1: all_reduce #42 (...) aborted: <reason>".
+absl::Status OpAbortedError(const CommIdentity& c, const OpInfo& op, absl::string_view reason);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMM_OP_INFO_H_

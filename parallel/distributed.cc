@@ -1,0 +1,344 @@
+#include "parallel/distributed.h"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "runtime/ops.h"
+#include "runtime/status.h"
+
+namespace tandem {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Seconds spent in a scope, added to *acc.
+class Timer {
+ public:
+  explicit Timer(double* acc) : acc_(acc), start_(Now()) {}
+  ~Timer() {
+    if (acc_) *acc_ += Now() - start_;
+  }
+
+ private:
+  double* acc_;
+  double start_;
+};
+
+}  // namespace
+
+absl::StatusOr<StrategyKind> ParseStrategy(absl::string_view name) {
+  if (name == "data") return StrategyKind::kData;
+  if (name == "model") return StrategyKind::kModel;
+  if (name == "pipeline") return StrategyKind::kPipeline;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--strategy=%s: use data, model or pipeline", name));
+}
+
+const char* StrategyName(StrategyKind k) {
+  switch (k) {
+    case StrategyKind::kData: return "data";
+    case StrategyKind::kModel: return "model";
+    case StrategyKind::kPipeline: return "pipeline";
+  }
+  return "?";
+}
+
+absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
+  const TrainConfig& t = c.train;
+  RETURN_IF_ERROR(t.Validate());
+  const int blocks = t.model.num_blocks();
+  if (c.strategy == StrategyKind::kData) {
+    if (t.batch % (world * t.micro_batches) != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--batch=%d is not divisible by %d workers x %d micro-batches; data parallelism "
+          "gives every worker an equal share of every micro-batch",
+          t.batch, world, t.micro_batches));
+    }
+    if (c.bucket_bytes < 1) {
+      return absl::InvalidArgumentError("--bucket-mb must be positive");
+    }
+    return StageBounds{0, blocks};
+  }
+  if (c.strategy == StrategyKind::kModel && t.micro_batches != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--micro-batches=%d with --strategy=model: model parallelism runs one batch at a "
+        "time; use --strategy=pipeline for micro-batches",
+        t.micro_batches));
+  }
+  StageBounds bounds;
+  if (c.balance == "params") {
+    std::vector<double> cost;
+    for (const auto& b : BuildBlocks(t.model)) {
+      double n = 0;
+      for (const ParamSpec& p : b->Params()) n += p.shape.numel();
+      cost.push_back(n);
+    }
+    ASSIGN_OR_RETURN(bounds, BalancedPartition(cost, world));
+  } else {
+    ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, world));
+  }
+  const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
+  ASSIGN_OR_RETURN(PipelineSchedule s, MakeSchedule(schedule, world, t.micro_batches));
+  RETURN_IF_ERROR(ValidateSchedule(s));
+  return bounds;
+}
+
+absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
+    const ParallelConfig& c, Communicator* comm) {
+  ASSIGN_OR_RETURN(StageBounds bounds, PlanStages(c, comm->world_size()));
+  if (comm->device() != c.train.device) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the communicator is on %s but training on %s", comm->device().ToString(),
+        c.train.device.ToString()));
+  }
+  ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c.train));
+  std::unique_ptr<DistributedTrainer> t(new DistributedTrainer(c, comm, std::move(data)));
+  t->bounds_ = bounds;
+  const bool data_parallel = c.strategy == StrategyKind::kData;
+  const int r = comm->rank();
+  const int begin = data_parallel ? 0 : bounds[r];
+  const int end = data_parallel ? bounds.back() : bounds[r + 1];
+  ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
+                                            c.train.seed));
+  ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(c.train.optimizer,
+                                                    t->stage_->layout().numel(),
+                                                    c.train.device));
+  if (data_parallel) {
+    t->buckets_ = PlanBuckets(t->stage_->layout(), t->stage_->ParamBlocks(), c.bucket_bytes);
+    // Every replica starts from rank 0's weights.
+    ASSIGN_OR_RETURN(auto w, comm->Broadcast(t->stage_->params().flat()));
+    RETURN_IF_ERROR(t->Wait(*w, "the broadcast of rank 0's parameters"));
+  } else {
+    const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
+    ASSIGN_OR_RETURN(t->schedule_,
+                     MakeSchedule(schedule, comm->world_size(), c.train.micro_batches));
+  }
+  if (!c.train.resume.empty()) {
+    return absl::InvalidArgumentError(
+        "resume a distributed run with LoadCheckpoint(dir, step), not TrainConfig::resume");
+  }
+  return t;
+}
+
+absl::Status DistributedTrainer::Wait(Work& w, const char* what) {
+  absl::Status s = w.Wait(c_.timeout);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrFormat("rank %d, step %d, waiting for %s: %s",
+                                                comm_->rank(), step_, what, s.message()));
+}
+
+absl::StatusOr<MicroBatch> DistributedTrainer::LoadMicroBatch(int64_t row_begin, int64_t rows) {
+  const TrainConfig& t = c_.train;
+  std::vector<int32_t> tokens, targets;
+  FillBatch(data_, order_, int64_t{step_} * t.batch, row_begin, rows, &tokens, &targets);
+  MicroBatch mb;
+  ASSIGN_OR_RETURN(mb.tokens, Tensor::FromInts(tokens, {rows, t.model.seq_len}, t.device));
+  ASSIGN_OR_RETURN(mb.targets, Tensor::FromInts(targets, {rows, t.model.seq_len}, t.device));
+  mb.dloss_scale = scaler_.scale() / static_cast<float>(int64_t{t.batch} * t.model.seq_len);
+  return mb;
+}
+
+absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, StepTiming* t) {
+  const TrainConfig& tc = c_.train;
+  const int world = comm_->world_size();
+  const int64_t share = tc.batch / world;
+  const int64_t rows = share / tc.micro_batches;
+  std::vector<std::unique_ptr<Work>> pending;
+  size_t next = 0;
+  auto issue = [&](size_t i) -> absl::Status {
+    ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(
+                                   buckets_[i].begin, {buckets_[i].end - buckets_[i].begin}));
+    ASSIGN_OR_RETURN(auto w, comm_->AllReduce(g));
+    t->comm_bytes += static_cast<int64_t>(g.bytes());
+    pending.push_back(std::move(w));
+    return absl::OkStatus();
+  };
+  for (int m = 0; m < tc.micro_batches; ++m) {
+    ASSIGN_OR_RETURN(MicroBatch mb, LoadMicroBatch(comm_->rank() * share + m * rows, rows));
+    const bool last = m == tc.micro_batches - 1;
+    Timer compute(&t->compute_seconds);
+    Tensor losses, dx;
+    RETURN_IF_ERROR(stage_->Forward(s, m, mb, Tensor(), &losses));
+    ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, tc.device));
+    RETURN_IF_ERROR(ops::Sum(s, part, losses));
+    RETURN_IF_ERROR(ops::Axpy(s, *loss_sum, 1.0f, part));
+    // Gradient accumulation communicates only after the last micro-batch's gradients.
+    auto block_done = [&](int block) -> absl::Status {
+      if (!last || !c_.overlap) return absl::OkStatus();
+      while (next < buckets_.size() && buckets_[next].ready_block >= block) {
+        RETURN_IF_ERROR(issue(next++));
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(stage_->Backward(s, m, mb, Tensor(), &dx, block_done));
+  }
+  while (next < buckets_.size()) RETURN_IF_ERROR(issue(next++));
+  Timer exposed(&t->exposed_comm_seconds);
+  for (auto& w : pending) RETURN_IF_ERROR(Wait(*w, w->description().c_str()));
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepTiming* t) {
+  const TrainConfig& tc = c_.train;
+  const int rank = comm_->rank();
+  const int M = tc.micro_batches;
+  const int64_t rows = tc.batch / M, T = tc.model.seq_len, C = tc.model.d_model;
+  const std::vector<Action>& actions = schedule_.actions[rank];
+  std::map<int, Tensor> outputs, input_grads, act_in, grad_in;
+  std::map<int, std::shared_ptr<Work>> act_ready, grad_ready;
+  std::vector<std::shared_ptr<Work>> all;
+  std::map<int, MicroBatch> batches;
+  auto batch = [&](int m) -> absl::StatusOr<MicroBatch*> {
+    auto it = batches.find(m);
+    if (it == batches.end()) {
+      ASSIGN_OR_RETURN(MicroBatch mb, LoadMicroBatch(m * rows, rows));
+      it = batches.emplace(m, std::move(mb)).first;
+    }
+    return &it->second;
+  };
+  auto wait_for = [&](std::map<int, std::shared_ptr<Work>>& ready, int m,
+                      const char* what) -> absl::Status {
+    auto it = ready.find(m);
+    if (it == ready.end()) return absl::OkStatus();
+    Timer bubble(&t->bubble_seconds);
+    RETURN_IF_ERROR(Wait(*it->second, what));
+    ready.erase(it);
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < actions.size();) {
+    const Action& a = actions[i];
+    if (a.is_communication()) {
+      // Consecutive transfers go out as one group, as the validator simulated them.
+      std::vector<PeerTransfer> group;
+      std::vector<std::pair<std::map<int, std::shared_ptr<Work>>*, int>> receives;
+      for (; i < actions.size() && actions[i].is_communication(); ++i) {
+        const int m = actions[i].micro_batch;
+        switch (actions[i].type) {
+          case ActionType::kSendActivation:
+            group.push_back(PeerTransfer::Send(outputs[m], rank + 1));
+            outputs.erase(m);
+            break;
+          case ActionType::kSendGradient:
+            group.push_back(PeerTransfer::Send(input_grads[m], rank - 1));
+            input_grads.erase(m);
+            break;
+          case ActionType::kRecvActivation: {
+            ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, DType::kF32, tc.device));
+            group.push_back(PeerTransfer::Recv(act_in[m], rank - 1));
+            receives.push_back({&act_ready, m});
+            break;
+          }
+          default: {  // kRecvGradient
+            ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, DType::kF32, tc.device));
+            group.push_back(PeerTransfer::Recv(grad_in[m], rank + 1));
+            receives.push_back({&grad_ready, m});
+            break;
+          }
+        }
+        t->comm_bytes += static_cast<int64_t>(group.back().tensor.bytes());
+      }
+      ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
+      std::shared_ptr<Work> shared(std::move(w));
+      for (auto& [ready, m] : receives) (*ready)[m] = shared;
+      all.push_back(shared);
+      continue;
+    }
+    const int m = a.micro_batch;
+    if (a.type == ActionType::kForward) {
+      RETURN_IF_ERROR(wait_for(act_ready, m, "an activation from the previous stage"));
+      ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
+      Timer compute(&t->compute_seconds);
+      Tensor y;
+      RETURN_IF_ERROR(stage_->Forward(s, m, *mb, act_in[m], &y));
+      act_in.erase(m);
+      if (stage_->is_last()) {
+        ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, tc.device));
+        RETURN_IF_ERROR(ops::Sum(s, part, y));
+        RETURN_IF_ERROR(ops::Axpy(s, *loss_sum, 1.0f, part));
+      } else {
+        outputs[m] = y;
+      }
+    } else if (a.type == ActionType::kBackward) {
+      RETURN_IF_ERROR(wait_for(grad_ready, m, "a gradient from the next stage"));
+      ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
+      Timer compute(&t->compute_seconds);
+      Tensor dx;
+      RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx));
+      grad_in.erase(m);
+      batches.erase(m);
+      if (!stage_->is_first()) input_grads[m] = dx;
+    }
+    ++i;  // the optimizer step is the caller's
+  }
+  Timer bubble(&t->bubble_seconds);
+  for (auto& w : all) RETURN_IF_ERROR(Wait(*w, w->description().c_str()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
+  const double start = Now();
+  StepTiming local;
+  StepTiming* t = timing ? timing : &local;
+  *t = StepTiming();
+  const TrainConfig& tc = c_.train;
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
+  // [0]: this rank's summed token losses, [1]: its share of the squared gradient norm.
+  ASSIGN_OR_RETURN(Tensor reduced, Tensor::Empty({2}, DType::kF32, tc.device));
+  RETURN_IF_ERROR(ZeroFill(reduced, *s));
+  ASSIGN_OR_RETURN(Tensor loss_sum, reduced.View(0, {1}));
+  ASSIGN_OR_RETURN(Tensor sumsq, reduced.View(1, {1}));
+  if (c_.strategy == StrategyKind::kData) {
+    RETURN_IF_ERROR(DataParallelPass(*s, &loss_sum, t));
+  } else {
+    RETURN_IF_ERROR(PipelinePass(*s, &loss_sum, t));
+  }
+  RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
+  const int world = comm_->world_size();
+  if (c_.strategy == StrategyKind::kData) {
+    // The gradients are the same on every rank after the all-reduce, and so is their norm;
+    // reducing it too would only add rounding. Give every rank the same share.
+    RETURN_IF_ERROR(ops::Scale(*s, sumsq, 1.0f / world));
+  }
+  {
+    Timer exposed(&t->exposed_comm_seconds);
+    ASSIGN_OR_RETURN(auto w, comm_->AllReduce(reduced));
+    RETURN_IF_ERROR(Wait(*w, "the reduction of the step's loss and gradient norm"));
+  }
+  ASSIGN_OR_RETURN(std::vector<float> v, reduced.ToFloatVector());
+  const double opt_start = Now();
+  ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, tc, *stage_, optimizer_, scaler_, step_, v[0], v[1]));
+  RETURN_IF_ERROR(s->Synchronize());
+  t->optimizer_seconds = Now() - opt_start;
+  t->last_sequence = comm_->last_issued_sequence();
+  ++step_;
+  r.seconds = Now() - start;
+  return r;
+}
+
+std::string DistributedTrainer::CheckpointPath(const std::string& dir, int step) const {
+  if (c_.strategy == StrategyKind::kData) return absl::StrFormat("%s/step-%06d.ckpt", dir, step);
+  return absl::StrFormat("%s/step-%06d.stage-%d.ckpt", dir, step, comm_->rank());
+}
+
+absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
+  if (c_.strategy != StrategyKind::kData || comm_->rank() == 0) {
+    RETURN_IF_ERROR(SaveTrainingState(CheckpointPath(dir, step_), c_.train, *stage_, optimizer_,
+                                      scaler_, step_));
+  }
+  ASSIGN_OR_RETURN(auto w, comm_->Barrier());
+  return Wait(*w, "every rank's checkpoint");
+}
+
+absl::Status DistributedTrainer::LoadCheckpoint(const std::string& dir, int step) {
+  return LoadTrainingState(CheckpointPath(dir, step), c_.train, *stage_, &optimizer_, &scaler_,
+                           &step_);
+}
+
+}  // namespace tandem

@@ -1,0 +1,97 @@
+// Training across ranks with one of three interchangeable strategies, all over the same
+// Stage, optimizer and data order as one worker (model/trainer.h):
+//   data parallel: every rank holds the whole model and a contiguous share of each global
+//     batch; gradient buckets are all-reduced (summed: the loss is already scaled by the
+//     global token count) while backward still runs, on the last micro-batch only;
+//   pipeline: rank r holds stage r of a balanced split and runs a validated schedule
+//     (GPipe or 1F1B) with asynchronous sends and receives;
+//   model parallel: the pipeline with one micro-batch.
+// Every rank calls Step() in lockstep; it is collective.
+#ifndef TANDEM_PARALLEL_DISTRIBUTED_H_
+#define TANDEM_PARALLEL_DISTRIBUTED_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/communicator.h"
+#include "model/trainer.h"
+#include "parallel/buckets.h"
+#include "parallel/partition.h"
+#include "parallel/schedule.h"
+
+namespace tandem {
+
+enum class StrategyKind { kData, kModel, kPipeline };
+absl::StatusOr<StrategyKind> ParseStrategy(absl::string_view name);
+const char* StrategyName(StrategyKind k);
+
+struct ParallelConfig {
+  TrainConfig train;
+  StrategyKind strategy = StrategyKind::kData;
+  std::string schedule = "gpipe";    // pipeline: gpipe or 1f1b
+  std::string balance = "params";    // pipeline: params, or explicit sizes "3,3,2"
+  int64_t bucket_bytes = 25 << 20;   // data parallel
+  bool overlap = true;               // data parallel: all-reduce during backward
+  absl::Duration timeout = absl::Minutes(5);  // any one wait for communication
+};
+
+// Checks that the strategy fits the model and world size (batch divisible, stages <= blocks,
+// schedule valid), before any worker starts. Returns the stage bounds (pipeline / model) or
+// {0, num_blocks} (data parallel).
+absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world_size);
+
+// Per-step measurements of one rank.
+struct StepTiming {
+  double compute_seconds = 0;        // forward and backward
+  double exposed_comm_seconds = 0;   // waiting for gradient all-reduces / loss reductions
+  double bubble_seconds = 0;         // pipeline: waiting for activations or gradients
+  double optimizer_seconds = 0;
+  int64_t comm_bytes = 0;            // bytes all-reduced or sent
+  uint64_t last_sequence = 0;        // the communicator's last collective sequence number
+};
+
+class DistributedTrainer {
+ public:
+  // `comm` must outlive the trainer; its rank and world size decide this rank's part.
+  static absl::StatusOr<std::unique_ptr<DistributedTrainer>> Create(const ParallelConfig& c,
+                                                                    Communicator* comm);
+  // One global step on every rank (collective). The report's loss is the global batch's.
+  absl::StatusOr<StepReport> Step(StepTiming* timing = nullptr);
+  int step() const { return step_; }
+  const Stage& stage() const { return *stage_; }
+  const TokenDataset& data() const { return data_; }
+  // This rank's checkpoint path under `dir` for `step` (one file per pipeline stage; data
+  // parallel ranks share rank 0's file).
+  std::string CheckpointPath(const std::string& dir, int step) const;
+  // Collective: writes this rank's part (data parallel: rank 0 only) and waits for all.
+  absl::Status SaveCheckpoint(const std::string& dir);
+  absl::Status LoadCheckpoint(const std::string& dir, int step);
+
+ private:
+  DistributedTrainer(const ParallelConfig& c, Communicator* comm, TokenDataset d)
+      : c_(c), comm_(comm), data_(std::move(d)), order_(data_.num_samples(), c.train.seed),
+        scaler_(c.train.dtype == DType::kF16) {}
+  absl::StatusOr<MicroBatch> LoadMicroBatch(int64_t row_begin, int64_t rows);
+  absl::Status DataParallelPass(Stream& s, Tensor* loss_sum, StepTiming* t);
+  absl::Status PipelinePass(Stream& s, Tensor* loss_sum, StepTiming* t);
+  absl::Status Wait(Work& w, const char* what);
+
+  ParallelConfig c_;
+  Communicator* comm_;
+  TokenDataset data_;
+  DataOrder order_;
+  std::unique_ptr<Stage> stage_;
+  Optimizer optimizer_;
+  LossScaler scaler_;
+  StageBounds bounds_;
+  std::vector<Bucket> buckets_;
+  PipelineSchedule schedule_;
+  int step_ = 0;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_PARALLEL_DISTRIBUTED_H_

@@ -1,0 +1,165 @@
+#include "parallel/job.h"
+
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace tandem {
+namespace {
+
+// One table of fields drives both directions of the text form.
+struct Field {
+  const char* key;
+  std::function<std::string(const JobConfig&)> get;
+  std::function<bool(JobConfig&, const std::string&)> set;
+};
+
+template <typename T>
+Field Num(const char* key, T JobConfig::*m) {
+  return {key, [m](const JobConfig& c) { return absl::StrCat(c.*m); },
+          [m](JobConfig& c, const std::string& v) {
+            if constexpr (std::is_same_v<T, double>) {
+              return absl::SimpleAtod(v, &(c.*m));
+            } else {
+              return absl::SimpleAtoi(v, &(c.*m));
+            }
+          }};
+}
+
+Field Str(const char* key, std::string JobConfig::*m) {
+  return {key, [m](const JobConfig& c) { return c.*m; },
+          [m](JobConfig& c, const std::string& v) {
+            c.*m = v;
+            return true;
+          }};
+}
+
+Field Bool(const char* key, bool JobConfig::*m) {
+  return {key, [m](const JobConfig& c) { return std::string(c.*m ? "true" : "false"); },
+          [m](JobConfig& c, const std::string& v) { return absl::SimpleAtob(v, &(c.*m)); }};
+}
+
+const std::vector<Field>& Fields() {
+  static const auto* fields = new std::vector<Field>{
+      Str("strategy", &JobConfig::strategy),
+      Num("workers", &JobConfig::workers),
+      Str("device", &JobConfig::device),
+      Str("model", &JobConfig::model),
+      Num("n_layer", &JobConfig::n_layer),
+      Num("d_model", &JobConfig::d_model),
+      Num("n_head", &JobConfig::n_head),
+      Num("seq_len", &JobConfig::seq_len),
+      Str("dtype", &JobConfig::dtype),
+      Num("steps", &JobConfig::steps),
+      Num("batch", &JobConfig::batch),
+      Num("micro_batches", &JobConfig::micro_batches),
+      Str("schedule", &JobConfig::schedule),
+      Str("balance", &JobConfig::balance),
+      Num("lr", &JobConfig::lr),
+      Num("warmup", &JobConfig::warmup),
+      Str("optimizer", &JobConfig::optimizer),
+      Num("weight_decay", &JobConfig::weight_decay),
+      Num("clip_norm", &JobConfig::clip_norm),
+      Num("seed", &JobConfig::seed),
+      Str("data", &JobConfig::data),
+      Bool("synthetic", &JobConfig::synthetic),
+      Str("run_dir", &JobConfig::run_dir),
+      Num("checkpoint_every", &JobConfig::checkpoint_every),
+      Str("resume", &JobConfig::resume),
+      Num("bucket_mb", &JobConfig::bucket_mb),
+      Bool("overlap", &JobConfig::overlap),
+      Num("heartbeat_timeout_s", &JobConfig::heartbeat_timeout_s),
+      Bool("profile", &JobConfig::profile),
+  };
+  return *fields;
+}
+
+}  // namespace
+
+std::string JobConfig::ToText() const {
+  std::string out;
+  for (const Field& f : Fields()) absl::StrAppend(&out, f.key, "=", f.get(*this), "\n");
+  return out;
+}
+
+absl::StatusOr<JobConfig> JobConfig::FromText(const std::string& text) {
+  JobConfig c;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    const size_t eq = line.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("job config line without '=': ", line));
+    }
+    const std::string key(line.substr(0, eq)), value(line.substr(eq + 1));
+    bool known = false;
+    for (const Field& f : Fields()) {
+      if (key != f.key) continue;
+      known = true;
+      if (!f.set(c, value)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("job config: bad value '%s' for %s", value, key));
+      }
+    }
+    if (!known) return absl::InvalidArgumentError(absl::StrCat("job config: unknown key ", key));
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> JobConfig::Model() const {
+  absl::StatusOr<ModelConfig> m = ModelPreset(model);
+  if (!m.ok()) return m.status();
+  if (n_layer) m->n_layer = n_layer;
+  if (d_model) m->d_model = d_model;
+  if (n_head) m->n_head = n_head;
+  if (seq_len) m->seq_len = seq_len;
+  absl::Status s = m->Validate();
+  if (!s.ok()) return s;
+  return m;
+}
+
+int JobConfig::EffectiveMicroBatches() const {
+  if (micro_batches > 0) return micro_batches;
+  if (strategy != "pipeline") return 1;
+  for (int m = std::min(4 * workers, batch); m > 1; --m) {
+    if (batch % m == 0) return m;
+  }
+  return 1;
+}
+
+absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
+  ParallelConfig p;
+  absl::StatusOr<StrategyKind> kind = ParseStrategy(strategy);
+  if (!kind.ok()) return kind.status();
+  p.strategy = *kind;
+  absl::StatusOr<ModelConfig> m = Model();
+  if (!m.ok()) return m.status();
+  TrainConfig& t = p.train;
+  t.model = *m;
+  absl::StatusOr<DType> dt = ParseDType(dtype);
+  if (!dt.ok()) return dt.status();
+  t.dtype = *dt;
+  t.device = dev;
+  t.steps = steps;
+  t.batch = batch;
+  t.micro_batches = EffectiveMicroBatches();
+  t.seed = seed;
+  t.data = data;
+  t.synthetic_data = synthetic;
+  t.optimizer.kind = optimizer;
+  t.optimizer.lr = static_cast<float>(lr);
+  t.optimizer.warmup_steps = warmup;
+  t.optimizer.total_steps = steps;
+  t.optimizer.weight_decay = static_cast<float>(weight_decay);
+  t.optimizer.clip_norm = static_cast<float>(clip_norm);
+  p.schedule = schedule;
+  p.balance = balance;
+  p.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
+  p.overlap = overlap;
+  return p;
+}
+
+}  // namespace tandem

@@ -1,0 +1,55 @@
+// A job's configuration as the launcher hands it to every worker (through the coordinator's
+// Register answer): one plain struct with a text form of "key=value" lines, so what a
+// worker runs is exactly what the launcher validated.
+#ifndef TANDEM_PARALLEL_JOB_H_
+#define TANDEM_PARALLEL_JOB_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "parallel/distributed.h"
+
+namespace tandem {
+
+struct JobConfig {
+  std::string strategy = "data";
+  int workers = 1;
+  std::string device = "cpu";  // resolved: cpu or cuda
+  std::string model = "gpt-tiny";
+  int n_layer = 0, d_model = 0, n_head = 0, seq_len = 0;  // 0: the preset's
+  std::string dtype = "f32";
+  int steps = 100;
+  int batch = 16;
+  int micro_batches = 0;  // 0: the strategy's default
+  std::string schedule = "gpipe";
+  std::string balance = "params";
+  double lr = 3e-3;
+  int warmup = 20;
+  std::string optimizer = "adamw";
+  double weight_decay = 0.0;
+  double clip_norm = 1.0;
+  uint64_t seed = 1234;
+  std::string data;
+  bool synthetic = false;
+  std::string run_dir;
+  int checkpoint_every = 0;
+  std::string resume;
+  double bucket_mb = 25;
+  bool overlap = true;
+  double heartbeat_timeout_s = 60;
+  bool profile = false;
+
+  std::string ToText() const;
+  static absl::StatusOr<JobConfig> FromText(const std::string& text);
+  // The model this job trains (preset plus overrides), validated.
+  absl::StatusOr<ModelConfig> Model() const;
+  // Micro-batches after defaults: pipeline 4 x workers where the batch allows (GPipe's
+  // rule for a small bubble), else the largest count up to that dividing the batch; else 1.
+  int EffectiveMicroBatches() const;
+  // Everything a worker needs, for the device it runs on.
+  absl::StatusOr<ParallelConfig> ToParallelConfig(Device device) const;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_PARALLEL_JOB_H_

@@ -1,0 +1,65 @@
+#include "parallel/job.h"
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+TEST(JobTest, TextRoundTrip) {
+  JobConfig c;
+  c.strategy = "pipeline";
+  c.workers = 3;
+  c.model = "mlp";
+  c.d_model = 48;
+  c.lr = 0.125;
+  c.overlap = false;
+  c.data = "/tmp/x y=z.txt";
+  c.seed = 99;
+  auto back = JobConfig::FromText(c.ToText());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ToText(), c.ToText());
+  EXPECT_EQ(back->data, "/tmp/x y=z.txt");
+  EXPECT_EQ(back->lr, 0.125);
+  EXPECT_FALSE(back->overlap);
+}
+
+TEST(JobTest, BadTextIsRefused) {
+  EXPECT_FALSE(JobConfig::FromText("steps=ten\n").ok());
+  EXPECT_FALSE(JobConfig::FromText("colour=blue\n").ok());
+  EXPECT_FALSE(JobConfig::FromText("no equals sign\n").ok());
+}
+
+TEST(JobTest, PipelineMicroBatchDefault) {
+  JobConfig c;
+  c.strategy = "pipeline";
+  c.workers = 2;
+  c.batch = 16;
+  EXPECT_EQ(c.EffectiveMicroBatches(), 8);  // 4 x 2 stages
+  c.batch = 12;
+  EXPECT_EQ(c.EffectiveMicroBatches(), 6);  // the largest count <= 8 dividing 12
+  c.batch = 7;
+  EXPECT_EQ(c.EffectiveMicroBatches(), 7);
+  c.strategy = "data";
+  EXPECT_EQ(c.EffectiveMicroBatches(), 1);
+  c.micro_batches = 3;
+  EXPECT_EQ(c.EffectiveMicroBatches(), 3);
+}
+
+TEST(JobTest, ToParallelConfig) {
+  JobConfig c;
+  c.strategy = "model";
+  c.workers = 2;
+  c.steps = 7;
+  c.bucket_mb = 1;
+  auto p = c.ToParallelConfig(Device::Cpu());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->strategy, StrategyKind::kModel);
+  EXPECT_EQ(p->train.optimizer.total_steps, 7);
+  EXPECT_EQ(p->bucket_bytes, 1 << 20);
+  EXPECT_TRUE(PlanStages(*p, 2).ok());
+  c.strategy = "tensor";
+  EXPECT_FALSE(c.ToParallelConfig(Device::Cpu()).ok());
+}
+
+}  // namespace
+}  // namespace tandem

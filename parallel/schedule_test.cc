@@ -1,0 +1,131 @@
+#include "parallel/schedule.h"
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+std::string Row(const PipelineSchedule& s, int stage) {
+  std::vector<std::string> out;
+  for (const Action& a : s.actions[stage]) out.push_back(ActionText(stage, a));
+  return absl::StrJoin(out, " ");
+}
+
+PipelineSchedule FromText(int stages, int mbs, const std::vector<std::string>& rows) {
+  PipelineSchedule s{stages, mbs, std::vector<std::vector<Action>>(stages)};
+  for (int st = 0; st < stages; ++st) {
+    std::vector<std::string> parts = absl::StrSplit(rows[st], ' ', absl::SkipEmpty());
+    for (const std::string& p : parts) {
+      int parsed_stage;
+      s.actions[st].push_back(*ParseAction(p, &parsed_stage));
+      EXPECT_EQ(parsed_stage, st);
+    }
+  }
+  return s;
+}
+
+TEST(ScheduleTest, GpipeTable) {
+  PipelineSchedule s = GpipeSchedule(2, 3);
+  EXPECT_EQ(Row(s, 0), "0F0 0F1 0F2 0B2 0B1 0B0");
+  EXPECT_EQ(Row(s, 1), "1F0 1F1 1F2 1B2 1B1 1B0");
+}
+
+TEST(ScheduleTest, OneFOneBTable) {
+  PipelineSchedule s = OneFOneBSchedule(3, 4);
+  EXPECT_EQ(Row(s, 0), "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3");
+  EXPECT_EQ(Row(s, 1), "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3");
+  EXPECT_EQ(Row(s, 2), "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3");
+  // Fewer micro-batches than stages: warm-up is capped by M.
+  PipelineSchedule t = OneFOneBSchedule(4, 2);
+  EXPECT_EQ(Row(t, 0), "0F0 0F1 0B0 0B1");
+  EXPECT_EQ(Row(t, 3), "3F0 3B0 3F1 3B1");
+}
+
+TEST(ScheduleTest, CommunicationIsInserted) {
+  PipelineSchedule s = InsertCommunication(OneFOneBSchedule(2, 2));
+  EXPECT_EQ(Row(s, 0), "0F0 0SA0 0F1 0SA1 0RG0 0B0 0RG1 0B1 0OPT");
+  EXPECT_EQ(Row(s, 1), "1RA0 1F0 1B0 1SG0 1RA1 1F1 1B1 1SG1 1OPT");
+  PipelineSchedule one = InsertCommunication(GpipeSchedule(1, 2));
+  EXPECT_EQ(Row(one, 0), "0F0 0F1 0B1 0B0 0OPT");
+}
+
+TEST(ScheduleTest, GeneratedSchedulesAreValid) {
+  for (const char* name : {"gpipe", "1f1b"}) {
+    for (int k = 1; k <= 6; ++k) {
+      for (int m = 1; m <= 12; ++m) {
+        auto s = MakeSchedule(name, k, m);
+        ASSERT_TRUE(s.ok());
+        absl::Status v = ValidateSchedule(*s);
+        EXPECT_TRUE(v.ok()) << name << " K=" << k << " M=" << m << "\n" << v.message();
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, InFlightActivations) {
+  for (int k = 1; k <= 5; ++k) {
+    for (int m = 1; m <= 10; ++m) {
+      PipelineSchedule g = GpipeSchedule(k, m), o = OneFOneBSchedule(k, m);
+      for (int st = 0; st < k; ++st) {
+        EXPECT_EQ(PeakInFlight(g, st), m);
+        EXPECT_EQ(PeakInFlight(o, st), std::min(m, k - st));
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, DeadlockIsCaughtAndMarked) {
+  // Stage 0 runs each micro-batch's backward before the next forward, but stage 1 runs both
+  // forwards first: stage 0 waits for a gradient stage 1 only sends after a forward that
+  // needs stage 0's next activation.
+  PipelineSchedule s = InsertCommunication(
+      FromText(2, 2, {"0F0 0B0 0F1 0B1", "1F0 1F1 1B0 1B1"}));
+  absl::Status v = ValidateSchedule(s);
+  ASSERT_FALSE(v.ok());
+  const std::string msg(v.message());
+  EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0SA0"), std::string::npos) << msg;  // the grid is printed
+  EXPECT_NE(msg.find("<-- ERROR HERE (stage 0)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<-- ERROR HERE (stage 1)"), std::string::npos) << msg;
+}
+
+TEST(ScheduleTest, MissingAndMisorderedStepsAreCaught) {
+  auto missing = ValidateSchedule(InsertCommunication(FromText(1, 2, {"0F0 0F1 0B1"})));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("never runs the backward of micro-batch 0"), std::string::npos);
+  auto early = ValidateSchedule(InsertCommunication(FromText(1, 1, {"0B0 0F0"})));
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.message().find("backward of micro-batch 0 before its forward"), std::string::npos);
+  auto twice = ValidateSchedule(InsertCommunication(FromText(1, 1, {"0F0 0F0 0B0"})));
+  ASSERT_FALSE(twice.ok());
+  // Optimizer step in the middle.
+  PipelineSchedule s = FromText(1, 1, {"0F0 0OPT 0B0"});
+  auto mid = ValidateSchedule(s);
+  ASSERT_FALSE(mid.ok());
+  EXPECT_NE(mid.message().find("optimizer step is not last"), std::string::npos);
+}
+
+TEST(ScheduleTest, MismatchedTransfersAreCaught) {
+  // Stage 1 receives micro-batch 1 first while stage 0 sends 0 first.
+  PipelineSchedule s = FromText(2, 2, {"0F0 0SA0 0F1 0SA1 0RG0 0B0 0RG1 0B1 0OPT",
+                                       "1RA1 1F1 1RA0 1F0 1B0 1SG0 1B1 1SG1 1OPT"});
+  auto v = ValidateSchedule(s);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("matched with micro-batch"), std::string::npos) << v.message();
+}
+
+TEST(ScheduleTest, ParseErrors) {
+  int st;
+  EXPECT_FALSE(ParseAction("F0", &st).ok());
+  EXPECT_FALSE(ParseAction("1X0", &st).ok());
+  EXPECT_FALSE(ParseAction("1F", &st).ok());
+  EXPECT_TRUE(ParseAction("12SG7", &st).ok());
+  EXPECT_EQ(st, 12);
+  EXPECT_FALSE(MakeSchedule("zigzag", 2, 2).ok());
+  EXPECT_FALSE(MakeSchedule("gpipe", 0, 2).ok());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -35,6 +35,21 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, 
   return st;
 }
 
+absl::Status Stage::RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
+                               std::vector<Saved>* saved, Tensor* y) {
+  saved->resize(blocks_.size());
+  Tensor in = x;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    std::vector<Tensor> p;
+    for (size_t i : block_params_[b]) p.push_back(params_.view(i));
+    Tensor out;
+    RETURN_IF_ERROR(blocks_[b]->Forward(s, p, mb, in, &out, &(*saved)[b]));
+    in = out;
+  }
+  *y = in;
+  return absl::OkStatus();
+}
+
 absl::Status Stage::Forward(Stream& s, int id, const MicroBatch& mb, const Tensor& x,
                             Tensor* y) {
   if (saved_.count(id)) {
@@ -43,16 +58,11 @@ absl::Status Stage::Forward(Stream& s, int id, const MicroBatch& mb, const Tenso
                         begin_, end_, id));
   }
   std::vector<Saved>& saved = saved_[id];
-  saved.resize(blocks_.size());
-  Tensor in = x;
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    std::vector<Tensor> p;
-    for (size_t i : block_params_[b]) p.push_back(params_.view(i));
-    Tensor out;
-    RETURN_IF_ERROR(blocks_[b]->Forward(s, p, mb, in, &out, &saved[b]));
-    in = out;
+  RETURN_IF_ERROR(RunForward(s, mb, x, &saved, y));
+  if (recompute_) {
+    for (Saved& b : saved) b.t.clear();
+    inputs_[id] = x;
   }
-  *y = in;
   return absl::OkStatus();
 }
 
@@ -62,6 +72,11 @@ absl::Status Stage::Backward(Stream& s, int id, const MicroBatch& mb, const Tens
   if (it == saved_.end()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "stage [%d, %d): backward of micro-batch %d before its forward", begin_, end_, id));
+  }
+  if (recompute_) {
+    Tensor y;
+    RETURN_IF_ERROR(RunForward(s, mb, inputs_[id], &it->second, &y));
+    inputs_.erase(id);
   }
   Tensor d = dy;
   for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {

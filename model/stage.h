@@ -47,11 +47,19 @@ class Stage {
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   std::vector<int> ParamBlocks() const;
   // Forgets every micro-batch's activations (e.g. after an evaluation forward).
-  void DropActivations() { saved_.clear(); }
+  void DropActivations() {
+    saved_.clear();
+    inputs_.clear();
+  }
   // Number of micro-batches whose activations are held now.
   int in_flight() const { return static_cast<int>(saved_.size()); }
 
   absl::Status ZeroGrads(Stream& s);
+
+  // Re-materialization (GPipe's): Forward keeps only the stage's input for each micro-batch
+  // and Backward runs the forward again before it, trading compute for activation memory.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
 
  private:
   Stage(const ModelConfig& c, int begin, int end, Device d) : config_(c), begin_(begin), end_(end), device_(d) {}
@@ -63,6 +71,10 @@ class Stage {
   std::unique_ptr<ParamLayout> layout_;
   FlatBuffer params_, grads_;
   std::map<int, std::vector<Saved>> saved_;              // micro-batch id -> per block
+  std::map<int, Tensor> inputs_;                         // under recompute: id -> x
+  bool recompute_ = false;
+  absl::Status RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
+                          std::vector<Saved>* saved, Tensor* y);
 };
 
 }  // namespace tandem

@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   const int end = data_parallel ? bounds.back() : bounds[r + 1];
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
                                             c.train.seed));
+  t->stage_->set_recompute(c.recompute);
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(c.train.optimizer,
                                                     t->stage_->layout().numel(),
                                                     c.train.device));

@@ -35,6 +35,7 @@ struct ParallelConfig {
   std::string balance = "params";    // pipeline: params, or explicit sizes "3,3,2"
   int64_t bucket_bytes = 25 << 20;   // data parallel
   bool overlap = true;               // data parallel: all-reduce during backward
+  bool recompute = false;            // keep only stage inputs; recompute forward in backward
   absl::Duration timeout = absl::Minutes(5);  // any one wait for communication
 };
 

@@ -73,6 +73,7 @@ const std::vector<Field>& Fields() {
       Str("resume", &JobConfig::resume),
       Num("bucket_mb", &JobConfig::bucket_mb),
       Bool("overlap", &JobConfig::overlap),
+      Bool("recompute", &JobConfig::recompute),
       Num("heartbeat_timeout_s", &JobConfig::heartbeat_timeout_s),
       Bool("profile", &JobConfig::profile),
   };
@@ -159,6 +160,7 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   p.balance = balance;
   p.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
   p.overlap = overlap;
+  p.recompute = recompute;
   return p;
 }
 

@@ -36,6 +36,7 @@ struct JobConfig {
   std::string resume;
   double bucket_mb = 25;
   bool overlap = true;
+  bool recompute = false;
   double heartbeat_timeout_s = 60;
   bool profile = false;
 

@@ -128,14 +128,18 @@ TEST(ParityTest, ModelAndPipelineParallel) {
     ParallelConfig model;
     model.train = Base(kind, 1, opt);
     model.strategy = StrategyKind::kModel;
-    Check(model, "model");
-    for (const char* schedule : {"gpipe", "1f1b"}) {
-      for (int mbs : {1, 4, 8}) {
-        ParallelConfig pc;
-        pc.train = Base(kind, mbs, opt);
-        pc.strategy = StrategyKind::kPipeline;
-        pc.schedule = schedule;
-        Check(pc, absl::StrFormat("pipeline %s M=%d", schedule, mbs));
+    for (bool recompute : {false, true}) {
+      model.recompute = recompute;
+      Check(model, absl::StrFormat("model recompute=%d", recompute));
+      for (const char* schedule : {"gpipe", "1f1b"}) {
+        for (int mbs : {1, 4, 8}) {
+          ParallelConfig pc;
+          pc.train = Base(kind, mbs, opt);
+          pc.strategy = StrategyKind::kPipeline;
+          pc.schedule = schedule;
+          pc.recompute = recompute;
+          Check(pc, absl::StrFormat("pipeline %s M=%d recompute=%d", schedule, mbs, recompute));
+        }
       }
     }
   }

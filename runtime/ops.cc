@@ -3,6 +3,8 @@
 // and the tensors), then runs the CPU or the CUDA backend, chosen by the stream's device.
 #include "runtime/ops.h"
 
+#include "runtime/profiler.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -190,12 +192,14 @@ absl::Status NoCudaBackend(const char* op, Device d) {
 #if TANDEM_CUDA
 #define TANDEM_OPS_DISPATCH(op, s, ...)                        \
   do {                                                         \
+    OpScope op_scope(#op, s);                                  \
     if ((s).device().is_cpu()) return cpu::op(s, __VA_ARGS__); \
     return cuda::op(s, __VA_ARGS__);                           \
   } while (0)
 #else
 #define TANDEM_OPS_DISPATCH(op, s, ...)                        \
   do {                                                         \
+    OpScope op_scope(#op, s);                                  \
     if ((s).device().is_cpu()) return cpu::op(s, __VA_ARGS__); \
     return NoCudaBackend(#op, (s).device());                   \
   } while (0)

@@ -1,0 +1,97 @@
+// One-worker training throughput on the CPU: `bazel run //model:train_bench`.
+// For gpt-tiny and a d_model 512 GPT it reports tokens/s, the share of step time in matmuls
+// (from the op profiler), and the achieved model FLOP/s (6 x parameters x tokens/s) as a
+// fraction of raw OpenBLAS sgemm measured in the same run, one BLAS thread throughout.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "model/trainer.h"
+#include "runtime/profiler.h"
+
+namespace tandem {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+}
+
+// Best of five single-thread sgemm runs at n x n x n, in FLOP/s.
+double SgemmRate(int n) {
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    auto t = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                n, 0.0f, c.data(), n);
+    best = std::max(best, 2.0 * n * n * n / Seconds(t));
+  }
+  return best;
+}
+
+struct Result {
+  double tokens_per_second, matmul_share, flops;
+};
+
+Result Bench(TrainConfig c, int steps) {
+  c.synthetic_data = true;
+  c.steps = 1 << 20;
+  c.optimizer.total_steps = c.steps;
+  auto t = *Trainer::Create(c);
+  for (int i = 0; i < 2; ++i) (void)t->Step();  // warm caches and the allocator
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) times.push_back(t->Step()->seconds);
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  // A separate, profiled pass for the op shares.
+  Profiler::Reset();
+  Profiler::Enable(true);
+  for (int i = 0; i < 2; ++i) (void)t->Step();
+  Profiler::Enable(false);
+  double total = 0, matmul = 0;
+  for (const OpStat& o : Profiler::OpTable()) {
+    total += o.total_seconds;
+    if (o.name == "Matmul" || o.name.rfind("Linear", 0) == 0) matmul += o.total_seconds;
+  }
+  const double tokens = double(c.batch) * c.model.seq_len;
+  Result r;
+  r.tokens_per_second = tokens / median;
+  r.matmul_share = total > 0 ? matmul / total : 0;
+  r.flops = 6.0 * c.model.num_params() * r.tokens_per_second;
+  return r;
+}
+
+int Main() {
+  openblas_set_num_threads(1);
+  const double sgemm = SgemmRate(1024);
+  std::printf("raw OpenBLAS sgemm 1024^3, 1 thread: %.1f GFLOP/s\n\n", sgemm / 1e9);
+  std::printf("%-34s %10s %12s %12s %10s\n", "model", "tokens/s", "matmul share", "GFLOP/s (6N)",
+              "of sgemm");
+  TrainConfig tiny;
+  tiny.model = *ModelPreset("gpt-tiny");
+  tiny.batch = 16;
+  TrainConfig big;
+  big.model = *ModelPreset("gpt");
+  big.model.name = "gpt-d512";
+  big.model.n_layer = 4;
+  big.model.d_model = 512;
+  big.model.n_head = 8;
+  big.model.seq_len = 128;
+  big.batch = 8;
+  for (const TrainConfig& c : {tiny, big}) {
+    Result r = Bench(c, 7);
+    std::printf("%-34s %10.0f %11.0f%% %12.1f %9.0f%%\n",
+                (c.model.name + " (batch " + std::to_string(c.batch) + ")").c_str(),
+                r.tokens_per_second, 100 * r.matmul_share, r.flops / 1e9, 100 * r.flops / sgemm);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main() { return tandem::Main(); }

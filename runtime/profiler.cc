@@ -1,0 +1,108 @@
+#include "runtime/profiler.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+namespace {
+
+struct State {
+  std::mutex mu;
+  std::map<std::string, OpStat> ops;
+  std::vector<TraceEvent> events;
+};
+
+State& S() {
+  static State* s = new State();
+  return *s;
+}
+
+const auto kEpoch = std::chrono::steady_clock::now();
+
+}  // namespace
+
+std::atomic<bool> Profiler::enabled_{false};
+
+void Profiler::Enable(bool on) { enabled_.store(on); }
+
+void Profiler::Reset() {
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().ops.clear();
+  S().events.clear();
+}
+
+double Profiler::NowUs() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - kEpoch)
+      .count();
+}
+
+void Profiler::RecordOp(const char* name, double seconds) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  OpStat& st = S().ops[name];
+  st.name = name;
+  st.count++;
+  st.total_seconds += seconds;
+}
+
+void Profiler::RecordEvent(TraceEvent e) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().events.push_back(std::move(e));
+}
+
+std::vector<OpStat> Profiler::OpTable() {
+  std::vector<OpStat> out;
+  {
+    std::lock_guard<std::mutex> lock(S().mu);
+    for (const auto& [name, st] : S().ops) out.push_back(st);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const OpStat& a, const OpStat& b) { return a.total_seconds > b.total_seconds; });
+  return out;
+}
+
+std::vector<TraceEvent> Profiler::Events() {
+  std::lock_guard<std::mutex> lock(S().mu);
+  return S().events;
+}
+
+std::string Profiler::FormatOpTable(const std::vector<OpStat>& table) {
+  double total = 0;
+  for (const OpStat& o : table) total += o.total_seconds;
+  std::string out = absl::StrFormat("%-26s %8s %11s %10s %6s\n", "op", "count", "total ms",
+                                    "mean us", "share");
+  for (const OpStat& o : table) {
+    out += absl::StrFormat("%-26s %8d %11.2f %10.1f %5.1f%%\n", o.name, o.count,
+                           o.total_seconds * 1e3, o.mean_seconds() * 1e6,
+                           total > 0 ? 100 * o.total_seconds / total : 0.0);
+  }
+  return out;
+}
+
+OpScope::~OpScope() {
+  if (!on_) return;
+  (void)stream_->Synchronize();  // a CUDA op's time is its completion's
+  Profiler::RecordOp(name_, (Profiler::NowUs() - start_) * 1e-6);
+}
+
+SpanScope::SpanScope(std::string name, const char* category, int micro_batch,
+                     int64_t sequence, int thread)
+    : on_(Profiler::enabled()) {
+  if (!on_) return;
+  e_.name = std::move(name);
+  e_.category = category;
+  e_.micro_batch = micro_batch;
+  e_.sequence = sequence;
+  e_.thread = thread;
+  e_.start_us = Profiler::NowUs();
+}
+
+SpanScope::~SpanScope() {
+  if (!on_) return;
+  e_.duration_us = Profiler::NowUs() - e_.start_us;
+  Profiler::RecordEvent(std::move(e_));
+}
+
+}  // namespace tandem

@@ -1,0 +1,85 @@
+// A process-wide op profiler: when enabled, every op (runtime/ops.h) adds its count and time
+// to a table, and named spans (forward of micro-batch 3, all-reduce #12, ...) are kept as
+// trace events. Times are host wall-clock; on CUDA an op is timed to its completion (the
+// stream is synchronized while profiling), so profiled runs are slower but the table tells
+// the truth. Disabled, each op pays one atomic load.
+#ifndef TANDEM_RUNTIME_PROFILER_H_
+#define TANDEM_RUNTIME_PROFILER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/stream.h"
+
+namespace tandem {
+
+struct OpStat {
+  std::string name;
+  int64_t count = 0;
+  double total_seconds = 0;
+  double mean_seconds() const { return count ? total_seconds / count : 0; }
+};
+
+// One complete event of a Chrome trace ("ph": "X").
+struct TraceEvent {
+  std::string name;
+  std::string category;  // "compute", "comm", "idle", "optimizer"
+  double start_us = 0;   // since the profiler's epoch (process start)
+  double duration_us = 0;
+  int micro_batch = -1;
+  int64_t sequence = -1;  // collective sequence number, if any
+  int thread = 0;         // lane within a rank: 0 compute, 1 communication
+};
+
+class Profiler {
+ public:
+  static void Enable(bool on);
+  static bool enabled() { return enabled_.load(std::memory_order_relaxed); }
+  static void Reset();
+  // Microseconds since the epoch every event is measured from.
+  static double NowUs();
+  static void RecordOp(const char* name, double seconds);
+  static void RecordEvent(TraceEvent e);
+  // Ops sorted by total time, largest first.
+  static std::vector<OpStat> OpTable();
+  static std::vector<TraceEvent> Events();
+  // "op  count  total ms  mean us" lines.
+  static std::string FormatOpTable(const std::vector<OpStat>& table);
+
+ private:
+  static std::atomic<bool> enabled_;
+};
+
+// Times one op into the table when profiling is on.
+class OpScope {
+ public:
+  OpScope(const char* name, Stream& s)
+      : name_(name), stream_(&s), on_(Profiler::enabled()),
+        start_(on_ ? Profiler::NowUs() : 0) {}
+  ~OpScope();
+
+ private:
+  const char* name_;
+  Stream* stream_;
+  bool on_;
+  double start_;
+};
+
+// Records a span as a trace event when profiling is on.
+class SpanScope {
+ public:
+  SpanScope(std::string name, const char* category, int micro_batch = -1,
+            int64_t sequence = -1, int thread = 0);
+  ~SpanScope();
+
+ private:
+  TraceEvent e_;
+  bool on_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_PROFILER_H_

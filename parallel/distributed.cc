@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,64 @@ const char* StrategyName(StrategyKind k) {
   return "?";
 }
 
+absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
+                                                        int rows, uint64_t seed) {
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
+  const int n = model.num_blocks();
+  // One single-block stage per block, chained, so each block is timed on its own.
+  std::vector<std::unique_ptr<Stage>> stages;
+  for (int b = 0; b < n; ++b) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> st, Stage::Create(model, b, b + 1, device, seed));
+    stages.push_back(std::move(st));
+  }
+  const TokenDataset data = TokenDataset::Synthetic(int64_t{rows} * model.seq_len * 4 + 1,
+                                                    model.seq_len, model.vocab, seed);
+  std::vector<int32_t> tokens, targets;
+  FillBatch(data, DataOrder(data.num_samples(), seed), 0, 0, rows, &tokens, &targets);
+  MicroBatch mb;
+  ASSIGN_OR_RETURN(mb.tokens, Tensor::FromInts(tokens, {rows, model.seq_len}, device));
+  ASSIGN_OR_RETURN(mb.targets, Tensor::FromInts(targets, {rows, model.seq_len}, device));
+  mb.dloss_scale = 1.0f / (rows * model.seq_len);
+  constexpr int kRuns = 4;  // the first is a warm-up
+  std::vector<std::vector<double>> runs(n);
+  for (int r = 0; r < kRuns; ++r) {
+    std::vector<Tensor> outs(n + 1);
+    for (int b = 0; b < n; ++b) {
+      const double t0 = Now();
+      RETURN_IF_ERROR(stages[b]->Forward(*s, 0, mb, outs[b], &outs[b + 1]));
+      RETURN_IF_ERROR(s->Synchronize());
+      runs[b].push_back(Now() - t0);
+    }
+    Tensor d;
+    for (int b = n - 1; b >= 0; --b) {
+      const double t0 = Now();
+      Tensor dx;
+      RETURN_IF_ERROR(stages[b]->Backward(*s, 0, mb, d, &dx));
+      RETURN_IF_ERROR(s->Synchronize());
+      runs[b].back() += Now() - t0;
+      d = dx;
+    }
+  }
+  std::vector<double> seconds(n);
+  for (int b = 0; b < n; ++b) {
+    std::vector<double> v(runs[b].begin() + 1, runs[b].end());
+    std::sort(v.begin(), v.end());
+    seconds[b] = v[v.size() / 2];
+  }
+  return seconds;
+}
+
+absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world) {
+  if (c.balance != "time" || c.strategy == StrategyKind::kData) return c.balance;
+  const TrainConfig& t = c.train;
+  ASSIGN_OR_RETURN(std::vector<double> cost,
+                   MeasureBlockSeconds(t.model, t.device, t.batch / t.micro_batches, t.seed));
+  ASSIGN_OR_RETURN(StageBounds b, BalancedPartition(cost, world));
+  std::string sizes;
+  for (int s = 0; s < world; ++s) absl::StrAppend(&sizes, s ? "," : "", b[s + 1] - b[s]);
+  return sizes;
+}
+
 absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
   const TrainConfig& t = c.train;
   RETURN_IF_ERROR(t.Validate());
@@ -81,6 +140,9 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
       cost.push_back(n);
     }
     ASSIGN_OR_RETURN(bounds, BalancedPartition(cost, world));
+  } else if (c.balance == "time") {
+    ASSIGN_OR_RETURN(std::string sizes, ResolveBalance(c, world));
+    ASSIGN_OR_RETURN(bounds, ExplicitPartition(sizes, blocks, world));
   } else {
     ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, world));
   }

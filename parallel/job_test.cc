@@ -63,3 +63,38 @@ TEST(JobTest, ToParallelConfig) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// --balance=time measures every block once and turns the split into explicit sizes, so every
+// rank gets the same stages.
+TEST(JobTest, BalanceByTime) {
+  JobConfig c;
+  c.strategy = "pipeline";
+  c.workers = 2;
+  c.model = "gpt";
+  c.n_layer = 3;
+  c.d_model = 32;
+  c.n_head = 2;
+  c.seq_len = 16;
+  c.batch = 8;
+  c.balance = "time";
+  auto p = c.ToParallelConfig(Device::Cpu());
+  ASSERT_TRUE(p.ok());
+  auto seconds = MeasureBlockSeconds(p->train.model, Device::Cpu(), 4, 1);
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  ASSERT_EQ(seconds->size(), 5u);
+  for (double s : *seconds) EXPECT_GT(s, 0);
+  auto sizes = ResolveBalance(*p, 2);
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  EXPECT_TRUE(ExplicitPartition(*sizes, 5, 2).ok()) << *sizes;
+  EXPECT_TRUE(PlanStages(*p, 2).ok());
+  p->balance = "2,2,1";
+  auto bad = PlanStages(*p, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gives 3 stages but the job has 2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem

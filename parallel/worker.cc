@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -101,7 +102,13 @@ absl::Status Train(int rank, int world, Progress* progress) {
   std::ofstream metrics(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, rank),
                         std::ios::app);
   Allocator* allocator = *GetAllocator(device);
+  // Fault-injection hook, for tests only: with TANDEM_TEST_CRASH_RANK=r and
+  // TANDEM_TEST_CRASH_STEP=s in the environment, rank r kills itself with SIGKILL on reaching
+  // step s, as a crashed worker would (launcher/e2e_test.sh uses it).
+  const int crash_rank = EnvInt("TANDEM_TEST_CRASH_RANK", -1);
+  const int crash_step = EnvInt("TANDEM_TEST_CRASH_STEP", -1);
   while (trainer->step() < job.steps) {
+    if (rank == crash_rank && trainer->step() == crash_step) std::raise(SIGKILL);
     if (client->aborted()) return absl::AbortedError(client->abort_reason());
     {
       std::lock_guard<std::mutex> lock(progress->mu);

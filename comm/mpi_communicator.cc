@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "comm/op_info.h"
 #include "runtime/dtype.h"
+#include "runtime/profiler.h"
 #include "runtime/status.h"
 
 #define MPI_RETURN_IF_ERROR(call)                                                 \
@@ -371,6 +372,9 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
     }
     absl::Status status;
     if (!skip) {
+      // The profiler's communication lane: when each operation really ran.
+      SpanScope span(op.info.Describe(), "comm", -1, static_cast<int64_t>(op.info.sequence),
+                     /*thread=*/1);
       status = op.run(*s);
       if (!status.ok()) {
         status = absl::Status(status.code(), absl::StrCat("rank ", s->id.rank, ": ",

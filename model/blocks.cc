@@ -11,8 +11,14 @@
 namespace tandem {
 namespace {
 
-absl::StatusOr<Tensor> Like(const Tensor& t, const Shape& shape, DType dtype = DType::kF32) {
-  return Tensor::Empty(shape, dtype, t.device());
+// An activation with t's dtype (the compute dtype) and device.
+absl::StatusOr<Tensor> Like(const Tensor& t, const Shape& shape) {
+  return Tensor::Empty(shape, t.dtype(), t.device());
+}
+
+// Statistics, attention probabilities and losses: always f32.
+absl::StatusOr<Tensor> F32(const Tensor& t, const Shape& shape) {
+  return Tensor::Empty(shape, DType::kF32, t.device());
 }
 
 // Token embedding plus learned positions (GPT) or token embedding only (MLP).
@@ -76,22 +82,22 @@ class TransformerBlock : public Block {
     const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T, NH = c_.n_head;
     ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
     ASSIGN_OR_RETURN(Tensor ln1, Like(x, {N, C}));
-    ASSIGN_OR_RETURN(Tensor mean1, Like(x, {N}));
-    ASSIGN_OR_RETURN(Tensor rstd1, Like(x, {N}));
+    ASSIGN_OR_RETURN(Tensor mean1, F32(x, {N}));
+    ASSIGN_OR_RETURN(Tensor rstd1, F32(x, {N}));
     RETURN_IF_ERROR(ops::LayerNormForward(s, ln1, mean1, rstd1, x2, p[kLn1W], p[kLn1B]));
     ASSIGN_OR_RETURN(Tensor qkv, Like(x, {N, 3 * C}));
     RETURN_IF_ERROR(ops::LinearForward(s, qkv, ln1, p[kQkvW], p[kQkvB]));
     ASSIGN_OR_RETURN(Tensor qkv3, qkv.Reshape({B, T, 3 * C}));
     ASSIGN_OR_RETURN(Tensor atty, Like(x, {B, T, C}));
-    ASSIGN_OR_RETURN(Tensor att, Like(x, {B, NH, T, T}));
+    ASSIGN_OR_RETURN(Tensor att, F32(x, {B, NH, T, T}));
     RETURN_IF_ERROR(ops::AttentionForward(s, atty, att, qkv3, c_.n_head));
     ASSIGN_OR_RETURN(Tensor atty2, atty.Reshape({N, C}));
     ASSIGN_OR_RETURN(Tensor proj, Like(x, {N, C}));
     RETURN_IF_ERROR(ops::LinearForward(s, proj, atty2, p[kProjW], p[kProjB]));
     ASSIGN_OR_RETURN(Tensor res2, Like(x, {N, C}));
     ASSIGN_OR_RETURN(Tensor ln2, Like(x, {N, C}));
-    ASSIGN_OR_RETURN(Tensor mean2, Like(x, {N}));
-    ASSIGN_OR_RETURN(Tensor rstd2, Like(x, {N}));
+    ASSIGN_OR_RETURN(Tensor mean2, F32(x, {N}));
+    ASSIGN_OR_RETURN(Tensor rstd2, F32(x, {N}));
     RETURN_IF_ERROR(ops::ResidualLayerNormForward(s, res2, ln2, mean2, rstd2, x2, proj,
                                                   p[kLn2W], p[kLn2B]));
     ASSIGN_OR_RETURN(Tensor fc_pre, Like(x, {N, 4 * C}));
@@ -212,13 +218,13 @@ class HeadBlock : public Block {
     Tensor h = x2, mean, rstd;
     if (layernorm_) {
       ASSIGN_OR_RETURN(h, Like(x, {N, C}));
-      ASSIGN_OR_RETURN(mean, Like(x, {N}));
-      ASSIGN_OR_RETURN(rstd, Like(x, {N}));
+      ASSIGN_OR_RETURN(mean, F32(x, {N}));
+      ASSIGN_OR_RETURN(rstd, F32(x, {N}));
       RETURN_IF_ERROR(ops::LayerNormForward(s, h, mean, rstd, x2, p[0], p[1]));
     }
     ASSIGN_OR_RETURN(Tensor logits, Like(x, {N, V}));
     RETURN_IF_ERROR(ops::LinearForward(s, logits, h, weight(p), bias(p)));
-    ASSIGN_OR_RETURN(*y, Like(x, {N}));
+    ASSIGN_OR_RETURN(*y, F32(x, {N}));
     ASSIGN_OR_RETURN(Tensor targets, mb.targets.Reshape({N}));
     // The logits' buffer receives its own gradient in place.
     RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, logits, logits, targets, mb.dloss_scale));

@@ -1,12 +1,14 @@
 #include "model/stage.h"
 
 #include "absl/strings/str_format.h"
+#include "runtime/ops.h"
 #include "runtime/status.h"
 
 namespace tandem {
 
 absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, int begin,
-                                                     int end, Device device, uint64_t seed) {
+                                                     int end, Device device, uint64_t seed,
+                                                     DType compute) {
   RETURN_IF_ERROR(config.Validate());
   if (begin < 0 || end > config.num_blocks() || begin >= end) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -30,6 +32,15 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, 
   ASSIGN_OR_RETURN(st->grads_, FlatBuffer::Create(*st->layout_, DType::kF32, device));
   RETURN_IF_ERROR(InitializeParams(*st->layout_, st->params_, seed));
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
+  st->compute_ = compute;
+  if (compute != DType::kF32) {
+    if (device.is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s compute on the CPU: the CPU computes in f32", DTypeName(compute)));
+    }
+    ASSIGN_OR_RETURN(st->params_low_, FlatBuffer::Create(*st->layout_, compute, device));
+    RETURN_IF_ERROR(st->ParamsChanged(*s));
+  }
   RETURN_IF_ERROR(st->ZeroGrads(*s));
   RETURN_IF_ERROR(s->Synchronize());
   return st;
@@ -41,7 +52,7 @@ absl::Status Stage::RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
   Tensor in = x;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     std::vector<Tensor> p;
-    for (size_t i : block_params_[b]) p.push_back(params_.view(i));
+    for (size_t i : block_params_[b]) p.push_back(compute_param(i));
     Tensor out;
     RETURN_IF_ERROR(blocks_[b]->Forward(s, p, mb, in, &out, &(*saved)[b]));
     in = out;
@@ -82,7 +93,7 @@ absl::Status Stage::Backward(Stream& s, int id, const MicroBatch& mb, const Tens
   for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
     std::vector<Tensor> p, g;
     for (size_t i : block_params_[b]) {
-      p.push_back(params_.view(i));
+      p.push_back(compute_param(i));
       g.push_back(grads_.view(i));
     }
     Tensor dprev;
@@ -105,5 +116,10 @@ std::vector<int> Stage::ParamBlocks() const {
 }
 
 absl::Status Stage::ZeroGrads(Stream& s) { return ZeroFill(grads_.flat(), s); }
+
+absl::Status Stage::ParamsChanged(Stream& s) {
+  if (compute_ == DType::kF32) return absl::OkStatus();
+  return ops::Cast(s, params_low_.flat(), params_.flat());
+}
 
 }  // namespace tandem

@@ -19,9 +19,12 @@ namespace tandem {
 class Stage {
  public:
   // Blocks [begin, end) of the model; parameters initialized from `seed` (the same values
-  // whatever the split), gradients zero.
+  // whatever the split), gradients zero. With a 16-bit `compute` dtype (mixed precision, as
+  // autocast: CUDA only) the blocks run on a bf16/f16 copy of the f32 master parameters,
+  // activations are 16-bit, and statistics, losses and gradients stay f32.
   static absl::StatusOr<std::unique_ptr<Stage>> Create(const ModelConfig& config, int begin,
-                                                       int end, Device device, uint64_t seed);
+                                                       int end, Device device, uint64_t seed,
+                                                       DType compute = DType::kF32);
 
   bool is_first() const { return begin_ == 0; }
   bool is_last() const { return end_ == config_.num_blocks(); }
@@ -31,6 +34,12 @@ class Stage {
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return *layout_; }
   const FlatBuffer& params() const { return params_; }
+  // The 16-bit copy the blocks compute with; undefined in f32.
+  const Tensor& params_low() const { return params_low_.flat(); }
+  DType compute_dtype() const { return compute_; }
+  // Refreshes the 16-bit copy after the f32 parameters changed outside the optimizer
+  // (broadcast, checkpoint load); a no-op in f32.
+  absl::Status ParamsChanged(Stream& s);
   const FlatBuffer& grads() const { return grads_; }
 
   // Runs micro-batch `id` forward through the stage's blocks. x is the previous stage's
@@ -69,7 +78,11 @@ class Stage {
   std::vector<std::unique_ptr<Block>> blocks_;           // the stage's blocks only
   std::vector<std::vector<size_t>> block_params_;        // per block: indices into layout
   std::unique_ptr<ParamLayout> layout_;
-  FlatBuffer params_, grads_;
+  FlatBuffer params_, grads_, params_low_;
+  DType compute_ = DType::kF32;
+  const Tensor& compute_param(size_t i) const {
+    return compute_ == DType::kF32 ? params_.view(i) : params_low_.view(i);
+  }
   std::map<int, std::vector<Saved>> saved_;              // micro-batch id -> per block
   std::map<int, Tensor> inputs_;                         // under recompute: id -> x
   bool recompute_ = false;

@@ -25,10 +25,8 @@ absl::Status TrainConfig::Validate() const {
         "--dtype=%s on the CPU: the CPU computes in f32; use --dtype=f32 or a CUDA device",
         DTypeName(dtype)));
   }
-  if (dtype != DType::kF32) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "--dtype=%s: mixed-precision training is not available yet; use --dtype=f32",
-        DTypeName(dtype)));
+  if (dtype == DType::kI32) {
+    return absl::InvalidArgumentError("--dtype=i32: use f32, bf16 or f16");
   }
   return absl::OkStatus();
 }
@@ -46,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c));
   std::unique_ptr<Trainer> t(new Trainer(c, std::move(data)));
   ASSIGN_OR_RETURN(t->stage_,
-                   Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed));
+                   Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));
   ASSIGN_OR_RETURN(t->optimizer_,
                    Optimizer::Create(c.optimizer, t->stage_->layout().numel(), c.device));
   if (!c.resume.empty()) RETURN_IF_ERROR(t->LoadCheckpoint(c.resume));
@@ -99,7 +97,7 @@ absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& st
   if (!r.skipped) {
     const float clip = ClipFactor(norm_sq, c.optimizer.clip_norm);
     RETURN_IF_ERROR(optimizer.Step(s, stage.params().flat(), stage.grads().flat(), step,
-                                   unscale * clip));
+                                   unscale * clip, stage.params_low()));
   }
   RETURN_IF_ERROR(stage.ZeroGrads(s));
   return r;
@@ -149,7 +147,7 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
   return WriteCheckpoint(path, d);
 }
 
-absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, Stage& stage,
                                Optimizer* optimizer, LossScaler* scaler, int* step) {
   ASSIGN_OR_RETURN(CheckpointData d, ReadCheckpoint(path));
   auto expect = [&](const std::string& key, const std::string& want,
@@ -188,7 +186,8 @@ absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, co
   }
   *step = std::stoi(step_text);
   scaler->Restore(std::stof(scale), std::stoi(good));
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(stage.device()));
+  return stage.ParamsChanged(*s);
 }
 
 }  // namespace tandem

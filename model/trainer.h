@@ -81,7 +81,7 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
                                const Optimizer& optimizer, const LossScaler& scaler, int step);
 // Loads what SaveTrainingState wrote, after checking it is of the same model, stage,
 // optimizer and batch; on any error nothing is changed.
-absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, Stage& stage,
                                Optimizer* optimizer, LossScaler* scaler, int* step);
 
 // Reads the dataset a config names (file, synthetic, or the default corpus).

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "runtime/ops.h"
+#include "runtime/profiler.h"
 #include "runtime/status.h"
 
 namespace tandem {
@@ -168,7 +169,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   const int begin = data_parallel ? 0 : bounds[r];
   const int end = data_parallel ? bounds.back() : bounds[r + 1];
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
-                                            c.train.seed));
+                                            c.train.seed, c.train.dtype));
   t->stage_->set_recompute(c.recompute);
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(c.train.optimizer,
                                                     t->stage_->layout().numel(),
@@ -178,6 +179,8 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     // Every replica starts from rank 0's weights.
     ASSIGN_OR_RETURN(auto w, comm->Broadcast(t->stage_->params().flat()));
     RETURN_IF_ERROR(t->Wait(*w, "the broadcast of rank 0's parameters"));
+    ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c.train.device));
+    RETURN_IF_ERROR(t->stage_->ParamsChanged(*s));
   } else {
     const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
     ASSIGN_OR_RETURN(t->schedule_,
@@ -228,10 +231,13 @@ absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, S
     const bool last = m == tc.micro_batches - 1;
     Timer compute(&t->compute_seconds);
     Tensor losses, dx;
-    RETURN_IF_ERROR(stage_->Forward(s, m, mb, Tensor(), &losses));
-    ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, tc.device));
-    RETURN_IF_ERROR(ops::Sum(s, part, losses));
-    RETURN_IF_ERROR(ops::Axpy(s, *loss_sum, 1.0f, part));
+    {
+      SpanScope span(absl::StrCat("forward ", m), "compute", m);
+      RETURN_IF_ERROR(stage_->Forward(s, m, mb, Tensor(), &losses));
+      ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, tc.device));
+      RETURN_IF_ERROR(ops::Sum(s, part, losses));
+      RETURN_IF_ERROR(ops::Axpy(s, *loss_sum, 1.0f, part));
+    }
     // Gradient accumulation communicates only after the last micro-batch's gradients.
     auto block_done = [&](int block) -> absl::Status {
       if (!last || !c_.overlap) return absl::OkStatus();
@@ -240,10 +246,12 @@ absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, S
       }
       return absl::OkStatus();
     };
+    SpanScope span(absl::StrCat("backward ", m), "compute", m);
     RETURN_IF_ERROR(stage_->Backward(s, m, mb, Tensor(), &dx, block_done));
   }
   while (next < buckets_.size()) RETURN_IF_ERROR(issue(next++));
   Timer exposed(&t->exposed_comm_seconds);
+  SpanScope span("wait for gradients", "idle");
   for (auto& w : pending) RETURN_IF_ERROR(Wait(*w, w->description().c_str()));
   return absl::OkStatus();
 }
@@ -271,6 +279,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
     auto it = ready.find(m);
     if (it == ready.end()) return absl::OkStatus();
     Timer bubble(&t->bubble_seconds);
+    SpanScope span(absl::StrCat("wait ", m), "idle", m);
     RETURN_IF_ERROR(Wait(*it->second, what));
     ready.erase(it);
     return absl::OkStatus();
@@ -293,13 +302,13 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
             input_grads.erase(m);
             break;
           case ActionType::kRecvActivation: {
-            ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, DType::kF32, tc.device));
+            ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
             group.push_back(PeerTransfer::Recv(act_in[m], rank - 1));
             receives.push_back({&act_ready, m});
             break;
           }
           default: {  // kRecvGradient
-            ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, DType::kF32, tc.device));
+            ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
             group.push_back(PeerTransfer::Recv(grad_in[m], rank + 1));
             receives.push_back({&grad_ready, m});
             break;
@@ -318,6 +327,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
       RETURN_IF_ERROR(wait_for(act_ready, m, "an activation from the previous stage"));
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
       Timer compute(&t->compute_seconds);
+      SpanScope span(absl::StrCat("forward ", m), "compute", m);
       Tensor y;
       RETURN_IF_ERROR(stage_->Forward(s, m, *mb, act_in[m], &y));
       act_in.erase(m);
@@ -332,6 +342,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
       RETURN_IF_ERROR(wait_for(grad_ready, m, "a gradient from the next stage"));
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
       Timer compute(&t->compute_seconds);
+      SpanScope span(absl::StrCat("backward ", m), "compute", m);
       Tensor dx;
       RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx));
       grad_in.erase(m);
@@ -341,6 +352,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
     ++i;  // the optimizer step is the caller's
   }
   Timer bubble(&t->bubble_seconds);
+  SpanScope span("wait for transfers", "idle");
   for (auto& w : all) RETURN_IF_ERROR(Wait(*w, w->description().c_str()));
   return absl::OkStatus();
 }
@@ -371,11 +383,13 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
   }
   {
     Timer exposed(&t->exposed_comm_seconds);
+    SpanScope span("reduce loss", "idle");
     ASSIGN_OR_RETURN(auto w, comm_->AllReduce(reduced));
     RETURN_IF_ERROR(Wait(*w, "the reduction of the step's loss and gradient norm"));
   }
   ASSIGN_OR_RETURN(std::vector<float> v, reduced.ToFloatVector());
   const double opt_start = Now();
+  SpanScope opt_span("optimizer", "optimizer");
   ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, tc, *stage_, optimizer_, scaler_, step_, v[0], v[1]));
   RETURN_IF_ERROR(s->Synchronize());
   t->optimizer_seconds = Now() - opt_start;

@@ -5,7 +5,10 @@
 // <run_dir>/logs/rank-<r>.log. On the coordinator's abort it stops communication and exits
 // with the reason; on its own error it aborts the job first.
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <csignal>
@@ -21,6 +24,7 @@
 #include "comm/nccl_communicator.h"
 #include "parallel/distributed.h"
 #include "parallel/job.h"
+#include "runtime/profiler.h"
 #include "runtime/status.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -38,6 +42,22 @@ struct Progress {
   std::mutex mu;
   WorkerReport report;
 };
+
+// <run_dir>/traces/rank-<r>.json (a Chrome trace of every step: compute, communication and
+// idle spans with micro-batch ids and collective sequence numbers) and ops-rank-<r>.txt (the
+// op table, sorted by total time).
+absl::Status WriteProfile(const std::string& run_dir, int rank) {
+  const std::string dir = run_dir + "/traces";
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrFormat("cannot create %s", dir));
+  }
+  std::ofstream(absl::StrFormat("%s/rank-%d.json", dir, rank))
+      << Profiler::ChromeTrace(Profiler::Events(), rank, absl::StrFormat("rank %d", rank));
+  const std::string table = Profiler::FormatOpTable(Profiler::OpTable());
+  std::ofstream(absl::StrFormat("%s/ops-rank-%d.txt", dir, rank)) << table;
+  std::printf("op table, rank %d:\n%s", rank, table.c_str());
+  return absl::OkStatus();
+}
 
 absl::Status Train(int rank, int world, Progress* progress) {
   ASSIGN_OR_RETURN(CoordinatorClientOptions options,
@@ -107,6 +127,7 @@ absl::Status Train(int rank, int world, Progress* progress) {
   // step s, as a crashed worker would (launcher/e2e_test.sh uses it).
   const int crash_rank = EnvInt("TANDEM_TEST_CRASH_RANK", -1);
   const int crash_step = EnvInt("TANDEM_TEST_CRASH_STEP", -1);
+  Profiler::Enable(job.profile);
   while (trainer->step() < job.steps) {
     if (rank == crash_rank && trainer->step() == crash_step) std::raise(SIGKILL);
     if (client->aborted()) return absl::AbortedError(client->abort_reason());
@@ -141,6 +162,10 @@ absl::Status Train(int rank, int world, Progress* progress) {
         (trainer->step() % job.checkpoint_every == 0 || trainer->step() == job.steps)) {
       RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
     }
+  }
+  if (job.profile) {
+    Profiler::Enable(false);
+    RETURN_IF_ERROR(WriteProfile(job.run_dir, rank));
   }
   {
     std::lock_guard<std::mutex> lock(progress->mu);

@@ -81,6 +81,43 @@ std::string Profiler::FormatOpTable(const std::vector<OpStat>& table) {
   return out;
 }
 
+namespace {
+
+std::string JsonString(const std::string& in) {
+  std::string out = "\"";
+  for (char c : in) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string Profiler::ChromeTrace(const std::vector<TraceEvent>& events, int pid,
+                                  const std::string& process_name) {
+  std::string out = "{\"traceEvents\": [\n";
+  out += absl::StrFormat(
+      "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %d, \"args\": {\"name\": %s}},\n"
+      "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"compute\"}},\n"
+      "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"communication\"}}",
+      pid, JsonString(process_name), pid, pid);
+  for (const TraceEvent& e : events) {
+    out += absl::StrFormat(
+        ",\n{\"ph\": \"X\", \"name\": %s, \"cat\": %s, \"pid\": %d, \"tid\": %d, "
+        "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"micro_batch\": %d, \"sequence\": %d}}",
+        JsonString(e.name), JsonString(e.category), pid, e.thread, e.start_us, e.duration_us,
+        e.micro_batch, e.sequence);
+  }
+  return out + "\n]}\n";
+}
+
 OpScope::~OpScope() {
   if (!on_) return;
   (void)stream_->Synchronize();  // a CUDA op's time is its completion's

@@ -48,6 +48,11 @@ class Profiler {
   static std::vector<TraceEvent> Events();
   // "op  count  total ms  mean us" lines.
   static std::string FormatOpTable(const std::vector<OpStat>& table);
+  // A complete Chrome trace-event file ({"traceEvents": [...]}, loads in Perfetto and
+  // chrome://tracing) of `events`, as process `pid` named `process_name`, with lanes
+  // "compute" (thread 0) and "communication" (thread 1).
+  static std::string ChromeTrace(const std::vector<TraceEvent>& events, int pid,
+                                 const std::string& process_name);
 
  private:
   static std::atomic<bool> enabled_;

@@ -13,7 +13,8 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/dist/gpu_check"
-targets=(//runtime:cuda_ops_test //runtime:cuda_runtime_test //runtime:ops_test)
+targets=(//runtime:cuda_ops_test //runtime:cuda_runtime_test //runtime:ops_test
+         //model:cuda_train_test //comm:nccl_communicator_test)
 # Libraries above this size are stored gzip-compressed and unpacked by run.sh.
 compress_above_bytes=$((8 << 20))
 
@@ -65,10 +66,12 @@ build() {
   bin_dir="$(bazel info bazel-bin 2>/dev/null)"
   rm -rf "$out"
   mkdir -p "$out/bin" "$out/lib"
-  local target name bin line lib path missing=""
+  local target name pkg bin line lib path missing=""
   for target in "${targets[@]}"; do
     name="${target##*:}"
-    bin="$bin_dir/runtime/$name"
+    pkg="${target#//}"
+    pkg="${pkg%%:*}"
+    bin="$bin_dir/$pkg/$name"
     cp -L "$bin" "$out/bin/$name"
     chmod u+w "$out/bin/$name"
     strip --strip-debug "$out/bin/$name"

@@ -1,0 +1,66 @@
+// Training on a CUDA device: the same model and batch in f32 on the GPU, f32 on the CPU, and
+// mixed precision (bf16, and f16 with the dynamic loss scaler) on the GPU. Skips with the
+// reason where no GPU is visible.
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "model/trainer.h"
+
+namespace tandem {
+namespace {
+
+TrainConfig Small(Device d, DType t) {
+  TrainConfig c;
+  c.model = *ModelPreset("gpt");
+  c.model.n_layer = 2;
+  c.model.d_model = 64;
+  c.model.n_head = 4;
+  c.model.seq_len = 32;
+  c.batch = 8;
+  c.steps = 30;
+  c.optimizer.lr = 3e-3f;
+  c.optimizer.warmup_steps = 5;
+  c.optimizer.total_steps = 30;
+  c.device = d;
+  c.dtype = t;
+  return c;
+}
+
+std::vector<float> Losses(const TrainConfig& c) {
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(t.ok()) << t.status();
+  std::vector<float> out;
+  if (!t.ok()) return out;
+  absl::Status s = (*t)->Run([&](const StepReport& r) { out.push_back(r.loss); });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+class CudaTrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  }
+};
+
+TEST_F(CudaTrainTest, F32MatchesTheCpu) {
+  std::vector<float> cpu = Losses(Small(Device::Cpu(), DType::kF32));
+  std::vector<float> gpu = Losses(Small(Device::Cuda(0), DType::kF32));
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-3 * cpu[i]) << i;
+}
+
+TEST_F(CudaTrainTest, MixedPrecisionTracksF32) {
+  std::vector<float> f32 = Losses(Small(Device::Cuda(0), DType::kF32));
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<float> low = Losses(Small(Device::Cuda(0), t));
+    ASSERT_EQ(low.size(), f32.size()) << DTypeName(t);
+    EXPECT_NEAR(low.front(), f32.front(), 0.02 * f32.front()) << DTypeName(t);
+    EXPECT_NEAR(low.back(), f32.back(), 0.05 * f32.back()) << DTypeName(t);
+    EXPECT_LT(low.back(), low.front() - 0.5f) << DTypeName(t) << " did not learn";
+  }
+}
+
+}  // namespace
+}  // namespace tandem

@@ -127,6 +127,12 @@ absl::Status Train(int rank, int world, Progress* progress) {
   // step s, as a crashed worker would (launcher/e2e_test.sh uses it).
   const int crash_rank = EnvInt("TANDEM_TEST_CRASH_RANK", -1);
   const int crash_step = EnvInt("TANDEM_TEST_CRASH_STEP", -1);
+  // Memory the model state holds (the rest of the peak is activations and workspace).
+  const int64_t numel = trainer->stage().layout().numel();
+  const int64_t param_bytes =
+      numel * (4 + (pc.train.dtype == DType::kF32 ? 0 : int64_t{DTypeSize(pc.train.dtype)}));
+  const int64_t grad_bytes = numel * 4;
+  const int64_t optimizer_bytes = numel * 4 * (pc.train.optimizer.kind == "adamw" ? 2 : 1);
   Profiler::Enable(job.profile);
   while (trainer->step() < job.steps) {
     if (rank == crash_rank && trainer->step() == crash_step) std::raise(SIGKILL);
@@ -142,11 +148,12 @@ absl::Status Train(int rank, int world, Progress* progress) {
                    "{\"step\": %d, \"loss\": %.9g, \"seconds\": %.6f, \"compute\": %.6f, "
                    "\"exposed_comm\": %.6f, \"bubble\": %.6f, \"optimizer\": %.6f, "
                    "\"comm_bytes\": %d, \"sequence\": %d, \"lr\": %.6g, \"grad_norm\": %.6g, "
-                   "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d}",
+                   "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d, "
+                   "\"param_bytes\": %d, \"grad_bytes\": %d, \"optimizer_bytes\": %d}",
                    r.step, r.loss, r.seconds, t.compute_seconds, t.exposed_comm_seconds,
                    t.bubble_seconds, t.optimizer_seconds, t.comm_bytes, t.last_sequence, r.lr,
                    r.grad_norm, r.skipped ? "true" : "false", mem.allocated_bytes,
-                   mem.peak_allocated_bytes)
+                   mem.peak_allocated_bytes, param_bytes, grad_bytes, optimizer_bytes)
             << std::endl;
     {
       std::lock_guard<std::mutex> lock(progress->mu);

@@ -244,7 +244,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
 // Three repetitions, reported as their mean, median and spread; the ratios use the medians.
 void Repeated(benchmark::internal::Benchmark* b) {
-  b->Repetitions(3)->ReportAggregatesOnly(true)->Unit(benchmark::kMicrosecond);
+  b->Repetitions(5)->ReportAggregatesOnly(true)->Unit(benchmark::kMicrosecond);
 }
 
 void RegisterAll(RatioReporter& reporter) {

@@ -1,0 +1,85 @@
+// The launcher: `bazel run //launcher -- --strategy=data --gpus=N`. Validates every flag,
+// then runs the job (coordinator, workers through mpirun, progress, run.json, summary).
+// Exit codes: 0 every worker succeeded, 1 the job failed, 2 bad flags, 130 interrupted.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "launcher/job_runner.h"
+#include "launcher/options.h"
+#include "launcher/process.h"
+#include "launcher/trace_merge.h"
+
+namespace {
+
+std::atomic<int> g_interrupts{0};
+
+void OnInterrupt(int) { g_interrupts.fetch_add(1); }
+
+void PrintProblems(const std::string& message) {
+  for (absl::string_view line : absl::StrSplit(message, '\n')) {
+    std::fprintf(stderr, "launcher: %s\n", std::string(line).c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tandem::launcher;
+  char cwd[4096];
+  const std::string startup_dir = getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : ".";
+
+  bool help = false;
+  absl::Status parsed = ParseFlags(std::vector<std::string>(argv + 1, argv + argc), &help);
+  if (help) {
+    std::fputs(HelpText().c_str(), stdout);
+    return 0;
+  }
+  if (!parsed.ok()) {
+    PrintProblems(std::string(parsed.message()));
+    return 2;
+  }
+  const Options options = OptionsFromFlags();
+  const HostInfo host = HostInfo::Detect(/*probe_cuda=*/options.device != "cpu");
+  absl::StatusOr<LaunchPlan> plan = Validate(options, host);
+  absl::StatusOr<std::string> worker = FindWorkerBinary(argv[0], startup_dir);
+  absl::StatusOr<std::string> mpirun =
+      FindInPath("mpirun", "install Open MPI (Debian: apt-get install openmpi-bin)");
+  if (!plan.ok() || !worker.ok() || !mpirun.ok()) {
+    for (const absl::Status& s : {plan.status(), worker.status(), mpirun.status()}) {
+      if (!s.ok()) PrintProblems(std::string(s.message()));
+    }
+    return 2;
+  }
+  for (const std::string& notice : plan->notices) std::fprintf(stderr, "launcher: %s\n", notice.c_str());
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  RunSettings settings;
+  settings.worker = *worker;
+  settings.slots = SlotsOnThisHost();
+  settings.terminal = isatty(1) != 0;
+  settings.interrupts = &g_interrupts;
+  absl::StatusOr<Outcome> outcome = RunJob(*plan, settings);
+  if (!outcome.ok()) {
+    PrintProblems(std::string(outcome.status().message()));
+    return 1;
+  }
+  if (plan->job.profile) FinishProfile(plan->job.run_dir, plan->job.workers, stdout, stderr);
+  switch (*outcome) {
+    case Outcome::kSucceeded: return 0;
+    case Outcome::kInterrupted: return 130;
+    case Outcome::kFailed: return 1;
+  }
+  return 1;
+}

@@ -1,0 +1,663 @@
+// The launcher's flags (Abseil flags, written with hyphens on the command line), the --help
+// listing, and the validation that turns them into a JobConfig before anything starts:
+// every problem is reported, one line each, and nothing is created on disk.
+#include "launcher/options.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "model/checkpoint.h"
+#include "model/data.h"
+#include "model/trainer.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+
+// Names use underscores here; users write them with hyphens (RewriteFlagName).
+ABSL_FLAG(std::string, strategy, "data", "parallelism: data, model or pipeline");
+ABSL_FLAG(int, gpus, 1,
+          "workers to start: one per GPU (or per CPU slot where no GPU is visible)");
+ABSL_FLAG(std::string, device, "auto",
+          "auto (CUDA when a GPU is visible, else CPU workers), cuda or cpu");
+ABSL_FLAG(std::string, model, "gpt-tiny",
+          "gpt-tiny, gpt2-small, or gpt / mlp sized by --n-layer, --d-model, --n-head, "
+          "--seq-len");
+ABSL_FLAG(int, n_layer, 0, "layers (0: the model's default)");
+ABSL_FLAG(int, d_model, 0, "channels, or the MLP's width (0: the model's default)");
+ABSL_FLAG(int, n_head, 0, "attention heads (0: the model's default)");
+ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the model's default)");
+ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16 and f16 on CUDA only)");
+ABSL_FLAG(int, steps, 100, "optimizer steps to train");
+ABSL_FLAG(int, batch, 16, "global batch in samples, split across workers as the strategy needs");
+ABSL_FLAG(int, micro_batches, 0,
+          "micro-batches per step (0: the strategy's default; pipeline: up to 4 x workers)");
+ABSL_FLAG(std::string, schedule, "gpipe", "pipeline schedule: gpipe or 1f1b");
+ABSL_FLAG(std::string, balance, "params",
+          "pipeline stage split: params (balanced by parameters) or block counts like 3,3,2");
+ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
+ABSL_FLAG(int, warmup, 20, "linear learning-rate warmup steps");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
+ABSL_FLAG(double, weight_decay, 0.0, "decoupled weight decay (AdamW) / L2 (SGD)");
+ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm (0: off)");
+ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
+ABSL_FLAG(std::string, data, "",
+          "text file to train on; empty: the files under /usr/share/common-licenses");
+ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
+ABSL_FLAG(std::string, run_dir, "",
+          "where logs, metrics, checkpoints and run.json go; empty: "
+          "runs/<YYYYmmdd-HHMMSS>-<strategy> in the directory the launcher was started from");
+ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
+ABSL_FLAG(std::string, resume, "",
+          "checkpoint to resume from: <dir>/step-NNNNNN (or one of its .ckpt files)");
+ABSL_FLAG(std::string, hostfile, "", "Open MPI hostfile to run workers on several hosts");
+ABSL_FLAG(bool, profile, false, "record a trace of every step");
+ABSL_FLAG(double, bucket_mb, 25, "data parallel: gradient bucket size in MB");
+ABSL_FLAG(bool, overlap, true,
+          "data parallel: all-reduce gradients during backward (--no-overlap: after it)");
+ABSL_FLAG(bool, recompute, false,
+          "keep only each stage's inputs and recompute the forward pass during backward "
+          "(less activation memory, more compute)");
+ABSL_FLAG(double, heartbeat_timeout, 60,
+          "seconds without a worker's heartbeat before the job is declared hung and stopped");
+
+namespace tandem {
+namespace launcher {
+namespace {
+
+bool IsLauncherFlag(const absl::CommandLineFlag& f) {
+  return absl::EndsWith(f.Filename(), "launcher/options.cc");
+}
+
+absl::CommandLineFlag* FindLauncherFlag(absl::string_view name) {
+  absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+  return f != nullptr && IsLauncherFlag(*f) ? f : nullptr;
+}
+
+std::string Hyphenated(absl::string_view name) {
+  return absl::StrReplaceAll(name, {{"_", "-"}});
+}
+
+// True for words that look like a flag: "-x", "--x", "--x=v" (not "-", "--" or a number).
+bool LooksLikeFlag(absl::string_view arg) {
+  if (arg.size() < 2 || arg[0] != '-' || arg == "--") return false;
+  const char c = arg[arg[1] == '-' ? 2 : 1];
+  return c != '\0' && !absl::ascii_isdigit(c) && c != '.';
+}
+
+struct FlagWord {
+  std::string dashes;
+  std::string name;  // as written
+  bool has_value = false;
+  std::string value;
+};
+
+FlagWord SplitFlagWord(absl::string_view arg) {
+  FlagWord w;
+  const size_t dashes = absl::StartsWith(arg, "--") ? 2 : 1;
+  w.dashes = std::string(arg.substr(0, dashes));
+  absl::string_view rest = arg.substr(dashes);
+  const size_t eq = rest.find('=');
+  w.name = std::string(rest.substr(0, eq));
+  if (eq != absl::string_view::npos) {
+    w.has_value = true;
+    w.value = std::string(rest.substr(eq + 1));
+  }
+  return w;
+}
+
+// True when the flag named by this (rewritten) word takes the next word as its value.
+bool TakesNextWord(const FlagWord& w) {
+  if (w.has_value) return false;
+  const absl::CommandLineFlag* f = FindLauncherFlag(w.name);
+  return f != nullptr && !f->IsOfType<bool>();
+}
+
+std::string TypeWord(const absl::CommandLineFlag& f) {
+  if (f.IsOfType<int>()) return "an integer";
+  if (f.IsOfType<uint64_t>()) return "a non-negative integer";
+  if (f.IsOfType<double>()) return "a number";
+  if (f.IsOfType<bool>()) return "true or false";
+  return "a value";
+}
+
+bool IsNonEmptyDirectory(const std::string& path, bool* exists, bool* is_dir) {
+  struct stat st;
+  *exists = ::stat(path.c_str(), &st) == 0;
+  *is_dir = *exists && S_ISDIR(st.st_mode);
+  if (!*is_dir) return false;
+  // Any entry besides . and .. makes it non-empty.
+  bool non_empty = false;
+  if (DIR* d = opendir(path.c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        non_empty = true;
+        break;
+      }
+    }
+    closedir(d);
+  }
+  return non_empty;
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty() || path == "/" || path == ".") return absl::OkStatus();
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a directory"));
+  }
+  absl::Status parent = MakeDirs(DirName(path));
+  if (!parent.ok()) return parent;
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot create %s: %s", path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string RewriteFlagName(absl::string_view arg) {
+  if (!LooksLikeFlag(arg)) return std::string(arg);
+  FlagWord w = SplitFlagWord(arg);
+  std::string name = w.name;
+  if (absl::StartsWith(name, "no-")) name = "no" + name.substr(3);
+  name = absl::StrReplaceAll(name, {{"-", "_"}});
+  return absl::StrCat(w.dashes, name, w.has_value ? "=" : "", w.value);
+}
+
+std::vector<std::string> RewriteArgs(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  bool rest_verbatim = false, next_is_value = false;
+  for (const std::string& a : args) {
+    if (rest_verbatim || next_is_value || !LooksLikeFlag(a)) {
+      next_is_value = false;
+      if (a == "--") rest_verbatim = true;
+      out.push_back(a);
+      continue;
+    }
+    out.push_back(RewriteFlagName(a));
+    next_is_value = TakesNextWord(SplitFlagWord(out.back()));
+  }
+  return out;
+}
+
+const std::vector<std::string>& FlagNames() {
+  static const auto* names = new std::vector<std::string>{
+      "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
+      "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
+      "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
+      "checkpoint_every", "resume", "hostfile", "profile", "bucket_mb", "overlap",
+      "recompute", "heartbeat_timeout"};
+  return *names;
+}
+
+absl::Status ParseFlags(const std::vector<std::string>& raw_args, bool* help) {
+  *help = false;
+  const std::vector<std::string> args = RewriteArgs(raw_args);
+  std::vector<std::string> problems;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      for (size_t j = i + 1; j < args.size(); ++j) {
+        problems.push_back(absl::StrFormat("unexpected argument '%s'", args[j]));
+      }
+      break;
+    }
+    if (!LooksLikeFlag(a)) {
+      problems.push_back(absl::StrFormat(
+          "unexpected argument '%s': flags are written --name=value (see --help)", a));
+      continue;
+    }
+    const FlagWord w = SplitFlagWord(a);
+    // How the user wrote it, for messages.
+    const std::string shown = LooksLikeFlag(raw_args[i]) ? SplitFlagWord(raw_args[i]).name
+                                                          : Hyphenated(w.name);
+    if (w.name == "help" || w.name == "h" || w.name == "helpfull") {
+      *help = true;
+      continue;
+    }
+    absl::CommandLineFlag* f = FindLauncherFlag(w.name);
+    std::string value = w.value;
+    if (f == nullptr && absl::StartsWith(w.name, "no")) {
+      absl::CommandLineFlag* positive = FindLauncherFlag(w.name.substr(2));
+      if (positive != nullptr && positive->IsOfType<bool>()) {
+        if (w.has_value) {
+          problems.push_back(absl::StrFormat("--%s takes no value", shown));
+          continue;
+        }
+        f = positive;
+        value = "false";
+      }
+    }
+    if (f == nullptr) {
+      problems.push_back(absl::StrFormat("unknown flag --%s (see --help)", shown));
+      continue;
+    }
+    if (!w.has_value && value.empty()) {
+      if (f->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        problems.push_back(absl::StrFormat("--%s needs a value (%s)", shown, TypeWord(*f)));
+        continue;
+      }
+    }
+    std::string error;
+    if (!f->ParseFrom(value, &error)) {
+      problems.push_back(
+          absl::StrFormat("--%s=%s: not a valid value; expected %s", shown, value, TypeWord(*f)));
+    }
+  }
+  if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
+  return absl::OkStatus();
+}
+
+Options OptionsFromFlags() {
+  Options o;
+  o.strategy = absl::GetFlag(FLAGS_strategy);
+  o.gpus = absl::GetFlag(FLAGS_gpus);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.n_layer = absl::GetFlag(FLAGS_n_layer);
+  o.d_model = absl::GetFlag(FLAGS_d_model);
+  o.n_head = absl::GetFlag(FLAGS_n_head);
+  o.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.dtype = absl::GetFlag(FLAGS_dtype);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.batch = absl::GetFlag(FLAGS_batch);
+  o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  o.schedule = absl::GetFlag(FLAGS_schedule);
+  o.balance = absl::GetFlag(FLAGS_balance);
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.clip_norm = absl::GetFlag(FLAGS_clip_norm);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.data = absl::GetFlag(FLAGS_data);
+  o.synthetic = absl::GetFlag(FLAGS_synthetic);
+  o.run_dir = absl::GetFlag(FLAGS_run_dir);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.hostfile = absl::GetFlag(FLAGS_hostfile);
+  o.profile = absl::GetFlag(FLAGS_profile);
+  o.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
+  o.overlap = absl::GetFlag(FLAGS_overlap);
+  o.recompute = absl::GetFlag(FLAGS_recompute);
+  o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  return o;
+}
+
+std::string HelpText() {
+  std::string out =
+      "Usage: bazel run //launcher -- [flags]\n"
+      "Starts a training job: validates the flags, runs the coordinator, starts one worker\n"
+      "per GPU (or CPU workers where no GPU is visible) through mpirun, shows progress, and\n"
+      "writes logs, metrics and run.json to the run directory.\n"
+      "  e.g. bazel run //launcher -- --strategy=pipeline --gpus=4 --model=gpt-tiny\n\n"
+      "Flags:\n";
+  for (const std::string& name : FlagNames()) {
+    const absl::CommandLineFlag* f = FindLauncherFlag(name);
+    if (f == nullptr) continue;
+    std::string shown = "--" + Hyphenated(name);
+    std::string def = f->DefaultValue();
+    if (f->IsOfType<bool>()) {
+      shown = "--[no-]" + Hyphenated(name);
+    } else if (f->IsOfType<std::string>()) {
+      def = def.empty() ? "\"\"" : def;
+    }
+    absl::StrAppendFormat(&out, "  %s  (default: %s)\n      %s\n", shown, def, f->Help());
+  }
+  absl::StrAppend(&out, "  --help\n      this listing\n");
+  return out;
+}
+
+HostInfo HostInfo::Detect(bool probe_cuda) {
+  HostInfo h;
+  if (probe_cuda) h.cuda_devices = CudaDeviceCount(&h.why_no_cuda);
+  const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (bwd != nullptr && *bwd != '\0') {
+    h.user_dir = bwd;
+  } else {
+    char buf[4096];
+    h.user_dir = getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
+  }
+  h.now = absl::Now();
+  return h;
+}
+
+std::string AbsolutePath(const std::string& base, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  if (path == ".") return base;
+  std::string p = path;
+  while (absl::StartsWith(p, "./")) p = p.substr(2);
+  return absl::StrCat(base, absl::EndsWith(base, "/") ? "" : "/", p);
+}
+
+std::string DefaultRunDir(const std::string& user_dir, absl::Time now,
+                          const std::string& strategy) {
+  return absl::StrCat(AbsolutePath(user_dir, "runs"), "/",
+                      absl::FormatTime("%Y%m%d-%H%M%S", now, absl::LocalTimeZone()), "-",
+                      strategy);
+}
+
+std::string CheckpointPrefix(const std::string& resume) {
+  std::string p = resume;
+  if (absl::EndsWith(p, ".ckpt")) {
+    p.resize(p.size() - 5);
+    // "<prefix>.stage-R"
+    const size_t slash = p.rfind('/');
+    const size_t dot = p.rfind(".stage-");
+    if (dot != std::string::npos && (slash == std::string::npos || dot > slash)) {
+      int r;
+      if (absl::SimpleAtoi(p.substr(dot + 7), &r)) p = p.substr(0, dot);
+    }
+  }
+  return p;
+}
+
+std::vector<std::string> CheckpointFiles(const std::string& prefix, const std::string& strategy,
+                                         int workers) {
+  if (strategy == "data") return {prefix + ".ckpt"};
+  std::vector<std::string> files;
+  for (int r = 0; r < workers; ++r) files.push_back(absl::StrFormat("%s.stage-%d.ckpt", prefix, r));
+  return files;
+}
+
+absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
+  std::vector<std::string> problems;
+  auto problem = [&](const std::string& p) { problems.push_back(p); };
+  LaunchPlan plan;
+  JobConfig& job = plan.job;
+
+  // Strategy and world size.
+  const bool strategy_ok = ParseStrategy(o.strategy).ok();
+  if (!strategy_ok) problem(std::string(ParseStrategy(o.strategy).status().message()));
+  const bool gpus_ok = o.gpus >= 1 && o.gpus <= 4096;
+  if (!gpus_ok) {
+    problem(absl::StrFormat("--gpus=%d: need between 1 and 4096 workers", o.gpus));
+  }
+
+  // Device.
+  Device device = Device::Cpu();
+  bool device_ok = true;
+  const bool multi_host = !o.hostfile.empty();
+  auto check_count = [&]() {
+    if (multi_host || !gpus_ok || o.gpus <= host.cuda_devices) return;
+    device_ok = false;
+    problem(absl::StrFormat(
+        "--gpus=%d but only %d GPU%s visible on this machine; use --gpus=%d, or --device=cpu "
+        "for CPU workers",
+        o.gpus, host.cuda_devices, host.cuda_devices == 1 ? " is" : "s are",
+        host.cuda_devices));
+  };
+  if (o.device == "cpu") {
+    device = Device::Cpu();
+  } else if (o.device == "cuda") {
+    device = Device::Cuda(0);
+    if (host.cuda_devices == 0 && !multi_host) {
+      device_ok = false;
+      problem(absl::StrFormat("--device=cuda: no GPU visible (%s); use --device=cpu or auto",
+                              host.why_no_cuda.empty() ? "none found" : host.why_no_cuda));
+    } else {
+      check_count();
+    }
+  } else if (o.device == "auto") {
+    if (host.cuda_devices > 0) {
+      device = Device::Cuda(0);
+      check_count();
+    } else {
+      device = Device::Cpu();
+      if (gpus_ok) {
+        plan.notices.push_back(absl::StrFormat(
+            "no GPU visible (%s): running %d CPU worker%s",
+            host.why_no_cuda.empty() ? "none found" : host.why_no_cuda, o.gpus,
+            o.gpus == 1 ? "" : "s"));
+      }
+    }
+  } else {
+    device_ok = false;
+    problem(absl::StrFormat("--device=%s: use auto, cuda or cpu", o.device));
+  }
+
+  // The job as workers will see it.
+  job.strategy = o.strategy;
+  job.workers = o.gpus;
+  job.device = device.is_cuda() ? "cuda" : "cpu";
+  job.model = o.model;
+  job.n_layer = o.n_layer;
+  job.d_model = o.d_model;
+  job.n_head = o.n_head;
+  job.seq_len = o.seq_len;
+  job.dtype = o.dtype;
+  job.steps = o.steps;
+  job.batch = o.batch;
+  job.micro_batches = o.micro_batches;
+  job.schedule = o.schedule;
+  job.balance = o.balance;
+  job.lr = o.lr;
+  job.warmup = o.warmup;
+  job.optimizer = o.optimizer;
+  job.weight_decay = o.weight_decay;
+  job.clip_norm = o.clip_norm;
+  job.seed = o.seed;
+  job.data = o.synthetic ? "" : AbsolutePath(host.user_dir, o.data);
+  job.synthetic = o.synthetic;
+  job.checkpoint_every = o.checkpoint_every;
+  job.resume = o.resume.empty() ? "" : CheckpointPrefix(AbsolutePath(host.user_dir, o.resume));
+  job.bucket_mb = o.bucket_mb;
+  job.overlap = o.overlap;
+  job.recompute = o.recompute;
+  job.heartbeat_timeout_s = o.heartbeat_timeout;
+  job.profile = o.profile;
+
+  // Model.
+  absl::StatusOr<ModelConfig> model = job.Model();
+  if (!model.ok()) problem(std::string(model.status().message()));
+
+  // Dtype (against the resolved device).
+  absl::StatusOr<DType> dtype = ParseDType(o.dtype);
+  if (!dtype.ok()) {
+    problem(absl::StrFormat("--dtype=%s: use f32, bf16 or f16", o.dtype));
+  } else if (device_ok) {
+    TrainConfig t;  // a valid default config but for the dtype and device
+    t.dtype = *dtype;
+    t.device = device;
+    absl::Status s = t.Validate();
+    if (!s.ok()) problem(std::string(s.message()));
+  }
+
+  // Plain numbers.
+  bool counts_ok = true;
+  auto count_problem = [&](const std::string& p) {
+    counts_ok = false;
+    problem(p);
+  };
+  if (o.steps < 1) count_problem(absl::StrFormat("--steps=%d: need at least 1", o.steps));
+  if (o.batch < 1) count_problem(absl::StrFormat("--batch=%d: need at least 1", o.batch));
+  if (o.micro_batches < 0) {
+    count_problem(absl::StrFormat(
+        "--micro-batches=%d: must be 0 (the strategy's default) or more", o.micro_batches));
+  }
+  if (o.checkpoint_every < 0) {
+    problem(absl::StrFormat("--checkpoint-every=%d: must be 0 (no checkpoints) or more",
+                            o.checkpoint_every));
+  }
+  if (!(o.bucket_mb > 0) || !std::isfinite(o.bucket_mb) || o.bucket_mb > 65536) {
+    problem(absl::StrFormat("--bucket-mb=%g: must be a positive number of MB (at most 65536)",
+                            o.bucket_mb));
+  }
+  if (!(o.heartbeat_timeout >= 2) || !std::isfinite(o.heartbeat_timeout) ||
+      o.heartbeat_timeout > 86400) {
+    problem(absl::StrFormat(
+        "--heartbeat-timeout=%g: must be between 2 and 86400 seconds (workers report every "
+        "second)",
+        o.heartbeat_timeout));
+  }
+  OptimizerConfig opt;
+  opt.kind = o.optimizer;
+  opt.lr = static_cast<float>(o.lr);
+  opt.warmup_steps = o.warmup;
+  opt.weight_decay = static_cast<float>(o.weight_decay);
+  opt.clip_norm = static_cast<float>(o.clip_norm);
+  if (absl::Status s = opt.Validate(); !s.ok()) problem(std::string(s.message()));
+
+  // Strategy / model / world-size fit: batch divisibility, stages vs blocks, schedule.
+  if (strategy_ok && gpus_ok && model.ok() && counts_ok) {
+    JobConfig fit = job;
+    fit.dtype = "f32";  // dtype problems are reported above
+    fit.optimizer = "adamw";
+    fit.lr = 1e-3;
+    fit.warmup = 0;
+    fit.weight_decay = 0;
+    fit.clip_norm = 1;
+    fit.bucket_mb = 25;
+    absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
+    if (!pc.ok()) {
+      problem(std::string(pc.status().message()));
+    } else if (absl::StatusOr<StageBounds> b = PlanStages(*pc, o.gpus); !b.ok()) {
+      problem(std::string(b.status().message()));
+    }
+  }
+
+  // Data.
+  if (!o.synthetic && model.ok()) {
+    absl::StatusOr<TokenDataset> d =
+        job.data.empty() ? TokenDataset::Default(model->seq_len, model->vocab)
+                         : TokenDataset::FromFile(job.data, model->seq_len, model->vocab);
+    if (!d.ok()) problem(absl::StrCat("--data: ", d.status().message()));
+  }
+
+  // Checkpoint to resume from.
+  if (!job.resume.empty()) {
+    const std::string base = BaseName(job.resume);
+    int step = -1;
+    if (!absl::StartsWith(base, "step-") || !absl::SimpleAtoi(base.substr(5), &step) ||
+        step < 0) {
+      problem(absl::StrFormat(
+          "--resume=%s: name a checkpoint step, <dir>/step-NNNNNN (or one of its .ckpt files)",
+          o.resume));
+    } else if (strategy_ok && gpus_ok) {
+      for (const std::string& f : CheckpointFiles(job.resume, o.strategy, o.gpus)) {
+        if (!PathExists(f)) {
+          problem(absl::StrFormat(
+              "--resume=%s: checkpoint file %s does not exist (%s needs %s)", o.resume, f,
+              o.strategy == "data" ? "data parallelism" : "every stage",
+              o.strategy == "data" ? "<prefix>.ckpt" : "<prefix>.stage-R.ckpt for every rank"));
+          continue;
+        }
+        absl::StatusOr<CheckpointData> ck = ReadCheckpoint(f);
+        if (!ck.ok()) {
+          problem(absl::StrFormat("--resume=%s: %s", o.resume, ck.status().message()));
+          continue;
+        }
+        absl::StatusOr<std::string> s = ck->Meta("step");
+        int ck_step = -1;
+        if (s.ok() && absl::SimpleAtoi(*s, &ck_step) && ck_step >= o.steps && o.steps >= 1) {
+          problem(absl::StrFormat(
+              "--resume=%s: the checkpoint is at step %d and --steps=%d: nothing left to train; "
+              "raise --steps",
+              o.resume, ck_step, o.steps));
+          break;
+        }
+        absl::StatusOr<std::string> b = ck->Meta("batch");
+        if (b.ok() && *b != absl::StrCat(o.batch)) {
+          problem(absl::StrFormat(
+              "--resume=%s: the checkpoint was trained with --batch=%s, not %d", o.resume, *b,
+              o.batch));
+          break;
+        }
+        absl::StatusOr<std::string> m = ck->Meta("model");
+        if (m.ok() && model.ok() && *m != model->ToString()) {
+          problem(absl::StrFormat("--resume=%s: the checkpoint holds another model (%s)",
+                                  o.resume, *m));
+          break;
+        }
+      }
+      if (o.strategy != "data" && PathExists(absl::StrFormat("%s.stage-%d.ckpt", job.resume,
+                                                             o.gpus))) {
+        problem(absl::StrFormat(
+            "--resume=%s: the checkpoint has more stages than --gpus=%d", o.resume, o.gpus));
+      }
+    }
+  }
+
+  // Hostfile.
+  if (multi_host) {
+    plan.hostfile = AbsolutePath(host.user_dir, o.hostfile);
+    std::ifstream in(plan.hostfile);
+    if (!PathExists(plan.hostfile)) {
+      problem(absl::StrFormat("--hostfile=%s does not exist", o.hostfile));
+    } else if (!in) {
+      problem(absl::StrFormat("--hostfile=%s cannot be read", o.hostfile));
+    }
+  }
+
+  // Run directory.
+  if (!o.run_dir.empty()) {
+    job.run_dir = AbsolutePath(host.user_dir, o.run_dir);
+    bool exists, is_dir;
+    const bool non_empty = IsNonEmptyDirectory(job.run_dir, &exists, &is_dir);
+    if (exists && !is_dir) {
+      problem(absl::StrFormat("--run-dir=%s exists and is not a directory", o.run_dir));
+    } else if (non_empty && o.resume.empty()) {
+      problem(absl::StrFormat(
+          "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
+          o.run_dir));
+    }
+  } else {
+    const std::string base =
+        DefaultRunDir(host.user_dir, host.now, strategy_ok ? o.strategy : "run");
+    job.run_dir = base;
+    for (int n = 2; PathExists(job.run_dir); ++n) job.run_dir = absl::StrCat(base, "-", n);
+  }
+
+  if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
+  return plan;
+}
+
+absl::Status CreateRunDirectory(const std::string& dir) {
+  for (const char* sub : {"logs", "metrics", "checkpoints"}) {
+    absl::Status s = MakeDirs(absl::StrCat(dir, "/", sub));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace launcher
+}  // namespace tandem

@@ -1,0 +1,112 @@
+// The launcher's flags and their validation: hyphenated command-line names mapped onto Abseil
+// flags, a --help listing, and every check that must pass before anything starts (strategy,
+// device, model, strategy/world-size fit, data, checkpoints, run directory).
+#ifndef TANDEM_LAUNCHER_OPTIONS_H_
+#define TANDEM_LAUNCHER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "parallel/job.h"
+
+namespace tandem {
+namespace launcher {
+
+// Everything the user can set, as given (before validation and defaults).
+struct Options {
+  std::string strategy = "data";
+  int gpus = 1;
+  std::string device = "auto";  // auto, cuda or cpu
+  std::string model = "gpt-tiny";
+  int n_layer = 0, d_model = 0, n_head = 0, seq_len = 0;
+  std::string dtype = "f32";
+  int steps = 100;
+  int batch = 16;
+  int micro_batches = 0;
+  std::string schedule = "gpipe";
+  std::string balance = "params";
+  double lr = 3e-3;
+  int warmup = 20;
+  std::string optimizer = "adamw";
+  double weight_decay = 0.0;
+  double clip_norm = 1.0;
+  uint64_t seed = 1234;
+  std::string data;
+  bool synthetic = false;
+  std::string run_dir;
+  int checkpoint_every = 0;
+  std::string resume;
+  std::string hostfile;
+  bool profile = false;
+  double bucket_mb = 25;
+  bool overlap = true;
+  bool recompute = false;
+  double heartbeat_timeout = 60;
+};
+
+// Rewrites one command-line word's flag name for Abseil: hyphens in the name become
+// underscores ("--micro-batches=4" -> "--micro_batches=4") and "--no-x" becomes "--nox".
+// The value part (after '=') is never changed; words that are not flags are returned as is.
+std::string RewriteFlagName(absl::string_view arg);
+// RewriteFlagName over a command line (without argv[0]); a word that is the value of the
+// previous flag ("--data my-file") and everything after "--" are left alone.
+std::vector<std::string> RewriteArgs(const std::vector<std::string>& args);
+
+// Parses the command line (without argv[0]) into the launcher's flags. Sets *help when
+// --help (or -h) was given. An error's message holds one line per problem (unknown flag,
+// bad value, stray argument), every problem found.
+absl::Status ParseFlags(const std::vector<std::string>& args, bool* help);
+// The current flag values.
+Options OptionsFromFlags();
+// The --help text: every flag with its hyphenated name, help and default.
+std::string HelpText();
+// The names (underscored, as defined) of the launcher's flags, in --help order.
+const std::vector<std::string>& FlagNames();
+
+// What validation needs to know about this machine and the user.
+struct HostInfo {
+  int cuda_devices = 0;      // visible CUDA devices
+  std::string why_no_cuda;   // why none, when cuda_devices == 0
+  std::string user_dir;      // where relative paths are resolved and runs/ is made
+  absl::Time now = absl::UnixEpoch();
+  // Looks at this machine; CUDA is probed only when `probe_cuda`.
+  static HostInfo Detect(bool probe_cuda);
+};
+
+// A validated job, ready to start.
+struct LaunchPlan {
+  JobConfig job;          // resolved device; absolute run_dir, data and resume paths
+  std::string hostfile;   // absolute, or empty
+  std::vector<std::string> notices;  // lines to show before starting (e.g. the CPU fallback)
+};
+
+// Checks everything before any worker starts; creates nothing. An error's message holds one
+// line per problem (a pipeline schedule problem may add its grid below its line).
+absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host);
+
+// Makes the run directory with logs/, metrics/ and checkpoints/.
+absl::Status CreateRunDirectory(const std::string& dir);
+
+// "<user_dir>/runs/YYYYmmdd-HHMMSS-<strategy>" in local time.
+std::string DefaultRunDir(const std::string& user_dir, absl::Time now,
+                          const std::string& strategy);
+
+// `path` made absolute against `base` (unchanged when already absolute or empty).
+std::string AbsolutePath(const std::string& base, const std::string& path);
+
+// --resume accepts the step prefix "<dir>/step-NNNNNN" or one of its files
+// ("<prefix>.ckpt", "<prefix>.stage-R.ckpt"); this returns the prefix.
+std::string CheckpointPrefix(const std::string& resume);
+// The checkpoint files a job resuming from `prefix` reads (worker.cc's convention).
+std::vector<std::string> CheckpointFiles(const std::string& prefix, const std::string& strategy,
+                                         int workers);
+
+}  // namespace launcher
+}  // namespace tandem
+
+#endif  // TANDEM_LAUNCHER_OPTIONS_H_

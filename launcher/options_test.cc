@@ -1,0 +1,447 @@
+// Tests of the launcher's flag handling (hyphenated names, --help, unknown flags, bad values)
+// and of validation: each bad input gives its own line, and validation creates nothing.
+#include "launcher/options.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <set>
+
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/checkpoint.h"
+
+namespace tandem {
+namespace launcher {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+bool Exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+std::string TempDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t != nullptr ? t : "/tmp";
+}
+
+// A fresh directory name under the test's temporary directory (not created).
+std::string FreshPath(const std::string& name) {
+  static int counter = 0;
+  return absl::StrCat(TempDir(), "/", name, "-", getpid(), "-", ++counter);
+}
+
+TEST(RewriteFlagName, HyphensInTheNameOnly) {
+  EXPECT_EQ(RewriteFlagName("--micro-batches=4"), "--micro_batches=4");
+  EXPECT_EQ(RewriteFlagName("--no-overlap"), "--nooverlap");
+  EXPECT_EQ(RewriteFlagName("--data=my-file-name.txt"), "--data=my-file-name.txt");
+  EXPECT_EQ(RewriteFlagName("-n-layer=2"), "-n_layer=2");
+  EXPECT_EQ(RewriteFlagName("--heartbeat-timeout"), "--heartbeat_timeout");
+  EXPECT_EQ(RewriteFlagName("--run-dir=a-b/c-d"), "--run_dir=a-b/c-d");
+  EXPECT_EQ(RewriteFlagName("--gpus=2"), "--gpus=2");
+}
+
+TEST(RewriteFlagName, LeavesNonFlagsAlone) {
+  EXPECT_EQ(RewriteFlagName("some-word"), "some-word");
+  EXPECT_EQ(RewriteFlagName("--"), "--");
+  EXPECT_EQ(RewriteFlagName("-"), "-");
+  EXPECT_EQ(RewriteFlagName("-5"), "-5");
+}
+
+TEST(RewriteArgs, SeparateValuesAndAfterDoubleDashAreKept) {
+  EXPECT_THAT(RewriteArgs({"--data", "-my-file", "--n-layer", "2", "--no-overlap"}),
+              ElementsAre("--data", "-my-file", "--n_layer", "2", "--nooverlap"));
+  EXPECT_THAT(RewriteArgs({"--seq-len=8", "--", "--not-a-flag"}),
+              ElementsAre("--seq_len=8", "--", "--not-a-flag"));
+}
+
+TEST(ParseFlags, HyphenatedFlagsReachTheOptions) {
+  absl::FlagSaver saver;
+  bool help = true;
+  ASSERT_TRUE(ParseFlags({"--strategy=pipeline", "--gpus", "4", "--no-overlap",
+                          "--micro-batches=8", "--synthetic", "--heartbeat-timeout=30",
+                          "--run-dir=out-dir", "--seed=7", "--lr=0.01"},
+                         &help)
+                  .ok());
+  EXPECT_FALSE(help);
+  const Options o = OptionsFromFlags();
+  EXPECT_EQ(o.strategy, "pipeline");
+  EXPECT_EQ(o.gpus, 4);
+  EXPECT_FALSE(o.overlap);
+  EXPECT_EQ(o.micro_batches, 8);
+  EXPECT_TRUE(o.synthetic);
+  EXPECT_EQ(o.heartbeat_timeout, 30);
+  EXPECT_EQ(o.run_dir, "out-dir");
+  EXPECT_EQ(o.seed, 7u);
+  EXPECT_DOUBLE_EQ(o.lr, 0.01);
+}
+
+TEST(ParseFlags, BooleansAcceptEveryForm) {
+  absl::FlagSaver saver;
+  bool help;
+  ASSERT_TRUE(ParseFlags({"--overlap=false", "--profile"}, &help).ok());
+  EXPECT_FALSE(OptionsFromFlags().overlap);
+  EXPECT_TRUE(OptionsFromFlags().profile);
+  EXPECT_EQ(ParseFlags({"--no-overlap=1"}, &help).message(), "--no-overlap takes no value");
+  ASSERT_TRUE(ParseFlags({"--overlap", "--noprofile"}, &help).ok());
+  EXPECT_TRUE(OptionsFromFlags().overlap);
+  EXPECT_FALSE(OptionsFromFlags().profile);
+}
+
+TEST(ParseFlags, Help) {
+  absl::FlagSaver saver;
+  bool help = false;
+  EXPECT_TRUE(ParseFlags({"--help"}, &help).ok());
+  EXPECT_TRUE(help);
+  help = false;
+  EXPECT_TRUE(ParseFlags({"-h"}, &help).ok());
+  EXPECT_TRUE(help);
+}
+
+TEST(ParseFlags, EveryProblemOneLine) {
+  absl::FlagSaver saver;
+  bool help;
+  absl::Status s = ParseFlags(
+      {"--bogus-flag=1", "--gpus=abc", "stray", "--steps", "--no-gpus", "--lr=fast"}, &help);
+  ASSERT_FALSE(s.ok());
+  const std::vector<std::string> lines = absl::StrSplit(s.message(), '\n');
+  EXPECT_THAT(lines,
+              ElementsAre("unknown flag --bogus-flag (see --help)",
+                          "--gpus=abc: not a valid value; expected an integer",
+                          "unexpected argument 'stray': flags are written --name=value (see "
+                          "--help)",
+                          // --steps takes the next word as its value
+                          "--steps=--no-gpus: not a valid value; expected an integer",
+                          "--lr=fast: not a valid value; expected a number"));
+}
+
+TEST(ParseFlags, OtherLibrariesFlagsAreUnknown) {
+  absl::FlagSaver saver;
+  bool help;
+  absl::Status s = ParseFlags({"--flagfile=x"}, &help);
+  EXPECT_EQ(s.message(), "unknown flag --flagfile (see --help)");
+  s = ParseFlags({"--steps"}, &help);
+  EXPECT_EQ(s.message(), "--steps needs a value (an integer)");
+}
+
+TEST(HelpText, ListsEveryFlagHyphenatedWithItsDefault) {
+  const std::string help = HelpText();
+  for (const std::string& name : FlagNames()) {
+    std::string shown = name;
+    for (char& c : shown) c = c == '_' ? '-' : c;
+    EXPECT_THAT(help, HasSubstr(shown)) << name;
+  }
+  EXPECT_THAT(help, HasSubstr("--gpus  (default: 1)"));
+  EXPECT_THAT(help, HasSubstr("--micro-batches  (default: 0)"));
+  EXPECT_THAT(help, HasSubstr("--[no-]overlap  (default: true)"));
+  EXPECT_THAT(help, HasSubstr("--heartbeat-timeout  (default: 60)"));
+  EXPECT_THAT(help, HasSubstr("--strategy  (default: data)"));
+  EXPECT_THAT(help, Not(HasSubstr("micro_batches")));
+}
+
+TEST(HelpText, FlagNamesCoverEveryLauncherFlag) {
+  std::set<std::string> defined;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), "launcher/options.cc")) defined.insert(std::string(name));
+  }
+  const std::set<std::string> listed(FlagNames().begin(), FlagNames().end());
+  EXPECT_EQ(defined, listed);
+}
+
+// ---- validation ----
+
+HostInfo CpuHost(const std::string& user_dir) {
+  HostInfo h;
+  h.cuda_devices = 0;
+  h.why_no_cuda = "no driver";
+  h.user_dir = user_dir;
+  h.now = absl::FromUnixSeconds(1700000000);
+  return h;
+}
+
+Options Small() {
+  Options o;
+  o.gpus = 2;
+  o.model = "gpt";
+  o.n_layer = 2;
+  o.d_model = 32;
+  o.n_head = 2;
+  o.seq_len = 16;
+  o.batch = 8;
+  o.steps = 5;
+  o.synthetic = true;
+  return o;
+}
+
+// The problems Validate reports, one per line.
+std::vector<std::string> Problems(const Options& o, const HostInfo& h) {
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  if (p.ok()) return {};
+  return absl::StrSplit(p.status().message(), '\n');
+}
+
+MATCHER_P(AnyLineHas, text, "") {
+  for (const std::string& l : arg) {
+    if (absl::StrContains(l, text)) return true;
+  }
+  return false;
+}
+
+TEST(Validate, GoodJobCreatesNothing) {
+  const std::string user = FreshPath("user");
+  absl::StatusOr<LaunchPlan> p = Validate(Small(), CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.device, "cpu");
+  EXPECT_EQ(p->job.workers, 2);
+  EXPECT_TRUE(absl::StartsWith(p->job.run_dir, user + "/runs/")) << p->job.run_dir;
+  EXPECT_TRUE(absl::EndsWith(p->job.run_dir, "-data")) << p->job.run_dir;
+  EXPECT_THAT(p->notices, ElementsAre("no GPU visible (no driver): running 2 CPU workers"));
+  EXPECT_FALSE(Exists(user));
+}
+
+TEST(Validate, DefaultCorpusIsRead) {
+  Options o = Small();
+  o.synthetic = false;
+  EXPECT_TRUE(Validate(o, CpuHost(FreshPath("user"))).ok());
+}
+
+TEST(Validate, CudaWhenVisible) {
+  HostInfo h = CpuHost(FreshPath("user"));
+  h.cuda_devices = 2;
+  absl::StatusOr<LaunchPlan> p = Validate(Small(), h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.device, "cuda");
+  EXPECT_TRUE(p->notices.empty());
+}
+
+TEST(Validate, EachBadInputGivesItsLine) {
+  const HostInfo h = CpuHost(FreshPath("user"));
+  struct Case {
+    std::function<void(Options&)> set;
+    std::string line;
+  };
+  const std::vector<Case> cases = {
+      {[](Options& o) { o.strategy = "banana"; }, "--strategy=banana: use data, model or pipeline"},
+      {[](Options& o) { o.gpus = 0; }, "--gpus=0: need between 1 and 4096 workers"},
+      {[](Options& o) { o.device = "tpu"; }, "--device=tpu: use auto, cuda or cpu"},
+      {[](Options& o) { o.device = "cuda"; }, "--device=cuda: no GPU visible (no driver)"},
+      {[](Options& o) { o.batch = 7; }, "--batch=7 is not divisible by 2 workers x 1 micro-batches"},
+      {[](Options& o) { o.dtype = "bf16"; }, "--dtype=bf16 on the CPU"},
+      {[](Options& o) { o.dtype = "f8"; }, "--dtype=f8: use f32, bf16 or f16"},
+      {[](Options& o) {
+         o.strategy = "pipeline";
+         o.gpus = 5;
+       },
+       "5 stages but the model has only 4 blocks"},
+      {[](Options& o) { o.n_head = 3; }, "--n-head=3 must divide --d-model=32"},
+      {[](Options& o) { o.model = "gpt-huge"; }, "unknown model 'gpt-huge'"},
+      {[](Options& o) {
+         o.strategy = "pipeline";
+         o.schedule = "zigzag";
+       },
+       "unknown schedule 'zigzag': use gpipe or 1f1b"},
+      {[](Options& o) {
+         o.strategy = "model";
+         o.micro_batches = 4;
+       },
+       "--micro-batches=4 with --strategy=model"},
+      {[](Options& o) { o.steps = 0; }, "--steps=0: need at least 1"},
+      {[](Options& o) { o.micro_batches = -1; }, "--micro-batches=-1: must be 0"},
+      {[](Options& o) { o.lr = -1; }, "--lr=-1: must be a positive number"},
+      {[](Options& o) { o.optimizer = "lion"; }, "--optimizer=lion: use adamw or sgd"},
+      {[](Options& o) { o.heartbeat_timeout = 0; }, "--heartbeat-timeout=0: must be between"},
+      {[](Options& o) { o.bucket_mb = 0; }, "--bucket-mb=0: must be a positive number"},
+      {[](Options& o) { o.checkpoint_every = -2; }, "--checkpoint-every=-2"},
+      {[](Options& o) {
+         o.synthetic = false;
+         o.data = "/nonexistent/corpus.txt";
+       },
+       "--data: data file /nonexistent/corpus.txt does not exist"},
+      {[](Options& o) { o.hostfile = "/nonexistent/hosts"; },
+       "--hostfile=/nonexistent/hosts does not exist"},
+      {[](Options& o) { o.resume = "/nonexistent/step-000003"; },
+       "--resume=/nonexistent/step-000003: checkpoint file /nonexistent/step-000003.ckpt does "
+       "not exist"},
+      {[](Options& o) { o.resume = "/nonexistent/weights.bin"; },
+       "--resume=/nonexistent/weights.bin: name a checkpoint step"},
+  };
+  for (const Case& c : cases) {
+    Options o = Small();
+    c.set(o);
+    const std::vector<std::string> problems = Problems(o, h);
+    EXPECT_THAT(problems, AnyLineHas(c.line)) << "expected: " << c.line;
+    EXPECT_EQ(problems.size(), 1u) << absl::StrJoin(problems, "\n");
+  }
+  EXPECT_FALSE(Exists(h.user_dir));
+}
+
+TEST(Validate, MoreGpusThanVisible) {
+  HostInfo h = CpuHost(FreshPath("user"));
+  h.cuda_devices = 1;
+  Options o = Small();
+  EXPECT_THAT(Problems(o, h),
+              ElementsAre("--gpus=2 but only 1 GPU is visible on this machine; use --gpus=1, or "
+                          "--device=cpu for CPU workers"));
+  h.cuda_devices = 2;
+  o.gpus = 4;
+  o.device = "cuda";
+  o.batch = 16;
+  EXPECT_THAT(Problems(o, h), AnyLineHas("--gpus=4 but only 2 GPUs are visible"));
+}
+
+TEST(Validate, AllProblemsAtOnce) {
+  Options o = Small();
+  o.strategy = "pipeline";
+  o.gpus = 20;
+  o.lr = -1;
+  o.synthetic = false;
+  o.data = "/nonexistent/corpus.txt";
+  o.heartbeat_timeout = 1;
+  const std::vector<std::string> p = Problems(o, CpuHost(FreshPath("user")));
+  EXPECT_EQ(p.size(), 4u) << absl::StrJoin(p, "\n");
+  EXPECT_THAT(p, AnyLineHas("--lr=-1"));
+  EXPECT_THAT(p, AnyLineHas("20 stages"));
+  EXPECT_THAT(p, AnyLineHas("/nonexistent/corpus.txt"));
+  EXPECT_THAT(p, AnyLineHas("--heartbeat-timeout=1"));
+}
+
+TEST(Validate, RelativePathsAreTheUsers) {
+  const std::string user = FreshPath("user");
+  ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
+  std::ofstream(user + "/corpus.txt") << std::string(1000, 'a');
+  Options o = Small();
+  o.synthetic = false;
+  o.data = "corpus.txt";
+  o.run_dir = "out/run1";
+  absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.data, user + "/corpus.txt");
+  EXPECT_EQ(p->job.run_dir, user + "/out/run1");
+  EXPECT_FALSE(Exists(user + "/out"));
+}
+
+TEST(Validate, ExistingRunDirectory) {
+  const std::string user = FreshPath("user");
+  ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((user + "/empty").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((user + "/full").c_str(), 0755), 0);
+  std::ofstream(user + "/full/run.json") << "{}";
+  std::ofstream(user + "/file") << "x";
+  Options o = Small();
+  o.run_dir = "empty";
+  EXPECT_TRUE(Validate(o, CpuHost(user)).ok());
+  o.run_dir = "full";
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre("--run-dir=full exists and is not empty; choose another directory (or "
+                          "--resume)"));
+  o.run_dir = "file";
+  EXPECT_THAT(Problems(o, CpuHost(user)), ElementsAre("--run-dir=file exists and is not a directory"));
+}
+
+TEST(Validate, DefaultRunDirectoryNeverReused) {
+  const std::string user = FreshPath("user");
+  const HostInfo h = CpuHost(user);
+  const std::string first = DefaultRunDir(user, h.now, "data");
+  ASSERT_EQ(std::system(("mkdir -p " + first).c_str()), 0);
+  absl::StatusOr<LaunchPlan> p = Validate(Small(), h);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->job.run_dir, first + "-2");
+}
+
+CheckpointData Checkpoint(int step, int batch, const std::string& model) {
+  CheckpointData d;
+  d.arrays.push_back({"w", {1, 2, 3}});
+  d.meta["step"] = absl::StrCat(step);
+  d.meta["batch"] = absl::StrCat(batch);
+  d.meta["model"] = model;
+  return d;
+}
+
+TEST(Validate, Resume) {
+  const std::string dir = FreshPath("ckpt");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  Options o = Small();
+  JobConfig j;
+  j.model = "gpt";
+  j.n_layer = 2;
+  j.d_model = 32;
+  j.n_head = 2;
+  j.seq_len = 16;
+  const std::string desc = j.Model().value().ToString();
+  ASSERT_TRUE(WriteCheckpoint(dir + "/step-000003.ckpt", Checkpoint(3, 8, desc)).ok());
+  const HostInfo h = CpuHost(FreshPath("user"));
+
+  o.resume = dir + "/step-000003";
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.resume, dir + "/step-000003");
+  o.resume = dir + "/step-000003.ckpt";  // the file itself is fine too
+  ASSERT_TRUE(Validate(o, h).ok());
+  EXPECT_EQ(Validate(o, h)->job.resume, dir + "/step-000003");
+
+  o.steps = 3;
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("at step 3 and --steps=3: nothing left")));
+  o.steps = 5;
+  o.batch = 16;
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("trained with --batch=8, not 16")));
+  o.batch = 8;
+  o.d_model = 64;
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("holds another model")));
+  o.d_model = 32;
+
+  // A corrupt file is refused.
+  std::ofstream(dir + "/step-000004.ckpt") << "TANDEMCK garbage";
+  o.resume = dir + "/step-000004";
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("--resume=" + dir + "/step-000004: ")));
+
+  // Pipeline: one file per stage, all present.
+  o.strategy = "pipeline";
+  o.resume = dir + "/step-000003";
+  EXPECT_THAT(Problems(o, h),
+              ElementsAre(HasSubstr("step-000003.stage-0.ckpt does not exist"),
+                          HasSubstr("step-000003.stage-1.ckpt does not exist")));
+}
+
+TEST(CheckpointPrefix, AcceptsPrefixOrFile) {
+  EXPECT_EQ(CheckpointPrefix("a/step-000010"), "a/step-000010");
+  EXPECT_EQ(CheckpointPrefix("a/step-000010.ckpt"), "a/step-000010");
+  EXPECT_EQ(CheckpointPrefix("a/step-000010.stage-3.ckpt"), "a/step-000010");
+  EXPECT_THAT(CheckpointFiles("p", "data", 4), ElementsAre("p.ckpt"));
+  EXPECT_THAT(CheckpointFiles("p", "model", 2), ElementsAre("p.stage-0.ckpt", "p.stage-1.ckpt"));
+}
+
+TEST(Paths, AbsoluteAndDefaultRunDir) {
+  EXPECT_EQ(AbsolutePath("/home/u", "x/y"), "/home/u/x/y");
+  EXPECT_EQ(AbsolutePath("/home/u", "./x"), "/home/u/x");
+  EXPECT_EQ(AbsolutePath("/home/u", "/abs"), "/abs");
+  EXPECT_EQ(AbsolutePath("/home/u", ""), "");
+  const std::string d = DefaultRunDir("/home/u", absl::Now(), "pipeline");
+  EXPECT_TRUE(absl::StartsWith(d, "/home/u/runs/"));
+  EXPECT_TRUE(absl::EndsWith(d, "-pipeline"));
+  // runs/YYYYmmdd-HHMMSS-pipeline
+  EXPECT_EQ(d.size(), std::string("/home/u/runs/20260101-120000-pipeline").size());
+}
+
+TEST(CreateRunDirectory, MakesTheSubdirectories) {
+  const std::string d = FreshPath("run") + "/nested";
+  ASSERT_TRUE(CreateRunDirectory(d).ok());
+  EXPECT_TRUE(Exists(d + "/logs"));
+  EXPECT_TRUE(Exists(d + "/metrics"));
+  EXPECT_TRUE(Exists(d + "/checkpoints"));
+}
+
+}  // namespace
+}  // namespace launcher
+}  // namespace tandem

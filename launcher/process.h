@@ -1,0 +1,136 @@
+// Starting and stopping the workers: the mpirun command line and environment, mpirun run in
+// a session of its own (so that every worker it starts here can be found and stopped), and
+// reading mpirun's output to tell which rank failed and how.
+#ifndef TANDEM_LAUNCHER_PROCESS_H_
+#define TANDEM_LAUNCHER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem {
+namespace launcher {
+
+// What mpirun is asked to run.
+struct MpirunSpec {
+  int workers = 1;
+  std::string worker;    // absolute path of the worker binary
+  std::string hostfile;  // empty: this host only
+  bool cpu = true;       // CPU workers: one BLAS thread each
+  int cores = 1;         // slots on this host; more workers need --oversubscribe
+  // Further environment variables to hand to every worker, by name (-x NAME).
+  std::vector<std::string> forward_env;
+};
+
+// "mpirun -np N --bind-to none [--oversubscribe] [--hostfile F] -x ... WORKER". The job
+// token is passed by name only (-x TANDEM_JOB_TOKEN): its value is in the environment.
+std::vector<std::string> MpirunArgv(const MpirunSpec& spec);
+
+// mpirun's environment: `base` ("NAME=value" entries) with the coordinator's address, the
+// job token, one BLAS thread per CPU worker, and Open MPI's permission to run as root when
+// `as_root`. Entries of `base` with the same names are replaced.
+std::vector<std::string> MpirunEnvironment(const std::vector<std::string>& base,
+                                           const std::string& coordinator_address,
+                                           const std::string& token, bool cpu, bool as_root);
+
+// The cores Open MPI counts as slots on this host (physical cores this process may use).
+int SlotsOnThisHost();
+
+// The worker binary (parallel/worker) in the launcher's runfiles: relative to the startup
+// directory (bazel run starts there), `<argv0>.runfiles/tandem/`, `$RUNFILES_DIR/tandem/`,
+// or beside the launcher's own directory. Returns an absolute path.
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0,
+                                             const std::string& startup_dir);
+
+// The absolute path of `program` found in $PATH, or NotFound with `install_hint`.
+absl::StatusOr<std::string> FindInPath(const std::string& program, const std::string& install_hint);
+
+// How a process ended.
+struct ExitStatus {
+  bool signaled = false;
+  int code = 0;    // exit code when !signaled
+  int signal = 0;  // signal number when signaled
+  static ExitStatus FromWait(int wait_status);
+  bool ok() const { return !signaled && code == 0; }
+  // "exit code 3" or "signal 9 SIGKILL".
+  std::string ToString() const;
+};
+
+// "SIGKILL" for 9, ...; "SIG<n>" for unknown ones.
+std::string SignalName(int sig);
+
+// A child process (mpirun) started in a new session, with stdin from /dev/null and
+// stdout/stderr appended to a log file. Everything it starts on this host stays in the
+// session, so Stop() can find and stop every one of them.
+class Process {
+ public:
+  // Starts argv[0] (looked up in PATH) with exactly `env`.
+  static absl::StatusOr<std::unique_ptr<Process>> Start(const std::vector<std::string>& argv,
+                                                        const std::vector<std::string>& env,
+                                                        const std::string& log_path);
+  ~Process();
+  pid_t pid() const { return pid_; }
+  // The exit status once the process ended (non-blocking); also reaps orphaned workers
+  // handed to this process when it is a child subreaper.
+  std::optional<ExitStatus> Poll();
+  // Live (non-zombie) processes of the session, the child itself included.
+  std::vector<pid_t> SessionMembers() const;
+  // Sends `sig` to every live process of the session.
+  void SignalSession(int sig);
+  // SIGTERM to the session, SIGKILL after `grace` to whatever is left, until nothing of the
+  // session is left (or `deadline` passed: an error naming the survivors).
+  absl::Status Stop(absl::Duration grace, absl::Duration deadline);
+  // True once Stop or SignalSession sent a signal.
+  bool signaled_by_us() const { return signaled_by_us_; }
+
+ private:
+  explicit Process(pid_t pid) : pid_(pid) {}
+  pid_t pid_;
+  std::optional<ExitStatus> status_;
+  bool signaled_by_us_ = false;
+};
+
+// Makes this process adopt its orphaned descendants (prctl PR_SET_CHILD_SUBREAPER), so a
+// worker whose mpirun died is still ours to reap.
+void BecomeSubreaper();
+
+// A rank that ended badly, as mpirun reports it.
+struct RankExit {
+  int rank = -1;
+  ExitStatus status;
+};
+
+// The first rank failure in mpirun's output (Open MPI 4.1's "mpirun noticed that process
+// rank R ... exited on signal S", "Process name: [[J,1],R] / Exit code: C", "MPI_ABORT was
+// invoked on rank R ... errorcode C"), if any.
+std::optional<RankExit> ParseMpirunOutput(const std::string& text);
+
+// The rank an abort reason blames ("rank 1 aborted the job: ...", "watchdog: rank 2 hung",
+// "watchdog: ranks 0, 3 hung"), if any.
+std::optional<int> RankFromAbortReason(const std::string& reason);
+
+// Which rank failed and how, from mpirun's output, the coordinator's abort reason and
+// mpirun's own exit. A crash by a signal we did not send wins over an abort reason (a peer
+// may abort first, reporting the broken connection); then the rank the abort names; then
+// whatever mpirun reported.
+struct Failure {
+  int rank = -1;    // -1: no rank identified
+  std::string how;  // "signal 9 SIGKILL", "exit code 1", or empty
+};
+Failure IdentifyFailure(const std::string& mpirun_output, const std::string& abort_reason,
+                        const std::optional<ExitStatus>& mpirun_status, bool we_signaled);
+
+// The last `n` lines of a file (fewer if it is shorter; none if it cannot be read).
+std::vector<std::string> LastLines(const std::string& path, int n);
+
+}  // namespace launcher
+}  // namespace tandem
+
+#endif  // TANDEM_LAUNCHER_PROCESS_H_

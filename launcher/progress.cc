@@ -1,0 +1,126 @@
+// The progress line's formatting and display (rewritten on a terminal, periodic elsewhere).
+#include "launcher/progress.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+namespace launcher {
+
+std::string FormatProgress(const ProgressState& s) {
+  return absl::StrFormat(
+      "step %d/%d  loss %s  %s tok/s  peak %s  ETA %s", s.step, s.total,
+      s.has_loss ? absl::StrFormat("%.4f", s.loss) : std::string("-"),
+      s.tokens_per_second > 0 ? FormatThousands(s.tokens_per_second) : std::string("-"),
+      FormatBytes(s.peak_bytes), FormatDuration(s.eta_seconds));
+}
+
+void ProgressTracker::Add(int rank, const StepRecord& r) {
+  if (rank == 0 && (!has_rank0_ || r.step >= last_rank0_.step)) {
+    last_rank0_ = r;
+    has_rank0_ = true;
+  }
+  peak_bytes_ = std::max(peak_bytes_, r.peak_bytes);
+  auto& p = pending_[r.step];
+  p.first += 1;
+  p.second = std::max(p.second, r.seconds);
+  if (p.first < ranks_) return;
+  // Every rank reported this step.
+  ++completed_;
+  completed_seconds_ += p.second;
+  first_.push_back({r.step, p.second});
+  std::sort(first_.begin(), first_.end());
+  if (first_.size() > 2) first_.pop_back();
+  pending_.erase(r.step);
+}
+
+double ProgressTracker::MeanStepSeconds() const {
+  if (completed_ == 0) return 0;
+  if (completed_ <= 2) return completed_seconds_ / completed_;
+  return (completed_seconds_ - first_[0].second - first_[1].second) / (completed_ - 2);
+}
+
+ProgressState ProgressTracker::State() const {
+  ProgressState s;
+  s.total = total_;
+  if (has_rank0_) {
+    s.step = last_rank0_.step + 1;
+    s.loss = last_rank0_.loss;
+    s.has_loss = true;
+  }
+  s.peak_bytes = peak_bytes_;
+  const double step_seconds = MeanStepSeconds();
+  if (step_seconds > 0) {
+    s.tokens_per_second = static_cast<double>(tokens_per_step_) / step_seconds;
+    s.eta_seconds = std::max(0, total_ - s.step) * step_seconds;
+  }
+  return s;
+}
+
+ProgressState ComputeProgress(const std::vector<std::vector<StepRecord>>& ranks, int total,
+                              int64_t tokens_per_step) {
+  ProgressTracker t(static_cast<int>(ranks.size()), total, tokens_per_step);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const StepRecord& x : ranks[r]) t.Add(static_cast<int>(r), x);
+  }
+  return t.State();
+}
+
+void ProgressDisplay::ClearLocked() {
+  if (terminal_ && !shown_.empty()) {
+    std::fputs("\r\033[K", out_);
+    shown_.clear();
+  }
+}
+
+void ProgressDisplay::Update(const std::string& line, absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (terminal_) {
+    if (line == shown_) return;
+    std::fputs("\r\033[K", out_);
+    std::fputs(line.c_str(), out_);
+    shown_ = line;
+    std::fflush(out_);
+    return;
+  }
+  if (now - last_print_ < interval_) return;
+  last_print_ = now;
+  if (line == last_printed_) return;
+  last_printed_ = line;
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
+void ProgressDisplay::Finish(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (terminal_) {
+    std::fputs("\r\033[K", out_);
+    std::fprintf(out_, "%s\n", line.c_str());
+    shown_.clear();
+  } else if (line != last_printed_) {
+    std::fprintf(out_, "%s\n", line.c_str());
+    last_printed_ = line;
+  }
+  std::fflush(out_);
+}
+
+void ProgressDisplay::Print(FILE* stream, const std::string& text) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string shown = shown_;
+  ClearLocked();
+  std::fflush(out_);
+  std::fputs(text.c_str(), stream);
+  if (text.empty() || text.back() != '\n') std::fputc('\n', stream);
+  std::fflush(stream);
+  if (terminal_ && !shown.empty()) {
+    std::fputs(shown.c_str(), out_);
+    shown_ = shown;
+    std::fflush(out_);
+  }
+}
+
+}  // namespace launcher
+}  // namespace tandem

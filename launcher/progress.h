@@ -1,0 +1,89 @@
+// The live progress line: "step 12/300  loss 3.1234  48,000 tok/s  peak 512 MB  ETA 0:42",
+// rewritten in place on a terminal, printed every few seconds otherwise, with other messages
+// kept above it.
+#ifndef TANDEM_LAUNCHER_PROGRESS_H_
+#define TANDEM_LAUNCHER_PROGRESS_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "launcher/report.h"
+
+namespace tandem {
+namespace launcher {
+
+struct ProgressState {
+  int step = 0;                    // steps completed
+  int total = 0;
+  bool has_loss = false;
+  double loss = 0;
+  double tokens_per_second = 0;    // 0: not known yet
+  int64_t peak_bytes = -1;         // largest across ranks; -1: not known yet
+  double eta_seconds = -1;         // -1: not known yet
+};
+
+// The progress line, without a newline.
+std::string FormatProgress(const ProgressState& s);
+
+// Follows the steps as workers report them, in constant time per record: rank 0's step and
+// loss (the global loss), the slowest rank's step time averaged as MeanStepSeconds does
+// (report.h: steps every rank completed, the first 2 left out when later ones exist), and
+// the largest peak memory of any rank.
+class ProgressTracker {
+ public:
+  ProgressTracker(int ranks, int total, int64_t tokens_per_step)
+      : ranks_(ranks), total_(total), tokens_per_step_(tokens_per_step) {}
+  void Add(int rank, const StepRecord& r);
+  ProgressState State() const;
+  double MeanStepSeconds() const;
+
+ private:
+  int ranks_, total_;
+  int64_t tokens_per_step_;
+  bool has_rank0_ = false;
+  StepRecord last_rank0_;
+  int64_t peak_bytes_ = -1;
+  std::map<int, std::pair<int, double>> pending_;  // step -> (ranks reported, max seconds)
+  int completed_ = 0;
+  double completed_seconds_ = 0;
+  std::vector<std::pair<int, double>> first_;  // the 2 lowest completed steps (step, seconds)
+};
+
+// The tracker's state after `ranks` (per rank, in order).
+ProgressState ComputeProgress(const std::vector<std::vector<StepRecord>>& ranks, int total,
+                              int64_t tokens_per_step);
+
+// Shows progress on `out`. On a terminal one line is rewritten ('\r'); otherwise a line is
+// printed at most every `interval` and once at the end. Print() puts other messages above
+// the line. Thread-safe.
+class ProgressDisplay {
+ public:
+  ProgressDisplay(FILE* out, bool terminal, absl::Duration interval = absl::Seconds(5))
+      : out_(out), terminal_(terminal), interval_(interval) {}
+  void Update(const std::string& line, absl::Time now);
+  // The last line once more (non-terminal) or a newline ending it (terminal).
+  void Finish(const std::string& line);
+  // Writes `text` (one or more lines) to `stream`, keeping the progress line below it.
+  void Print(FILE* stream, const std::string& text);
+
+ private:
+  void ClearLocked();
+  std::mutex mu_;
+  FILE* out_;
+  bool terminal_;
+  absl::Duration interval_;
+  std::string shown_;  // on a terminal: what the current line shows
+  absl::Time last_print_ = absl::InfinitePast();
+  std::string last_printed_;  // elsewhere: the last line printed
+};
+
+}  // namespace launcher
+}  // namespace tandem
+
+#endif  // TANDEM_LAUNCHER_PROGRESS_H_

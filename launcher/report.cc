@@ -1,0 +1,475 @@
+// Reading the workers' metrics lines, per-rank totals and throughput, run.json through a small
+// JSON writer, and the summary table.
+#include "launcher/report.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+namespace launcher {
+namespace {
+
+// A flat JSON object: string keys, values that are numbers, booleans, null or strings.
+// Numbers and booleans (as 1/0) land in `numbers`.
+absl::Status ParseFlatObject(absl::string_view s, std::map<std::string, double>* numbers) {
+  size_t i = 0;
+  auto skip = [&] {
+    while (i < s.size() && absl::ascii_isspace(s[i])) ++i;
+  };
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("metrics line: %s at offset %d: %s", what, i, s));
+  };
+  auto read_string = [&](std::string* out) -> bool {
+    if (i >= s.size() || s[i] != '"') return false;
+    ++i;
+    out->clear();
+    while (i < s.size() && s[i] != '"') {
+      if (s[i] == '\\' && i + 1 < s.size()) ++i;  // escapes kept as the escaped character
+      out->push_back(s[i++]);
+    }
+    if (i >= s.size()) return false;
+    ++i;
+    return true;
+  };
+  skip();
+  if (i >= s.size() || s[i] != '{') return bad("expected '{'");
+  ++i;
+  skip();
+  if (i < s.size() && s[i] == '}') return absl::OkStatus();
+  for (;;) {
+    skip();
+    std::string key;
+    if (!read_string(&key)) return bad("expected a quoted key");
+    skip();
+    if (i >= s.size() || s[i] != ':') return bad("expected ':'");
+    ++i;
+    skip();
+    if (i < s.size() && s[i] == '"') {
+      std::string ignored;
+      if (!read_string(&ignored)) return bad("unterminated string");
+    } else {
+      size_t end = i;
+      while (end < s.size() && s[end] != ',' && s[end] != '}' && !absl::ascii_isspace(s[end])) {
+        ++end;
+      }
+      const absl::string_view v = s.substr(i, end - i);
+      double d;
+      if (v == "true") {
+        (*numbers)[key] = 1;
+      } else if (v == "false") {
+        (*numbers)[key] = 0;
+      } else if (v == "null") {
+        // absent
+      } else if (absl::SimpleAtod(v, &d)) {
+        (*numbers)[key] = d;
+      } else {
+        return bad(absl::StrCat("bad value for \"", key, "\""));
+      }
+      i = end;
+    }
+    skip();
+    if (i < s.size() && s[i] == ',') {
+      ++i;
+      continue;
+    }
+    if (i < s.size() && s[i] == '}') {
+      ++i;
+      skip();
+      if (i != s.size()) return bad("text after the object");
+      return absl::OkStatus();
+    }
+    return bad("expected ',' or '}'");
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
+  std::map<std::string, double> v;
+  absl::Status s = ParseFlatObject(line, &v);
+  if (!s.ok()) return s;
+  if (v.count("step") == 0 || v.count("loss") == 0 || v.count("seconds") == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics line without step, loss or seconds: ", line));
+  }
+  auto get = [&](const char* k) { return v.count(k) ? v[k] : 0.0; };
+  StepRecord r;
+  r.step = static_cast<int>(get("step"));
+  r.loss = get("loss");
+  r.seconds = get("seconds");
+  r.compute = get("compute");
+  r.exposed_comm = get("exposed_comm");
+  r.bubble = get("bubble");
+  r.optimizer = get("optimizer");
+  r.comm_bytes = static_cast<int64_t>(get("comm_bytes"));
+  r.allocated_bytes = static_cast<int64_t>(get("allocated_bytes"));
+  r.peak_bytes = static_cast<int64_t>(get("peak_bytes"));
+  return r;
+}
+
+std::vector<StepRecord> MetricsTail::ReadNew(std::vector<std::string>* errors) {
+  std::vector<StepRecord> out;
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return out;
+  in.seekg(0, std::ios::end);
+  const int64_t size = in.tellg();
+  if (size < offset_) {  // truncated or replaced: start over
+    offset_ = 0;
+    partial_.clear();
+  }
+  if (size == offset_) return out;
+  in.seekg(offset_);
+  std::string chunk(static_cast<size_t>(size - offset_), '\0');
+  in.read(&chunk[0], static_cast<std::streamsize>(chunk.size()));
+  chunk.resize(static_cast<size_t>(in.gcount()));
+  offset_ += static_cast<int64_t>(chunk.size());
+  partial_ += chunk;
+  size_t start = 0;
+  for (size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const absl::string_view line = absl::string_view(partial_).substr(start, nl - start);
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    absl::StatusOr<StepRecord> r = ParseMetricsLine(line);
+    if (r.ok()) {
+      out.push_back(*r);
+    } else if (errors != nullptr) {
+      errors->push_back(absl::StrCat(path_, ": ", r.status().message()));
+    }
+  }
+  partial_ = partial_.substr(start);
+  return out;
+}
+
+std::vector<StepRecord> ByStep(const std::vector<StepRecord>& records) {
+  std::map<int, StepRecord> by_step;
+  for (const StepRecord& r : records) by_step[r.step] = r;
+  std::vector<StepRecord> out;
+  for (const auto& kv : by_step) out.push_back(kv.second);
+  return out;
+}
+
+std::vector<StepRecord> ReadMetricsFile(const std::string& path,
+                                        std::vector<std::string>* errors) {
+  MetricsTail tail(path);
+  std::vector<StepRecord> all = tail.ReadNew(errors);
+  return ByStep(all);
+}
+
+RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
+  RankTotals t;
+  t.rank = rank;
+  t.steps = static_cast<int>(steps.size());
+  for (const StepRecord& s : steps) {
+    t.compute_seconds += s.compute;
+    t.exposed_comm_seconds += s.exposed_comm;
+    t.bubble_seconds += s.bubble;
+    t.optimizer_seconds += s.optimizer;
+    t.comm_bytes += s.comm_bytes;
+    t.peak_memory_bytes = std::max(t.peak_memory_bytes, s.peak_bytes);
+  }
+  return t;
+}
+
+double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {
+  if (ranks.empty()) return 0;
+  // Slowest rank per step, over the steps that every rank reported.
+  std::map<int, std::pair<int, double>> per_step;  // step -> (ranks seen, max seconds)
+  for (const auto& rank : ranks) {
+    for (const StepRecord& s : rank) {
+      auto& e = per_step[s.step];
+      e.first += 1;
+      e.second = std::max(e.second, s.seconds);
+    }
+  }
+  std::vector<double> secs;
+  for (const auto& kv : per_step) {
+    if (kv.second.first == static_cast<int>(ranks.size())) secs.push_back(kv.second.second);
+  }
+  if (secs.empty()) return 0;
+  const size_t skip = secs.size() > 2 ? 2 : 0;  // the first steps warm up
+  double sum = 0;
+  for (size_t i = skip; i < secs.size(); ++i) sum += secs[i];
+  return sum / static_cast<double>(secs.size() - skip);
+}
+
+double TokensPerSecond(const std::vector<std::vector<StepRecord>>& ranks,
+                       int64_t tokens_per_step) {
+  const double s = MeanStepSeconds(ranks);
+  return s > 0 ? static_cast<double>(tokens_per_step) / s : 0;
+}
+
+std::string FormatThousands(double v) {
+  if (!std::isfinite(v)) return "-";
+  const bool negative = v < 0;
+  std::string digits = absl::StrCat(static_cast<int64_t>(std::llround(std::fabs(v))));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return negative ? "-" + out : out;
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 0) return "-";
+  const double mb = static_cast<double>(bytes) / (1 << 20);
+  if (mb >= 1024) return absl::StrFormat("%.1f GB", mb / 1024);
+  if (mb >= 10) return absl::StrFormat("%.0f MB", mb);
+  return absl::StrFormat("%.1f MB", mb);
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+// ---- JSON ----
+
+std::string JsonWriter::Quote(absl::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out.push_back(static_cast<char>(c));  // UTF-8 passes through
+        }
+    }
+  }
+  out += "\"";
+  return out;
+}
+
+void JsonWriter::BeforeValue() {
+  if (after_key_) {
+    after_key_ = false;
+    return;
+  }
+  if (!first_.empty()) {
+    if (!first_.back()) out_ += ", ";
+    first_.back() = false;
+  }
+}
+
+JsonWriter& JsonWriter::BeginObject() {
+  BeforeValue();
+  out_ += "{";
+  first_.push_back(true);
+  return *this;
+}
+
+JsonWriter& JsonWriter::EndObject() {
+  const bool empty = first_.back();
+  first_.pop_back();
+  if (!empty) out_ += "\n" + std::string(2 * first_.size(), ' ');
+  out_ += "}";
+  return *this;
+}
+
+JsonWriter& JsonWriter::BeginArray() {
+  BeforeValue();
+  out_ += "[";
+  first_.push_back(true);
+  return *this;
+}
+
+JsonWriter& JsonWriter::EndArray() {
+  first_.pop_back();
+  out_ += "]";
+  return *this;
+}
+
+JsonWriter& JsonWriter::Key(absl::string_view key) {
+  if (!first_.back()) out_ += ",";
+  first_.back() = false;
+  out_ += "\n" + std::string(2 * first_.size(), ' ') + Quote(key) + ": ";
+  after_key_ = true;
+  return *this;
+}
+
+JsonWriter& JsonWriter::String(absl::string_view s) {
+  BeforeValue();
+  out_ += Quote(s);
+  return *this;
+}
+
+JsonWriter& JsonWriter::Number(double v) {
+  BeforeValue();
+  out_ += std::isfinite(v) ? absl::StrFormat("%.9g", v) : "null";
+  return *this;
+}
+
+JsonWriter& JsonWriter::Int(int64_t v) {
+  BeforeValue();
+  out_ += absl::StrCat(v);
+  return *this;
+}
+
+JsonWriter& JsonWriter::Bool(bool b) {
+  BeforeValue();
+  out_ += b ? "true" : "false";
+  return *this;
+}
+
+std::string RunJson(const RunRecord& r) {
+  const JobConfig& c = r.job;
+  JsonWriter w;
+  w.BeginObject();
+  // The whole configuration, field by field with JSON types (the keys of JobConfig::ToText).
+  w.Key("config").BeginObject();
+  w.Key("strategy").String(c.strategy);
+  w.Key("workers").Int(c.workers);
+  w.Key("device").String(c.device);
+  w.Key("model").String(c.model);
+  w.Key("n_layer").Int(c.n_layer);
+  w.Key("d_model").Int(c.d_model);
+  w.Key("n_head").Int(c.n_head);
+  w.Key("seq_len").Int(c.seq_len);
+  w.Key("dtype").String(c.dtype);
+  w.Key("steps").Int(c.steps);
+  w.Key("batch").Int(c.batch);
+  w.Key("micro_batches").Int(c.micro_batches);
+  w.Key("schedule").String(c.schedule);
+  w.Key("balance").String(c.balance);
+  w.Key("lr").Number(c.lr);
+  w.Key("warmup").Int(c.warmup);
+  w.Key("optimizer").String(c.optimizer);
+  w.Key("weight_decay").Number(c.weight_decay);
+  w.Key("clip_norm").Number(c.clip_norm);
+  w.Key("seed").String(absl::StrCat(c.seed));  // a uint64 may not fit a JSON double
+  w.Key("data").String(c.data);
+  w.Key("synthetic").Bool(c.synthetic);
+  w.Key("run_dir").String(c.run_dir);
+  w.Key("checkpoint_every").Int(c.checkpoint_every);
+  w.Key("resume").String(c.resume);
+  w.Key("bucket_mb").Number(c.bucket_mb);
+  w.Key("overlap").Bool(c.overlap);
+  w.Key("recompute").Bool(c.recompute);
+  w.Key("heartbeat_timeout_s").Number(c.heartbeat_timeout_s);
+  w.Key("profile").Bool(c.profile);
+  w.EndObject();
+
+  w.Key("strategy").String(c.strategy);
+  w.Key("workers").Int(c.workers);
+  w.Key("device").String(c.device);
+  w.Key("micro_batches").Int(c.EffectiveMicroBatches());
+  w.Key("exit").String(r.exit);
+  if (r.failed_rank >= 0) w.Key("failed_rank").Int(r.failed_rank);
+  if (!r.failure.empty()) w.Key("failure").String(r.failure);
+  if (!r.abort_reason.empty()) w.Key("abort_reason").String(r.abort_reason);
+  const std::vector<StepRecord> empty;
+  const std::vector<StepRecord>& rank0 = r.ranks.empty() ? empty : r.ranks[0];
+  // Rank 0's loss is the global batch's (every strategy reduces it).
+  w.Key("losses").BeginArray();
+  for (const StepRecord& s : rank0) w.Number(s.loss);
+  w.EndArray();
+  w.Key("steps_completed").Int(static_cast<int64_t>(rank0.size()));
+  const int64_t tokens_per_step = int64_t{c.batch} * r.seq_len;
+  w.Key("tokens_per_step").Int(tokens_per_step);
+  w.Key("tokens_per_second").Number(TokensPerSecond(r.ranks, tokens_per_step));
+  w.Key("step_seconds_mean").Number(MeanStepSeconds(r.ranks));
+  w.Key("wall_seconds").Number(r.wall_seconds);
+  w.Key("ranks").BeginArray();
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    const RankTotals t = Totals(static_cast<int>(i), r.ranks[i]);
+    w.BeginObject();
+    w.Key("rank").Int(t.rank);
+    w.Key("steps").Int(t.steps);
+    w.Key("peak_memory_bytes").Int(t.peak_memory_bytes);
+    w.Key("compute_seconds").Number(t.compute_seconds);
+    w.Key("optimizer_seconds").Number(t.optimizer_seconds);
+    // Workers measure the communication they wait for (exposed: all-reduces and loss
+    // reductions not hidden behind compute) and, in a pipeline, the bubble (waiting for
+    // activations or gradients); they do not time communication hidden behind compute.
+    // communication_seconds is therefore exposed + bubble: the time communication cost.
+    w.Key("communication_seconds").Number(t.exposed_comm_seconds + t.bubble_seconds);
+    w.Key("exposed_communication_seconds").Number(t.exposed_comm_seconds);
+    w.Key("bubble_seconds").Number(t.bubble_seconds);
+    w.Key("communication_bytes").Int(t.comm_bytes);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return w.str() + "\n";
+}
+
+std::string SummaryTable(const RunRecord& r) {
+  std::string out = absl::StrFormat("%-5s %10s %10s %10s %10s %10s %12s\n", "rank", "steps",
+                                    "compute s", "exposed s", "bubble s", "comm MB", "peak memory");
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    const RankTotals t = Totals(static_cast<int>(i), r.ranks[i]);
+    absl::StrAppendFormat(&out, "%-5d %10d %10.3f %10.3f %10.3f %10.1f %12s\n", t.rank, t.steps,
+                          t.compute_seconds, t.exposed_comm_seconds, t.bubble_seconds,
+                          static_cast<double>(t.comm_bytes) / (1 << 20),
+                          FormatBytes(t.peak_memory_bytes));
+  }
+  const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
+  const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;
+  const double tps = TokensPerSecond(r.ranks, tokens_per_step);
+  absl::StrAppendFormat(&out, "steps       %d/%d\n", rank0 ? static_cast<int>(rank0->size()) : 0,
+                        r.job.steps);
+  if (rank0 != nullptr && !rank0->empty()) {
+    absl::StrAppendFormat(&out, "final loss  %.4f\n", rank0->back().loss);
+  }
+  absl::StrAppendFormat(&out, "throughput  %s tok/s\n", tps > 0 ? FormatThousands(tps) : "-");
+  absl::StrAppendFormat(&out, "wall time   %s\n", FormatDuration(r.wall_seconds));
+  absl::StrAppendFormat(&out, "result      %s\n", r.exit);
+  absl::StrAppendFormat(&out, "run dir     %s\n", r.job.run_dir);
+  return out;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", tmp, std::strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return absl::InternalError(absl::StrFormat("cannot write %s: %s", tmp, std::strerror(e)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return absl::InternalError(
+        absl::StrFormat("cannot rename %s to %s: %s", tmp, path, std::strerror(e)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace launcher
+}  // namespace tandem

@@ -1,0 +1,131 @@
+// What the launcher makes of the workers' measurements: reading the per-step metrics lines
+// (<run_dir>/metrics/rank-<r>.jsonl), per-rank totals and throughput, run.json (written
+// atomically), and the summary table printed at the end.
+#ifndef TANDEM_LAUNCHER_REPORT_H_
+#define TANDEM_LAUNCHER_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "parallel/job.h"
+
+namespace tandem {
+namespace launcher {
+
+// One worker's line for one step (worker.cc writes them).
+struct StepRecord {
+  int step = 0;  // 0-based
+  double loss = 0;
+  double seconds = 0;       // the whole step
+  double compute = 0;       // forward and backward
+  double exposed_comm = 0;  // waiting for communication
+  double bubble = 0;        // pipeline: waiting for activations or gradients
+  double optimizer = 0;
+  int64_t comm_bytes = 0;
+  int64_t allocated_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+
+// Parses one metrics line (a flat JSON object); an error names what is wrong.
+absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line);
+
+// Follows one metrics file as a worker appends to it: each ReadNew() returns the complete
+// lines added since the last call (a line still being written waits for its end). A missing
+// file reads as empty.
+class MetricsTail {
+ public:
+  explicit MetricsTail(std::string path) : path_(std::move(path)) {}
+  // Lines that do not parse are skipped, their problem appended to `errors` if given.
+  std::vector<StepRecord> ReadNew(std::vector<std::string>* errors = nullptr);
+
+ private:
+  std::string path_;
+  int64_t offset_ = 0;
+  std::string partial_;
+};
+
+// Every record of a metrics file, one per step in step order (a step written twice, as
+// after a resume into the same run directory, keeps its last record).
+std::vector<StepRecord> ReadMetricsFile(const std::string& path,
+                                        std::vector<std::string>* errors = nullptr);
+// Records in step order, one per step (the last one given for a step wins).
+std::vector<StepRecord> ByStep(const std::vector<StepRecord>& records);
+
+// Per-rank sums over the steps run.
+struct RankTotals {
+  int rank = 0;
+  int steps = 0;
+  double compute_seconds = 0;
+  double exposed_comm_seconds = 0;
+  double bubble_seconds = 0;
+  double optimizer_seconds = 0;
+  int64_t comm_bytes = 0;
+  int64_t peak_memory_bytes = 0;
+};
+RankTotals Totals(int rank, const std::vector<StepRecord>& steps);
+
+// Step time as the slowest rank saw it, averaged over the steps every rank completed,
+// leaving out the first 2 steps (warm-up) when later ones exist. 0 when there are none.
+double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks);
+// Tokens per second of the whole job: batch * seq_len per step over MeanStepSeconds.
+double TokensPerSecond(const std::vector<std::vector<StepRecord>>& ranks, int64_t tokens_per_step);
+
+// Everything run.json and the summary say about one run.
+struct RunRecord {
+  JobConfig job;
+  int seq_len = 0;                 // the model's, after the preset
+  std::string exit = "ok";         // "ok", or why the run ended otherwise
+  int failed_rank = -1;
+  std::string failure;             // how the failed rank ended, if known
+  std::string abort_reason;        // the coordinator's, if the job was aborted
+  double wall_seconds = 0;
+  std::vector<std::vector<StepRecord>> ranks;  // per rank, by step
+};
+
+// run.json's text.
+std::string RunJson(const RunRecord& r);
+// The table printed at the end: one row per rank, then loss, throughput, wall time, run dir.
+std::string SummaryTable(const RunRecord& r);
+
+// Number formats shared by the progress line and the summary.
+// "48,000" (rounded to an integer).
+std::string FormatThousands(double v);
+// "512 MB", "3.4 MB", "1.5 GB" (binary units); "-" for a negative count.
+std::string FormatBytes(int64_t bytes);
+// "0:42", "12:05", "1:02:03"; "-" for a negative or non-finite time.
+std::string FormatDuration(double seconds);
+
+// Writes `content` to `path` through a temporary file and a rename.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
+
+// A minimal JSON writer: objects, arrays, strings (escaped), numbers (non-finite become
+// null), booleans. Commas and nesting are tracked; the caller keeps keys and values paired.
+class JsonWriter {
+ public:
+  JsonWriter& BeginObject();
+  JsonWriter& EndObject();
+  JsonWriter& BeginArray();
+  JsonWriter& EndArray();
+  JsonWriter& Key(absl::string_view key);
+  JsonWriter& String(absl::string_view s);
+  JsonWriter& Number(double v);
+  JsonWriter& Int(int64_t v);
+  JsonWriter& Bool(bool b);
+  const std::string& str() const { return out_; }
+  static std::string Quote(absl::string_view s);
+
+ private:
+  void BeforeValue();
+  std::string out_;
+  std::vector<bool> first_;  // per open container: nothing written into it yet
+  bool after_key_ = false;
+};
+
+}  // namespace launcher
+}  // namespace tandem
+
+#endif  // TANDEM_LAUNCHER_REPORT_H_

@@ -1,0 +1,266 @@
+// Tests of metrics parsing and following, per-rank totals and throughput, run.json's content
+// and escaping, the atomic write and the summary table.
+#include "launcher/report.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace launcher {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  static int n = 0;
+  return absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A line exactly as worker.cc writes it.
+constexpr char kLine[] =
+    "{\"step\": 3, \"loss\": 5.48474979, \"seconds\": 0.000391, \"compute\": 0.000270, "
+    "\"exposed_comm\": 0.000041, \"bubble\": 0.000000, \"optimizer\": 0.000072, "
+    "\"comm_bytes\": 169472, \"sequence\": 5, \"lr\": 0.0003, \"grad_norm\": 2.7244, "
+    "\"skipped\": false, \"allocated_bytes\": 677888, \"peak_bytes\": 1135104}";
+
+StepRecord Rec(int step, double loss, double seconds, int64_t peak = 0) {
+  StepRecord r;
+  r.step = step;
+  r.loss = loss;
+  r.seconds = seconds;
+  r.compute = seconds / 2;
+  r.exposed_comm = seconds / 4;
+  r.bubble = seconds / 8;
+  r.comm_bytes = 1000;
+  r.peak_bytes = peak;
+  return r;
+}
+
+TEST(ParseMetricsLine, WorkersLine) {
+  absl::StatusOr<StepRecord> r = ParseMetricsLine(kLine);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 3);
+  EXPECT_DOUBLE_EQ(r->loss, 5.48474979);
+  EXPECT_DOUBLE_EQ(r->seconds, 0.000391);
+  EXPECT_DOUBLE_EQ(r->compute, 0.000270);
+  EXPECT_DOUBLE_EQ(r->exposed_comm, 0.000041);
+  EXPECT_DOUBLE_EQ(r->optimizer, 0.000072);
+  EXPECT_EQ(r->comm_bytes, 169472);
+  EXPECT_EQ(r->allocated_bytes, 677888);
+  EXPECT_EQ(r->peak_bytes, 1135104);
+}
+
+TEST(ParseMetricsLine, ToleratesStringsAndSpacing) {
+  absl::StatusOr<StepRecord> r =
+      ParseMetricsLine("  {\"step\":1,\"loss\":2.5,\"seconds\":1e-3,\"note\":\"a, \\\"b\\\" }\"} ");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 1);
+  EXPECT_DOUBLE_EQ(r->seconds, 1e-3);
+}
+
+TEST(ParseMetricsLine, Errors) {
+  EXPECT_FALSE(ParseMetricsLine("").ok());
+  EXPECT_FALSE(ParseMetricsLine("not json").ok());
+  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": 2").ok());
+  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": x, \"seconds\": 1}").ok());
+  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"seconds\": 1}").ok());  // no loss
+  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": 1, \"seconds\": 1} trailing").ok());
+}
+
+TEST(MetricsTail, CompleteLinesOnly) {
+  const std::string path = TempPath("rank-0.jsonl");
+  MetricsTail tail(path);
+  EXPECT_TRUE(tail.ReadNew().empty());  // no file yet
+  std::ofstream out(path);
+  out << "{\"step\": 0, \"loss\": 5, \"seconds\": 1}\n{\"step\": 1, \"lo" << std::flush;
+  std::vector<StepRecord> got = tail.ReadNew();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].step, 0);
+  out << "ss\": 4, \"seconds\": 1}\nbroken\n" << std::flush;
+  std::vector<std::string> errors;
+  got = tail.ReadNew(&errors);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].step, 1);
+  EXPECT_DOUBLE_EQ(got[0].loss, 4);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_THAT(errors[0], HasSubstr(path));
+  EXPECT_TRUE(tail.ReadNew().empty());
+}
+
+TEST(ReadMetricsFile, LastRecordOfAStepWins) {
+  const std::string path = TempPath("rank-1.jsonl");
+  std::ofstream(path) << "{\"step\": 0, \"loss\": 5, \"seconds\": 1}\n"
+                      << "{\"step\": 1, \"loss\": 4, \"seconds\": 1}\n"
+                      << "{\"step\": 1, \"loss\": 3, \"seconds\": 1}\n"
+                      << "{\"step\": 2, \"loss\": 2, \"seconds\": 1}\n";
+  const std::vector<StepRecord> r = ReadMetricsFile(path);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_DOUBLE_EQ(r[1].loss, 3);
+}
+
+TEST(Throughput, SlowestRankFirstStepsLeftOut) {
+  // Steps 0 and 1 are slow warm-up; then rank 1 is the slower one at 0.2 s.
+  std::vector<std::vector<StepRecord>> ranks = {
+      {Rec(0, 5, 9), Rec(1, 4, 9), Rec(2, 3, 0.1), Rec(3, 2, 0.1)},
+      {Rec(0, 5, 9), Rec(1, 4, 9), Rec(2, 3, 0.2), Rec(3, 2, 0.2)},
+  };
+  EXPECT_DOUBLE_EQ(MeanStepSeconds(ranks), 0.2);
+  EXPECT_DOUBLE_EQ(TokensPerSecond(ranks, 1000), 5000);
+  // A step not every rank reported yet is left out.
+  ranks[0].push_back(Rec(4, 1, 5));
+  EXPECT_DOUBLE_EQ(MeanStepSeconds(ranks), 0.2);
+  // With two steps or fewer, all of them count.
+  EXPECT_DOUBLE_EQ(MeanStepSeconds({{Rec(0, 1, 1), Rec(1, 1, 3)}}), 2);
+  EXPECT_EQ(MeanStepSeconds({}), 0);
+  EXPECT_EQ(TokensPerSecond({{}}, 100), 0);
+}
+
+TEST(Totals, SumsAndPeak) {
+  const RankTotals t = Totals(1, {Rec(0, 5, 1, 100), Rec(1, 4, 2, 300), Rec(2, 3, 1, 200)});
+  EXPECT_EQ(t.rank, 1);
+  EXPECT_EQ(t.steps, 3);
+  EXPECT_DOUBLE_EQ(t.compute_seconds, 2);
+  EXPECT_DOUBLE_EQ(t.exposed_comm_seconds, 1);
+  EXPECT_DOUBLE_EQ(t.bubble_seconds, 0.5);
+  EXPECT_EQ(t.comm_bytes, 3000);
+  EXPECT_EQ(t.peak_memory_bytes, 300);
+}
+
+RunRecord Sample() {
+  RunRecord r;
+  r.job.strategy = "pipeline";
+  r.job.workers = 2;
+  r.job.batch = 8;
+  r.job.steps = 5;
+  r.job.run_dir = "/runs/a \"quoted\"\nname";
+  r.seq_len = 16;
+  r.wall_seconds = 12.25;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<StepRecord> steps;
+    for (int s = 0; s < 5; ++s) steps.push_back(Rec(s, 5 - 0.5 * s, 0.01 * (rank + 1), 1 << 20));
+    r.ranks.push_back(steps);
+  }
+  return r;
+}
+
+// The keys of the top-level "config" object in run.json.
+std::set<std::string> ConfigKeys(const std::string& json) {
+  std::set<std::string> keys;
+  const size_t begin = json.find("\"config\": {");
+  const size_t end = json.find('}', begin);
+  for (absl::string_view line : absl::StrSplit(json.substr(begin, end - begin), '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!absl::StartsWith(line, "\"") || absl::StartsWith(line, "\"config\"")) continue;
+    keys.insert(std::string(line.substr(1, line.find('"', 1) - 1)));
+  }
+  return keys;
+}
+
+TEST(RunJson, Content) {
+  const std::string json = RunJson(Sample());
+  EXPECT_THAT(json, HasSubstr("\"losses\": [5, 4.5, 4, 3.5, 3]"));
+  EXPECT_THAT(json, HasSubstr("\"strategy\": \"pipeline\""));
+  EXPECT_THAT(json, HasSubstr("\"workers\": 2"));
+  EXPECT_THAT(json, HasSubstr("\"exit\": \"ok\""));
+  EXPECT_THAT(json, HasSubstr("\"tokens_per_second\": 6400"));  // 128 tokens / 0.02 s
+  EXPECT_THAT(json, HasSubstr("\"step_seconds_mean\": 0.02"));
+  EXPECT_THAT(json, HasSubstr("\"wall_seconds\": 12.25"));
+  EXPECT_THAT(json, HasSubstr("\"peak_memory_bytes\": 1048576"));
+  EXPECT_THAT(json, HasSubstr("\"compute_seconds\": 0.025"));               // rank 0
+  EXPECT_THAT(json, HasSubstr("\"exposed_communication_seconds\": 0.0125"));
+  EXPECT_THAT(json, HasSubstr("\"bubble_seconds\": 0.00625"));
+  EXPECT_THAT(json, HasSubstr("\"communication_seconds\": 0.01875"));       // exposed + bubble
+  EXPECT_THAT(json, HasSubstr("\"communication_bytes\": 5000"));
+  EXPECT_THAT(json, HasSubstr("\"rank\": 1"));
+  // Strings are escaped.
+  EXPECT_THAT(json, HasSubstr("\"run_dir\": \"/runs/a \\\"quoted\\\"\\nname\""));
+}
+
+TEST(RunJson, ConfigHoldsEveryJobConfigField) {
+  std::set<std::string> text_keys;
+  for (absl::string_view line : absl::StrSplit(JobConfig().ToText(), '\n', absl::SkipEmpty())) {
+    text_keys.insert(std::string(line.substr(0, line.find('='))));
+  }
+  EXPECT_EQ(ConfigKeys(RunJson(Sample())), text_keys);
+}
+
+TEST(RunJson, Failure) {
+  RunRecord r = Sample();
+  r.exit = "rank 1 failed (signal 9 SIGKILL)";
+  r.failed_rank = 1;
+  r.failure = "signal 9 SIGKILL";
+  r.ranks[0].resize(2);
+  const std::string json = RunJson(r);
+  EXPECT_THAT(json, HasSubstr("\"exit\": \"rank 1 failed (signal 9 SIGKILL)\""));
+  EXPECT_THAT(json, HasSubstr("\"failed_rank\": 1"));
+  EXPECT_THAT(json, HasSubstr("\"losses\": [5, 4.5]"));
+  EXPECT_THAT(json, HasSubstr("\"steps_completed\": 2"));
+}
+
+TEST(JsonWriter, EscapesAndNonFinite) {
+  EXPECT_EQ(JsonWriter::Quote("a\"b\\c\n\t\x01"), "\"a\\\"b\\\\c\\n\\t\\u0001\"");
+  EXPECT_EQ(JsonWriter::Quote("h\xc3\xa9"), "\"h\xc3\xa9\"");  // UTF-8 as is
+  JsonWriter w;
+  w.BeginObject().Key("a").BeginArray().Number(1.5).Number(NAN).Number(INFINITY).Int(-3).Bool(true)
+      .EndArray().Key("b").BeginObject().EndObject().Key("c").String("x").EndObject();
+  EXPECT_EQ(w.str(), "{\n  \"a\": [1.5, null, null, -3, true],\n  \"b\": {},\n  \"c\": \"x\"\n}");
+}
+
+TEST(WriteFileAtomically, WritesAndLeavesNoTemporary) {
+  const std::string dir = TempPath("atomic");
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomically(dir + "/run.json", "first").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/run.json", "second").ok());
+  EXPECT_EQ(ReadAll(dir + "/run.json"), "second");
+  EXPECT_EQ(std::system(("test $(ls " + dir + " | wc -l) -eq 1").c_str()), 0);
+  EXPECT_FALSE(WriteFileAtomically("/nonexistent/dir/run.json", "x").ok());
+}
+
+TEST(SummaryTable, RowsAndTotals) {
+  const std::string t = SummaryTable(Sample());
+  EXPECT_THAT(t, HasSubstr("compute s"));
+  EXPECT_THAT(t, HasSubstr("peak memory"));
+  EXPECT_THAT(t, HasSubstr("\n0 "));
+  EXPECT_THAT(t, HasSubstr("\n1 "));
+  EXPECT_THAT(t, HasSubstr("1.0 MB"));
+  EXPECT_THAT(t, HasSubstr("final loss  3.0000"));
+  EXPECT_THAT(t, HasSubstr("throughput  6,400 tok/s"));
+  EXPECT_THAT(t, HasSubstr("wall time   0:12"));
+  EXPECT_THAT(t, HasSubstr("run dir     /runs/a"));
+  EXPECT_THAT(t, HasSubstr("steps       5/5"));
+}
+
+TEST(Formats, NumbersBytesDurations) {
+  EXPECT_EQ(FormatThousands(48000), "48,000");
+  EXPECT_EQ(FormatThousands(999), "999");
+  EXPECT_EQ(FormatThousands(1234567.6), "1,234,568");
+  EXPECT_EQ(FormatThousands(0), "0");
+  EXPECT_EQ(FormatBytes(512 << 20), "512 MB");
+  EXPECT_EQ(FormatBytes(int64_t{3} << 19), "1.5 MB");
+  EXPECT_EQ(FormatBytes(int64_t{3} << 29), "1.5 GB");
+  EXPECT_EQ(FormatBytes(-1), "-");
+  EXPECT_EQ(FormatDuration(42), "0:42");
+  EXPECT_EQ(FormatDuration(725), "12:05");
+  EXPECT_EQ(FormatDuration(3723), "1:02:03");
+  EXPECT_EQ(FormatDuration(-1), "-");
+}
+
+}  // namespace
+}  // namespace launcher
+}  // namespace tandem

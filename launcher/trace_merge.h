@@ -1,0 +1,86 @@
+// --profile's end of a run: the workers' Chrome traces (<run_dir>/traces/rank-<r>.json) read
+// back, put on one clock and merged into <run_dir>/trace.json (one process lane per rank),
+// and the per-rank op tables printed. Also the small JSON reader these (and tools/) use.
+#ifndef TANDEM_LAUNCHER_TRACE_MERGE_H_
+#define TANDEM_LAUNCHER_TRACE_MERGE_H_
+
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/profiler.h"
+
+namespace tandem {
+namespace launcher {
+
+// A parsed JSON document (RFC 8259; numbers as doubles, object keys in file order).
+struct JsonValue {
+  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
+  Kind kind = Kind::kNull;
+  bool boolean = false;
+  double number = 0;
+  std::string string;
+  std::vector<JsonValue> array;
+  std::vector<std::pair<std::string, JsonValue>> object;
+
+  bool is_number() const { return kind == Kind::kNumber; }
+  bool is_string() const { return kind == Kind::kString; }
+  bool is_array() const { return kind == Kind::kArray; }
+  bool is_object() const { return kind == Kind::kObject; }
+  // The member named `key` of an object; nullptr when absent or not an object.
+  const JsonValue* Find(absl::string_view key) const;
+  // The member's number (booleans as 1/0) or string, `fallback` when absent or of another type.
+  double NumberOr(absl::string_view key, double fallback) const;
+  std::string StringOr(absl::string_view key, const std::string& fallback) const;
+};
+
+// Parses one JSON document; an error names the offset and what was expected.
+absl::StatusOr<JsonValue> ParseJson(absl::string_view text);
+// Reads and parses a file.
+absl::StatusOr<JsonValue> ReadJsonFile(const std::string& path);
+
+// One worker's trace: its complete ("X") events sorted by start, on its own clock (each
+// worker measures from its own process start).
+struct RankTrace {
+  int rank = 0;
+  std::vector<TraceEvent> events;
+};
+
+// A worker's trace file's text (runtime/profiler.h's ChromeTrace); the rank is the pid.
+absl::StatusOr<RankTrace> ParseChromeTrace(absl::string_view text);
+// <run_dir>/traces/rank-<rank>.json.
+absl::StatusOr<RankTrace> ReadRankTrace(const std::string& run_dir, int rank);
+
+// Microseconds to add to each rank's timestamps to put it on rank 0's clock. Every step
+// ends with an all-reduce of the loss that every rank leaves together ("reduce loss"
+// spans), so the offset of rank r is the median over steps of (rank 0's end of that span -
+// rank r's). 0 for a rank without such spans.
+std::vector<double> ClockOffsetsUs(const std::vector<RankTrace>& ranks);
+// `trace` with every event shifted by `offset_us`.
+RankTrace Shifted(const RankTrace& trace, double offset_us);
+
+// One Chrome trace of all ranks (already on one clock): process r is "rank r", sorted by
+// rank, with its compute (thread 0) and communication (thread 1) lanes.
+std::string MergedChromeTrace(const std::vector<RankTrace>& ranks);
+
+// Reads the traces of ranks 0..workers-1 under `run_dir`, aligns their clocks and writes
+// <run_dir>/trace.json. Fails when a rank's trace is missing or unreadable.
+absl::Status MergeRunTraces(const std::string& run_dir, int workers);
+
+// The op tables the workers saved (<run_dir>/traces/ops-rank-<r>.txt, sorted by total
+// time), each under an "op table, rank r" line; ranks without one are left out.
+std::string OpTables(const std::string& run_dir, int workers);
+
+// What the launcher does at the end of a --profile run: merges the traces into
+// <run_dir>/trace.json and prints the op tables to `out`; problems (a failed run leaves no
+// traces) are reported on `err` as "launcher: ..." lines. Never fails the run.
+void FinishProfile(const std::string& run_dir, int workers, std::FILE* out, std::FILE* err);
+
+}  // namespace launcher
+}  // namespace tandem
+
+#endif  // TANDEM_LAUNCHER_TRACE_MERGE_H_

@@ -1,0 +1,163 @@
+// Tests of the JSON reader, reading a worker's Chrome trace back, the clock alignment on the
+// loss all-reduce, the merged trace of a run directory and the op tables.
+#include "launcher/trace_merge.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace launcher {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  static int n = 0;
+  const std::string dir = absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TraceEvent Event(const std::string& name, const char* cat, double start, double dur, int mb = -1,
+                 int thread = 0, int64_t seq = -1) {
+  TraceEvent e;
+  e.name = name;
+  e.category = cat;
+  e.start_us = start;
+  e.duration_us = dur;
+  e.micro_batch = mb;
+  e.thread = thread;
+  e.sequence = seq;
+  return e;
+}
+
+TEST(JsonTest, ParsesEveryKind) {
+  absl::StatusOr<JsonValue> v = ParseJson(
+      " {\"a\": [1, -2.5e3, true, false, null], \"s\": \"x\\\"y\\\\z\\n\\u00e9\\ud83d\\ude00\","
+      " \"o\": {}, \"e\": []} ");
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE(v->is_object());
+  const JsonValue* a = v->Find("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(a->array.size(), 5u);
+  EXPECT_EQ(a->array[1].number, -2500);
+  EXPECT_TRUE(a->array[2].boolean);
+  EXPECT_EQ(a->array[4].kind, JsonValue::Kind::kNull);
+  EXPECT_EQ(v->StringOr("s", ""), "x\"y\\z\n\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_TRUE(v->Find("o")->is_object());
+  EXPECT_TRUE(v->Find("e")->is_array());
+  EXPECT_EQ(v->NumberOr("missing", 7), 7);
+  EXPECT_EQ(v->NumberOr("s", 7), 7);  // not a number
+}
+
+TEST(JsonTest, RejectsBrokenDocuments) {
+  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "\"open", "tru", "{} x", "[01x]",
+                          "{\"a\": \"\x01\"}"}) {
+    EXPECT_FALSE(ParseJson(bad).ok()) << bad;
+  }
+  std::string deep(200, '[');
+  EXPECT_FALSE(ParseJson(deep).ok());
+}
+
+TEST(TraceTest, ReadsBackWhatTheProfilerWrites) {
+  std::vector<TraceEvent> events = {
+      Event("backward 1", "compute", 50, 20, 1),
+      Event("forward 1", "compute", 10, 5, 1),
+      Event("all_reduce #3 (\"sum\")", "comm", 55, 30, -1, 1, 3),
+  };
+  absl::StatusOr<RankTrace> t = ParseChromeTrace(Profiler::ChromeTrace(events, 2, "rank 2"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->rank, 2);
+  ASSERT_EQ(t->events.size(), 3u);
+  EXPECT_EQ(t->events[0].name, "forward 1");  // sorted by start
+  EXPECT_EQ(t->events[1].name, "backward 1");
+  EXPECT_EQ(t->events[2].name, "all_reduce #3 (\"sum\")");
+  EXPECT_EQ(t->events[2].thread, 1);
+  EXPECT_EQ(t->events[2].sequence, 3);
+  EXPECT_EQ(t->events[2].category, "comm");
+  EXPECT_EQ(t->events[1].micro_batch, 1);
+  EXPECT_DOUBLE_EQ(t->events[1].duration_us, 20);
+  EXPECT_FALSE(ParseChromeTrace("{\"other\": 1}").ok());
+}
+
+TEST(TraceTest, ClockOffsetsAlignTheLossReduction) {
+  RankTrace r0, r1, r2;
+  r0.rank = 0;
+  r1.rank = 1;
+  r2.rank = 2;
+  // Rank 1's clock started 1000 us after rank 0's; one noisy step; rank 2 has no sync spans.
+  r0.events = {Event("reduce loss", "idle", 100, 10), Event("reduce loss", "idle", 300, 10),
+               Event("reduce loss", "idle", 500, 10)};
+  r1.events = {Event("reduce loss", "idle", -900, 10), Event("reduce loss", "idle", -700, 50),
+               Event("reduce loss", "idle", -500, 10)};
+  r2.events = {Event("forward 0", "compute", 0, 10)};
+  const std::vector<double> off = ClockOffsetsUs({r0, r1, r2});
+  ASSERT_EQ(off.size(), 3u);
+  EXPECT_DOUBLE_EQ(off[0], 0);
+  EXPECT_DOUBLE_EQ(off[1], 1000);
+  EXPECT_DOUBLE_EQ(off[2], 0);
+  EXPECT_DOUBLE_EQ(Shifted(r1, off[1]).events[0].start_us, 100);
+}
+
+TEST(TraceTest, MergesARunDirectory) {
+  const std::string dir = TempDir("run");
+  mkdir((dir + "/traces").c_str(), 0755);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<TraceEvent> ev = {Event("forward 0", "compute", 10 + 500 * r, 5, 0),
+                                  Event("reduce loss", "idle", 20 + 500 * r, 5)};
+    std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r))
+        << Profiler::ChromeTrace(ev, r, absl::StrCat("rank ", r));
+    std::ofstream(absl::StrFormat("%s/traces/ops-rank-%d.txt", dir, r))
+        << "op  count  total ms  mean us\nMatMul  3  1.00  333.3\n";
+  }
+  ASSERT_TRUE(MergeRunTraces(dir, 2).ok());
+  absl::StatusOr<JsonValue> merged = ReadJsonFile(dir + "/trace.json");
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  int complete = 0, names = 0;
+  for (const JsonValue& e : merged->Find("traceEvents")->array) {
+    if (e.StringOr("ph", "") == "X") {
+      ++complete;
+      // Rank 1's events land on rank 0's clock.
+      if (e.StringOr("name", "") == "forward 0") {
+        EXPECT_DOUBLE_EQ(e.NumberOr("ts", -1), 10);
+      }
+    }
+    if (e.StringOr("name", "") == "process_name") ++names;
+  }
+  EXPECT_EQ(complete, 4);
+  EXPECT_EQ(names, 2);
+
+  const std::string tables = OpTables(dir, 3);  // rank 2 has none: left out
+  EXPECT_THAT(tables, HasSubstr("op table, rank 0:\nop  count"));
+  EXPECT_THAT(tables, HasSubstr("op table, rank 1:\n"));
+  EXPECT_FALSE(absl::StrContains(tables, "rank 2"));
+
+  EXPECT_FALSE(MergeRunTraces(dir, 3).ok());  // rank 2's trace is missing
+  const std::string out_path = dir + "/out.txt", err_path = dir + "/err.txt";
+  std::FILE* out = std::fopen(out_path.c_str(), "w");
+  std::FILE* err = std::fopen(err_path.c_str(), "w");
+  FinishProfile(dir, 3, out, err);
+  std::fclose(out);
+  std::fclose(err);
+  EXPECT_THAT(ReadAll(out_path), HasSubstr("op table, rank 1:"));
+  EXPECT_THAT(ReadAll(err_path), HasSubstr("launcher: no merged trace:"));
+}
+
+}  // namespace
+}  // namespace launcher
+}  // namespace tandem

@@ -1,0 +1,150 @@
+// Strategy benchmarks, run under mpirun (see tools/bench.sh): prints one JSON line per
+// scenario from rank 0. Scenarios (all CPU workers, gpt-tiny unless said otherwise):
+//   data:      tokens/s of data parallelism with overlap on and off and buckets of 1, 4, 25
+//              and 100 MB (on one rank this is the single-worker baseline);
+//   pipeline:  GPipe with M = 1, 4, 8, 16 micro-batches: the measured bubble (time a stage
+//              waits for activations or gradients, over the step time, averaged over stages)
+//              beside GPipe's (K - 1) / (M + K - 1).
+// Every figure is the median over the measured steps (the first two are excluded).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "comm/mpi_communicator.h"
+#include "parallel/distributed.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace tandem {
+namespace {
+
+constexpr int kWarmup = 2, kMeasured = 7;
+
+TrainConfig Tiny(int batch, int micro_batches) {
+  TrainConfig c;
+  c.model = *ModelPreset("gpt-tiny");
+  c.batch = batch;
+  c.micro_batches = micro_batches;
+  c.synthetic_data = true;
+  c.steps = kWarmup + kMeasured;
+  c.optimizer.total_steps = c.steps;
+  return c;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Measured {
+  double step_seconds = 0;
+  double bubble_fraction = 0;  // averaged over ranks
+};
+
+absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
+  auto t = DistributedTrainer::Create(pc, comm);
+  if (!t.ok()) return t.status();
+  std::vector<double> seconds, bubbles;
+  for (int i = 0; i < kWarmup + kMeasured; ++i) {
+    StepTiming timing;
+    auto r = (*t)->Step(&timing);
+    if (!r.ok()) return r.status();
+    if (i < kWarmup) continue;
+    seconds.push_back(r->seconds);
+    bubbles.push_back(timing.bubble_seconds / r->seconds);
+  }
+  // Average each rank's median bubble fraction, and take the slowest rank's step time.
+  auto v = *Tensor::FromVector({static_cast<float>(Median(bubbles)), 0.0f}, {2});
+  auto w = comm->AllReduce(v);
+  if (!w.ok()) return w.status();
+  if (absl::Status s = (*w)->Wait(absl::Minutes(1)); !s.ok()) return s;
+  Measured m;
+  m.step_seconds = Median(seconds);
+  m.bubble_fraction = v.data<float>()[0] / comm->world_size();
+  return m;
+}
+
+int Main(int argc, char** argv) {
+  if (absl::Status s = InitMpi(&argc, &argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  openblas_set_num_threads(1);
+  const std::string mode = argc > 1 ? argv[1] : "data";
+  int rc = 0;
+  {
+    auto comm = CreateMpiCommunicator();
+    if (!comm.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(comm.status().message()).c_str());
+      return 1;
+    }
+    const int world = (*comm)->world_size();
+    auto emit = [&](const std::string& json) {
+      if ((*comm)->rank() == 0) std::printf("%s\n", json.c_str());
+      std::fflush(stdout);
+    };
+    if (mode == "data") {
+      const int batch = 16;
+      struct Case { const char* name; double bucket_mb; bool overlap; };
+      // The first case warms the MPI connections, caches and allocator; it is not reported.
+      std::vector<Case> cases = {{"warm-up", 25, true}, {"overlap", 25, true},
+                                 {"no-overlap", 25, false}};
+      if (world > 1) {
+        for (double mb : {1.0, 4.0, 100.0}) cases.push_back({"bucket", mb, true});
+      }
+      for (const Case& k : cases) {
+        ParallelConfig pc;
+        pc.train = Tiny(batch, 1);
+        pc.strategy = StrategyKind::kData;
+        pc.overlap = k.overlap;
+        pc.bucket_bytes = static_cast<int64_t>(k.bucket_mb * (1 << 20));
+        auto m = Run(pc, comm->get());
+        if (!m.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
+          rc = 1;
+          break;
+        }
+        if (std::string(k.name) == "warm-up") continue;
+        emit(absl::StrFormat(
+            "{\"bench\": \"data\", \"case\": \"%s\", \"workers\": %d, \"bucket_mb\": %g, "
+            "\"overlap\": %s, \"tokens_per_second\": %.1f, \"step_seconds\": %.6f}",
+            k.name, world, k.bucket_mb, k.overlap ? "true" : "false",
+            batch * pc.train.model.seq_len / m->step_seconds, m->step_seconds));
+      }
+    } else if (mode == "pipeline") {
+      for (int mbs : {1, 1, 4, 8, 16}) {  // the first run warms up and is not reported
+        static bool warmed = false;
+        const bool report = warmed;
+        warmed = true;
+        ParallelConfig pc;
+        pc.train = Tiny(32, mbs);
+        pc.strategy = StrategyKind::kPipeline;
+        pc.schedule = "gpipe";
+        auto m = Run(pc, comm->get());
+        if (!m.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
+          rc = 1;
+          break;
+        }
+        if (!report) continue;
+        emit(absl::StrFormat(
+            "{\"bench\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
+            "\"bubble_measured\": %.4f, \"bubble_gpipe\": %.4f, \"step_seconds\": %.6f}",
+            world, mbs, m->bubble_fraction, double(world - 1) / (mbs + world - 1),
+            m->step_seconds));
+      }
+    } else {
+      std::fprintf(stderr, "usage: strategy_bench data|pipeline (under mpirun)\n");
+      rc = 2;
+    }
+  }
+  (void)FinalizeMpi();
+  return rc;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::Main(argc, argv); }

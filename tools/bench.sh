@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `bazel run //tools:bench`: every Tandem benchmark in one go on this machine, then
+# BENCHMARKS.md (in the directory `bazel run` was started from) rewritten from the results:
+# communicator vs raw MPI, runtime matmul vs raw sgemm, memory-bound ops vs memcpy,
+# one-worker training, data-parallel scaling, overlap and bucket sizes, the pipeline bubble,
+# and PyTorch on the same model where it is installed. Takes about five minutes on 2 cores.
+set -euo pipefail
+
+runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
+[ -d "$runfiles" ] || runfiles="$(pwd)"
+out_dir="$(mktemp -d "${TMPDIR:-/tmp}/tandem-bench.XXXXXX")"
+dest="${BUILD_WORKING_DIRECTORY:-$(pwd)}/BENCHMARKS.md"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+mpi=(mpirun --oversubscribe --bind-to none --mca btl self,vader)
+
+step() { echo "bench: $*" >&2; }
+
+step "all-reduce: Tandem's MPI communicator against raw MPI_Allreduce (2 ranks)"
+"${mpi[@]}" -np 2 "$runfiles/comm/allreduce_bench_bin" >"$out_dir/allreduce.txt"
+step "ops: runtime matmul against raw sgemm, memory-bound ops against memcpy"
+"$runfiles/runtime/ops_bench" --benchmark_out="$out_dir/ops.json" \
+  --benchmark_out_format=json --benchmark_color=false >"$out_dir/ops.txt" 2>&1
+step "one-worker training of gpt-tiny and a d_model 512 GPT"
+"$runfiles/model/train_bench" >"$out_dir/train.txt"
+step "data parallel on 1 and 2 workers"
+for np in 1 2; do
+  "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" data >>"$out_dir/strategy.jsonl"
+done
+step "pipeline bubble, 2 and 4 stages"
+for np in 2 4; do
+  "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" pipeline >>"$out_dir/strategy.jsonl"
+done
+step "PyTorch on the same model (1 process, 2-process DDP over Gloo)"
+for procs in 1 2; do
+  python3 "$runfiles/tools/bench_pytorch.py" --procs "$procs" --steps 12 \
+    >>"$out_dir/pytorch.jsonl" 2>/dev/null || echo '{"skipped": "bench_pytorch.py failed"}' \
+    >>"$out_dir/pytorch.jsonl"
+done
+python3 "$runfiles/tools/bench_report.py" "$out_dir" >"$dest.tmp"
+mv "$dest.tmp" "$dest"
+step "wrote $dest (raw outputs in $out_dir)"

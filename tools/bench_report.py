@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Turns the raw outputs of tools/bench.sh (a folder) into BENCHMARKS.md on stdout."""
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+
+def lines(path):
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip().startswith("{")]
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for l in f:
+                if l.startswith("model name"):
+                    cpu = l.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
+
+
+def ops_tables(path):
+    with open(path) as f:
+        data = json.load(f)
+    med = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        med[b["run_name"]] = b
+    mm, bw = [], []
+    for name, b in med.items():
+        m = re.match(r"matmul/ops/(.+)/repeats", name)
+        if m:
+            raw = med.get(name.replace("matmul/ops/", "matmul/raw_sgemm/"))
+            if raw:
+                mm.append((m.group(1), raw["real_time"] / b["real_time"],
+                           b.get("FLOP/s", b.get("flops", 0))))
+        m = re.match(r"op/(\w+)/repeats", name)
+        if m:
+            op = m.group(1)
+            ref = [v for k, v in med.items() if k.startswith("memcpy/") and f"for_{op}/" in k]
+            if ref:
+                bw.append((op, ref[0]["real_time"] / b["real_time"]))
+    out = ["| shape (M x N x K) | runtime / raw sgemm speed |", "| --- | --- |"]
+    out += [f"| {s} | {r:.3f} |" for s, r, _ in mm]
+    out += ["", "| op | bandwidth / memcpy of the same bytes |", "| --- | --- |"]
+    out += [f"| {op} | {r:.2f} |" for op, r in bw]
+    return "\n".join(out)
+
+
+def main():
+    d = sys.argv[1]
+    now = datetime.date.today().isoformat()
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, cwd=os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")).stdout.strip()
+    strat = lines(os.path.join(d, "strategy.jsonl"))
+    torch = lines(os.path.join(d, "pytorch.jsonl"))
+    print("# Benchmarks\n")
+    print(f"Measured {now} on {machine()}, commit {rev or 'unknown'}, with "
+          "`bazel run //tools:bench` (it rewrites this file). CPU workers, one BLAS thread "
+          "each. These machines are noisy: compare the ratios, each measured against its "
+          "baseline in the same run, rather than absolute figures.\n")
+    print("## All-reduce: Tandem's MPI communicator against raw `MPI_Allreduce`\n")
+    print("2 ranks, shared memory, f32 sum in place, median of 9 repetitions; busbw as "
+          "nccl-tests defines it. `ratio` is Tandem's busbw over raw MPI's, measured in pairs "
+          "(1.000 = no overhead).\n")
+    print("```")
+    with open(os.path.join(d, "allreduce.txt")) as f:
+        print(f.read().rstrip())
+    print("```\n")
+    print("## Runtime ops against raw OpenBLAS and memcpy\n")
+    print("`runtime/ops_bench` (Google Benchmark, medians of 5 repetitions, 1 thread).\n")
+    print(ops_tables(os.path.join(d, "ops.json")) + "\n")
+    print("## One-worker training\n")
+    print("`model/train_bench`: step time median of 7 steps after 2 warm-up steps; model "
+          "FLOP/s = 6 x parameters x tokens/s; the matmul share is from the op profiler.\n")
+    print("```")
+    with open(os.path.join(d, "train.txt")) as f:
+        print(f.read().rstrip())
+    print("```\n")
+    print("## Data parallelism (gpt-tiny, global batch 16 x 64 tokens)\n")
+    data = [s for s in strat if s["bench"] == "data"]
+    base = next((s for s in data if s["workers"] == 1 and s["case"] == "overlap"), None)
+    print("| workers | case | bucket MB | tokens/s | speed-up | scaling efficiency |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for s in data:
+        sp = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
+        print(f"| {s['workers']} | {s['case']} | {s['bucket_mb']:g} | "
+              f"{s['tokens_per_second']:.0f} | {sp:.2f} | {sp / s['workers']:.2f} |")
+    two = {(s["case"], s["bucket_mb"]): s for s in data if s["workers"] == 2}
+    if ("overlap", 25) in two and ("no-overlap", 25) in two:
+        g = two[("overlap", 25)]["tokens_per_second"] / two[("no-overlap", 25)]["tokens_per_second"]
+        print(f"\nOverlap gain at 2 workers (default against `--no-overlap`): {g:.3f}x. "
+              "gpt-tiny's 6.6 MB of gradients fit one 25 MB bucket, so the default all-reduces "
+              "once after backward and overlap can only show with smaller buckets or larger "
+              "models.\n")
+    print("## Pipeline bubble (GPipe, gpt-tiny, global batch 32)\n")
+    print("Measured: the time a stage waits for activations or gradients over the step time, "
+          "averaged over stages. With 4 stages on 2 cores the workers share cores, so waiting "
+          "includes time-slicing; the 2-stage rows are the clean ones.\n")
+    print("| stages K | micro-batches M | measured bubble | (K-1)/(M+K-1) | step ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for s in strat:
+        if s["bench"] == "pipeline":
+            print(f"| {s['stages']} | {s['micro_batches']} | {s['bubble_measured']:.3f} | "
+                  f"{s['bubble_gpipe']:.3f} | {1e3 * s['step_seconds']:.1f} |")
+    print("\n## Against PyTorch on the same model\n")
+    print("`tools/bench_pytorch.py`: the same GPT (gpt-tiny sizes), batch, sequence length and "
+          "AdamW, random tokens, f32, one thread per process; DDP over Gloo for 2 processes.\n")
+    two_dp = two.get(("overlap", 25))
+    print("| processes | Tandem tokens/s | PyTorch tokens/s | Tandem / PyTorch |")
+    print("| --- | --- | --- | --- |")
+    for t in torch:
+        if "skipped" in t:
+            print(f"| - | - | - | skipped: {t['skipped']} |")
+            continue
+        ours = base if t["procs"] == 1 else two_dp
+        if ours:
+            print(f"| {t['procs']} | {ours['tokens_per_second']:.0f} | "
+                  f"{t['tokens_per_second']:.0f} | {ours['tokens_per_second'] / t['tokens_per_second']:.2f} |")
+    if torch and "framework" in torch[0]:
+        print(f"\n({torch[0]['framework']})")
+    print("\n## GPU\n")
+    print("Not measured in this run: the machine has no GPU. The GPU figures (CUDA ops "
+          "against the CPU, gpt2-small bf16 tokens/s and MFU, PyTorch on the same GPU) come "
+          "from `tools/gpu_check.sh` on a GPU machine and are added here when measured; none "
+          "have been yet.")
+
+
+if __name__ == "__main__":
+    main()

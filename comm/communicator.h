@@ -110,6 +110,11 @@ class Communicator {
   // finished. A rank whose issued number is behind the others' never entered a collective.
   virtual uint64_t last_issued_sequence() const = 0;
   virtual uint64_t last_completed_sequence() const = 0;
+
+  // Seconds the communication thread has spent running operations since creation, so a
+  // caller can tell how much communication its own waits did not see (overlap). 0 where the
+  // backend does not measure it (NCCL: the work runs on the device, unseen by the host).
+  virtual double busy_seconds() const { return 0; }
 };
 
 }  // namespace tandem

@@ -122,6 +122,7 @@ struct CommState {
 
   // Readable without the lock (heartbeat reports, Wait's fast path).
   std::atomic<uint64_t> issued_atomic{0};
+  std::atomic<int64_t> busy_ns{0};  // time spent in op.run on the communication thread
   std::atomic<uint64_t> completed_atomic{0};
 
   // f32 staging for 16-bit reductions; communication thread only.
@@ -375,7 +376,12 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
       // The profiler's communication lane: when each operation really ran.
       SpanScope span(op.info.Describe(), "comm", -1, static_cast<int64_t>(op.info.sequence),
                      /*thread=*/1);
+      const auto start = std::chrono::steady_clock::now();
       status = op.run(*s);
+      s->busy_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - start)
+                               .count(),
+                           std::memory_order_relaxed);
       if (!status.ok()) {
         status = absl::Status(status.code(), absl::StrCat("rank ", s->id.rank, ": ",
                                                           op.info.Describe(), " failed: ",
@@ -502,6 +508,10 @@ class MpiCommunicator : public Communicator {
   uint64_t last_issued_sequence() const override {
     return state_->issued_atomic.load(std::memory_order_acquire);
   }
+  double busy_seconds() const override {
+    return state_->busy_ns.load(std::memory_order_relaxed) * 1e-9;
+  }
+
   uint64_t last_completed_sequence() const override {
     return state_->completed_atomic.load(std::memory_order_acquire);
   }

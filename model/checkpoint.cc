@@ -81,7 +81,8 @@ absl::StatusOr<std::string> CheckpointData::Meta(const std::string& key) const {
   return it->second;
 }
 
-absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data) {
+absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data,
+                             CheckpointFileInfo* info) {
   std::string buf(kMagic, 8);
   Put<uint32_t>(&buf, kVersion);
   Put<uint32_t>(&buf, static_cast<uint32_t>(data.arrays.size()));
@@ -95,7 +96,8 @@ absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data
   for (const auto& [k, v] : data.meta) meta += k + "=" + v + "\n";
   Put<uint32_t>(&buf, static_cast<uint32_t>(meta.size()));
   buf += meta;
-  Put<uint64_t>(&buf, Fnv1a(buf));
+  const uint64_t checksum = Fnv1a(buf);
+  Put<uint64_t>(&buf, checksum);
   buf.append(kEnd, 9);
 
   const std::string tmp = path + ".tmp";
@@ -133,7 +135,33 @@ absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data
     ::fsync(dfd);
     ::close(dfd);
   }
+  if (info != nullptr) {
+    info->bytes = static_cast<int64_t>(buf.size());
+    info->checksum = checksum;
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointFileInfo> StatCheckpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) {
+    return absl::NotFoundError(absl::StrFormat("checkpoint %s cannot be opened", path));
+  }
+  const std::streamoff size = in.tellg();
+  if (size < 8 + 4 + 4 + 4 + 8 + 9) {
+    return absl::DataLossError(
+        absl::StrFormat("checkpoint %s is corrupt or incomplete (too short)", path));
+  }
+  char tail[17];
+  in.seekg(size - 17);
+  if (!in.read(tail, 17) || std::memcmp(tail + 8, kEnd, 9) != 0) {
+    return absl::DataLossError(
+        absl::StrFormat("checkpoint %s is corrupt or incomplete (truncated)", path));
+  }
+  CheckpointFileInfo info;
+  info.bytes = static_cast<int64_t>(size);
+  std::memcpy(&info.checksum, tail, 8);
+  return info;
 }
 
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path) {

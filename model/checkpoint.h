@@ -10,6 +10,7 @@
 #ifndef TANDEM_MODEL_CHECKPOINT_H_
 #define TANDEM_MODEL_CHECKPOINT_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -28,8 +29,20 @@ struct CheckpointData {
   absl::StatusOr<std::string> Meta(const std::string& key) const;
 };
 
-absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data);
+// What identifies one written file: its size and the checksum stored in its trailer.
+struct CheckpointFileInfo {
+  int64_t bytes = 0;
+  uint64_t checksum = 0;
+};
+
+// Writes atomically; `info`, if given, receives the file's size and checksum.
+absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data,
+                             CheckpointFileInfo* info = nullptr);
+// Reads and verifies a whole file; DataLoss names the file when it is corrupt or truncated.
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path);
+// The size and stored checksum of a file, from its trailer only (nothing is verified but the
+// trailer's presence): a cheap check that a file is the one a manifest lists.
+absl::StatusOr<CheckpointFileInfo> StatCheckpoint(const std::string& path);
 
 }  // namespace tandem
 

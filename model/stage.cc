@@ -1,5 +1,7 @@
 #include "model/stage.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
@@ -69,6 +71,7 @@ absl::Status Stage::Forward(Stream& s, int id, const MicroBatch& mb, const Tenso
                         begin_, end_, id));
   }
   std::vector<Saved>& saved = saved_[id];
+  peak_in_flight_ = std::max(peak_in_flight_, in_flight());
   RETURN_IF_ERROR(RunForward(s, mb, x, &saved, y));
   if (recompute_) {
     for (Saved& b : saved) b.t.clear();

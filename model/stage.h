@@ -60,8 +60,11 @@ class Stage {
     saved_.clear();
     inputs_.clear();
   }
-  // Number of micro-batches whose activations are held now.
+  // Number of micro-batches whose activations are held now, and the most held at once
+  // since the last ResetPeakInFlight.
   int in_flight() const { return static_cast<int>(saved_.size()); }
+  int peak_in_flight() const { return peak_in_flight_; }
+  void ResetPeakInFlight() { peak_in_flight_ = in_flight(); }
 
   absl::Status ZeroGrads(Stream& s);
 
@@ -86,6 +89,7 @@ class Stage {
   std::map<int, std::vector<Saved>> saved_;              // micro-batch id -> per block
   std::map<int, Tensor> inputs_;                         // under recompute: id -> x
   bool recompute_ = false;
+  int peak_in_flight_ = 0;
   absl::Status RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
                           std::vector<Saved>* saved, Tensor* y);
 };

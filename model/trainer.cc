@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
+#include "model/sharded_checkpoint.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
 
@@ -125,7 +126,9 @@ absl::Status Trainer::LoadCheckpoint(const std::string& path) {
 }
 
 absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
-                               const Optimizer& optimizer, const LossScaler& scaler, int step) {
+                               const Optimizer& optimizer, const LossScaler& scaler, int step,
+                               const std::map<std::string, std::string>& extra,
+                               CheckpointFileInfo* info) {
   CheckpointData d;
   ASSIGN_OR_RETURN(std::vector<float> p, stage.params().flat().ToFloatVector());
   d.arrays.emplace_back("params", std::move(p));
@@ -136,7 +139,9 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
     d.arrays.emplace_back("optimizer.1", std::move(v));
   }
   d.meta["model"] = c.model.ToString();
+  d.meta["model_blocks"] = absl::StrCat(c.model.num_blocks());
   d.meta["blocks"] = absl::StrCat(stage.begin(), "-", stage.end());
+  d.meta["layout"] = FormatShardLayout(stage.layout());
   d.meta["optimizer"] = c.optimizer.kind;
   d.meta["step"] = absl::StrCat(step);
   d.meta["seed"] = absl::StrCat(c.seed);
@@ -144,50 +149,14 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
   d.meta["data_position"] = absl::StrCat(int64_t{step} * c.batch);
   d.meta["loss_scale"] = absl::StrFormat("%.9g", scaler.scale());
   d.meta["loss_scale_good_steps"] = absl::StrCat(scaler.good_steps());
-  return WriteCheckpoint(path, d);
+  for (const auto& [k, v] : extra) d.meta[k] = v;
+  return WriteCheckpoint(path, d, info);
 }
 
 absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, Stage& stage,
                                Optimizer* optimizer, LossScaler* scaler, int* step) {
   ASSIGN_OR_RETURN(CheckpointData d, ReadCheckpoint(path));
-  auto expect = [&](const std::string& key, const std::string& want,
-                    const std::string& fix) -> absl::Status {
-    ASSIGN_OR_RETURN(std::string got, d.Meta(key));
-    if (got != want) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "checkpoint %s is of %s '%s', not '%s'; %s", path, key, got, want, fix));
-    }
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(expect("model", c.model.ToString(), "pass the same --model and sizes"));
-  RETURN_IF_ERROR(expect("blocks", absl::StrCat(stage.begin(), "-", stage.end()),
-                         "resume with the same strategy and number of workers"));
-  RETURN_IF_ERROR(expect("optimizer", c.optimizer.kind, "pass the same --optimizer"));
-  RETURN_IF_ERROR(expect("batch", absl::StrCat(c.batch), "pass the same --batch"));
-  std::vector<std::pair<std::string, Tensor>> targets = {
-      {"params", stage.params().flat()}, {"optimizer.0", optimizer->state0()}};
-  if (optimizer->state1().defined()) targets.push_back({"optimizer.1", optimizer->state1()});
-  // Check every size before changing anything, so a mismatch leaves the state untouched.
-  for (const auto& [name, t] : targets) {
-    ASSIGN_OR_RETURN(const std::vector<float>* v, d.Array(name));
-    if (static_cast<int64_t>(v->size()) != t.numel()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "checkpoint %s: '%s' has %d values, the model needs %d", path, name, v->size(),
-          t.numel()));
-    }
-  }
-  ASSIGN_OR_RETURN(std::string step_text, d.Meta("step"));
-  ASSIGN_OR_RETURN(std::string scale, d.Meta("loss_scale"));
-  ASSIGN_OR_RETURN(std::string good, d.Meta("loss_scale_good_steps"));
-  for (const auto& [name, t] : targets) {
-    ASSIGN_OR_RETURN(const std::vector<float>* v, d.Array(name));
-    ASSIGN_OR_RETURN(Tensor src, Tensor::FromVector(*v, t.shape()));
-    RETURN_IF_ERROR(CopySync(t, src));
-  }
-  *step = std::stoi(step_text);
-  scaler->Restore(std::stof(scale), std::stoi(good));
-  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(stage.device()));
-  return stage.ParamsChanged(*s);
+  return LoadStateFromShards({{path, &d}}, path, c, stage, optimizer, scaler, step);
 }
 
 }  // namespace tandem

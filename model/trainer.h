@@ -5,11 +5,13 @@
 #define TANDEM_MODEL_TRAINER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/data.h"
 #include "model/optimizer.h"
@@ -76,11 +78,17 @@ absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& st
                                       Optimizer& optimizer, LossScaler& scaler, int step,
                                       float loss_sum, float grad_sumsq);
 
-// A stage's parameters, optimizer state, loss scale and step, in one checkpoint file.
+// A stage's parameters, optimizer state, loss scale and step, in one checkpoint file (a
+// shard, model/sharded_checkpoint.h): flat arrays with a "layout" entry naming each
+// parameter's offset and size, so any stage holding the same parameters can load it.
+// `extra` adds metadata entries; `info`, if given, receives the file's size and checksum.
 absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
-                               const Optimizer& optimizer, const LossScaler& scaler, int step);
-// Loads what SaveTrainingState wrote, after checking it is of the same model, stage,
-// optimizer and batch; on any error nothing is changed.
+                               const Optimizer& optimizer, const LossScaler& scaler, int step,
+                               const std::map<std::string, std::string>& extra = {},
+                               CheckpointFileInfo* info = nullptr);
+// Loads what SaveTrainingState wrote, by parameter name, after checking it is of the same
+// model, optimizer and batch and holds every parameter of the stage; on any error nothing
+// is changed.
 absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, Stage& stage,
                                Optimizer* optimizer, LossScaler* scaler, int* step);
 

@@ -362,6 +362,8 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
   StepTiming local;
   StepTiming* t = timing ? timing : &local;
   *t = StepTiming();
+  const double busy_start = comm_->busy_seconds();
+  stage_->ResetPeakInFlight();
   const TrainConfig& tc = c_.train;
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
   // [0]: this rank's summed token losses, [1]: its share of the squared gradient norm.
@@ -394,6 +396,8 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
   RETURN_IF_ERROR(s->Synchronize());
   t->optimizer_seconds = Now() - opt_start;
   t->last_sequence = comm_->last_issued_sequence();
+  t->comm_seconds = comm_->busy_seconds() - busy_start;
+  t->peak_in_flight = stage_->peak_in_flight();
   ++step_;
   r.seconds = Now() - start;
   return r;

@@ -55,11 +55,13 @@ absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_si
 // Per-step measurements of one rank.
 struct StepTiming {
   double compute_seconds = 0;        // forward and backward
+  double comm_seconds = 0;           // the communicator's busy time during the step
   double exposed_comm_seconds = 0;   // waiting for gradient all-reduces / loss reductions
   double bubble_seconds = 0;         // pipeline: waiting for activations or gradients
   double optimizer_seconds = 0;
   int64_t comm_bytes = 0;            // bytes all-reduced or sent
   uint64_t last_sequence = 0;        // the communicator's last collective sequence number
+  int peak_in_flight = 0;            // most micro-batches whose activations were held
 };
 
 class DistributedTrainer {

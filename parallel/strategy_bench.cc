@@ -41,19 +41,28 @@ double Median(std::vector<double> v) {
 struct Measured {
   double step_seconds = 0;
   double bubble_fraction = 0;  // averaged over ranks
+  double comm_seconds = 0;     // rank 0's medians
+  double exposed_seconds = 0;
+  double peak_activation_bytes = 0;  // rank 0's allocator peak above the model state
 };
 
 absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
   auto t = DistributedTrainer::Create(pc, comm);
   if (!t.ok()) return t.status();
-  std::vector<double> seconds, bubbles;
+  std::vector<double> seconds, bubbles, comm_s, exposed_s, peaks;
+  Allocator* cpu = *GetAllocator(Device::Cpu());
   for (int i = 0; i < kWarmup + kMeasured; ++i) {
     StepTiming timing;
+    cpu->ResetPeak();
+    const int64_t base = cpu->stats().allocated_bytes;
     auto r = (*t)->Step(&timing);
     if (!r.ok()) return r.status();
     if (i < kWarmup) continue;
     seconds.push_back(r->seconds);
     bubbles.push_back(timing.bubble_seconds / r->seconds);
+    comm_s.push_back(timing.comm_seconds);
+    exposed_s.push_back(timing.exposed_comm_seconds);
+    peaks.push_back(static_cast<double>(cpu->stats().peak_allocated_bytes - base));
   }
   // Average each rank's median bubble fraction, and take the slowest rank's step time.
   auto v = *Tensor::FromVector({static_cast<float>(Median(bubbles)), 0.0f}, {2});
@@ -63,6 +72,9 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
   Measured m;
   m.step_seconds = Median(seconds);
   m.bubble_fraction = v.data<float>()[0] / comm->world_size();
+  m.comm_seconds = Median(comm_s);
+  m.exposed_seconds = Median(exposed_s);
+  m.peak_activation_bytes = Median(peaks);
   return m;
 }
 
@@ -93,6 +105,9 @@ int Main(int argc, char** argv) {
                                  {"no-overlap", 25, false}};
       if (world > 1) {
         for (double mb : {1.0, 4.0, 100.0}) cases.push_back({"bucket", mb, true});
+        // gpt-tiny's 6.6 MB of gradients in 0.5 MB buckets: 13 buckets to overlap.
+        cases.push_back({"13 buckets, overlap", 0.5, true});
+        cases.push_back({"13 buckets, no-overlap", 0.5, false});
       }
       for (const Case& k : cases) {
         ParallelConfig pc;
@@ -109,31 +124,39 @@ int Main(int argc, char** argv) {
         if (std::string(k.name) == "warm-up") continue;
         emit(absl::StrFormat(
             "{\"bench\": \"data\", \"case\": \"%s\", \"workers\": %d, \"bucket_mb\": %g, "
-            "\"overlap\": %s, \"tokens_per_second\": %.1f, \"step_seconds\": %.6f}",
+            "\"overlap\": %s, \"tokens_per_second\": %.1f, \"step_seconds\": %.6f, "
+            "\"comm_seconds\": %.6f, \"exposed_comm_seconds\": %.6f}",
             k.name, world, k.bucket_mb, k.overlap ? "true" : "false",
-            batch * pc.train.model.seq_len / m->step_seconds, m->step_seconds));
+            batch * pc.train.model.seq_len / m->step_seconds, m->step_seconds, m->comm_seconds,
+            m->exposed_seconds));
       }
     } else if (mode == "pipeline") {
-      for (int mbs : {1, 1, 4, 8, 16}) {  // the first run warms up and is not reported
-        static bool warmed = false;
-        const bool report = warmed;
-        warmed = true;
-        ParallelConfig pc;
-        pc.train = Tiny(32, mbs);
-        pc.strategy = StrategyKind::kPipeline;
-        pc.schedule = "gpipe";
-        auto m = Run(pc, comm->get());
-        if (!m.ok()) {
-          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-          rc = 1;
-          break;
+      bool warmed = false;  // the first run warms up and is not reported
+      for (const char* schedule : {"gpipe", "gpipe", "1f1b"}) {
+        for (int mbs : {1, 4, 8, 16}) {
+          const bool report = warmed;
+          warmed = true;
+          ParallelConfig pc;
+          pc.train = Tiny(32, mbs);
+          pc.strategy = StrategyKind::kPipeline;
+          pc.schedule = schedule;
+          auto m = Run(pc, comm->get());
+          if (!m.ok()) {
+            std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
+            rc = 1;
+            break;
+          }
+          if (!report) break;
+          emit(absl::StrFormat(
+              "{\"bench\": \"pipeline\", \"schedule\": \"%s\", \"stages\": %d, "
+              "\"micro_batches\": %d, \"bubble_measured\": %.4f, \"bubble_gpipe\": %.4f, "
+              "\"step_seconds\": %.6f, \"tokens_per_second\": %.1f, "
+              "\"stage0_peak_activation_bytes\": %.0f}",
+              schedule, world, mbs, m->bubble_fraction, double(world - 1) / (mbs + world - 1),
+              m->step_seconds, 32 * pc.train.model.seq_len / m->step_seconds,
+              m->peak_activation_bytes));
         }
-        if (!report) continue;
-        emit(absl::StrFormat(
-            "{\"bench\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
-            "\"bubble_measured\": %.4f, \"bubble_gpipe\": %.4f, \"step_seconds\": %.6f}",
-            world, mbs, m->bubble_fraction, double(world - 1) / (mbs + world - 1),
-            m->step_seconds));
+        if (rc) break;
       }
     } else {
       std::fprintf(stderr, "usage: strategy_bench data|pipeline (under mpirun)\n");

@@ -130,7 +130,9 @@ absl::Status Train(int rank, int world, Progress* progress) {
   // Memory the model state holds (the rest of the peak is activations and workspace).
   const int64_t numel = trainer->stage().layout().numel();
   const int64_t param_bytes =
-      numel * (4 + (pc.train.dtype == DType::kF32 ? 0 : int64_t{DTypeSize(pc.train.dtype)}));
+      numel * (4 + (pc.train.dtype == DType::kF32
+                        ? 0
+                        : static_cast<int64_t>(DTypeSize(pc.train.dtype))));
   const int64_t grad_bytes = numel * 4;
   const int64_t optimizer_bytes = numel * 4 * (pc.train.optimizer.kind == "adamw" ? 2 : 1);
   Profiler::Enable(job.profile);

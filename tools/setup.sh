@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   iproute2                 # network namespaces for the multi-host test
+  chromium                 # renders the comparison report in its test (tools:render_report_test)
 )
 
 missing=()

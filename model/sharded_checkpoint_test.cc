@@ -1,0 +1,316 @@
+// Name-addressed checkpoints in one process: a whole-model checkpoint split into 4 stage
+// shards, those loaded as 2 stages and as one, every value landing where its name says; a
+// run continued from the round trip equal to the uninterrupted one bit for bit; the newest
+// complete checkpoint found past an incomplete one; missing, corrupt and foreign shards
+// refused with their names.
+#include "model/sharded_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/trainer.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  static int n = 0;
+  const std::string d = absl::StrCat(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp",
+                                     "/", name, "-", ++n);
+  ::mkdir(d.c_str(), 0755);
+  return d;
+}
+
+TrainConfig Small() {
+  TrainConfig c;
+  c.model = *ModelPreset("gpt");
+  c.model.n_layer = 2;  // 4 blocks: embed, h0, h1, head
+  c.model.d_model = 32;
+  c.model.n_head = 2;
+  c.model.seq_len = 16;
+  c.batch = 4;
+  c.micro_batches = 2;
+  c.steps = 6;
+  c.optimizer.lr = 3e-3f;
+  c.optimizer.warmup_steps = 2;
+  c.optimizer.total_steps = 6;
+  c.optimizer.weight_decay = 0.1f;
+  c.seed = 11;
+  return c;
+}
+
+// One stage with its own optimizer, as a pipeline rank holds it.
+struct Part {
+  std::unique_ptr<Stage> stage;
+  Optimizer optimizer;
+  LossScaler scaler{false};
+  int step = 0;
+};
+
+Part MakePart(const TrainConfig& c, int begin, int end) {
+  Part p;
+  p.stage = *Stage::Create(c.model, begin, end, c.device, /*seed=*/999);  // not the trained
+  p.optimizer = *Optimizer::Create(c.optimizer, p.stage->layout().numel(), c.device);
+  return p;
+}
+
+// Every array of a file, by parameter name: name -> {params, m, v} values.
+std::map<std::string, std::vector<std::vector<float>>> ByName(const std::string& path) {
+  CheckpointData d = *ReadCheckpoint(path);
+  std::map<std::string, std::vector<std::vector<float>>> out;
+  for (const ShardParam& p : *ParseShardLayout(*d.Meta("layout"))) {
+    for (const char* a : {"params", "optimizer.0", "optimizer.1"}) {
+      const std::vector<float>& v = **d.Array(a);
+      out[p.name].emplace_back(v.begin() + p.offset, v.begin() + p.offset + p.numel);
+    }
+  }
+  return out;
+}
+
+// Saves parts as the shards of one checkpoint with its manifest, as a pipeline does.
+void SaveParts(const TrainConfig& c, std::vector<Part>& parts, const std::string& dir, int step) {
+  Manifest m;
+  m.step = step;
+  m.strategy = "pipeline";
+  m.world_size = static_cast<int>(parts.size());
+  m.model = c.model.ToString();
+  m.optimizer = c.optimizer.kind;
+  m.batch = c.batch;
+  m.seed = c.seed;
+  const std::string prefix = CheckpointPrefixFor(dir, step);
+  for (size_t r = 0; r < parts.size(); ++r) {
+    ShardRecord s;
+    s.file = absl::StrFormat("step-%06d.stage-%d.ckpt", step, r);
+    s.block_begin = parts[r].stage->begin();
+    s.block_end = parts[r].stage->end();
+    CheckpointFileInfo info;
+    ASSERT_TRUE(SaveTrainingState(dir + "/" + s.file, c, *parts[r].stage, parts[r].optimizer,
+                                  parts[r].scaler, parts[r].step, {}, &info)
+                    .ok());
+    s.bytes = info.bytes;
+    s.checksum = info.checksum;
+    m.shards.push_back(s);
+  }
+  ASSERT_TRUE(WriteManifest(prefix, m).ok());
+}
+
+// A 3-step trained model saved whole, in `dir`/whole.ckpt.
+std::string TrainedWhole(const std::string& dir) {
+  TrainConfig c = Small();
+  c.steps = 3;
+  auto t = *Trainer::Create(c);
+  EXPECT_TRUE(t->Run(nullptr).ok());
+  const std::string path = dir + "/whole.ckpt";
+  EXPECT_TRUE(t->SaveCheckpoint(path).ok());
+  return path;
+}
+
+TEST(ShardedCheckpoint, LayoutRoundTrip) {
+  const TrainConfig c = Small();
+  auto st = *Stage::Create(c.model, 1, 3, c.device, 1);
+  auto parsed = ParseShardLayout(FormatShardLayout(st->layout()));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), st->layout().entries().size());
+  for (size_t i = 0; i < parsed->size(); ++i) {
+    EXPECT_EQ((*parsed)[i].name, st->layout().entries()[i].spec.name);
+    EXPECT_EQ((*parsed)[i].offset, st->layout().entries()[i].offset);
+  }
+  EXPECT_FALSE(ParseShardLayout("a:1").ok());
+  EXPECT_EQ(CheckpointStep("/x/step-000012.stage-3.ckpt"), 12);
+  EXPECT_EQ(CheckpointStep("step-000004.manifest"), 4);
+  EXPECT_EQ(CheckpointStep("/x/step-000004"), 4);
+  EXPECT_EQ(CheckpointStep("/x/weights.bin"), -1);
+}
+
+// Whole -> 4 stages -> 2 stages -> whole: every parameter and optimizer moment lands where
+// its name says, bit for bit.
+TEST(ShardedCheckpoint, ReshardsAcrossStageCounts) {
+  const std::string dir = FreshDir("reshard");
+  const std::string whole = TrainedWhole(dir);
+  const auto truth = ByName(whole);
+  const TrainConfig c = Small();
+
+  std::vector<Part> four;
+  for (int b = 0; b < 4; ++b) {
+    four.push_back(MakePart(c, b, b + 1));
+    absl::Status s = LoadTrainingState(whole, c, *four.back().stage, &four.back().optimizer,
+                                       &four.back().scaler, &four.back().step);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(four.back().step, 3);
+  }
+  SaveParts(c, four, dir, 3);
+  const std::string prefix = CheckpointPrefixFor(dir, 3);
+  auto m = ReadManifest(prefix);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->shards.size(), 4u);
+  EXPECT_TRUE(VerifyCheckpoint(prefix, *m).ok());
+
+  std::vector<Part> two;
+  two.push_back(MakePart(c, 0, 2));
+  two.push_back(MakePart(c, 2, 4));
+  for (Part& p : two) {
+    absl::Status s =
+        LoadShardedTrainingState(prefix, c, *p.stage, &p.optimizer, &p.scaler, &p.step);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(p.step, 3);
+  }
+  const std::string two_dir = FreshDir("reshard-two");
+  SaveParts(c, two, two_dir, 3);
+  Part one = MakePart(c, 0, 4);
+  absl::Status s = LoadShardedTrainingState(CheckpointPrefixFor(two_dir, 3), c, *one.stage,
+                                            &one.optimizer, &one.scaler, &one.step);
+  ASSERT_TRUE(s.ok()) << s;
+  const std::string again = dir + "/again.ckpt";
+  ASSERT_TRUE(SaveTrainingState(again, c, *one.stage, one.optimizer, one.scaler, one.step).ok());
+  EXPECT_EQ(ByName(again), truth);
+}
+
+// A run continued from a checkpoint that went through 4 stages and back equals the
+// uninterrupted run, bit for bit.
+TEST(ShardedCheckpoint, ContinuingAfterReshardingIsBitExact) {
+  std::vector<float> straight, resumed;
+  {
+    auto t = *Trainer::Create(Small());
+    ASSERT_TRUE(t->Run([&](const StepReport& r) { straight.push_back(r.loss); }).ok());
+  }
+  const std::string dir = FreshDir("continue");
+  {
+    TrainConfig c = Small();
+    c.steps = 3;
+    auto t = *Trainer::Create(c);
+    ASSERT_TRUE(t->Run([&](const StepReport& r) { resumed.push_back(r.loss); }).ok());
+    ASSERT_TRUE(t->SaveCheckpoint(dir + "/whole.ckpt").ok());
+  }
+  const TrainConfig c = Small();
+  std::vector<Part> four;
+  for (int b = 0; b < 4; ++b) {
+    four.push_back(MakePart(c, b, b + 1));
+    ASSERT_TRUE(LoadTrainingState(dir + "/whole.ckpt", c, *four.back().stage,
+                                  &four.back().optimizer, &four.back().scaler, &four.back().step)
+                    .ok());
+  }
+  SaveParts(c, four, dir, 3);
+  // The one-worker trainer reads a single file: assemble one from the shards.
+  Part one = MakePart(c, 0, 4);
+  ASSERT_TRUE(LoadShardedTrainingState(CheckpointPrefixFor(dir, 3), c, *one.stage,
+                                       &one.optimizer, &one.scaler, &one.step)
+                  .ok());
+  ASSERT_TRUE(
+      SaveTrainingState(dir + "/joined.ckpt", c, *one.stage, one.optimizer, one.scaler, one.step)
+          .ok());
+  TrainConfig rc = Small();
+  rc.resume = dir + "/joined.ckpt";
+  auto t = Trainer::Create(rc);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Run([&](const StepReport& r) { resumed.push_back(r.loss); }).ok());
+  ASSERT_EQ(straight.size(), resumed.size());
+  for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << i;
+}
+
+class DamagedShards : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshDir("damaged");
+    const std::string whole = TrainedWhole(dir_);
+    c_ = Small();
+    for (int step : {3, 5}) {
+      std::vector<Part> parts;
+      parts.push_back(MakePart(c_, 0, 2));
+      parts.push_back(MakePart(c_, 2, 4));
+      for (Part& p : parts) {
+        ASSERT_TRUE(
+            LoadTrainingState(whole, c_, *p.stage, &p.optimizer, &p.scaler, &p.step).ok());
+        p.step = step;
+      }
+      SaveParts(c_, parts, dir_, step);
+    }
+  }
+  absl::Status Load(int step) {
+    Part p = MakePart(c_, 0, 4);
+    return LoadShardedTrainingState(CheckpointPrefixFor(dir_, step), c_, *p.stage,
+                                    &p.optimizer, &p.scaler, &p.step);
+  }
+  std::string Shard(int step, int stage) {
+    return absl::StrFormat("%s/step-%06d.stage-%d.ckpt", dir_, step, stage);
+  }
+  std::string dir_;
+  TrainConfig c_;
+};
+
+TEST_F(DamagedShards, NewestCompleteIsFound) {
+  auto latest = FindLatestCheckpoint(dir_);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, CheckpointPrefixFor(dir_, 5));
+  EXPECT_TRUE(Load(5).ok());
+}
+
+TEST_F(DamagedShards, MissingShardIsRefusedByName) {
+  ASSERT_EQ(std::remove(Shard(5, 1).c_str()), 0);
+  absl::Status s = Load(5);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr(Shard(5, 1) + " is missing"));
+  std::vector<std::string> passed;
+  auto latest = FindLatestCheckpoint(dir_, &passed);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, CheckpointPrefixFor(dir_, 3));
+  ASSERT_EQ(passed.size(), 1u);
+  EXPECT_THAT(passed[0], HasSubstr(Shard(5, 1)));
+}
+
+TEST_F(DamagedShards, CorruptShardIsRefusedByName) {
+  std::string bytes;
+  {
+    std::ifstream in(Shard(5, 0), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  bytes[bytes.size() / 2] ^= 0x10;  // the trailer (size, checksum) stays as listed
+  std::ofstream(Shard(5, 0), std::ios::binary | std::ios::trunc) << bytes;
+  absl::Status s = Load(5);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr(Shard(5, 0)));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("checksum mismatch"));
+  EXPECT_EQ(*FindLatestCheckpoint(dir_), CheckpointPrefixFor(dir_, 3));
+}
+
+TEST_F(DamagedShards, ShardOfAnotherSaveIsRefused) {
+  // Step 3's stage-1 shard put where step 5's was: whole, but not the one listed.
+  ASSERT_EQ(std::rename(Shard(3, 1).c_str(), Shard(5, 1).c_str()), 0);
+  absl::Status s = Load(5);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr(Shard(5, 1) + " is not the one"));
+}
+
+TEST_F(DamagedShards, ManifestMissingABlockIsIncomplete) {
+  auto m = ReadManifest(CheckpointPrefixFor(dir_, 5));
+  ASSERT_TRUE(m.ok());
+  m->shards.pop_back();
+  ASSERT_TRUE(WriteManifest(CheckpointPrefixFor(dir_, 5), *m).ok());
+  absl::Status s = VerifyCheckpoint(CheckpointPrefixFor(dir_, 5), *m);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("hold blocks 0-2 of the model's 4"));
+  absl::Status l = Load(5);  // the whole model needs the missing blocks' parameters
+  ASSERT_FALSE(l.ok());
+  EXPECT_THAT(std::string(l.message()), HasSubstr("holds no parameter"));
+}
+
+TEST_F(DamagedShards, OtherModelIsRefusedBeforeLoading) {
+  c_.model.d_model = 64;
+  absl::Status s = Load(5);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is of model"));
+}
+
+}  // namespace
+}  // namespace tandem

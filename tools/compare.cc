@@ -1,0 +1,415 @@
+// `bazel run //tools:compare -- --gpus=4 --model=gpt-tiny`: trains the same model, global
+// batch, seed and steps on one worker and under every strategy (data, model, pipeline GPipe
+// and 1F1B) through the launcher, then writes report.md, report.html and report.json.
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "tools/report.h"
+
+extern char** environ;
+
+namespace tandem {
+namespace tools {
+namespace {
+
+// Defaults that finish in about a minute for gpt-tiny on 4 CPU workers and 2 cores.
+constexpr int kDefaultSteps = 20;
+constexpr int kDefaultBatch = 16;
+
+constexpr char kHelp[] =
+    "Usage: bazel run //tools:compare -- [--gpus=N] [--out=DIR] [launcher flags]\n"
+    "Trains the same model, global batch, seed and number of steps on one worker (the\n"
+    "baseline) and with N workers under data parallel, model parallel, pipeline GPipe and\n"
+    "pipeline 1F1B, each through the launcher with --profile, then writes report.md,\n"
+    "report.html (self-contained) and report.json with the charts beside them.\n"
+    "\n"
+    "  --gpus=N    workers per strategy (default 4)\n"
+    "  --out=DIR   output folder (default reports/<time> in the current directory); the\n"
+    "              runs go to DIR/runs/<strategy>, the launcher's output to DIR/logs/\n"
+    "Every other flag goes to each launcher run unchanged (--model, --steps, --batch, --seed,\n"
+    "--device, --micro-batches, ...); --steps defaults to 20 and --batch to 16 here.\n"
+    "--strategy, --schedule and --run-dir are set by compare for each run; the launcher's\n"
+    "flags: bazel run //launcher -- --help\n";
+
+struct Run {
+  std::string name;
+  std::string label;
+  std::vector<std::string> flags;
+};
+
+// "--micro_batches=3" -> "micro-batches"; "" for a word that is not a flag.
+std::string FlagName(const std::string& word) {
+  if (word.size() < 2 || word[0] != '-' || word == "--") return "";
+  std::string name = word.substr(word[1] == '-' ? 2 : 1);
+  name = name.substr(0, name.find('='));
+  return absl::StrReplaceAll(name, {{"_", "-"}});
+}
+
+bool IsDirectory(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool IsExecutable(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+}
+
+std::string Cwd() {
+  char buf[4096];
+  return getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
+}
+
+std::string Absolute(const std::string& base, const std::string& p) {
+  if (p.empty() || p[0] == '/') return p;
+  return absl::StrCat(base, "/", p);
+}
+
+std::string DirOf(const std::string& p) {
+  const size_t slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string sofar;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part.empty()) {
+      if (sofar.empty()) sofar = "/";
+      continue;
+    }
+    sofar =
+        sofar.empty() || sofar == "/" ? absl::StrCat(sofar, part) : absl::StrCat(sofar, "/", part);
+    if (mkdir(sofar.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::PermissionDeniedError(
+          absl::StrFormat("cannot create %s: %s", sofar, std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The launcher in this binary's runfiles, as the launcher finds the worker: relative to the
+// startup directory (bazel run starts there), <argv0>.runfiles/tandem/, $RUNFILES_DIR/tandem/.
+absl::StatusOr<std::string> FindLauncher(const std::string& argv0, const std::string& cwd) {
+  const std::string rel = "launcher/launcher";
+  std::vector<std::string> candidates = {Absolute(cwd, rel)};
+  const std::string self = Absolute(cwd, argv0);
+  candidates.push_back(absl::StrCat(self, ".runfiles/tandem/", rel));
+  if (const char* rf = std::getenv("RUNFILES_DIR"); rf != nullptr && *rf != '\0') {
+    candidates.push_back(absl::StrCat(Absolute(cwd, rf), "/tandem/", rel));
+  }
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    candidates.push_back(absl::StrCat(exe, ".runfiles/tandem/", rel));
+  }
+  for (const std::string& c : candidates) {
+    if (IsExecutable(c)) return c;
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "cannot find the launcher (%s) in compare's runfiles; looked at %s. Start compare with "
+      "`bazel run //tools:compare -- ...`",
+      rel, absl::StrJoin(candidates, ", ")));
+}
+
+int HostCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// Runs `argv` with output to `log`; returns its exit status (128 + signal when killed).
+absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
+                              const std::vector<std::string>& env) {
+  std::vector<char*> args, envp;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", log, std::strerror(errno)));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    return absl::InternalError(absl::StrFormat("fork: %s", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    const int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    signal(SIGINT, SIG_DFL);
+    execve(args[0], args.data(), envp.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fd);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR)
+      return absl::InternalError(absl::StrFormat("waitpid: %s", std::strerror(errno)));
+  }
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+std::string FirstLineOf(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+// What the launcher said about why it did not run (exit 2: its validation problems) or why
+// the job failed, from its output.
+std::string LauncherMessage(const std::string& log, int code) {
+  const std::vector<std::string> lines = ReadLines(log);
+  std::vector<std::string> picked;
+  if (code == 2) {
+    for (const std::string& l : lines) {
+      if (absl::StartsWith(l, "launcher: ")) picked.push_back(l.substr(10));
+    }
+  } else {
+    bool in_tail = false;  // the failed rank's last log lines follow "last 20 lines of"
+    for (const std::string& l : lines) {
+      if (absl::StartsWith(l, "launcher: ")) {
+        in_tail = absl::StrContains(l, "last 20 lines of");
+        const bool info =
+            absl::StartsWith(l, "launcher: no GPU visible") || absl::StrContains(l, "; run dir ");
+        if (!info) picked.push_back(l.substr(10));
+      } else if (in_tail && absl::StartsWith(l, "    ")) {
+        picked.push_back(l);
+      } else {
+        in_tail = false;
+      }
+    }
+    if (picked.empty()) {
+      for (size_t i = lines.size() > 15 ? lines.size() - 15 : 0; i < lines.size(); ++i) {
+        picked.push_back(lines[i]);
+      }
+    }
+  }
+  std::string out = absl::StrJoin(picked, "\n");
+  absl::StrAppendFormat(&out, "%s(launcher exit code %d; its output: %s)", out.empty() ? "" : "\n",
+                        code, log);
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  const std::string cwd = Cwd();
+  const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  const std::string user_dir = bwd != nullptr && *bwd != '\0' ? bwd : cwd;
+
+  int gpus = 4;
+  std::string out_dir;
+  bool have_steps = false, have_batch = false;
+  std::vector<std::string> pass;  // to every launcher run
+  std::vector<std::string> problems;
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const std::string name = FlagName(a);
+    const bool inline_value = a.find('=') != std::string::npos;
+    auto value = [&](std::string* v) -> bool {
+      if (inline_value) {
+        *v = a.substr(a.find('=') + 1);
+        return true;
+      }
+      if (i + 1 < args.size()) {
+        *v = args[++i];
+        return true;
+      }
+      problems.push_back(absl::StrFormat("--%s needs a value", name));
+      return false;
+    };
+    if (name == "help" || name == "h") {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+    if (name == "gpus") {
+      std::string v;
+      if (value(&v) && (!absl::SimpleAtoi(v, &gpus) || gpus < 2)) {
+        problems.push_back(absl::StrFormat("--gpus=%s: compare needs at least 2 workers", v));
+      }
+    } else if (name == "out") {
+      value(&out_dir);
+    } else if (name == "strategy" || name == "schedule" || name == "run-dir") {
+      problems.push_back(
+          absl::StrFormat("--%s: compare sets it for each of its runs (see --help)", name));
+      if (!inline_value && i + 1 < args.size()) ++i;
+    } else if (name == "profile" || name == "noprofile" || name == "no-profile") {
+      // Every run is profiled: the timelines need the traces.
+    } else {
+      if (name == "steps") have_steps = true;
+      if (name == "batch") have_batch = true;
+      pass.push_back(a);
+    }
+  }
+  if (!problems.empty()) {
+    for (const std::string& p : problems) std::fprintf(stderr, "compare: %s\n", p.c_str());
+    return 2;
+  }
+  if (!have_steps) pass.push_back(absl::StrCat("--steps=", kDefaultSteps));
+  if (!have_batch) pass.push_back(absl::StrCat("--batch=", kDefaultBatch));
+
+  absl::StatusOr<std::string> launcher = FindLauncher(argv[0], cwd);
+  if (!launcher.ok()) {
+    std::fprintf(stderr, "compare: %s\n", std::string(launcher.status().message()).c_str());
+    return 2;
+  }
+  const absl::Time now = absl::Now();
+  if (out_dir.empty()) {
+    out_dir = absl::StrCat(user_dir, "/reports/",
+                           absl::FormatTime("%Y%m%d-%H%M%S", now, absl::LocalTimeZone()));
+  }
+  out_dir = Absolute(user_dir, out_dir);
+  while (out_dir.size() > 1 && out_dir.back() == '/') out_dir.pop_back();
+  if (IsDirectory(out_dir + "/runs")) {
+    std::fprintf(stderr, "compare: --out=%s already holds runs; choose another folder\n",
+                 out_dir.c_str());
+    return 2;
+  }
+  for (const std::string& d : {out_dir, out_dir + "/runs", out_dir + "/logs"}) {
+    if (absl::Status s = MakeDirs(d); !s.ok()) {
+      std::fprintf(stderr, "compare: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+
+  // The launcher finds the worker in the same runfiles tree.
+  std::vector<std::string> env;
+  const std::string runfiles =
+      DirOf(DirOf(DirOf(*launcher)));  // <runfiles>/tandem/launcher/launcher
+  bool have_runfiles_env = false;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (absl::StartsWith(*e, "RUNFILES_DIR=")) have_runfiles_env = true;
+    env.push_back(*e);
+  }
+  if (!have_runfiles_env && IsExecutable(runfiles + "/tandem/parallel/worker")) {
+    env.push_back("RUNFILES_DIR=" + runfiles);
+  }
+
+  const std::string n = absl::StrCat("--gpus=", gpus);
+  const std::vector<Run> runs = {
+      {"baseline", "one worker", {"--strategy=data", "--gpus=1"}},
+      {"data", "data parallel", {"--strategy=data", n}},
+      {"model", "model parallel", {"--strategy=model", n}},
+      {"gpipe", "pipeline GPipe", {"--strategy=pipeline", "--schedule=gpipe", n}},
+      {"1f1b", "pipeline 1F1B", {"--strategy=pipeline", "--schedule=1f1b", n}},
+  };
+  std::printf("compare: %d runs of %s into %s\n", static_cast<int>(runs.size()),
+              absl::StrJoin(pass, " ").c_str(), out_dir.c_str());
+  std::fflush(stdout);
+  // Ctrl-C reaches the launcher (same process group), which stops its workers and exits 130;
+  // compare then stops too.
+  signal(SIGINT, SIG_IGN);
+  std::vector<Entry> entries;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const Run& run = runs[k];
+    Entry e;
+    e.name = run.name;
+    e.label = run.label;
+    const std::string dir = absl::StrCat(out_dir, "/runs/", run.name);
+    const std::string log = absl::StrCat(out_dir, "/logs/", run.name, ".log");
+    std::vector<std::string> argv_run = {*launcher};
+    argv_run.insert(argv_run.end(), run.flags.begin(), run.flags.end());
+    argv_run.push_back("--profile");
+    argv_run.push_back("--run-dir=" + dir);
+    argv_run.insert(argv_run.end(), pass.begin(), pass.end());
+    std::printf("compare: [%d/%d] %-15s ", static_cast<int>(k + 1), static_cast<int>(runs.size()),
+                run.label.c_str());
+    std::fflush(stdout);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<int> code = RunLogged(argv_run, log, env);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!code.ok()) {
+      std::printf("failed to start\n");
+      std::fprintf(stderr, "compare: %s\n", std::string(code.status().message()).c_str());
+      return 1;
+    }
+    if (*code == 130) {
+      std::printf("interrupted\n");
+      std::fprintf(stderr, "compare: interrupted; the runs so far are in %s/runs\n",
+                   out_dir.c_str());
+      return 130;
+    }
+    if (*code != 0) {
+      e.error = LauncherMessage(log, *code);
+      std::printf("did not run (%.0f s): %s\n", secs, FirstLineOf(e.error).c_str());
+    } else {
+      absl::StatusOr<RunData> data = ReadRun(dir);
+      if (!data.ok()) {
+        e.error = absl::StrCat("the run finished but its results cannot be read: ",
+                               data.status().message());
+        std::printf("unreadable (%.0f s)\n", secs);
+      } else {
+        e.ran = true;
+        e.run = std::move(*data);
+        std::printf("ok (%.0f s)\n", secs);
+      }
+    }
+    std::fflush(stdout);
+    entries.push_back(std::move(e));
+  }
+
+  std::string command = "bazel run //tools:compare --";
+  for (const std::string& a : args) absl::StrAppend(&command, " ", a);
+  const Report report =
+      BuildReport(std::move(entries), HostCores(), command,
+                  absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone()));
+  if (absl::Status s = WriteReport(report, out_dir); !s.ok()) {
+    std::fprintf(stderr, "compare: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("\n");
+  for (const Figures& f : report.figures) {
+    if (f.ran) {
+      std::printf("  %-15s %10s tok/s  %6s  peak %9s  loss %.4f\n", f.label.c_str(),
+                  Thousands(f.tokens_per_second).c_str(), Ratio(f.speedup).c_str(),
+                  Bytes(f.peak_bytes).c_str(), f.final_loss);
+    } else {
+      std::printf("  %-15s could not run\n", f.label.c_str());
+    }
+  }
+  std::printf("\n");
+  for (const std::string& s : report.summary) std::printf("%s\n", s.c_str());
+  std::printf("\nreport: %s/report.md\n        %s/report.html\n        %s/report.json\n",
+              out_dir.c_str(), out_dir.c_str(), out_dir.c_str());
+  bool any = false;
+  for (const Figures& f : report.figures) any = any || f.ran;
+  return any ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tools
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::tools::Main(argc, argv); }

@@ -1,0 +1,178 @@
+// The strategy comparison report: run directories (run.json, per-rank metrics, traces) read
+// into plain structs, the figures per strategy against the one-worker baseline, rule-based
+// recommendations, timelines of one measured step, and the markdown, JSON and HTML writers.
+#ifndef TANDEM_TOOLS_REPORT_H_
+#define TANDEM_TOOLS_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "launcher/trace_merge.h"
+#include "tools/svg.h"
+
+namespace tandem {
+namespace tools {
+
+// One rank's line for one step (parallel/worker.cc writes them).
+struct StepMetrics {
+  int step = 0;
+  double loss = 0;
+  double seconds = 0;
+  double compute = 0;
+  double exposed_comm = 0;
+  double bubble = 0;
+  double optimizer = 0;
+  int64_t comm_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optimizer_bytes = 0;
+};
+
+// A run directory as the launcher leaves it.
+struct RunData {
+  std::string dir;
+  std::string strategy;  // data, model, pipeline
+  std::string schedule;  // gpipe, 1f1b (pipeline)
+  std::string model;
+  std::string device;
+  std::string seed;
+  std::string exit = "ok";
+  int workers = 0;
+  int batch = 0;
+  int steps = 0;
+  int micro_batches = 1;
+  double bucket_mb = 25;  // data parallel's gradient buckets
+  bool overlap = true;    // data parallel: all-reduce during backward
+  int64_t tokens_per_step = 0;
+  std::vector<double> losses;                   // the global batch's, per step (rank 0's)
+  std::vector<std::vector<StepMetrics>> ranks;  // per rank, in step order
+  // Per rank, on rank 0's clock (launcher::ClockOffsetsUs); empty when not profiled.
+  std::vector<launcher::RankTrace> traces;
+};
+
+// Reads <dir>/run.json, <dir>/metrics/rank-<r>.jsonl and, where present,
+// <dir>/traces/rank-<r>.json. A missing run.json or metrics file is an error.
+absl::StatusOr<RunData> ReadRun(const std::string& dir);
+
+// One entry of the comparison: a run, or why it could not run.
+struct Entry {
+  std::string name;   // file-name safe: "baseline", "data", "model", "gpipe", "1f1b"
+  std::string label;  // "one worker", "data parallel", ...
+  bool ran = false;
+  std::string error;  // the launcher's message when !ran
+  RunData run;
+};
+
+// Per-step means of one rank (warm-up steps left out, as for throughput).
+struct RankFigures {
+  int rank = 0;
+  double step_seconds = 0;
+  double compute_seconds = 0;
+  double exposed_comm_seconds = 0;
+  double bubble_seconds = 0;
+  double optimizer_seconds = 0;
+  double other_seconds = 0;  // the rest of the step: data loading, bookkeeping
+  int64_t peak_bytes = 0;
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t activation_bytes = 0;  // peak - the three above, at least 0 (includes workspace)
+};
+
+struct Figures {
+  std::string name;
+  std::string label;
+  bool ran = false;
+  std::string error;
+  int workers = 0;
+  int micro_batches = 1;
+  int steps = 0;            // completed
+  double step_seconds = 0;  // slowest rank per step, mean over steps after warm-up
+  double tokens_per_second = 0;
+  double speedup = 0;          // tokens/s over the baseline's
+  double efficiency = 0;       // speed-up / workers
+  double compute_seconds = 0;  // per step, mean over ranks
+  double exposed_comm_seconds = 0;
+  double bubble_seconds = 0;
+  int64_t peak_bytes = 0;        // the largest rank's
+  int64_t activation_bytes = 0;  // the largest rank's
+  double final_loss = 0;
+  double max_loss_deviation = 0;  // max over steps of |loss - baseline loss|; NaN: no baseline
+  std::vector<RankFigures> ranks;
+  std::string recommendation;  // a short verdict with its reason
+};
+
+// Steps left out of means as warm-up (when later steps exist).
+constexpr int kWarmupSteps = 2;
+
+// The figures of `e` against `baseline` (nullptr, or not ran: speed-up and deviation unset).
+Figures ComputeFigures(const Entry& e, const Entry* baseline);
+
+// Fills each strategy's recommendation and returns the report's summary lines: the fastest,
+// the least memory per rank, the choice between them, loss parity, and what the host (with
+// `host_cores` cores) means for the numbers. figures[0] is the baseline.
+std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores);
+
+// The events of one training step of a profiled run, as a timeline: each rank's step is
+// the span after its previous "optimizer" span up to the end of its own; times are on rank
+// 0's clock, from the earliest rank's step start. Fails when the run has no traces or
+// fewer optimizer spans than `step` + 1.
+absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::string& title);
+// The step the report draws: the second-to-last (the last may overlap shutdown), else 0.
+int TimelineStep(const RunData& run);
+// What a strategy's timeline shows, from its settings (e.g. whether the gradients fit in one
+// bucket, so their all-reduce cannot overlap backward).
+std::string TimelineCaption(const RunData& run);
+
+struct Chart {
+  std::string file;  // "throughput.svg"
+  std::string title;
+  std::string svg;
+  std::string caption;  // what to look for in it
+};
+
+struct Report {
+  std::string model;
+  std::string device;
+  int gpus = 0;
+  int batch = 0;
+  int steps = 0;
+  std::string seed;
+  int host_cores = 0;
+  std::string command;           // how it was made
+  std::string created;           // local time
+  std::vector<Entry> entries;    // baseline first
+  std::vector<Figures> figures;  // one per entry
+  std::vector<std::string> summary;
+  std::vector<Chart> charts;       // throughput, step time, memory
+  std::vector<Chart> timelines;    // one per profiled strategy that ran
+  std::vector<std::string> notes;  // timelines that could not be drawn, and why
+};
+
+// Figures, recommendations and charts for `entries` (the first is the baseline). The run
+// settings (model, batch, ...) come from the first entry that ran.
+Report BuildReport(std::vector<Entry> entries, int host_cores, const std::string& command,
+                   const std::string& created);
+
+std::string MarkdownReport(const Report& r);  // links the charts' files beside it
+std::string JsonReport(const Report& r);
+std::string HtmlReport(const Report& r);  // one self-contained file, charts inlined
+
+// Writes report.md, report.json, report.html and every chart's SVG into `dir`.
+absl::Status WriteReport(const Report& r, const std::string& dir);
+
+// Formats: "12.3 MB" (binary units), "3,100", "1.80x", "45%", "12.3 ms".
+std::string Bytes(int64_t b);
+std::string Thousands(double v);
+std::string Ratio(double v);
+std::string Percent(double v);
+std::string Millis(double seconds);
+
+}  // namespace tools
+}  // namespace tandem
+
+#endif  // TANDEM_TOOLS_REPORT_H_

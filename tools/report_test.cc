@@ -1,0 +1,561 @@
+// Tests of the comparison report on fixture run directories written here: reading runs,
+// the figures (throughput after warm-up, speed-up, step split, memory split, loss
+// deviation), the recommendation rules, the step timeline cut from traces, the SVG charts
+// (well-formed, a rectangle per span and rank) and the markdown, JSON and HTML writers.
+#include "tools/report.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "launcher/trace_merge.h"
+#include "runtime/profiler.h"
+#include "tools/svg.h"
+
+namespace tandem {
+namespace tools {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string TempDir(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  static int n = 0;
+  const std::string dir =
+      absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// Checks that every tag is closed in order; returns "" or the problem.
+std::string XmlProblem(const std::string& xml) {
+  std::vector<std::string> open;
+  size_t i = 0;
+  while ((i = xml.find('<', i)) != std::string::npos) {
+    const size_t end = xml.find('>', i);
+    if (end == std::string::npos) return "unterminated tag";
+    const std::string tag = xml.substr(i + 1, end - i - 1);
+    i = end + 1;
+    if (tag.empty()) return "empty tag";
+    if (tag[0] == '!' || tag[0] == '?') continue;
+    if (tag[0] == '/') {
+      const std::string name = tag.substr(1);
+      if (open.empty() || open.back() != name) {
+        return absl::StrCat("</", name, "> closes <", open.empty() ? "nothing" : open.back(), ">");
+      }
+      open.pop_back();
+      continue;
+    }
+    if (tag.back() == '/') continue;
+    open.push_back(tag.substr(0, tag.find_first_of(" \n")));
+  }
+  return open.empty() ? "" : absl::StrCat("<", open.back(), "> never closed");
+}
+
+// ---- fixtures: run directories as the launcher and workers leave them ----
+
+struct RankSpec {
+  std::vector<double> seconds;  // per step
+  double compute = 0.5, exposed = 0.1, bubble = 0, optimizer = 0.05;
+  int64_t peak = 100 << 20, params = 10 << 20, grads = 10 << 20, optimizer_bytes = 20 << 20;
+};
+
+struct RunSpec {
+  std::string strategy = "data";
+  std::string schedule = "gpipe";
+  int micro_batches = 1;
+  int64_t tokens_per_step = 1000;
+  std::vector<double> losses;
+  std::vector<RankSpec> ranks;
+  bool traces = true;
+  double bucket_mb = 25;
+};
+
+TraceEvent Ev(const std::string& name, const char* cat, double start, double dur, int mb = -1,
+              int thread = 0) {
+  TraceEvent e;
+  e.name = name;
+  e.category = cat;
+  e.start_us = start;
+  e.duration_us = dur;
+  e.micro_batch = mb;
+  e.thread = thread;
+  return e;
+}
+
+// One step every 1000 us of the rank's own clock (which starts `clock` us late): forward,
+// backward with an all-reduce overlapping it, the waits, the loss reduction, the optimizer.
+std::vector<TraceEvent> StepEvents(int steps, double clock) {
+  std::vector<TraceEvent> ev;
+  for (int s = 0; s < steps; ++s) {
+    const double t = s * 1000 - clock;
+    ev.push_back(Ev("forward 0", "compute", t + 10, 100, 0));
+    ev.push_back(Ev("backward 0", "compute", t + 120, 200, 0));
+    ev.push_back(Ev(absl::StrCat("all_reduce #", s, " (sum)"), "comm", t + 200, 150, -1, 1));
+    ev.push_back(Ev("wait for gradients", "idle", t + 330, 30));
+    ev.push_back(Ev("wait 1", "idle", t + 360, 5, 1));
+    ev.push_back(Ev("reduce loss", "idle", t + 370, 20));
+    ev.push_back(Ev("optimizer", "optimizer", t + 400, 50));
+  }
+  return ev;
+}
+
+std::string WriteRun(const RunSpec& spec) {
+  const std::string dir = TempDir("run");
+  mkdir((dir + "/metrics").c_str(), 0755);
+  mkdir((dir + "/traces").c_str(), 0755);
+  const int steps = static_cast<int>(spec.losses.size());
+  std::vector<std::string> losses;
+  for (double l : spec.losses) losses.push_back(absl::StrFormat("%.9g", l));
+  std::ofstream(dir + "/run.json") << absl::StrFormat(
+      "{\n  \"config\": {\"strategy\": \"%s\", \"workers\": %d, \"model\": \"gpt-tiny\", "
+      "\"steps\": %d, \"batch\": 16, \"schedule\": \"%s\", \"seed\": \"1234\", "
+      "\"bucket_mb\": %g, \"overlap\": true, \"profile\": true},\n"
+      "  \"strategy\": \"%s\", \"workers\": %d, \"device\": \"cpu\", \"micro_batches\": %d,\n"
+      "  \"exit\": \"ok\", \"losses\": [%s], \"tokens_per_step\": %d,\n  \"ranks\": []\n}\n",
+      spec.strategy, spec.ranks.size(), steps, spec.schedule, spec.bucket_mb, spec.strategy,
+      spec.ranks.size(), spec.micro_batches, absl::StrJoin(losses, ", "), spec.tokens_per_step);
+  for (size_t r = 0; r < spec.ranks.size(); ++r) {
+    const RankSpec& rs = spec.ranks[r];
+    std::ofstream m(absl::StrFormat("%s/metrics/rank-%d.jsonl", dir, r));
+    for (int s = 0; s < steps; ++s) {
+      m << absl::StrFormat(
+          "{\"step\": %d, \"loss\": %.9g, \"seconds\": %.6f, \"compute\": %.6f, "
+          "\"exposed_comm\": %.6f, \"bubble\": %.6f, \"optimizer\": %.6f, \"comm_bytes\": 10, "
+          "\"sequence\": %d, \"lr\": 0.001, \"grad_norm\": 1, \"skipped\": false, "
+          "\"allocated_bytes\": 5, \"peak_bytes\": %d, \"param_bytes\": %d, \"grad_bytes\": %d, "
+          "\"optimizer_bytes\": %d}\n",
+          s, spec.losses[s], rs.seconds[s], rs.compute, rs.exposed, rs.bubble, rs.optimizer, s,
+          rs.peak, rs.params, rs.grads, rs.optimizer_bytes);
+    }
+    if (spec.traces) {
+      std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r)) << Profiler::ChromeTrace(
+          StepEvents(steps, 5000.0 * r), static_cast<int>(r), absl::StrCat("rank ", r));
+    }
+  }
+  return dir;
+}
+
+RankSpec Rank(std::vector<double> seconds) {
+  RankSpec r;
+  r.seconds = std::move(seconds);
+  return r;
+}
+
+Entry Ran(const std::string& name, const std::string& label, const std::string& dir) {
+  Entry e;
+  e.name = name;
+  e.label = label;
+  absl::StatusOr<RunData> run = ReadRun(dir);
+  EXPECT_TRUE(run.ok()) << run.status();
+  if (run.ok()) {
+    e.ran = true;
+    e.run = *run;
+  }
+  return e;
+}
+
+// ---- reading ----
+
+TEST(ReadRunTest, ReadsRunJsonMetricsAndAlignedTraces) {
+  RunSpec spec;
+  spec.losses = {5, 4, 3};
+  spec.ranks = {Rank({1, 1, 1}), Rank({1, 1, 1})};
+  const std::string dir = WriteRun(spec);
+  absl::StatusOr<RunData> run = ReadRun(dir);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->strategy, "data");
+  EXPECT_EQ(run->workers, 2);
+  EXPECT_EQ(run->steps, 3);
+  EXPECT_EQ(run->batch, 16);
+  EXPECT_EQ(run->seed, "1234");
+  EXPECT_EQ(run->device, "cpu");
+  EXPECT_EQ(run->tokens_per_step, 1000);
+  EXPECT_EQ(run->losses, (std::vector<double>{5, 4, 3}));
+  ASSERT_EQ(run->ranks.size(), 2u);
+  EXPECT_EQ(run->ranks[1].size(), 3u);
+  EXPECT_EQ(run->ranks[1][2].step, 2);
+  EXPECT_EQ(run->ranks[1][2].grad_bytes, 10 << 20);
+  ASSERT_EQ(run->traces.size(), 2u);
+  // Rank 1's clock started 5000 us later; after alignment its first forward is rank 0's.
+  EXPECT_DOUBLE_EQ(run->traces[1].events[0].start_us, run->traces[0].events[0].start_us);
+
+  EXPECT_FALSE(ReadRun(dir + "/nothing").ok());
+  std::ofstream(dir + "/metrics/rank-1.jsonl") << "{\"step\": 0, broken\n";
+  EXPECT_FALSE(ReadRun(dir).ok());
+}
+
+// ---- figures ----
+
+TEST(FiguresTest, ThroughputSpeedupStepSplitMemoryAndLoss) {
+  RunSpec base;
+  base.losses = {5, 4, 3, 2};
+  base.ranks = {Rank({9, 9, 2, 2})};  // warm-up steps left out: 2 s per step
+  RunSpec data;
+  data.losses = {5, 4.001, 3, 1.997};
+  data.ranks = {Rank({9, 9, 1, 1}), Rank({9, 9, 0.5, 1.5})};  // the slowest rank per step
+  data.ranks[1].peak = 30 << 20;  // below params + grads + optimizer: no activations
+  const Entry b = Ran("baseline", "one worker", WriteRun(base));
+  const Entry d = Ran("data", "data parallel", WriteRun(data));
+
+  const Figures fb = ComputeFigures(b, &b);
+  EXPECT_DOUBLE_EQ(fb.step_seconds, 2);
+  EXPECT_DOUBLE_EQ(fb.tokens_per_second, 500);
+  EXPECT_DOUBLE_EQ(fb.speedup, 1);
+  EXPECT_DOUBLE_EQ(fb.max_loss_deviation, 0);
+
+  const Figures f = ComputeFigures(d, &b);
+  EXPECT_EQ(f.workers, 2);
+  EXPECT_EQ(f.steps, 4);
+  EXPECT_DOUBLE_EQ(f.step_seconds, 1.25);  // max(1, 0.5) and max(1, 1.5)
+  EXPECT_DOUBLE_EQ(f.tokens_per_second, 800);
+  EXPECT_DOUBLE_EQ(f.speedup, 1.6);
+  EXPECT_DOUBLE_EQ(f.efficiency, 0.8);
+  EXPECT_NEAR(f.max_loss_deviation, 0.003, 1e-12);
+  EXPECT_DOUBLE_EQ(f.final_loss, 1.997);
+  ASSERT_EQ(f.ranks.size(), 2u);
+  const RankFigures& r0 = f.ranks[0];
+  EXPECT_DOUBLE_EQ(r0.step_seconds, 1);
+  EXPECT_DOUBLE_EQ(r0.compute_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(r0.exposed_comm_seconds, 0.1);
+  EXPECT_DOUBLE_EQ(r0.optimizer_seconds, 0.05);
+  EXPECT_NEAR(r0.other_seconds, 0.35, 1e-12);
+  EXPECT_EQ(r0.peak_bytes, 100 << 20);
+  EXPECT_EQ(r0.activation_bytes, 60 << 20);   // 100 - 10 - 10 - 20
+  EXPECT_EQ(f.ranks[1].activation_bytes, 0);  // clamped
+  EXPECT_EQ(f.peak_bytes, 100 << 20);
+  EXPECT_EQ(f.activation_bytes, 60 << 20);
+  EXPECT_DOUBLE_EQ(f.compute_seconds, 0.5);
+
+  const Figures alone = ComputeFigures(d, nullptr);
+  EXPECT_TRUE(std::isnan(alone.speedup));
+  EXPECT_TRUE(std::isnan(alone.max_loss_deviation));
+
+  Entry failed;
+  failed.name = "model";
+  failed.label = "model parallel";
+  failed.error = "--micro-batches=4 with --strategy=model: ...";
+  const Figures ff = ComputeFigures(failed, &b);
+  EXPECT_FALSE(ff.ran);
+  EXPECT_EQ(ff.error, failed.error);
+}
+
+// Figures made by hand for the rules.
+Figures Fig(const std::string& name, const std::string& label, double tps, int64_t peak_mb,
+            int64_t act_mb, double speedup) {
+  Figures f;
+  f.name = name;
+  f.label = label;
+  f.ran = true;
+  f.workers = 4;
+  f.steps = 20;
+  f.tokens_per_second = tps;
+  f.step_seconds = 1;
+  f.peak_bytes = peak_mb << 20;
+  f.activation_bytes = act_mb << 20;
+  f.speedup = speedup;
+  f.efficiency = speedup / 4;
+  f.max_loss_deviation = 1e-6;
+  f.final_loss = 3;
+  return f;
+}
+
+TEST(RecommendTest, FastestLeastMemoryAndTheirReasons) {
+  std::vector<Figures> f = {
+      Fig("baseline", "one worker", 1000, 100, 60, 1),
+      Fig("data", "data parallel", 3000, 100, 60, 3),
+      Fig("model", "model parallel", 1200, 40, 30, 1.2),
+      Fig("gpipe", "pipeline GPipe", 2500, 60, 45, 2.5),
+      Fig("1f1b", "pipeline 1F1B", 2700, 30, 15, 2.7),
+  };
+  f[3].bubble_seconds = 0.5;  // half its step
+  f[4].max_loss_deviation = 0;
+  Figures failed;
+  failed.name = "x";
+  failed.label = "strategy x";
+  failed.error = "refused: too many workers\nsecond line";
+  f.push_back(failed);
+  const std::vector<std::string> summary = Recommend(&f, /*host_cores=*/2);
+  EXPECT_THAT(f[0].recommendation, HasSubstr("reference"));
+  EXPECT_EQ(f[1].recommendation, "fastest: 3.00x one worker's speed, 75% scaling efficiency");
+  EXPECT_THAT(f[4].recommendation,
+              HasSubstr("least memory per rank: 3.33x less peak memory per rank than data "
+                        "parallel (30.0 MB vs 100 MB) at 0.90x its speed"));
+  EXPECT_THAT(f[4].recommendation,
+              HasSubstr("vs GPipe: 3.00x less activation memory at 1.08x its speed"));
+  EXPECT_THAT(f[3].recommendation, HasSubstr("saves memory"));
+  EXPECT_THAT(f[3].recommendation, HasSubstr("the bubble is 50% of its step"));
+  EXPECT_EQ(f[5].recommendation, "could not run: refused: too many workers");
+
+  const std::string all = absl::StrJoin(summary, "\n");
+  EXPECT_THAT(all, HasSubstr("Fastest: data parallel, 3,000 tokens/s, 3.00x one worker (75% "
+                             "scaling efficiency over 4 workers)."));
+  EXPECT_THAT(all, HasSubstr("Least memory per rank: pipeline 1F1B, 30.0 MB peak"));
+  EXPECT_THAT(all, HasSubstr("Recommendation: data parallel; pipeline 1F1B when memory per "
+                             "device is the limit."));
+  EXPECT_THAT(all, HasSubstr("Losses: every strategy within 1e-06"));
+  EXPECT_THAT(all, HasSubstr("Host: 4 workers shared 2 CPU cores"));
+  EXPECT_THAT(all, HasSubstr("strategy x could not run: refused: too many workers"));
+}
+
+TEST(RecommendTest, CallsOutLossesAndASlowerThanOneWorkerHost) {
+  std::vector<Figures> f = {
+      Fig("baseline", "one worker", 1000, 100, 60, 1),
+      Fig("data", "data parallel", 800, 100, 60, 0.8),
+      Fig("model", "model parallel", 700, 100, 60, 0.7),
+  };
+  f[2].max_loss_deviation = 0.01;  // beyond 1e-4 of a loss of 3
+  const std::vector<std::string> summary = Recommend(&f, /*host_cores=*/8);
+  const std::string all = absl::StrJoin(summary, "\n");
+  EXPECT_THAT(all, HasSubstr("on this host one worker is fastest"));
+  EXPECT_THAT(all, HasSubstr("Losses differ from one worker's beyond 0.0001 relative: model "
+                             "parallel (0.01)"));
+  EXPECT_THAT(all, Not(HasSubstr("Host:")));
+  EXPECT_THAT(f[2].recommendation, HasSubstr("check first: its losses differ from one worker's"));
+  EXPECT_THAT(f[2].recommendation,
+              HasSubstr("0.88x data parallel's speed with 1.00x its peak memory per rank"));
+  EXPECT_THAT(f[1].recommendation,
+              HasSubstr("fastest, and the least memory per rank: 0.80x one worker's speed"));
+  EXPECT_THAT(all, HasSubstr("Least memory per rank: data parallel as well"));
+}
+
+// ---- timelines ----
+
+TEST(TimelineTest, CutsOneStepFromEveryRankOnOneClock) {
+  RunSpec spec;
+  spec.losses = {5, 4, 3};
+  spec.ranks = {Rank({1, 1, 1}), Rank({1, 1, 1})};
+  absl::StatusOr<RunData> run = ReadRun(WriteRun(spec));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(TimelineStep(*run), 1);
+  absl::StatusOr<GanttSpec> g = StepTimeline(*run, 1, "t");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->rows, (std::vector<std::string>{"rank 0", "rank 1"}));
+  // Step 1 runs from the end of step 0's optimizer (450 us) to the end of its own (1450 us).
+  EXPECT_NEAR(g->end_ms, 1.0, 1e-9);
+  std::map<int, int> per_row;
+  int comm = 0;
+  for (const GanttSpan& s : g->spans) {
+    per_row[s.row]++;
+    if (s.comm_lane) {
+      ++comm;
+      EXPECT_EQ(s.kind, SpanKind::kComm);
+      EXPECT_NEAR(s.start_ms, 0.75, 1e-9);  // 1200 us - 450 us: during backward
+    }
+    if (s.kind == SpanKind::kForward) {
+      EXPECT_NEAR(s.start_ms, 0.56, 1e-9);
+      EXPECT_EQ(s.text, "0");
+    }
+  }
+  EXPECT_EQ(per_row[0], 7);  // forward, backward, all-reduce, 3 waits, optimizer
+  EXPECT_EQ(per_row[1], 7);
+  EXPECT_EQ(comm, 2);
+  std::map<SpanKind, int> kinds;
+  for (const GanttSpan& s : g->spans) kinds[s.kind]++;
+  EXPECT_EQ(kinds[SpanKind::kExposedComm], 4);  // wait for gradients, reduce loss
+  EXPECT_EQ(kinds[SpanKind::kBubble], 2);       // wait 1
+  EXPECT_EQ(kinds[SpanKind::kOptimizer], 2);
+
+  EXPECT_FALSE(StepTimeline(*run, 3, "t").ok());  // only 3 steps
+  RunSpec plain = spec;
+  plain.traces = false;
+  absl::StatusOr<RunData> untraced = ReadRun(WriteRun(plain));
+  ASSERT_TRUE(untraced.ok());
+  EXPECT_FALSE(StepTimeline(*untraced, 1, "t").ok());
+}
+
+// ---- SVG ----
+
+TEST(SvgTest, GanttIsWellFormedWithARectanglePerSpan) {
+  GanttSpec g;
+  g.title = "pipeline <1F1B> & more";
+  g.rows = {"rank 0", "rank 1", "rank 2"};
+  for (int r = 0; r < 3; ++r) {
+    g.spans.push_back({r, false, 0.0 + r, 1.0 + r, SpanKind::kForward, "0", "f"});
+    g.spans.push_back({r, false, 2.0 + r, 4.0 + r, SpanKind::kBackward, "0", "b"});
+    g.spans.push_back({r, true, 2.5 + r, 3.0 + r, SpanKind::kComm, "", "all_reduce #1"});
+  }
+  g.spans.push_back({7, false, 0, 1, SpanKind::kForward, "", ""});  // no such row: left out
+  const std::string svg = GanttSvg(g);
+  EXPECT_EQ(XmlProblem(svg), "");
+  EXPECT_EQ(Count(svg, "<svg"), 1);
+  EXPECT_THAT(svg, HasSubstr("pipeline &lt;1F1B&gt; &amp; more"));
+  // Background + 2 lane backgrounds per row + 3 spans per row + legend squares (3 kinds).
+  EXPECT_EQ(Count(svg, "<rect"), 1 + 3 * 2 + 9 + 3);
+  for (int r = 0; r < 3; ++r) EXPECT_THAT(svg, HasSubstr(absl::StrCat(">rank ", r, "<")));
+  EXPECT_THAT(svg, HasSubstr(SpanKindColor(SpanKind::kComm)));
+  EXPECT_THAT(svg, HasSubstr(SpanKindName(SpanKind::kBackward)));
+  EXPECT_THAT(svg, HasSubstr("time in the step (ms)"));
+  EXPECT_THAT(svg, HasSubstr("<title>all_reduce #1</title>"));
+}
+
+TEST(SvgTest, BarChartsAreWellFormed) {
+  BarChartSpec b;
+  b.title = "Throughput";
+  b.unit = "tokens/s";
+  b.bars = {{"one worker", 1000, "", ""}, {"data \"parallel\"", 3000, "3,000 (3.00x)", "#123456"}};
+  const std::string bars = BarChartSvg(b);
+  EXPECT_EQ(XmlProblem(bars), "");
+  EXPECT_THAT(bars, HasSubstr("data &quot;parallel&quot;"));
+  EXPECT_THAT(bars, HasSubstr("3,000 (3.00x)"));
+  EXPECT_THAT(bars, HasSubstr("1,000 tokens/s"));
+  EXPECT_THAT(bars, HasSubstr("#123456"));
+
+  StackedBarChartSpec s;
+  s.title = "Memory";
+  s.unit = "MB";
+  s.series = {{"parameters", "#111111"}, {"activations", "#222222"}};
+  s.groups = {{"data parallel", {{"r0", {1, 2}}, {"r1", {1, 2}}}},
+              {"pipeline", {{"r0", {0.5, 0}}, {"r1", {0.5, 1}}}}};
+  const std::string stacked = StackedBarChartSvg(s);
+  EXPECT_EQ(XmlProblem(stacked), "");
+  // Background + 2 legend squares + the non-zero segments (2 + 2 + 1 + 2).
+  EXPECT_EQ(Count(stacked, "<rect"), 1 + 2 + 7);
+  EXPECT_EQ(Count(stacked, ">r0<"), 2);
+  EXPECT_THAT(stacked, HasSubstr(">pipeline<"));
+
+  EXPECT_DOUBLE_EQ(NiceStep(100, 5), 20);
+  EXPECT_DOUBLE_EQ(NiceStep(7, 10), 1);
+  EXPECT_NEAR(NiceStep(0.3, 5), 0.1, 1e-12);
+  EXPECT_NEAR(NiceStep(0.3, 6), 0.05, 1e-12);
+  EXPECT_DOUBLE_EQ(NiceStep(0, 5), 1);
+  EXPECT_EQ(XmlEscape("a<b>&\"'"), "a&lt;b&gt;&amp;&quot;&#39;");
+}
+
+// ---- the report ----
+
+std::vector<Entry> FiveEntries() {
+  RunSpec base;
+  base.losses = {5, 4, 3, 2};
+  base.ranks = {Rank({2, 2, 2, 2})};
+  RunSpec data = base;
+  data.ranks = {Rank({1, 1, 1, 1}), Rank({1, 1, 1, 1})};
+  RunSpec gpipe = data;
+  gpipe.strategy = "pipeline";
+  gpipe.micro_batches = 8;
+  for (RankSpec& r : gpipe.ranks) {
+    r.peak = 50 << 20;
+    r.params = r.grads = 5 << 20;
+    r.optimizer_bytes = 10 << 20;
+    r.bubble = 0.4;
+  }
+  RunSpec onef1b = gpipe;
+  onef1b.schedule = "1f1b";
+  for (RankSpec& r : onef1b.ranks) r.peak = 30 << 20;
+  Entry model;
+  model.name = "model";
+  model.label = "model parallel";
+  model.error = "--micro-batches=2 with --strategy=model: model parallelism runs one batch";
+  return {Ran("baseline", "one worker", WriteRun(base)),
+          Ran("data", "data parallel", WriteRun(data)), model,
+          Ran("gpipe", "pipeline GPipe", WriteRun(gpipe)),
+          Ran("1f1b", "pipeline 1F1B", WriteRun(onef1b))};
+}
+
+TEST(ReportTest, BuildsChartsTimelinesAndWritesEveryFile) {
+  const Report r = BuildReport(FiveEntries(), 2, "compare --gpus=2", "2025-01-01 00:00:00 UTC");
+  EXPECT_EQ(r.model, "gpt-tiny");
+  EXPECT_EQ(r.gpus, 2);
+  EXPECT_EQ(r.batch, 16);
+  EXPECT_EQ(r.steps, 4);
+  ASSERT_EQ(r.figures.size(), 5u);
+  ASSERT_EQ(r.charts.size(), 3u);
+  EXPECT_EQ(r.timelines.size(), 4u);  // every strategy that ran
+  for (const Chart& c : r.charts) EXPECT_EQ(XmlProblem(c.svg), "") << c.file;
+  for (const Chart& c : r.timelines) EXPECT_EQ(XmlProblem(c.svg), "") << c.file;
+  EXPECT_THAT(r.timelines[1].caption, HasSubstr("fit in one bucket of --bucket-mb=25"));
+  EXPECT_THAT(r.timelines[2].caption, HasSubstr("8 micro-batches through 2 stages, GPipe"));
+  EXPECT_THAT(r.timelines[3].caption, HasSubstr("1F1B"));
+  // The memory chart has a bar per rank per strategy that ran: 1 + 2 + 2 + 2.
+  EXPECT_EQ(Count(r.charts[2].svg, ">r0<"), 4);
+  EXPECT_EQ(Count(r.charts[2].svg, ">r1<"), 3);
+
+  const std::string md = MarkdownReport(r);
+  EXPECT_THAT(md, HasSubstr("# Strategy comparison: gpt-tiny on 2 workers"));
+  EXPECT_THAT(md, HasSubstr("| data parallel | 2 | 1 | 1,000 | 2.00x | 100% | 1000 ms |"));
+  EXPECT_THAT(md, HasSubstr("| model parallel | - |"));
+  EXPECT_THAT(md, HasSubstr("could not run: --micro-batches=2 with --strategy=model"));
+  EXPECT_THAT(md, HasSubstr("![Throughput (tokens/s, higher is better)](throughput.svg)"));
+  EXPECT_THAT(md, HasSubstr("](timeline-1f1b.svg)"));
+  EXPECT_THAT(md,
+              HasSubstr("| pipeline 1F1B | 1 | 1000 ms | 500 ms | 100 ms | 400 ms | 50.0 ms |"));
+  EXPECT_THAT(md, HasSubstr("30.0 MB | 5.0 MB | 5.0 MB | 10.0 MB | 10.0 MB |"));
+  EXPECT_THAT(md, HasSubstr("- Recommendation: data parallel; pipeline 1F1B when memory"));
+
+  absl::StatusOr<launcher::JsonValue> json = launcher::ParseJson(JsonReport(r));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->StringOr("model", ""), "gpt-tiny");
+  const launcher::JsonValue* strategies = json->Find("strategies");
+  ASSERT_TRUE(strategies != nullptr && strategies->is_array());
+  ASSERT_EQ(strategies->array.size(), 5u);
+  const launcher::JsonValue& d = strategies->array[1];
+  EXPECT_EQ(d.StringOr("name", ""), "data");
+  EXPECT_DOUBLE_EQ(d.NumberOr("tokens_per_second", 0), 1000);
+  EXPECT_DOUBLE_EQ(d.NumberOr("speedup", 0), 2);
+  EXPECT_DOUBLE_EQ(d.NumberOr("scaling_efficiency", 0), 1);
+  EXPECT_EQ(d.Find("ranks")->array.size(), 2u);
+  EXPECT_DOUBLE_EQ(d.Find("ranks")->array[0].NumberOr("activation_bytes", 0), 60 << 20);
+  EXPECT_EQ(d.StringOr("timeline", ""), "timeline-data.svg");
+  EXPECT_EQ(strategies->array[2].NumberOr("ran", 1), 0);
+  EXPECT_THAT(strategies->array[2].StringOr("error", ""), HasSubstr("--micro-batches=2"));
+  EXPECT_GE(json->Find("summary")->array.size(), 3u);
+
+  const std::string html = HtmlReport(r);
+  EXPECT_EQ(Count(html, "<svg"), 3 + 4);
+  EXPECT_EQ(Count(html, "</svg>"), 3 + 4);
+  EXPECT_EQ(Count(html, "<figcaption>"), 3);  // the baseline's timeline has none
+  EXPECT_THAT(html, HasSubstr("<!DOCTYPE html>"));
+  EXPECT_THAT(html, Not(HasSubstr("<script")));
+  EXPECT_THAT(html, Not(HasSubstr("src=")));
+  EXPECT_THAT(html, Not(HasSubstr("<link")));
+
+  const std::string out = TempDir("report");
+  ASSERT_TRUE(WriteReport(r, out).ok());
+  for (const char* f :
+       {"report.md", "report.json", "report.html", "throughput.svg", "step-time.svg", "memory.svg",
+        "timeline-baseline.svg", "timeline-data.svg", "timeline-gpipe.svg", "timeline-1f1b.svg"}) {
+    EXPECT_FALSE(ReadAll(absl::StrCat(out, "/", f)).empty()) << f;
+  }
+  EXPECT_FALSE(WriteReport(r, out + "/missing/dir").ok());
+}
+
+TEST(FormatTest, Units) {
+  EXPECT_EQ(Bytes(512 << 10), "512 KB");
+  EXPECT_EQ(Bytes(int64_t{3} << 20), "3.0 MB");
+  EXPECT_EQ(Bytes(int64_t{300} << 20), "300 MB");
+  EXPECT_EQ(Bytes(int64_t{3} << 30), "3.00 GB");
+  EXPECT_EQ(Ratio(1.7), "1.70x");
+  EXPECT_EQ(Ratio(12), "12x");
+  EXPECT_EQ(Ratio(std::nan("")), "-");
+  EXPECT_EQ(Percent(0.456), "46%");
+  EXPECT_EQ(Millis(0.0123), "12.3 ms");
+  EXPECT_EQ(Millis(0.00123), "1.23 ms");
+  EXPECT_EQ(Millis(0.5), "500 ms");
+  EXPECT_EQ(Thousands(1234567), "1,234,567");
+}
+
+}  // namespace
+}  // namespace tools
+}  // namespace tandem

@@ -110,9 +110,17 @@ int Main() {
     return 1;
   }
   if (timed > 0) {
-    std::printf("mean %.0f tokens/s over %d steps\n", c.batch * c.model.seq_len * timed / seconds,
-                timed);
+    const double tokens_per_second = c.batch * c.model.seq_len * timed / seconds;
+    std::printf("mean %.0f tokens/s over %d steps\n", tokens_per_second, timed);
+    if (c.device.is_cuda()) {
+      // MFU against the bf16 dense peak of an H100/H200 (DESIGN.md, "Measured, always").
+      std::printf("MFU %.1f%% (6 x %lld parameters x tokens/s over 989 TFLOP/s)\n",
+                  100.0 * 6 * c.model.num_params() * tokens_per_second / 989e12,
+                  static_cast<long long>(c.model.num_params()));
+    }
   }
+  auto allocator = GetAllocator(c.device);
+  if (allocator.ok()) std::printf("allocator %s\n", (*allocator)->stats().ToString().c_str());
   return 0;
 }
 

@@ -15,7 +15,9 @@ namespace tandem {
 std::string AllocatorStats::ToString() const {
   return absl::StrFormat(
       "allocated %d B, reserved %d B, peak allocated %d B, %d system allocations",
-      allocated_bytes, reserved_bytes, peak_allocated_bytes, system_allocations);
+      allocated_bytes, reserved_bytes, peak_allocated_bytes, system_allocations) +
+         absl::StrFormat(", %d of %d allocations served from the cache", cache_hits,
+                         allocations);
 }
 
 CachingAllocator::CachingAllocator(std::unique_ptr<SystemMemory> memory, Options options)

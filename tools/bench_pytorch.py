@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="global batch")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--procs", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (one process on cuda:0)")
+    ap.add_argument("--dtype", default="f32", help="f32, or bf16 autocast on cuda")
     args = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -62,7 +64,9 @@ def run(rank, world, args):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    torch.set_num_threads(1)
+    dev = torch.device(args.device)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
     torch.manual_seed(1234)
     C, NH, T, V = args.d_model, args.n_head, args.seq_len, args.vocab
 
@@ -89,33 +93,43 @@ def run(rank, world, args):
             self.ln, self.head = nn.LayerNorm(C), nn.Linear(C, V, bias=False)
 
         def forward(self, tokens, targets):
-            x = self.wte(tokens) + self.wpe(torch.arange(T))
+            x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
             for b in self.blocks:
                 x = b(x)
             logits = self.head(self.ln(x))
             return F.cross_entropy(logits.view(-1, V), targets.view(-1))
 
-    model = GPT()
+    model = GPT().to(dev)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
     local = args.batch // world
     gen = torch.Generator().manual_seed(rank)
     times = []
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     for step in range(args.steps):
-        tokens = torch.randint(0, V, (local, T), generator=gen)
-        targets = torch.randint(0, V, (local, T), generator=gen)
+        tokens = torch.randint(0, V, (local, T), generator=gen).to(dev)
+        targets = torch.randint(0, V, (local, T), generator=gen).to(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        loss = model(tokens, targets)
+        with autocast:
+            loss = model(tokens, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     steady = sorted(times[2:]) if len(times) > 3 else sorted(times)
     median = steady[len(steady) // 2]
+    params = sum(p.numel() for p in model.parameters())
+    tps = args.batch * T / median
     return {"framework": "pytorch " + torch.__version__, "procs": world,
-            "tokens_per_second": args.batch * T / median, "step_seconds": median,
+            "device": args.device, "dtype": args.dtype, "parameters": params,
+            "tokens_per_second": tps, "step_seconds": median,
+            "mfu": 6 * params * tps / 989e12 if dev.type == "cuda" else None,
             "loss": float(loss.item()) if math.isfinite(loss.item()) else None}
 
 

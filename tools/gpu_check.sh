@@ -61,7 +61,7 @@ pack_library() {
 
 build() {
   cd "$root"
-  bazel build "${targets[@]}"
+  bazel build "${targets[@]}" //examples:train
   local bin_dir
   bin_dir="$(bazel info bazel-bin 2>/dev/null)"
   rm -rf "$out"
@@ -99,6 +99,21 @@ build() {
          "toolkit without nvcc?); nothing to check on a GPU" >&2
     exit 1
   fi
+  # The training check: the example trainer (its libraries are the tests' own) and the
+  # PyTorch peer script.
+  mkdir -p "$out/train"
+  cp -L "$bin_dir/examples/train" "$out/train/train"
+  chmod u+w "$out/train/train"
+  strip --strip-debug "$out/train/train"
+  while IFS= read -r line; do
+    case "$line" in *"=>"*) ;; *) continue ;; esac
+    lib="$(awk '{print $1}' <<<"$line")"
+    path="$(awk '{print $3}' <<<"$line")"
+    [ "$path" = "not" ] && { missing="$missing $lib"; continue; }
+    skip_library "$lib" "$path" && continue
+    pack_library "$lib" "$path"
+  done < <(ldd "$bin_dir/examples/train")
+  cp "$root/tools/bench_pytorch.py" "$out/train/"
   write_run_script >"$out/run.sh"
   chmod +x "$out/run.sh"
   local kib
@@ -209,6 +224,32 @@ for bin in "$here"/bin/*; do
   done
   echo "# $name: $(( $(date +%s) - start ))s"
 done
+
+# Training on the GPU: gpt2-small (124M GPT-2 configuration) in bf16, Tandem then PyTorch
+# eager on the same model, batch and precision; tokens/s, MFU and the allocator's statistics.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "# training skipped: no GPU visible (nvidia-smi -L failed)"
+elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
+  steps="${GPU_CHECK_TRAIN_STEPS:-30}"
+  echo "# training gpt2-small, bf16, batch 8 x 1024 tokens, $steps steps"
+  timeout 240 env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$here/train/train" --model=gpt2-small \
+      --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
+      >"$work/train.log" 2>&1
+  rc=$?
+  grep -E '^(model|mean|MFU|allocator)' "$work/train.log" | sed 's/^/TANDEM /'
+  if [ "$rc" -ne 0 ]; then
+    echo "FAIL training (exit status $rc)"
+    tail -n 20 "$work/train.log" | sed 's/^/    | /'
+    failed=$((failed + 1))
+  fi
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    timeout 240 python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
+        --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50257 --batch 8 \
+        --steps "$steps" 2>&1 | tail -n 1 | sed 's/^/PYTORCH /'
+  else
+    echo "PYTORCH skipped: no PyTorch with CUDA here"
+  fi
+fi
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -63,8 +63,8 @@ class JsonParser {
   }
 
   void Skip() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' ||
-                              s_[i_] == '\t')) {
+    while (i_ < s_.size() &&
+           (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) {
       ++i_;
     }
   }
@@ -99,10 +99,14 @@ class JsonParser {
     for (int k = 0; k < 4; ++k) {
       const char c = s_[i_ + k];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else return false;
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        return false;
     }
     i_ += 4;
     *cp = v;
@@ -123,14 +127,30 @@ class JsonParser {
       if (i_ >= s_.size()) break;
       const char e = s_[i_++];
       switch (e) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
+        case '"':
+          out->push_back('"');
+          break;
+        case '\\':
+          out->push_back('\\');
+          break;
+        case '/':
+          out->push_back('/');
+          break;
+        case 'b':
+          out->push_back('\b');
+          break;
+        case 'f':
+          out->push_back('\f');
+          break;
+        case 'n':
+          out->push_back('\n');
+          break;
+        case 'r':
+          out->push_back('\r');
+          break;
+        case 't':
+          out->push_back('\t');
+          break;
         case 'u': {
           uint32_t cp;
           if (!Hex4(&cp)) return Error("bad \\u escape");
@@ -228,9 +248,8 @@ class JsonParser {
       return absl::OkStatus();
     }
     size_t end = i_;
-    while (end < s_.size() && (absl::ascii_isdigit(s_[end]) || s_[end] == '-' ||
-                               s_[end] == '+' || s_[end] == '.' || s_[end] == 'e' ||
-                               s_[end] == 'E')) {
+    while (end < s_.size() && (absl::ascii_isdigit(s_[end]) || s_[end] == '-' || s_[end] == '+' ||
+                               s_[end] == '.' || s_[end] == 'e' || s_[end] == 'E')) {
       ++end;
     }
     double d;
@@ -304,8 +323,9 @@ absl::StatusOr<RankTrace> ParseChromeTrace(absl::string_view text) {
     }
     t.events.push_back(std::move(ev));
   }
-  std::stable_sort(t.events.begin(), t.events.end(),
-                   [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+  std::stable_sort(t.events.begin(), t.events.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    return a.start_us < b.start_us;
+  });
   return t;
 }
 
@@ -333,7 +353,8 @@ std::vector<double> ClockOffsetsUs(const std::vector<RankTrace>& ranks) {
   for (size_t r = 1; r < ranks.size(); ++r) {
     const std::vector<double> mine = sync_points(ranks[r]);
     std::vector<double> diffs;
-    for (size_t i = 0; i < std::min(ref.size(), mine.size()); ++i) diffs.push_back(ref[i] - mine[i]);
+    for (size_t i = 0; i < std::min(ref.size(), mine.size()); ++i)
+      diffs.push_back(ref[i] - mine[i]);
     offsets[r] = Median(diffs);
   }
   return offsets;
@@ -358,10 +379,10 @@ std::string MergedChromeTrace(const std::vector<RankTrace>& ranks) {
         "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %d, \"args\": {\"name\": "
         "\"rank %d\"}}",
         pid, pid));
-    add(absl::StrFormat(
-        "{\"ph\": \"M\", \"name\": \"process_sort_index\", \"pid\": %d, \"args\": "
-        "{\"sort_index\": %d}}",
-        pid, pid));
+    add(
+        absl::StrFormat("{\"ph\": \"M\", \"name\": \"process_sort_index\", \"pid\": %d, \"args\": "
+                        "{\"sort_index\": %d}}",
+                        pid, pid));
     add(absl::StrFormat(
         "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": 0, \"args\": "
         "{\"name\": \"compute\"}}",
@@ -376,8 +397,8 @@ std::string MergedChromeTrace(const std::vector<RankTrace>& ranks) {
       add(absl::StrFormat(
           "{\"ph\": \"X\", \"name\": %s, \"cat\": %s, \"pid\": %d, \"tid\": %d, \"ts\": %.3f, "
           "\"dur\": %.3f, \"args\": {\"micro_batch\": %d, \"sequence\": %d}}",
-          JsonWriter::Quote(e.name), JsonWriter::Quote(e.category), t.rank, e.thread,
-          e.start_us, e.duration_us, e.micro_batch, e.sequence));
+          JsonWriter::Quote(e.name), JsonWriter::Quote(e.category), t.rank, e.thread, e.start_us,
+          e.duration_us, e.micro_batch, e.sequence));
     }
   }
   return out + "\n]}\n";
@@ -412,7 +433,8 @@ void FinishProfile(const std::string& run_dir, int workers, std::FILE* out, std:
   if (!tables.empty()) std::fprintf(out, "\n%s", tables.c_str());
   absl::Status merged = MergeRunTraces(run_dir, workers);
   if (merged.ok()) {
-    std::fprintf(out, "trace       %s/trace.json (Perfetto or chrome://tracing; one lane per rank)\n",
+    std::fprintf(out,
+                 "trace       %s/trace.json (Perfetto or chrome://tracing; one lane per rank)\n",
                  run_dir.c_str());
   } else {
     std::fprintf(err, "launcher: no merged trace: %s\n", std::string(merged.message()).c_str());

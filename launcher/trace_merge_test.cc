@@ -23,7 +23,8 @@ using ::testing::HasSubstr;
 std::string TempDir(const std::string& name) {
   const char* t = std::getenv("TEST_TMPDIR");
   static int n = 0;
-  const std::string dir = absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
+  const std::string dir =
+      absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
   mkdir(dir.c_str(), 0755);
   return dir;
 }
@@ -66,8 +67,8 @@ TEST(JsonTest, ParsesEveryKind) {
 }
 
 TEST(JsonTest, RejectsBrokenDocuments) {
-  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "\"open", "tru", "{} x", "[01x]",
-                          "{\"a\": \"\x01\"}"}) {
+  for (const char* bad :
+       {"", "{", "[1,]", "{\"a\" 1}", "\"open", "tru", "{} x", "[01x]", "{\"a\": \"\x01\"}"}) {
     EXPECT_FALSE(ParseJson(bad).ok()) << bad;
   }
   std::string deep(200, '[');

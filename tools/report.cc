@@ -28,6 +28,8 @@ using launcher::JsonValue;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Losses further than this (relative) from one worker's are called out.
 constexpr double kLossTolerance = 1e-4;
+// Step times varying more than this (standard deviation / mean) are called noisy.
+constexpr double kNoisy = 0.25;
 // A strategy "saves memory" when its largest rank's peak is below this share of another's.
 constexpr double kMemorySaving = 0.95;
 
@@ -74,10 +76,9 @@ absl::StatusOr<std::vector<StepMetrics>> ReadMetrics(const std::string& path) {
 // Indices of the steps that count: all but the warm-up when later ones exist.
 size_t FirstCounted(size_t n) { return n > static_cast<size_t>(kWarmupSteps) ? kWarmupSteps : 0; }
 
-// The slowest rank per step, over the steps every rank reported, warm-up left out
-// (launcher/report.cc's MeanStepSeconds, on these records).
-double MeanStepSeconds(const std::vector<std::vector<StepMetrics>>& ranks) {
-  if (ranks.empty()) return 0;
+// The slowest rank's seconds per step, over the steps every rank reported, warm-up left out
+// (the steps launcher/report.cc's MeanStepSeconds averages).
+std::vector<double> StepSeconds(const std::vector<std::vector<StepMetrics>>& ranks) {
   std::map<int, std::pair<size_t, double>> per_step;
   for (const auto& rank : ranks) {
     for (const StepMetrics& s : rank) {
@@ -90,10 +91,18 @@ double MeanStepSeconds(const std::vector<std::vector<StepMetrics>>& ranks) {
   for (const auto& kv : per_step) {
     if (kv.second.first == ranks.size()) secs.push_back(kv.second.second);
   }
-  if (secs.empty()) return 0;
+  secs.erase(secs.begin(), secs.begin() + FirstCounted(secs.size()));
+  return secs;
+}
+
+double Mean(const std::vector<double>& v) {
   double sum = 0;
-  for (size_t i = FirstCounted(secs.size()); i < secs.size(); ++i) sum += secs[i];
-  return sum / static_cast<double>(secs.size() - FirstCounted(secs.size()));
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / v.size();
+}
+
+double MeanStepSeconds(const std::vector<std::vector<StepMetrics>>& ranks) {
+  return Mean(StepSeconds(ranks));
 }
 
 std::string FirstLine(const std::string& s) {
@@ -242,7 +251,13 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
   f.workers = run.workers;
   f.micro_batches = run.micro_batches;
   f.steps = run.ranks.empty() ? 0 : static_cast<int>(run.ranks[0].size());
-  f.step_seconds = MeanStepSeconds(run.ranks);
+  const std::vector<double> steps = StepSeconds(run.ranks);
+  f.step_seconds = Mean(steps);
+  if (f.step_seconds > 0) {
+    double var = 0;
+    for (double x : steps) var += (x - f.step_seconds) * (x - f.step_seconds) / steps.size();
+    f.step_variation = std::sqrt(var) / f.step_seconds;
+  }
   f.tokens_per_second = f.step_seconds > 0 ? run.tokens_per_step / f.step_seconds : 0;
   for (size_t r = 0; r < run.ranks.size(); ++r) {
     const std::vector<StepMetrics>& steps = run.ranks[r];
@@ -367,6 +382,10 @@ std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores
     if (exposed > 0.25) {
       clauses.push_back(absl::StrFormat("%s of its step waits for all-reduces", Percent(exposed)));
     }
+    if (f.step_variation > kNoisy) {
+      clauses.push_back(
+          absl::StrFormat("its step times varied %s around their mean", Percent(f.step_variation)));
+    }
     if (off_parity(f)) {
       verdict = "check first";
       clauses.insert(clauses.begin(),
@@ -438,6 +457,17 @@ std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores
                                      " relative: ", absl::StrJoin(off, ", "),
                                      "; check parity before trusting these numbers."));
     }
+  }
+  std::vector<std::string> noisy;
+  for (const Figures& f : all) {
+    if (f.ran && f.step_variation > kNoisy) {
+      noisy.push_back(absl::StrFormat("%s %s", f.label, Percent(f.step_variation)));
+    }
+  }
+  if (!noisy.empty()) {
+    summary.push_back(absl::StrCat(
+        "Noisy timings: step times varied around their mean (", absl::StrJoin(noisy, ", "),
+        "), as when other work shares the host; rerun before trusting a close ranking."));
   }
   int workers = 0;
   for (const Figures* f : cand) workers = std::max(workers, f->workers);
@@ -793,6 +823,7 @@ std::string JsonReport(const Report& r) {
       w.Key("speedup").Number(f.speedup);
       w.Key("scaling_efficiency").Number(f.efficiency);
       w.Key("step_seconds").Number(f.step_seconds);
+      w.Key("step_variation").Number(f.step_variation);
       w.Key("compute_seconds").Number(f.compute_seconds);
       w.Key("exposed_comm_seconds").Number(f.exposed_comm_seconds);
       w.Key("bubble_seconds").Number(f.bubble_seconds);
@@ -936,8 +967,12 @@ std::string HtmlReport(const Report& r) {
   out += "</table>\n<h2>Runs</h2>\n<ul>\n";
   for (const Entry& e : r.entries) {
     if (e.ran) {
-      absl::StrAppendFormat(&out, "<li>%s: <code>%s</code> (%s)</li>\n", HtmlEscape(e.label),
-                            HtmlEscape(e.run.dir), HtmlEscape(e.run.exit));
+      const std::string trace = e.run.dir + "/trace.json";
+      absl::StrAppendFormat(
+          &out, "<li>%s: <code>%s</code> (%s)%s</li>\n", HtmlEscape(e.label), HtmlEscape(e.run.dir),
+          HtmlEscape(e.run.exit),
+          PathExists(trace) ? absl::StrCat(", merged trace <code>", HtmlEscape(trace), "</code>")
+                            : "");
     } else {
       absl::StrAppendFormat(&out, "<li>%s: could not run<pre>%s</pre></li>\n", HtmlEscape(e.label),
                             HtmlEscape(absl::StripAsciiWhitespace(e.error)));

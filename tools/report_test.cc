@@ -231,6 +231,8 @@ TEST(FiguresTest, ThroughputSpeedupStepSplitMemoryAndLoss) {
   EXPECT_EQ(f.steps, 4);
   EXPECT_DOUBLE_EQ(f.step_seconds, 1.25);  // max(1, 0.5) and max(1, 1.5)
   EXPECT_DOUBLE_EQ(f.tokens_per_second, 800);
+  EXPECT_NEAR(f.step_variation, 0.2, 1e-12);  // 1 and 1.5 around 1.25
+  EXPECT_DOUBLE_EQ(fb.step_variation, 0);
   EXPECT_DOUBLE_EQ(f.speedup, 1.6);
   EXPECT_DOUBLE_EQ(f.efficiency, 0.8);
   EXPECT_NEAR(f.max_loss_deviation, 0.003, 1e-12);
@@ -291,6 +293,7 @@ TEST(RecommendTest, FastestLeastMemoryAndTheirReasons) {
       Fig("1f1b", "pipeline 1F1B", 2700, 30, 15, 2.7),
   };
   f[3].bubble_seconds = 0.5;  // half its step
+  f[3].step_variation = 0.5;  // a busy host
   f[4].max_loss_deviation = 0;
   Figures failed;
   failed.name = "x";
@@ -307,6 +310,7 @@ TEST(RecommendTest, FastestLeastMemoryAndTheirReasons) {
               HasSubstr("vs GPipe: 3.00x less activation memory at 1.08x its speed"));
   EXPECT_THAT(f[3].recommendation, HasSubstr("saves memory"));
   EXPECT_THAT(f[3].recommendation, HasSubstr("the bubble is 50% of its step"));
+  EXPECT_THAT(f[3].recommendation, HasSubstr("its step times varied 50% around their mean"));
   EXPECT_EQ(f[5].recommendation, "could not run: refused: too many workers");
 
   const std::string all = absl::StrJoin(summary, "\n");
@@ -317,6 +321,8 @@ TEST(RecommendTest, FastestLeastMemoryAndTheirReasons) {
                              "device is the limit."));
   EXPECT_THAT(all, HasSubstr("Losses: every strategy within 1e-06"));
   EXPECT_THAT(all, HasSubstr("Host: 4 workers shared 2 CPU cores"));
+  EXPECT_THAT(all, HasSubstr("Noisy timings: step times varied around their mean (pipeline "
+                             "GPipe 50%)"));
   EXPECT_THAT(all, HasSubstr("strategy x could not run: refused: too many workers"));
 }
 
@@ -333,6 +339,7 @@ TEST(RecommendTest, CallsOutLossesAndASlowerThanOneWorkerHost) {
   EXPECT_THAT(all, HasSubstr("Losses differ from one worker's beyond 0.0001 relative: model "
                              "parallel (0.01)"));
   EXPECT_THAT(all, Not(HasSubstr("Host:")));
+  EXPECT_THAT(all, Not(HasSubstr("Noisy")));
   EXPECT_THAT(f[2].recommendation, HasSubstr("check first: its losses differ from one worker's"));
   EXPECT_THAT(f[2].recommendation,
               HasSubstr("0.88x data parallel's speed with 1.00x its peak memory per rank"));

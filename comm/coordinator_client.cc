@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 #include <utility>
@@ -146,7 +147,8 @@ class CoordinatorClient::Impl {
     RETURN_IF_ERROR(Check(stub_->Heartbeat(&ctx, req, &resp), "Heartbeat",
                            "the coordinator to answer"));
     if (resp.aborted()) NoteAbort(resp.abort_reason());
-    return AbortState{resp.aborted(), resp.abort_reason()};
+    if (resp.stop_requested()) stop_requested_.store(true);
+    return AbortState{resp.aborted(), resp.abort_reason(), resp.stop_requested()};
   }
 
   absl::Status Abort(absl::string_view reason) {
@@ -200,6 +202,7 @@ class CoordinatorClient::Impl {
     absl::MutexLock lock(&mu_);
     return aborted_;
   }
+  bool stop_requested() const { return stop_requested_.load(); }
   std::string abort_reason() const {
     absl::MutexLock lock(&mu_);
     return abort_reason_;
@@ -283,6 +286,7 @@ class CoordinatorClient::Impl {
   std::function<void(const std::string&)> on_abort_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stop_requested_{false};
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
@@ -337,6 +341,7 @@ absl::Status CoordinatorClient::StopHeartbeats(bool finished) {
   return impl_->StopHeartbeats(finished);
 }
 bool CoordinatorClient::aborted() const { return impl_->aborted(); }
+bool CoordinatorClient::stop_requested() const { return impl_->stop_requested(); }
 std::string CoordinatorClient::abort_reason() const { return impl_->abort_reason(); }
 
 }  // namespace tandem

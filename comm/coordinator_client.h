@@ -61,10 +61,12 @@ struct WorkerReport {
   bool finished = false;
 };
 
-// The job's abort state as a heartbeat answers it.
+// The job's abort state as a heartbeat answers it, and whether workers are asked to stop
+// after their current step (preemption).
 struct AbortState {
   bool aborted = false;
   std::string reason;
+  bool stop_requested = false;
 };
 
 class CoordinatorClient : public KeyValueStore {
@@ -105,6 +107,9 @@ class CoordinatorClient : public KeyValueStore {
 
   // True once an abort was delivered (by a heartbeat or a call answering ABORTED).
   bool aborted() const;
+  // True once a heartbeat said the launcher asks every worker to stop after its current
+  // step and checkpoint.
+  bool stop_requested() const;
   std::string abort_reason() const;
 
   class Impl;

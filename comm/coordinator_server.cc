@@ -104,6 +104,7 @@ absl::Status SplitAddress(absl::string_view address, std::string* host, int* por
 struct RankRecord {
   bool registered = false;
   std::string host;
+  std::string peer;
   int64_t pid = 0;
   std::string device;
   bool reported = false;  // a heartbeat arrived
@@ -206,11 +207,16 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
     }
     r.registered = true;
     r.host = req->host();
+    r.peer = ctx->peer();
     r.pid = req->pid();
     r.device = req->device();
     r.last_heard = clock_->Now();
     resp->set_world_size(options_.world_size);
     resp->set_job_config(options_.job_config);
+    if (options_.events) {
+      options_.events(absl::StrFormat("rank %d registered from %s (host %s, pid %d)\n",
+                                      req->rank(), r.peer, r.host, r.pid));
+    }
     return grpc::Status::OK;
   }
 
@@ -343,6 +349,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
     r.last_heard = clock_->Now();
     resp->set_aborted(aborted_);
     resp->set_abort_reason(abort_reason_);
+    resp->set_stop_requested(stop_requested_);
     return grpc::Status::OK;
   }
 
@@ -382,6 +389,14 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     return aborted_;
   }
+  void RequestStop() {
+    absl::MutexLock lock(&mu_);
+    stop_requested_ = true;
+  }
+  bool stop_requested() const {
+    absl::MutexLock lock(&mu_);
+    return stop_requested_;
+  }
   std::string abort_reason() const {
     absl::MutexLock lock(&mu_);
     return abort_reason_;
@@ -400,6 +415,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
       s->set_rank(i);
       s->set_registered(r.registered);
       s->set_host(r.host);
+      s->set_peer(r.peer);
       s->set_pid(r.pid);
       s->set_device(r.device);
       s->set_step(r.step);
@@ -628,6 +644,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   const absl::Time start_;
@@ -672,6 +689,8 @@ void CoordinatorServer::Abort(absl::string_view reason) {
   impl_->AbortJob(absl::StrCat("the launcher aborted the job: ", reason));
 }
 bool CoordinatorServer::aborted() const { return impl_->aborted(); }
+void CoordinatorServer::RequestStop() { impl_->RequestStop(); }
+bool CoordinatorServer::stop_requested() const { return impl_->stop_requested(); }
 std::string CoordinatorServer::abort_reason() const { return impl_->abort_reason(); }
 rpc::GetStatusResponse CoordinatorServer::Status() const { return impl_->StatusSnapshot(); }
 std::string CoordinatorServer::StatusTable() const { return impl_->Table(); }

@@ -49,6 +49,9 @@ struct CoordinatorServerOptions {
   Clock* clock = nullptr;
   // Where the abort report (reason and every rank's last report) goes; null: stderr.
   std::function<void(const std::string&)> log;
+  // Where each registration is recorded ("rank 1 registered from ipv4:10.0.0.2:5123 (host
+  // n2, pid 42)"); null: nowhere.
+  std::function<void(const std::string&)> events;
 };
 
 class CoordinatorServer {
@@ -67,6 +70,10 @@ class CoordinatorServer {
 
   // Aborts the job on the launcher's behalf (no effect once aborted).
   void Abort(absl::string_view reason);
+  // Asks every worker, through its next heartbeat, to stop after its current step and
+  // checkpoint (preemption). The job is not aborted.
+  void RequestStop();
+  bool stop_requested() const;
   bool aborted() const;
   // Empty until aborted.
   std::string abort_reason() const;

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -452,6 +453,37 @@ TEST_F(CoordinatorTest, LauncherAbortReachesClients) {
     EXPECT_TRUE(s->aborted);
     EXPECT_EQ(s->reason, "the launcher aborted the job: user pressed Ctrl-C");
   }
+}
+
+TEST_F(CoordinatorTest, StopRequestReachesClientsWithoutAborting) {
+  LogSink events;
+  CoordinatorServerOptions o;
+  o.events = events.Fn();
+  StartServer(2, o);
+  auto clients = RegisterAll();
+  for (auto& c : clients) {
+    auto s = c->Heartbeat({});
+    ASSERT_TRUE(s.ok());
+    EXPECT_FALSE(s->stop_requested);
+    EXPECT_FALSE(c->stop_requested());
+  }
+  server_->RequestStop();
+  EXPECT_TRUE(server_->stop_requested());
+  for (auto& c : clients) {
+    auto s = c->Heartbeat({});
+    ASSERT_TRUE(s.ok());
+    EXPECT_TRUE(s->stop_requested);
+    EXPECT_FALSE(s->aborted);
+    EXPECT_TRUE(c->stop_requested());
+    EXPECT_FALSE(c->aborted());
+  }
+  EXPECT_FALSE(server_->aborted());
+  // Every registration is recorded with the address it came from.
+  const std::string text = events.Get();
+  EXPECT_THAT(text, HasSubstr("rank 0 registered from ipv4:127.0.0.1:"));
+  EXPECT_THAT(text, HasSubstr("rank 1 registered from ipv4:127.0.0.1:"));
+  const rpc::GetStatusResponse st = server_->Status();
+  EXPECT_TRUE(absl::StartsWith(st.ranks(1).peer(), "ipv4:127.0.0.1:")) << st.ranks(1).peer();
 }
 
 TEST_F(CoordinatorTest, WrongOrMissingTokenIsRefused) {

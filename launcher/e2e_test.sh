@@ -2,7 +2,10 @@
 # End-to-end tests of the launcher: the real binary starting real workers through mpirun on
 # this host (CPU workers where no GPU is visible). Usage: e2e_test.sh CASE LAUNCHER, CASE one
 # of data, pipeline, model (a small job trains), crash (a worker killed mid-run), interrupt
-# (SIGINT to the launcher), bad_flags (nothing starts, nothing is created).
+# (SIGINT to the launcher), bad_flags (nothing starts, nothing is created), preempt_launcher
+# and preempt_worker (SIGTERM: every worker checkpoints, exit 75; --resume=auto continues bit
+# for bit), restart (--max-restarts after an injected crash), reshard (checkpoints moved
+# between strategies and worker counts), bad_checkpoint (missing or corrupt shards refused).
 set -u
 case_name="$1"
 launcher="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
@@ -21,6 +24,35 @@ fail() {
 # The number after "key": in run.json.
 json_number() {
   sed -n "s/^ *\"$1\": \([-0-9.e+]*\),\{0,1\}$/\1/p" "$2" | head -1
+}
+
+# "step loss" lines of a run's rank 0 (the global loss), one per step (the last record of a
+# step wins, as in run.json).
+step_losses() {
+  sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1/metrics/rank-0.jsonl" |
+    awk '{ v[$1] = $2 } END { for (s in v) print s, v[s] }' | sort -n
+}
+
+# Fails unless every step of run $2 has the loss of the same step of run $1 within a relative
+# tolerance $3 (0: the same digits, i.e. bit for bit: the metrics carry 9 significant digits).
+same_losses() {
+  local steps
+  steps=$(join <(step_losses "$1" | sort -k1,1) <(step_losses "$2" | sort -k1,1) | awk -v tol="$3" '
+    { d = $2 - $3; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2;
+      if ((tol == 0 && $2 != $3) || d > tol * m) { print "step " $1 ": " $2 " vs " $3 > "/dev/stderr"; bad = 1 }
+      n++ }
+    END { print n + 0; exit bad }') || fail "losses of $2 differ from $1"
+  [ "$steps" -eq "$(step_losses "$2" | grep -c .)" ] || fail "$2 has steps $1 lacks"
+  echo "$steps"
+}
+
+# Waits (up to 30 s) until rank 0 of run dir $1 reported $2 steps.
+wait_for_steps() {
+  for _ in $(seq 1 150); do
+    [ "$(cat "$1/metrics/rank-0.jsonl" 2>/dev/null | grep -c .)" -ge "$2" ] && return 0
+    sleep 0.2
+  done
+  return 1
 }
 
 no_worker_left() {
@@ -124,6 +156,172 @@ case "$case_name" in
     grep -q '"exit": "interrupted"' "$dir/run.json" || fail "run.json does not say interrupted"
     no_worker_left
     echo "PASSED: interrupted, stopped in $((end - start)) s"
+    ;;
+
+  preempt_launcher | preempt_worker)
+    # SIGTERM (to the launcher, or to one worker) while training: every worker finishes the
+    # same step, checkpoints and exits 75; --resume=auto continues from that checkpoint, and
+    # the losses are the uninterrupted run's, bit for bit.
+    strategy=pipeline
+    [ "$case_name" = preempt_worker ] && strategy=data
+    job=(--strategy=$strategy --gpus=2 "${small[@]}" --steps=24)
+    straight="$tmp/run-straight"
+    timeout 60 "$launcher" "${job[@]}" --run-dir="$straight" >"$tmp/out-straight.txt" 2>&1 ||
+      { cat "$tmp/out-straight.txt"; fail "the uninterrupted run failed"; }
+    dir="$tmp/run-$case_name"
+    out="$tmp/out-$case_name.txt"
+    # Slow steps, so the signal lands mid-run.
+    TANDEM_TEST_STEP_SLEEP_MS=150 "$launcher" "${job[@]}" --run-dir="$dir" >"$out" 2>&1 &
+    pid=$!
+    wait_for_steps "$dir" 3 || { kill -KILL $pid; cat "$out"; fail "the job did not start"; }
+    if [ "$case_name" = preempt_launcher ]; then
+      kill -TERM $pid
+    else
+      worker_pid=$(sed -n 's/^rank 1 of 2 on .* pid \([0-9]*\), coordinator.*/\1/p' "$dir/logs/rank-1.log")
+      [ -n "$worker_pid" ] || fail "no pid in rank 1's log"
+      kill -TERM "$worker_pid"
+    fi
+    start=$(date +%s)
+    for _ in $(seq 1 300); do
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -0 $pid 2>/dev/null && { kill -KILL $pid; cat "$out"; fail "still running 60 s after SIGTERM"; }
+    wait $pid
+    rc=$?
+    end=$(date +%s)
+    cat "$out"
+    [ "$rc" -eq 75 ] || fail "exited $rc after SIGTERM, not 75"
+    grep -q '"exit": "preempted at step' "$dir/run.json" || fail "run.json does not say preempted"
+    stopped=$(sed -n 's/.*"exit": "preempted at step \([0-9]*\)".*/\1/p' "$dir/run.json")
+    [ "$stopped" -ge 3 ] && [ "$stopped" -lt 24 ] || fail "stopped at step '$stopped'"
+    [ -f "$dir/checkpoints/step-$(printf %06d "$stopped").manifest" ] ||
+      fail "no manifest for step $stopped"
+    for r in 0 1; do
+      grep -q "stopping after step $stopped" "$dir/logs/rank-$r.log" ||
+        fail "rank $r did not stop after step $stopped"
+    done
+    if [ "$case_name" = preempt_worker ]; then
+      grep -q "SIGTERM received" "$dir/logs/rank-1.log" || fail "rank 1 did not see its SIGTERM"
+    fi
+    no_worker_left
+    # Continue where it stopped.
+    timeout 60 "$launcher" "${job[@]}" --run-dir="$dir" --resume=auto >"$tmp/out-resumed.txt" 2>&1
+    rc=$?
+    cat "$tmp/out-resumed.txt"
+    [ "$rc" -eq 0 ] || fail "--resume=auto exited $rc"
+    grep -q "resuming from $dir/checkpoints/step-$(printf %06d "$stopped") (step $stopped)" \
+      "$tmp/out-resumed.txt" || fail "--resume=auto did not say where it resumed"
+    [ "$(same_losses "$straight" "$dir" 0)" -eq 24 ] || fail "the resumed run lacks steps"
+    losses="$(sed -n 's/^ *"losses": \[\(.*\)\],$/\1/p' "$dir/run.json" | tr ',' '\n' | grep -c .)"
+    [ "$losses" -eq 24 ] || fail "run.json has $losses losses, not 24"
+    no_worker_left
+    echo "PASSED: $case_name: stopped at step $stopped within $((end - start)) s, exit 75; resumed bit for bit"
+    ;;
+
+  restart)
+    job=(--strategy=data --gpus=2 "${small[@]}" --steps=12 --checkpoint-every=3)
+    straight="$tmp/run-straight"
+    timeout 60 "$launcher" "${job[@]}" --run-dir="$straight" >/dev/null 2>&1 ||
+      fail "the uninterrupted run failed"
+    # Rank 1 crashes once at step 7: restarted from step 6, the run succeeds.
+    dir="$tmp/run-restart"
+    out="$tmp/out-restart.txt"
+    TANDEM_TEST_CRASH_RANK=1 TANDEM_TEST_CRASH_STEP=7 TANDEM_TEST_CRASH_ONCE_FILE="$tmp/crashed" \
+      timeout 90 "$launcher" "${job[@]}" --max-restarts=2 --run-dir="$dir" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ "$rc" -eq 0 ] || fail "exited $rc after one crash with --max-restarts=2"
+    [ -f "$tmp/crashed" ] || fail "rank 1 did not crash"
+    grep -qF "launcher: rank 1 failed (signal 9 SIGKILL); restarting from step 6 (restart 1 of 2)" \
+      "$out" || fail "no restart line"
+    grep -q '"restarts": 1' "$dir/run.json" || fail "run.json does not count the restart"
+    grep -q '"exit": "ok"' "$dir/run.json" || fail "run.json's exit is not ok"
+    losses="$(sed -n 's/^ *"losses": \[\(.*\)\],$/\1/p' "$dir/run.json" | tr ',' '\n' | grep -c .)"
+    [ "$losses" -eq 12 ] || fail "run.json has $losses losses, not 12 (re-run steps must replace)"
+    [ "$(same_losses "$straight" "$dir" 0)" -eq 12 ] || fail "steps missing"
+    no_worker_left
+    # A crash every time: K restarts, then the failure is reported.
+    dir="$tmp/run-always"
+    out="$tmp/out-always.txt"
+    TANDEM_TEST_CRASH_RANK=1 TANDEM_TEST_CRASH_STEP=7 \
+      timeout 90 "$launcher" "${job[@]}" --max-restarts=1 --run-dir="$dir" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ "$rc" -eq 1 ] || fail "exited $rc though the crash repeats, not 1"
+    grep -q "restarting from step 6 (restart 1 of 1)" "$out" || fail "no restart line"
+    grep -q "giving up after 1 restart" "$out" || fail "no giving-up line"
+    grep -q '"failed_rank": 1' "$dir/run.json" || fail "run.json does not name rank 1"
+    no_worker_left
+    echo "PASSED: restarted after a crash, losses as uninterrupted; a repeating crash gives up"
+    ;;
+
+  reshard)
+    # Checkpoints move between strategies and worker counts: data x2 -> pipeline x4 ->
+    # pipeline x2 -> data x2, each continuing with the losses of the run that never changed
+    # (within 1e-5 relative: the sums run in another order).
+    common=("${small[@]}" --steps=10 --checkpoint-every=2)
+    never="$tmp/run-never"
+    timeout 60 "$launcher" --strategy=data --gpus=2 "${common[@]}" --run-dir="$never" \
+      >/dev/null 2>&1 || fail "the unchanged run failed"
+    from="$never/checkpoints/step-000004"
+    for hop in pipeline:4:6 pipeline:2:8 data:2:-; do
+      IFS=: read -r strategy gpus next <<<"$hop"
+      dir="$tmp/run-$strategy-$gpus"
+      timeout 60 "$launcher" --strategy="$strategy" --gpus="$gpus" "${common[@]}" \
+        --resume="$from" --run-dir="$dir" >"$tmp/out-hop.txt" 2>&1
+      rc=$?
+      [ "$rc" -eq 0 ] || { cat "$tmp/out-hop.txt"; fail "$strategy x$gpus from $from exited $rc"; }
+      n=$(same_losses "$never" "$dir" 1e-5)
+      first=$(step_losses "$dir" | head -1 | cut -d' ' -f1)
+      echo "$strategy x$gpus from $(basename "$from"): steps $first-9 ($n) match the unchanged run"
+      [ "$first" -eq "$(basename "$from" | sed 's/step-0*//')" ] || fail "did not start at $from"
+      [ "$next" = - ] || from="$dir/checkpoints/step-$(printf %06d "$next")"
+    done
+    no_worker_left
+    echo "PASSED: data x2 -> pipeline x4 -> pipeline x2 -> data x2 resharded"
+    ;;
+
+  bad_checkpoint)
+    dir="$tmp/run-src"
+    timeout 60 "$launcher" --strategy=pipeline --gpus=2 "${small[@]}" --steps=6 \
+      --checkpoint-every=2 --run-dir="$dir" >/dev/null 2>&1 || fail "the source run failed"
+    ck="$dir/checkpoints"
+    # A missing shard.
+    mv "$ck/step-000004.stage-1.ckpt" "$tmp/saved.ckpt"
+    timeout 30 "$launcher" --strategy=data --gpus=2 "${small[@]}" --steps=6 \
+      --resume="$ck/step-000004" --run-dir="$tmp/run-missing" >"$tmp/out.txt" 2>&1
+    rc=$?
+    cat "$tmp/out.txt"
+    [ "$rc" -eq 2 ] || fail "a missing shard: exited $rc, not 2"
+    grep -qF "checkpoint shard $ck/step-000004.stage-1.ckpt is missing" "$tmp/out.txt" ||
+      fail "the missing shard is not named"
+    # A corrupt shard (one byte changed; size and trailer as the manifest lists them).
+    cp "$tmp/saved.ckpt" "$ck/step-000004.stage-1.ckpt"
+    printf 'X' | dd of="$ck/step-000004.stage-1.ckpt" bs=1 seek=100 conv=notrunc 2>/dev/null
+    timeout 30 "$launcher" --strategy=data --gpus=2 "${small[@]}" --steps=6 \
+      --resume="$ck/step-000004" --run-dir="$tmp/run-corrupt" >"$tmp/out.txt" 2>&1
+    rc=$?
+    cat "$tmp/out.txt"
+    [ "$rc" -eq 2 ] || fail "a corrupt shard: exited $rc, not 2"
+    grep -qF "checkpoint $ck/step-000004.stage-1.ckpt is corrupt" "$tmp/out.txt" ||
+      fail "the corrupt shard is not named"
+    [ ! -e "$tmp/run-missing" ] && [ ! -e "$tmp/run-corrupt" ] || fail "a refused run made its directory"
+    # --resume=auto passes over the broken step-4 checkpoint... (step 6 is whole): and over
+    # step 6 too once its shard is gone, landing on step 2.
+    rm "$ck/step-000006.stage-0.ckpt"
+    timeout 60 "$launcher" --strategy=pipeline --gpus=2 "${small[@]}" --steps=6 \
+      --resume=auto --run-dir="$dir" >"$tmp/out.txt" 2>&1
+    rc=$?
+    cat "$tmp/out.txt"
+    [ "$rc" -eq 0 ] || fail "--resume=auto past broken checkpoints exited $rc"
+    grep -q "passed over checkpoint shard $ck/step-000006.stage-0.ckpt is missing" "$tmp/out.txt" ||
+      fail "step 6 was not passed over by name"
+    grep -q "passed over checkpoint $ck/step-000004.stage-1.ckpt is corrupt" "$tmp/out.txt" ||
+      fail "step 4 was not passed over by name"
+    grep -q "resuming from $ck/step-000002 (step 2)" "$tmp/out.txt" || fail "did not resume from step 2"
+    no_worker_left
+    echo "PASSED: missing and corrupt shards refused by name"
     ;;
 
   bad_flags)

@@ -1,12 +1,15 @@
 // The launcher's run loop: coordinator in-process, workers through mpirun in a session of
 // their own, a 200 ms monitor loop over mpirun's state, the coordinator's abort flag, the
-// user's interrupt and the workers' metrics files, and the report at the end.
+// user's interrupt, SIGTERM (every worker checkpoints and exits) and the workers' metrics
+// files; restarts after a worker failure from the newest complete checkpoint; the report at
+// the end.
 #include "launcher/job_runner.h"
 
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -20,6 +23,7 @@
 #include "launcher/process.h"
 #include "launcher/progress.h"
 #include "launcher/report.h"
+#include "model/sharded_checkpoint.h"
 #include "runtime/status.h"
 
 extern char** environ;
@@ -36,12 +40,6 @@ constexpr absl::Duration kAbortGrace = absl::Seconds(4);
 constexpr absl::Duration kTermGrace = absl::Seconds(3);
 constexpr absl::Duration kStopDeadline = absl::Seconds(6);
 
-std::string Hostname() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return host;
-}
-
 std::string StrategyWords(const std::string& s) {
   if (s == "data") return "data parallel";
   if (s == "model") return "model parallel";
@@ -50,10 +48,201 @@ std::string StrategyWords(const std::string& s) {
 
 bool HasContent(const std::string& path) { return !LastLines(path, 1).empty(); }
 
+// How one start of the workers ended.
+struct Attempt {
+  Outcome outcome = Outcome::kSucceeded;
+  Failure failure;
+  std::string abort_reason;
+  std::optional<ExitStatus> status;
+  std::string exit;  // run.json's "exit" when not ok
+};
+
+class Runner {
+ public:
+  Runner(const LaunchPlan& plan, const RunSettings& settings, ProgressDisplay* display,
+         const ModelConfig& model)
+      : plan_(plan), settings_(settings), display_(*display), model_(model) {}
+
+  void Say(const std::string& text) {
+    display_.Print(stderr, absl::StrCat("launcher: ", text));
+  }
+
+  int interrupts() const { return settings_.interrupts ? settings_.interrupts->load() : 0; }
+  int terminations() const {
+    return settings_.terminations ? settings_.terminations->load() : 0;
+  }
+
+  // Starts the coordinator and the workers for `job` and follows them to their end.
+  absl::StatusOr<Attempt> Run(const JobConfig& job) {
+    const int n = job.workers;
+    const bool cpu = job.device == "cpu";
+    const std::string run_dir = job.run_dir;
+    // A fresh coordinator and token for every start.
+    ASSIGN_OR_RETURN(std::string token, GenerateJobToken());
+    CoordinatorServerOptions co;
+    co.address = plan_.coordinator_listen;
+    co.allow_remote = plan_.coordinator_remote;
+    co.world_size = n;
+    co.token = token;
+    co.job_config = job.ToText();
+    co.heartbeat_timeout = absl::Seconds(job.heartbeat_timeout_s);
+    co.log = [this](const std::string& text) { display_.Print(stderr, text); };
+    const std::string events = absl::StrCat(run_dir, "/logs/coordinator.log");
+    co.events = [events](const std::string& line) {
+      std::ofstream(events, std::ios::app) << line;
+    };
+    ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server, CoordinatorServer::Start(co));
+    const std::string address = absl::StrCat(plan_.coordinator_host, ":", server->port());
+
+    // The workers.
+    MpirunSpec spec;
+    spec.workers = n;
+    spec.worker = settings_.worker;
+    spec.hostfile = plan_.hostfile;
+    spec.cpu = cpu;
+    spec.cores = settings_.slots;
+    spec.extra_args = plan_.mpirun_args;
+    std::vector<std::string> base_env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      base_env.push_back(*e);
+      // Test-only fault-injection settings (parallel/worker.cc) reach workers on every host.
+      if (absl::StartsWith(*e, "TANDEM_TEST_")) {
+        spec.forward_env.push_back(base_env.back().substr(0, base_env.back().find('=')));
+      }
+    }
+    const std::vector<std::string> argv = MpirunArgv(spec);
+    const std::vector<std::string> env =
+        MpirunEnvironment(base_env, address, token, cpu, geteuid() == 0);
+    const std::string mpirun_log = absl::StrCat(run_dir, "/logs/mpirun.log");
+    ASSIGN_OR_RETURN(std::unique_ptr<Process> mpirun, Process::Start(argv, env, mpirun_log));
+
+    // Follow the job: the metrics lines added from now on (a resumed or restarted run
+    // appends to files holding earlier steps; run.json reads them whole at the end).
+    std::vector<MetricsTail> tails;
+    for (int r = 0; r < n; ++r) {
+      tails.emplace_back(absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r));
+      tails.back().ReadNew();
+    }
+    ModelConfig model = model_;
+    ProgressTracker tracker(n, job.steps, int64_t{job.batch} * model.seq_len);
+    std::vector<std::string> metric_errors;
+    auto read_metrics = [&] {
+      for (int r = 0; r < n; ++r) {
+        for (const StepRecord& s : tails[r].ReadNew(&metric_errors)) tracker.Add(r, s);
+      }
+      for (const std::string& e : metric_errors) Say(e);
+      metric_errors.clear();
+    };
+    bool interrupted = false, abort_seen = false, stopped_early = false, stop_asked = false;
+    absl::Time stop_at = absl::InfiniteFuture();
+    std::optional<ExitStatus> status;
+    for (;;) {
+      status = mpirun->Poll();
+      read_metrics();
+      const absl::Time now = absl::Now();
+      const ProgressState state = tracker.State();
+      if (state.has_loss) {
+        display_.Update(FormatProgress(state), now);
+      } else {
+        int registered = 0;
+        const rpc::GetStatusResponse st = server->Status();
+        for (int r = 0; r < st.ranks_size(); ++r) registered += st.ranks(r).registered() ? 1 : 0;
+        display_.Update(absl::StrFormat("starting: %d/%d workers registered", registered, n),
+                        now);
+      }
+      if (status.has_value()) break;
+      if (interrupts() > 0 && !interrupted) {
+        interrupted = true;
+        Say("interrupted: stopping the workers");
+        server->Abort("interrupted");
+        stop_at = std::min(stop_at, now + absl::Seconds(2));
+      }
+      if (interrupts() > 1) stop_at = now;  // asked twice: no more waiting
+      if (terminations() > 0 && !stop_asked) {
+        stop_asked = true;
+        Say(absl::StrFormat(
+            "SIGTERM: every worker finishes its step, writes a checkpoint and exits (up to "
+            "%d s)",
+            kPreemptGraceSeconds));
+        // Through the coordinator, not by signalling mpirun: it reaches workers on every
+        // host, and Open MPI's mpirun answers a SIGTERM of its own by killing its workers
+        // (SIGTERM, then SIGKILL a second later: odls_base_sigkill_timeout), too soon for a
+        // checkpoint.
+        server->RequestStop();
+        stop_at = std::min(stop_at, now + absl::Seconds(kPreemptGraceSeconds));
+      }
+      if (terminations() > 1 && !interrupted) {  // a second SIGTERM: stop now
+        interrupted = true;
+        server->Abort("terminated");
+        stop_at = now;
+      }
+      if (server->aborted() && !abort_seen) {
+        abort_seen = true;
+        stop_at = std::min(stop_at, now + kAbortGrace);
+      }
+      if (now >= stop_at) {
+        stopped_early = true;
+        break;
+      }
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    const bool we_signaled_before_exit = stopped_early;
+    // Whatever happened, nothing of the job outlives this attempt.
+    const absl::Duration grace = interrupts() > 1 ? absl::ZeroDuration() : kTermGrace;
+    absl::Status stop = mpirun->Stop(grace, kStopDeadline);
+    if (!stop.ok()) Say(std::string(stop.message()));
+    status = mpirun->Poll();
+    read_metrics();
+
+    Attempt a;
+    a.status = status;
+    a.abort_reason = server->aborted() ? server->abort_reason() : "";
+    const bool preempted = !stopped_early && status.has_value() && !status->signaled &&
+                           status->code == kPreemptedExitCode && a.abort_reason.empty();
+    if (interrupted) {
+      a.outcome = Outcome::kInterrupted;
+      a.exit = "interrupted";
+    } else if (preempted) {
+      a.outcome = Outcome::kPreempted;
+      a.exit = "preempted";
+    } else if (!status.has_value() || !status->ok() || !a.abort_reason.empty()) {
+      a.outcome = Outcome::kFailed;
+      std::string mpirun_output;
+      for (const std::string& l : LastLines(mpirun_log, 400)) {
+        absl::StrAppend(&mpirun_output, l, "\n");
+      }
+      a.failure = IdentifyFailure(mpirun_output, a.abort_reason, status, we_signaled_before_exit);
+      if (stop_asked && stopped_early) {
+        a.failure.how = absl::StrFormat("the workers did not checkpoint and exit within %d s "
+                                        "of SIGTERM",
+                                        kPreemptGraceSeconds);
+      }
+      if (a.failure.rank >= 0) {
+        a.exit = absl::StrFormat("rank %d failed", a.failure.rank);
+        if (!a.failure.how.empty()) absl::StrAppend(&a.exit, " (", a.failure.how, ")");
+      } else if (!a.abort_reason.empty()) {
+        a.exit = a.abort_reason;
+      } else if (!a.failure.how.empty()) {
+        a.exit = a.failure.how;
+      } else {
+        a.exit = absl::StrCat("mpirun failed (", status ? status->ToString() : "still running",
+                              ")");
+      }
+    }
+    return a;
+  }
+
+ private:
+  const LaunchPlan& plan_;
+  const RunSettings& settings_;
+  ProgressDisplay& display_;
+  ModelConfig model_;
+};
+
 }  // namespace
 
 absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settings) {
-  const JobConfig& job = plan.job;
+  JobConfig job = plan.job;
   ASSIGN_OR_RETURN(ModelConfig model, job.Model());
   const int64_t tokens_per_step = int64_t{job.batch} * model.seq_len;
   const bool cpu = job.device == "cpu";
@@ -61,176 +250,113 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
 
   RETURN_IF_ERROR(CreateRunDirectory(job.run_dir));
   ProgressDisplay display(stdout, settings.terminal);
-  auto say = [&display](const std::string& text) {
-    display.Print(stderr, absl::StrCat("launcher: ", text));
-  };
-
-  // The coordinator.
-  ASSIGN_OR_RETURN(std::string token, GenerateJobToken());
-  CoordinatorServerOptions co;
-  const bool multi_host = !plan.hostfile.empty();
-  co.address = multi_host ? "0.0.0.0:0" : "127.0.0.1:0";
-  co.allow_remote = multi_host;
-  co.world_size = n;
-  co.token = token;
-  co.job_config = job.ToText();
-  co.heartbeat_timeout = absl::Seconds(job.heartbeat_timeout_s);
-  co.log = [&display](const std::string& text) { display.Print(stderr, text); };
-  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server, CoordinatorServer::Start(co));
-  const std::string address =
-      multi_host ? absl::StrCat(Hostname(), ":", server->port()) : server->address();
-
-  // The workers.
-  MpirunSpec spec;
-  spec.workers = n;
-  spec.worker = settings.worker;
-  spec.hostfile = plan.hostfile;
-  spec.cpu = cpu;
-  spec.cores = settings.slots;
-  std::vector<std::string> base_env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    base_env.push_back(*e);
-    // Test-only fault-injection settings (parallel/worker.cc) reach workers on every host.
-    if (absl::StartsWith(*e, "TANDEM_TEST_")) {
-      spec.forward_env.push_back(base_env.back().substr(0, base_env.back().find('=')));
-    }
+  Runner runner(plan, settings, &display, model);
+  runner.Say(absl::StrFormat("%d %s worker%s, %s, %s; batch %d x %d steps; run dir %s", n,
+                             cpu ? "CPU" : "CUDA", n == 1 ? "" : "s",
+                             StrategyWords(job.strategy), model.ToString(), job.batch,
+                             job.steps, job.run_dir));
+  if (!plan.hostfile.empty()) {
+    runner.Say(absl::StrFormat("hosts from %s; coordinator at %s", plan.hostfile,
+                               plan.coordinator_host));
   }
-  const std::vector<std::string> argv = MpirunArgv(spec);
-  const std::vector<std::string> env =
-      MpirunEnvironment(base_env, address, token, cpu, geteuid() == 0);
-  const std::string mpirun_log = absl::StrCat(job.run_dir, "/logs/mpirun.log");
-  say(absl::StrFormat("%d %s worker%s, %s, %s; batch %d x %d steps; run dir %s", n,
-                      cpu ? "CPU" : "CUDA", n == 1 ? "" : "s", StrategyWords(job.strategy),
-                      model.ToString(), job.batch, job.steps, job.run_dir));
   BecomeSubreaper();
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(std::unique_ptr<Process> mpirun, Process::Start(argv, env, mpirun_log));
-
-  // Follow the job: the metrics lines added from now on (a resumed run may append to files
-  // holding earlier steps; run.json reads them whole at the end).
-  std::vector<MetricsTail> tails;
-  for (int r = 0; r < n; ++r) {
-    tails.emplace_back(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, r));
-    tails.back().ReadNew();
-  }
-  ProgressTracker tracker(n, job.steps, tokens_per_step);
-  std::vector<std::string> metric_errors;
-  auto read_metrics = [&] {
-    for (int r = 0; r < n; ++r) {
-      for (const StepRecord& s : tails[r].ReadNew(&metric_errors)) tracker.Add(r, s);
-    }
-    for (const std::string& e : metric_errors) say(e);
-    metric_errors.clear();
-  };
-  bool interrupted = false, abort_seen = false, stopped_early = false;
-  absl::Time stop_at = absl::InfiniteFuture();
-  std::optional<ExitStatus> status;
+  const std::string checkpoints = job.run_dir + "/checkpoints";
+  int restarts = 0;
+  Attempt a;
   for (;;) {
-    status = mpirun->Poll();
-    read_metrics();
-    const absl::Time now = absl::Now();
-    const ProgressState state = tracker.State();
-    if (state.has_loss) {
-      display.Update(FormatProgress(state), now);
-    } else {
-      int registered = 0;
-      const rpc::GetStatusResponse st = server->Status();
-      for (int r = 0; r < st.ranks_size(); ++r) registered += st.ranks(r).registered() ? 1 : 0;
-      display.Update(absl::StrFormat("starting: %d/%d workers registered", registered, n), now);
-    }
-    if (status.has_value()) break;
-    const int interrupts = settings.interrupts ? settings.interrupts->load() : 0;
-    if (interrupts > 0 && !interrupted) {
-      interrupted = true;
-      say("interrupted: stopping the workers");
-      server->Abort("interrupted");
-      stop_at = std::min(stop_at, now + absl::Seconds(2));
-    }
-    if (interrupts > 1) stop_at = now;  // asked twice: no more waiting
-    if (server->aborted() && !abort_seen) {
-      abort_seen = true;
-      stop_at = std::min(stop_at, now + kAbortGrace);
-    }
-    if (now >= stop_at) {
-      stopped_early = true;
+    ASSIGN_OR_RETURN(a, runner.Run(job));
+    if (a.outcome != Outcome::kFailed || restarts >= plan.max_restarts ||
+        runner.interrupts() > 0 || runner.terminations() > 0) {
       break;
     }
-    std::this_thread::sleep_for(kPollInterval);
+    // A worker failed: the whole job again, from the newest complete checkpoint (or where
+    // this run started), with a fresh coordinator, token and mpirun.
+    ++restarts;
+    absl::StatusOr<std::string> latest = FindLatestCheckpoint(checkpoints);
+    job.resume = latest.ok() ? *latest : plan.job.resume;
+    const int from = job.resume.empty() ? 0 : CheckpointStep(job.resume);
+    const std::string what =
+        a.failure.rank >= 0
+            ? absl::StrFormat("rank %d failed%s", a.failure.rank,
+                              a.failure.how.empty() ? "" : absl::StrCat(" (", a.failure.how, ")"))
+            : absl::StrFormat("the job failed (%s)", a.exit);
+    runner.Say(absl::StrFormat("%s; restarting from step %d (restart %d of %d)", what, from,
+                               restarts, plan.max_restarts));
   }
-  const bool we_signaled_before_exit = stopped_early;
-  // Whatever happened, nothing of the job outlives the launcher.
-  const absl::Duration grace =
-      settings.interrupts && settings.interrupts->load() > 1 ? absl::ZeroDuration() : kTermGrace;
-  absl::Status stop = mpirun->Stop(grace, kStopDeadline);
-  if (!stop.ok()) say(std::string(stop.message()));
-  status = mpirun->Poll();
-  read_metrics();
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
 
   // What happened.
   RunRecord rec;
-  rec.job = job;
+  rec.job = plan.job;
   rec.seq_len = model.seq_len;
   rec.wall_seconds = wall;
+  rec.restarts = restarts;
   for (int r = 0; r < n; ++r) {
     rec.ranks.push_back(
         ReadMetricsFile(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, r)));
   }
-  const std::string abort_reason = server->aborted() ? server->abort_reason() : "";
-  Outcome outcome = Outcome::kSucceeded;
-  Failure failure;
-  if (interrupted) {
-    outcome = Outcome::kInterrupted;
-    rec.exit = "interrupted";
-  } else if (!status.has_value() || !status->ok() || !abort_reason.empty()) {
-    outcome = Outcome::kFailed;
-    std::string mpirun_output;
-    for (const std::string& l : LastLines(mpirun_log, 400)) absl::StrAppend(&mpirun_output, l, "\n");
-    failure = IdentifyFailure(mpirun_output, abort_reason, status, we_signaled_before_exit);
-    rec.failed_rank = failure.rank;
-    rec.failure = failure.how;
-    rec.abort_reason = abort_reason;
-    if (failure.rank >= 0) {
-      rec.exit = absl::StrFormat("rank %d failed", failure.rank);
-      if (!failure.how.empty()) absl::StrAppend(&rec.exit, " (", failure.how, ")");
-    } else if (!abort_reason.empty()) {
-      rec.exit = abort_reason;
-    } else {
-      rec.exit = absl::StrCat("mpirun failed (", status ? status->ToString() : "still running", ")");
-    }
+  const ProgressState final_state = ComputeProgress(rec.ranks, job.steps, tokens_per_step);
+  std::string preempted_at;
+  if (a.outcome == Outcome::kPreempted) {
+    absl::StatusOr<std::string> latest = FindLatestCheckpoint(checkpoints);
+    preempted_at = latest.ok() ? *latest : "";
+    a.exit = absl::StrFormat("preempted at step %d",
+                             latest.ok() ? CheckpointStep(*latest) : final_state.step);
+  }
+  if (a.outcome != Outcome::kSucceeded) rec.exit = a.exit;
+  if (a.outcome == Outcome::kFailed) {
+    rec.failed_rank = a.failure.rank;
+    rec.failure = a.failure.how;
+    rec.abort_reason = a.abort_reason;
   }
   const std::string json_path = absl::StrCat(job.run_dir, "/run.json");
   absl::Status written = WriteFileAtomically(json_path, RunJson(rec));
 
-  const ProgressState final_state = ComputeProgress(rec.ranks, job.steps, tokens_per_step);
   if (!rec.ranks.empty() && !rec.ranks[0].empty()) display.Finish(FormatProgress(final_state));
   else display.Finish(absl::StrFormat("step 0/%d", job.steps));
 
-  if (outcome == Outcome::kFailed) {
+  const std::string mpirun_log = absl::StrCat(job.run_dir, "/logs/mpirun.log");
+  if (a.outcome == Outcome::kFailed) {
     std::string text;
-    if (failure.rank >= 0) {
-      absl::StrAppendFormat(&text, "launcher: rank %d failed%s\n", failure.rank,
-                            failure.how.empty() ? "" : absl::StrCat(" (", failure.how, ")"));
+    if (a.failure.rank >= 0) {
+      absl::StrAppendFormat(&text, "launcher: rank %d failed%s\n", a.failure.rank,
+                            a.failure.how.empty() ? "" : absl::StrCat(" (", a.failure.how, ")"));
     } else {
       absl::StrAppendFormat(&text, "launcher: the job failed (%s)\n",
-                            failure.how.empty() ? "no rank reported a failure" : failure.how);
+                            a.failure.how.empty() ? "no rank reported a failure" : a.failure.how);
     }
-    if (!abort_reason.empty()) absl::StrAppendFormat(&text, "launcher: job aborted: %s\n", abort_reason);
-    std::string log = failure.rank >= 0
-                          ? absl::StrFormat("%s/logs/rank-%d.log", job.run_dir, failure.rank)
+    if (!a.abort_reason.empty()) {
+      absl::StrAppendFormat(&text, "launcher: job aborted: %s\n", a.abort_reason);
+    }
+    if (restarts > 0) {
+      absl::StrAppendFormat(&text, "launcher: giving up after %d restart%s (--max-restarts=%d)\n",
+                            restarts, restarts == 1 ? "" : "s", plan.max_restarts);
+    }
+    std::string log = a.failure.rank >= 0
+                          ? absl::StrFormat("%s/logs/rank-%d.log", job.run_dir, a.failure.rank)
                           : mpirun_log;
     if (!HasContent(log)) log = mpirun_log;
     absl::StrAppendFormat(&text, "launcher: last 20 lines of %s:\n", log);
     for (const std::string& l : LastLines(log, 20)) absl::StrAppend(&text, "    ", l, "\n");
     display.Print(stderr, text);
-  } else if (outcome == Outcome::kInterrupted) {
-    say(absl::StrFormat("interrupted after %d of %d steps; every worker stopped", final_state.step,
-                        job.steps));
+  } else if (a.outcome == Outcome::kInterrupted) {
+    runner.Say(absl::StrFormat("interrupted after %d of %d steps; every worker stopped",
+                               final_state.step, job.steps));
+  } else if (a.outcome == Outcome::kPreempted) {
+    runner.Say(absl::StrFormat(
+        "preempted: every worker checkpointed %s and exited; exit code %d (run again with "
+        "--resume=auto --run-dir=%s to continue)",
+        preempted_at.empty() ? "(no complete checkpoint found!)" : preempted_at,
+        kPreemptedExitCode, job.run_dir));
+  } else if (restarts > 0) {
+    runner.Say(absl::StrFormat("succeeded after %d restart%s", restarts,
+                               restarts == 1 ? "" : "s"));
   }
   std::printf("\n%s", SummaryTable(rec).c_str());
   std::fflush(stdout);
   if (!written.ok()) return written;
-  return outcome;
+  return a.outcome;
 }
 
 }  // namespace launcher

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
@@ -23,9 +24,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "comm/net_address.h"
+#include "launcher/hostfile.h"
 #include "model/checkpoint.h"
 #include "model/data.h"
+#include "model/sharded_checkpoint.h"
 #include "model/trainer.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -65,8 +70,23 @@ ABSL_FLAG(std::string, run_dir, "",
           "runs/<YYYYmmdd-HHMMSS>-<strategy> in the directory the launcher was started from");
 ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
 ABSL_FLAG(std::string, resume, "",
-          "checkpoint to resume from: <dir>/step-NNNNNN (or one of its .ckpt files)");
-ABSL_FLAG(std::string, hostfile, "", "Open MPI hostfile to run workers on several hosts");
+          "checkpoint to resume from: auto (the newest complete one in --run-dir; none: start "
+          "fresh), or <dir>/step-NNNNNN (or one of its files); written by any strategy and "
+          "number of workers");
+ABSL_FLAG(int, max_restarts, 0,
+          "when a worker fails, restart the whole job from its newest complete checkpoint, up "
+          "to this many times");
+ABSL_FLAG(std::string, hostfile, "",
+          "Open MPI hostfile (\"host slots=N\" lines): start the workers on those hosts "
+          "through mpirun (examples/hostfile)");
+ABSL_FLAG(std::string, coordinator_address, "",
+          "host[:port] the workers reach the coordinator at; default with --hostfile: this "
+          "host's address on the network of the hostfile's first other host, a free port");
+ABSL_FLAG(std::string, mpirun_args, "",
+          "more mpirun arguments, split at spaces (e.g. \"--mca btl_tcp_if_include eth1\")");
+ABSL_FLAG(bool, prepare, false,
+          "validate, make the run directory, write <run-dir>/job.conf for workers started by "
+          "srun (examples/slurm/train.sbatch) and exit");
 ABSL_FLAG(bool, profile, false, "record a trace of every step");
 ABSL_FLAG(double, bucket_mb, 25, "data parallel: gradient bucket size in MB");
 ABSL_FLAG(bool, overlap, true,
@@ -167,11 +187,6 @@ std::string DirName(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-std::string BaseName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 absl::Status MakeDirs(const std::string& path) {
   if (path.empty() || path == "/" || path == ".") return absl::OkStatus();
   struct stat st;
@@ -220,8 +235,9 @@ const std::vector<std::string>& FlagNames() {
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
       "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
       "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
-      "checkpoint_every", "resume", "hostfile", "profile", "bucket_mb", "overlap",
-      "recompute", "heartbeat_timeout"};
+      "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
+      "mpirun_args", "prepare", "profile", "bucket_mb", "overlap", "recompute",
+      "heartbeat_timeout"};
   return *names;
 }
 
@@ -314,7 +330,11 @@ Options OptionsFromFlags() {
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.resume = absl::GetFlag(FLAGS_resume);
+  o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   o.hostfile = absl::GetFlag(FLAGS_hostfile);
+  o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
+  o.mpirun_args = absl::GetFlag(FLAGS_mpirun_args);
+  o.prepare = absl::GetFlag(FLAGS_prepare);
   o.profile = absl::GetFlag(FLAGS_profile);
   o.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
   o.overlap = absl::GetFlag(FLAGS_overlap);
@@ -378,7 +398,9 @@ std::string DefaultRunDir(const std::string& user_dir, absl::Time now,
 
 std::string CheckpointPrefix(const std::string& resume) {
   std::string p = resume;
-  if (absl::EndsWith(p, ".ckpt")) {
+  if (absl::EndsWith(p, ".manifest")) {
+    p.resize(p.size() - 9);
+  } else if (absl::EndsWith(p, ".ckpt")) {
     p.resize(p.size() - 5);
     // "<prefix>.stage-R"
     const size_t slash = p.rfind('/');
@@ -391,12 +413,19 @@ std::string CheckpointPrefix(const std::string& resume) {
   return p;
 }
 
-std::vector<std::string> CheckpointFiles(const std::string& prefix, const std::string& strategy,
-                                         int workers) {
-  if (strategy == "data") return {prefix + ".ckpt"};
-  std::vector<std::string> files;
-  for (int r = 0; r < workers; ++r) files.push_back(absl::StrFormat("%s.stage-%d.ckpt", prefix, r));
-  return files;
+absl::Status WriteJobConfig(const JobConfig& job) {
+  const std::string path = absl::StrCat(job.run_dir, "/", kJobConfigFile);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << job.ToText();
+    if (!out.flush()) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
@@ -416,7 +445,9 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   // Device.
   Device device = Device::Cpu();
   bool device_ok = true;
-  const bool multi_host = !o.hostfile.empty();
+  // Workers on several hosts (a hostfile, or srun after --prepare): this host's GPUs do not
+  // bound their number.
+  const bool multi_host = !o.hostfile.empty() || o.prepare;
   auto check_count = [&]() {
     if (multi_host || !gpus_ok || o.gpus <= host.cuda_devices) return;
     device_ok = false;
@@ -479,7 +510,10 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   job.data = o.synthetic ? "" : AbsolutePath(host.user_dir, o.data);
   job.synthetic = o.synthetic;
   job.checkpoint_every = o.checkpoint_every;
-  job.resume = o.resume.empty() ? "" : CheckpointPrefix(AbsolutePath(host.user_dir, o.resume));
+  const bool auto_resume = o.resume == "auto";
+  job.resume = o.resume.empty() || auto_resume
+                   ? ""
+                   : CheckpointPrefix(AbsolutePath(host.user_dir, o.resume));
   job.bucket_mb = o.bucket_mb;
   job.overlap = o.overlap;
   job.recompute = o.recompute;
@@ -563,71 +597,6 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     if (!d.ok()) problem(absl::StrCat("--data: ", d.status().message()));
   }
 
-  // Checkpoint to resume from.
-  if (!job.resume.empty()) {
-    const std::string base = BaseName(job.resume);
-    int step = -1;
-    if (!absl::StartsWith(base, "step-") || !absl::SimpleAtoi(base.substr(5), &step) ||
-        step < 0) {
-      problem(absl::StrFormat(
-          "--resume=%s: name a checkpoint step, <dir>/step-NNNNNN (or one of its .ckpt files)",
-          o.resume));
-    } else if (strategy_ok && gpus_ok) {
-      for (const std::string& f : CheckpointFiles(job.resume, o.strategy, o.gpus)) {
-        if (!PathExists(f)) {
-          problem(absl::StrFormat(
-              "--resume=%s: checkpoint file %s does not exist (%s needs %s)", o.resume, f,
-              o.strategy == "data" ? "data parallelism" : "every stage",
-              o.strategy == "data" ? "<prefix>.ckpt" : "<prefix>.stage-R.ckpt for every rank"));
-          continue;
-        }
-        absl::StatusOr<CheckpointData> ck = ReadCheckpoint(f);
-        if (!ck.ok()) {
-          problem(absl::StrFormat("--resume=%s: %s", o.resume, ck.status().message()));
-          continue;
-        }
-        absl::StatusOr<std::string> s = ck->Meta("step");
-        int ck_step = -1;
-        if (s.ok() && absl::SimpleAtoi(*s, &ck_step) && ck_step >= o.steps && o.steps >= 1) {
-          problem(absl::StrFormat(
-              "--resume=%s: the checkpoint is at step %d and --steps=%d: nothing left to train; "
-              "raise --steps",
-              o.resume, ck_step, o.steps));
-          break;
-        }
-        absl::StatusOr<std::string> b = ck->Meta("batch");
-        if (b.ok() && *b != absl::StrCat(o.batch)) {
-          problem(absl::StrFormat(
-              "--resume=%s: the checkpoint was trained with --batch=%s, not %d", o.resume, *b,
-              o.batch));
-          break;
-        }
-        absl::StatusOr<std::string> m = ck->Meta("model");
-        if (m.ok() && model.ok() && *m != model->ToString()) {
-          problem(absl::StrFormat("--resume=%s: the checkpoint holds another model (%s)",
-                                  o.resume, *m));
-          break;
-        }
-      }
-      if (o.strategy != "data" && PathExists(absl::StrFormat("%s.stage-%d.ckpt", job.resume,
-                                                             o.gpus))) {
-        problem(absl::StrFormat(
-            "--resume=%s: the checkpoint has more stages than --gpus=%d", o.resume, o.gpus));
-      }
-    }
-  }
-
-  // Hostfile.
-  if (multi_host) {
-    plan.hostfile = AbsolutePath(host.user_dir, o.hostfile);
-    std::ifstream in(plan.hostfile);
-    if (!PathExists(plan.hostfile)) {
-      problem(absl::StrFormat("--hostfile=%s does not exist", o.hostfile));
-    } else if (!in) {
-      problem(absl::StrFormat("--hostfile=%s cannot be read", o.hostfile));
-    }
-  }
-
   // Run directory.
   if (!o.run_dir.empty()) {
     job.run_dir = AbsolutePath(host.user_dir, o.run_dir);
@@ -646,6 +615,126 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     job.run_dir = base;
     for (int n = 2; PathExists(job.run_dir); ++n) job.run_dir = absl::StrCat(base, "-", n);
   }
+
+  // Checkpoint to resume from: any strategy and number of workers wrote it (parameters are
+  // found by name), but it must be of this model, optimizer and batch, and complete.
+  auto check_checkpoint = [&](const std::string& prefix, const std::string& label) {
+    absl::StatusOr<Manifest> m = ReadManifest(prefix);
+    if (!m.ok()) {
+      problem(absl::StrFormat("%s: %s", label, m.status().message()));
+      return;
+    }
+    if (m->step >= o.steps && o.steps >= 1) {
+      problem(absl::StrFormat(
+          "%s: the checkpoint is at step %d and --steps=%d: nothing left to train; raise "
+          "--steps",
+          label, m->step, o.steps));
+    } else if (m->batch != o.batch) {
+      problem(absl::StrFormat("%s: the checkpoint was trained with --batch=%d, not %d", label,
+                              m->batch, o.batch));
+    } else if (model.ok() && m->model != model->ToString()) {
+      problem(absl::StrFormat("%s: the checkpoint holds another model (%s)", label, m->model));
+    } else if (m->optimizer != o.optimizer) {
+      problem(absl::StrFormat("%s: the checkpoint was trained with --optimizer=%s, not %s",
+                              label, m->optimizer, o.optimizer));
+    } else if (absl::Status v = VerifyCheckpoint(prefix, *m); !v.ok()) {
+      problem(absl::StrFormat("%s: %s", label, v.message()));
+    }
+  };
+  if (auto_resume) {
+    const std::string dir = job.run_dir + "/checkpoints";
+    std::vector<std::string> passed_over;
+    absl::StatusOr<std::string> latest = FindLatestCheckpoint(dir, &passed_over);
+    for (const std::string& p : passed_over) {
+      plan.notices.push_back(absl::StrCat("--resume=auto: passed over ", p));
+    }
+    if (latest.ok()) {
+      job.resume = *latest;
+      check_checkpoint(*latest, "--resume=auto");
+      plan.notices.push_back(absl::StrFormat("--resume=auto: resuming from %s (step %d)",
+                                             *latest, CheckpointStep(*latest)));
+    } else {
+      plan.notices.push_back(
+          absl::StrFormat("--resume=auto: no complete checkpoint in %s; starting from step 0",
+                          dir));
+    }
+  } else if (!job.resume.empty()) {
+    if (CheckpointStep(job.resume) < 0) {
+      problem(absl::StrFormat(
+          "--resume=%s: name a checkpoint step, <dir>/step-NNNNNN (or one of its files), or "
+          "auto",
+          o.resume));
+    } else {
+      check_checkpoint(job.resume, absl::StrCat("--resume=", o.resume));
+    }
+  }
+  if (o.max_restarts < 0 || o.max_restarts > 1000) {
+    problem(absl::StrFormat("--max-restarts=%d: must be between 0 and 1000", o.max_restarts));
+  }
+  plan.max_restarts = o.max_restarts;
+  plan.prepare = o.prepare;
+  for (absl::string_view w : absl::StrSplit(o.mpirun_args, absl::ByAnyChar(" \t"),
+                                            absl::SkipEmpty())) {
+    plan.mpirun_args.push_back(std::string(w));
+  }
+
+  // Hostfile: the slots must hold the workers.
+  if (!o.hostfile.empty()) {
+    plan.hostfile = AbsolutePath(host.user_dir, o.hostfile);
+    std::ifstream in(plan.hostfile);
+    if (!PathExists(plan.hostfile)) {
+      problem(absl::StrFormat("--hostfile=%s does not exist", o.hostfile));
+    } else if (!in) {
+      problem(absl::StrFormat("--hostfile=%s cannot be read", o.hostfile));
+    } else {
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      absl::StatusOr<std::vector<HostfileEntry>> hosts = ParseHostfile(text);
+      if (!hosts.ok()) {
+        problem(absl::StrFormat("--hostfile=%s: %s", o.hostfile, hosts.status().message()));
+      } else {
+        const int slots = TotalSlots(*hosts);
+        if (gpus_ok && slots > 0 && o.gpus > slots) {
+          problem(absl::StrFormat(
+              "--gpus=%d but --hostfile=%s offers %d slots; add hosts or slots, or use "
+              "--gpus=%d",
+              o.gpus, o.hostfile, slots, slots));
+        }
+        if (o.coordinator_address.empty()) {
+          absl::StatusOr<std::string> h = DefaultCoordinatorHost(*hosts);
+          if (!h.ok()) {
+            problem(absl::StrFormat("--hostfile=%s: %s", o.hostfile, h.status().message()));
+          } else {
+            plan.coordinator_host = *h;
+            plan.coordinator_listen = absl::StrCat(*h, ":0");
+          }
+        }
+      }
+    }
+  }
+
+  // Coordinator address given: it must be this host's, where the coordinator runs.
+  if (!o.coordinator_address.empty()) {
+    std::string h;
+    int port = 0;
+    absl::Status split = SplitHostPort(o.coordinator_address, &h, &port);
+    absl::StatusOr<std::string> ip = split.ok() ? ResolveIpv4(h) : split;
+    if (!split.ok()) {
+      problem(absl::StrFormat("--coordinator-address=%s", split.message()));
+    } else if (!ip.ok()) {
+      problem(absl::StrFormat("--coordinator-address=%s: %s", o.coordinator_address,
+                              ip.status().message()));
+    } else if (!IsLocalIpv4(*ip)) {
+      problem(absl::StrFormat(
+          "--coordinator-address=%s: %s is not an address of this host (the coordinator runs "
+          "in the launcher)",
+          o.coordinator_address, *ip));
+    } else {
+      plan.coordinator_host = h;
+      plan.coordinator_listen = absl::StrCat(*ip, ":", port);
+    }
+  }
+  plan.coordinator_remote = !absl::StartsWith(plan.coordinator_listen, "127.");
 
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
   return plan;

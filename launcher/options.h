@@ -40,8 +40,12 @@ struct Options {
   bool synthetic = false;
   std::string run_dir;
   int checkpoint_every = 0;
-  std::string resume;
+  std::string resume;  // "", "auto" or a checkpoint
+  int max_restarts = 0;
   std::string hostfile;
+  std::string coordinator_address;  // host[:port]
+  std::string mpirun_args;
+  bool prepare = false;
   bool profile = false;
   double bucket_mb = 25;
   bool overlap = true;
@@ -80,8 +84,18 @@ struct HostInfo {
 
 // A validated job, ready to start.
 struct LaunchPlan {
-  JobConfig job;          // resolved device; absolute run_dir, data and resume paths
+  JobConfig job;          // resolved device; absolute run_dir, data and resume paths (the
+                          // checkpoint --resume=auto found, or none)
   std::string hostfile;   // absolute, or empty
+  // The coordinator: the host workers are told (TANDEM_COORDINATOR), the address it
+  // listens on ("10.0.0.1:0": port 0 picks a free one), and whether that is reachable from
+  // other hosts (not loopback).
+  std::string coordinator_host = "127.0.0.1";
+  std::string coordinator_listen = "127.0.0.1:0";
+  bool coordinator_remote = false;
+  std::vector<std::string> mpirun_args;  // --mpirun-args, split at spaces
+  int max_restarts = 0;
+  bool prepare = false;
   std::vector<std::string> notices;  // lines to show before starting (e.g. the CPU fallback)
 };
 
@@ -100,11 +114,11 @@ std::string DefaultRunDir(const std::string& user_dir, absl::Time now,
 std::string AbsolutePath(const std::string& base, const std::string& path);
 
 // --resume accepts the step prefix "<dir>/step-NNNNNN" or one of its files
-// ("<prefix>.ckpt", "<prefix>.stage-R.ckpt"); this returns the prefix.
+// ("<prefix>.manifest", "<prefix>.ckpt", "<prefix>.stage-R.ckpt"); this returns the prefix.
 std::string CheckpointPrefix(const std::string& resume);
-// The checkpoint files a job resuming from `prefix` reads (worker.cc's convention).
-std::vector<std::string> CheckpointFiles(const std::string& prefix, const std::string& strategy,
-                                         int workers);
+
+// Writes <run_dir>/job.conf (the job as workers started by srun read it, --prepare).
+absl::Status WriteJobConfig(const JobConfig& job);
 
 }  // namespace launcher
 }  // namespace tandem

@@ -8,21 +8,25 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <set>
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
+#include "model/sharded_checkpoint.h"
 
 namespace tandem {
 namespace launcher {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -272,8 +276,7 @@ TEST(Validate, EachBadInputGivesItsLine) {
       {[](Options& o) { o.hostfile = "/nonexistent/hosts"; },
        "--hostfile=/nonexistent/hosts does not exist"},
       {[](Options& o) { o.resume = "/nonexistent/step-000003"; },
-       "--resume=/nonexistent/step-000003: checkpoint file /nonexistent/step-000003.ckpt does "
-       "not exist"},
+       "--resume=/nonexistent/step-000003: checkpoint /nonexistent/step-000003 does not exist"},
       {[](Options& o) { o.resume = "/nonexistent/weights.bin"; },
        "--resume=/nonexistent/weights.bin: name a checkpoint step"},
   };
@@ -360,36 +363,69 @@ TEST(Validate, DefaultRunDirectoryNeverReused) {
   EXPECT_EQ(p->job.run_dir, first + "-2");
 }
 
-CheckpointData Checkpoint(int step, int batch, const std::string& model) {
-  CheckpointData d;
-  d.arrays.push_back({"w", {1, 2, 3}});
-  d.meta["step"] = absl::StrCat(step);
-  d.meta["batch"] = absl::StrCat(batch);
-  d.meta["model"] = model;
-  return d;
+// A checkpoint of the small model at `step` as a 2-stage pipeline writes it: two shards and
+// the manifest (validation reads the manifest and checks every shard; the workers load the
+// values).
+void WriteCheckpointAt(const std::string& dir, int step, int batch, const std::string& model) {
+  Manifest m;
+  m.step = step;
+  m.strategy = "pipeline";
+  m.world_size = 2;
+  m.model = model;
+  m.optimizer = "adamw";
+  m.batch = batch;
+  for (int r = 0; r < 2; ++r) {
+    CheckpointData d;
+    d.arrays.push_back({"params", {1, 2, 3}});
+    d.meta["step"] = absl::StrCat(step);
+    d.meta["batch"] = absl::StrCat(batch);
+    d.meta["model"] = model;
+    d.meta["model_blocks"] = "4";
+    ShardRecord s;
+    s.file = absl::StrFormat("step-%06d.stage-%d.ckpt", step, r);
+    s.block_begin = 2 * r;
+    s.block_end = 2 * r + 2;
+    CheckpointFileInfo info;
+    ASSERT_TRUE(WriteCheckpoint(dir + "/" + s.file, d, &info).ok());
+    s.bytes = info.bytes;
+    s.checksum = info.checksum;
+    m.shards.push_back(s);
+  }
+  ASSERT_TRUE(WriteManifest(CheckpointPrefixFor(dir, step), m).ok());
 }
 
-TEST(Validate, Resume) {
-  const std::string dir = FreshPath("ckpt");
-  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
-  Options o = Small();
+std::string SmallModel() {
   JobConfig j;
   j.model = "gpt";
   j.n_layer = 2;
   j.d_model = 32;
   j.n_head = 2;
   j.seq_len = 16;
-  const std::string desc = j.Model().value().ToString();
-  ASSERT_TRUE(WriteCheckpoint(dir + "/step-000003.ckpt", Checkpoint(3, 8, desc)).ok());
+  return j.Model().value().ToString();
+}
+
+TEST(Validate, Resume) {
+  const std::string dir = FreshPath("ckpt");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  Options o = Small();
+  WriteCheckpointAt(dir, 3, 8, SmallModel());
   const HostInfo h = CpuHost(FreshPath("user"));
 
   o.resume = dir + "/step-000003";
   absl::StatusOr<LaunchPlan> p = Validate(o, h);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->job.resume, dir + "/step-000003");
-  o.resume = dir + "/step-000003.ckpt";  // the file itself is fine too
+  o.resume = dir + "/step-000003.stage-1.ckpt";  // one of its files is fine too
   ASSERT_TRUE(Validate(o, h).ok());
   EXPECT_EQ(Validate(o, h)->job.resume, dir + "/step-000003");
+  o.resume = dir + "/step-000003.manifest";
+  EXPECT_EQ(Validate(o, h)->job.resume, dir + "/step-000003");
+  // Any strategy and number of workers may load it.
+  o.strategy = "data";
+  o.gpus = 1;
+  EXPECT_TRUE(Validate(o, h).ok());
+  o = Small();
+  o.resume = dir + "/step-000003";
 
   o.steps = 3;
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("at step 3 and --steps=3: nothing left")));
@@ -400,26 +436,111 @@ TEST(Validate, Resume) {
   o.d_model = 64;
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("holds another model")));
   o.d_model = 32;
+  o.optimizer = "sgd";
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("trained with --optimizer=adamw, not sgd")));
+  o.optimizer = "adamw";
 
-  // A corrupt file is refused.
-  std::ofstream(dir + "/step-000004.ckpt") << "TANDEMCK garbage";
+  // A corrupt manifest is refused.
+  std::ofstream(dir + "/step-000004.manifest") << "TANDEMCK garbage";
   o.resume = dir + "/step-000004";
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("--resume=" + dir + "/step-000004: ")));
+}
 
-  // Pipeline: one file per stage, all present.
-  o.strategy = "pipeline";
+TEST(Validate, ResumeRefusesMissingAndCorruptShardsByName) {
+  const std::string dir = FreshPath("shards");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  WriteCheckpointAt(dir, 3, 8, SmallModel());
+  const HostInfo h = CpuHost(FreshPath("user"));
+  Options o = Small();
   o.resume = dir + "/step-000003";
-  EXPECT_THAT(Problems(o, h),
-              ElementsAre(HasSubstr("step-000003.stage-0.ckpt does not exist"),
-                          HasSubstr("step-000003.stage-1.ckpt does not exist")));
+  const std::string shard = dir + "/step-000003.stage-1.ckpt";
+  const std::string saved = shard + ".saved";
+  ASSERT_EQ(std::rename(shard.c_str(), saved.c_str()), 0);
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("checkpoint shard " + shard + " is missing")));
+  // Corrupt: one byte changed in the middle, the trailer left as listed.
+  std::ifstream in(saved, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  bytes[bytes.size() / 2] ^= 1;
+  std::ofstream(shard, std::ios::binary) << bytes;
+  EXPECT_THAT(Problems(o, h), ElementsAre(AllOf(HasSubstr("checkpoint " + shard + " is corrupt"),
+                                                HasSubstr("checksum mismatch"))));
+}
+
+TEST(Validate, ResumeAuto) {
+  const std::string user = FreshPath("user");
+  const std::string run = user + "/run";
+  ASSERT_EQ(std::system(("mkdir -p " + run + "/checkpoints").c_str()), 0);
+  std::ofstream(run + "/run.json") << "{}";
+  Options o = Small();
+  o.run_dir = "run";
+  o.resume = "auto";
+  // No checkpoint yet: start fresh, in a directory that may hold an earlier attempt.
+  absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.resume, "");
+  EXPECT_THAT(p->notices, testing::Contains(HasSubstr("no complete checkpoint in " + run +
+                                                      "/checkpoints; starting from step 0")));
+  // The newest complete one; a newer incomplete one is passed over, saying why.
+  WriteCheckpointAt(run + "/checkpoints", 2, 8, SmallModel());
+  WriteCheckpointAt(run + "/checkpoints", 4, 8, SmallModel());
+  WriteCheckpointAt(run + "/checkpoints", 6, 8, SmallModel());
+  ASSERT_EQ(std::remove((run + "/checkpoints/step-000006.stage-0.ckpt").c_str()), 0);
+  p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.resume, run + "/checkpoints/step-000004");
+  EXPECT_THAT(p->notices, testing::Contains(HasSubstr("resuming from " + run +
+                                                      "/checkpoints/step-000004 (step 4)")));
+  EXPECT_THAT(p->notices, testing::Contains(HasSubstr("step-000006.stage-0.ckpt is missing")));
+}
+
+TEST(Validate, HostfileCoordinatorAndRestarts) {
+  const std::string user = FreshPath("user");
+  ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
+  std::ofstream(user + "/hosts") << "# this host twice\nlocalhost slots=1\n127.0.0.1 slots=1\n";
+  std::ofstream(user + "/bad-hosts") << "localhost slots=two\n";
+  Options o = Small();
+  o.hostfile = "hosts";
+  absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->hostfile, user + "/hosts");
+  EXPECT_EQ(p->coordinator_host, "127.0.0.1");  // every host is this one
+  EXPECT_FALSE(p->coordinator_remote);
+  o.gpus = 4;
+  o.batch = 8;
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre("--gpus=4 but --hostfile=hosts offers 2 slots; add hosts or slots, or "
+                          "use --gpus=2"));
+  o = Small();
+  o.hostfile = "bad-hosts";
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre(HasSubstr("--hostfile=bad-hosts: line 1: 'slots=two'")));
+  o = Small();
+  o.coordinator_address = "127.0.0.1:23456";
+  p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->coordinator_listen, "127.0.0.1:23456");
+  o.coordinator_address = "192.0.2.1";  // TEST-NET-1: never this host's
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre(HasSubstr("192.0.2.1 is not an address of this host")));
+  o.coordinator_address = "127.0.0.1:port";
+  EXPECT_THAT(Problems(o, CpuHost(user)), ElementsAre(HasSubstr("--coordinator-address=")));
+  o = Small();
+  o.max_restarts = -1;
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre("--max-restarts=-1: must be between 0 and 1000"));
+  o.max_restarts = 3;
+  o.mpirun_args = " --mca  btl self,tcp ";
+  p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->max_restarts, 3);
+  EXPECT_THAT(p->mpirun_args, ElementsAre("--mca", "btl", "self,tcp"));
 }
 
 TEST(CheckpointPrefix, AcceptsPrefixOrFile) {
   EXPECT_EQ(CheckpointPrefix("a/step-000010"), "a/step-000010");
   EXPECT_EQ(CheckpointPrefix("a/step-000010.ckpt"), "a/step-000010");
   EXPECT_EQ(CheckpointPrefix("a/step-000010.stage-3.ckpt"), "a/step-000010");
-  EXPECT_THAT(CheckpointFiles("p", "data", 4), ElementsAre("p.ckpt"));
-  EXPECT_THAT(CheckpointFiles("p", "model", 2), ElementsAre("p.stage-0.ckpt", "p.stage-1.ckpt"));
+  EXPECT_EQ(CheckpointPrefix("a/step-000010.manifest"), "a/step-000010");
 }
 
 TEST(Paths, AbsoluteAndDefaultRunDir) {

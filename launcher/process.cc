@@ -103,6 +103,7 @@ std::vector<std::string> MpirunArgv(const MpirunSpec& spec) {
     a.push_back("-x");
     a.push_back(name);
   }
+  for (const std::string& extra : spec.extra_args) a.push_back(extra);
   a.push_back(spec.worker);
   return a;
 }

@@ -27,10 +27,13 @@ struct MpirunSpec {
   int cores = 1;         // slots on this host; more workers need --oversubscribe
   // Further environment variables to hand to every worker, by name (-x NAME).
   std::vector<std::string> forward_env;
+  // Further mpirun arguments (--mpirun-args), placed before the worker binary.
+  std::vector<std::string> extra_args;
 };
 
-// "mpirun -np N --bind-to none [--oversubscribe] [--hostfile F] -x ... WORKER". The job
-// token is passed by name only (-x TANDEM_JOB_TOKEN): its value is in the environment.
+// "mpirun -np N --bind-to none [--oversubscribe] [--hostfile F] -x ... [EXTRA...] WORKER".
+// The job token is passed by name only (-x TANDEM_JOB_TOKEN): its value is in the
+// environment. With a hostfile its slots decide where ranks go (no --oversubscribe).
 std::vector<std::string> MpirunArgv(const MpirunSpec& spec);
 
 // mpirun's environment: `base` ("NAME=value" entries) with the coordinator's address, the

@@ -76,6 +76,12 @@ TEST(MpirunArgv, HostfileAndCuda) {
   auto x = std::find(b.begin(), b.end(), "TANDEM_TEST_CRASH_RANK");
   ASSERT_NE(x, b.end());
   EXPECT_EQ(*(x - 1), "-x");
+  // --mpirun-args go last, before the worker.
+  s.extra_args = {"--mca", "btl", "self,tcp"};
+  const std::vector<std::string> c = MpirunArgv(s);
+  ASSERT_GE(c.size(), 4u);
+  EXPECT_THAT(std::vector<std::string>(c.end() - 4, c.end()),
+              ElementsAre("--mca", "btl", "self,tcp", "w"));
 }
 
 TEST(MpirunEnvironment, TokenOnlyInTheEnvironment) {

@@ -380,6 +380,7 @@ std::string RunJson(const RunRecord& r) {
   if (r.failed_rank >= 0) w.Key("failed_rank").Int(r.failed_rank);
   if (!r.failure.empty()) w.Key("failure").String(r.failure);
   if (!r.abort_reason.empty()) w.Key("abort_reason").String(r.abort_reason);
+  if (r.restarts > 0) w.Key("restarts").Int(r.restarts);
   const std::vector<StepRecord> empty;
   const std::vector<StepRecord>& rank0 = r.ranks.empty() ? empty : r.ranks[0];
   // Rank 0's loss is the global batch's (every strategy reduces it).

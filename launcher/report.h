@@ -83,6 +83,7 @@ struct RunRecord {
   std::string failure;             // how the failed rank ended, if known
   std::string abort_reason;        // the coordinator's, if the job was aborted
   double wall_seconds = 0;
+  int restarts = 0;                // times the job was restarted after a failure
   std::vector<std::vector<StepRecord>> ranks;  // per rank, by step
 };
 

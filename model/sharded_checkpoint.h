@@ -88,9 +88,10 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
 // (written by any strategy and world size), after checking model, optimizer and batch. On
 // any error nothing is changed. `shards` pairs each shard's path (for messages) with its
 // contents; `what` names the checkpoint in messages.
-absl::Status LoadStateFromShards(const std::vector<std::pair<std::string, const CheckpointData*>>& shards,
-                                 const std::string& what, const TrainConfig& c, Stage& stage,
-                                 Optimizer* optimizer, LossScaler* scaler, int* step);
+absl::Status LoadStateFromShards(
+    const std::vector<std::pair<std::string, const CheckpointData*>>& shards,
+    const std::string& what, const TrainConfig& c, Stage& stage, Optimizer* optimizer,
+    LossScaler* scaler, int* step);
 
 // Loads a stage's state from checkpoint `prefix`: reads the manifest and only the shards
 // holding the stage's blocks, refusing a missing, corrupt or foreign shard by name before

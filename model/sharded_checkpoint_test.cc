@@ -69,7 +69,8 @@ Part MakePart(const TrainConfig& c, int begin, int end) {
 std::map<std::string, std::vector<std::vector<float>>> ByName(const std::string& path) {
   CheckpointData d = *ReadCheckpoint(path);
   std::map<std::string, std::vector<std::vector<float>>> out;
-  for (const ShardParam& p : *ParseShardLayout(*d.Meta("layout"))) {
+  const std::vector<ShardParam> layout = *ParseShardLayout(*d.Meta("layout"));
+  for (const ShardParam& p : layout) {
     for (const char* a : {"params", "optimizer.0", "optimizer.1"}) {
       const std::vector<float>& v = **d.Array(a);
       out[p.name].emplace_back(v.begin() + p.offset, v.begin() + p.offset + p.numel);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
+#include "model/sharded_checkpoint.h"
 #include "runtime/ops.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
@@ -357,7 +358,8 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
+absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
+                                                    const std::function<bool()>& stop_requested) {
   const double start = Now();
   StepTiming local;
   StepTiming* t = timing ? timing : &local;
@@ -366,8 +368,9 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
   stage_->ResetPeakInFlight();
   const TrainConfig& tc = c_.train;
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
-  // [0]: this rank's summed token losses, [1]: its share of the squared gradient norm.
-  ASSIGN_OR_RETURN(Tensor reduced, Tensor::Empty({2}, DType::kF32, tc.device));
+  // [0]: this rank's summed token losses, [1]: its share of the squared gradient norm,
+  // [2]: 1 if this rank asks to stop after this step (summed: any rank's wish counts).
+  ASSIGN_OR_RETURN(Tensor reduced, Tensor::Empty({3}, DType::kF32, tc.device));
   RETURN_IF_ERROR(ZeroFill(reduced, *s));
   ASSIGN_OR_RETURN(Tensor loss_sum, reduced.View(0, {1}));
   ASSIGN_OR_RETURN(Tensor sumsq, reduced.View(1, {1}));
@@ -383,6 +386,12 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
     // reducing it too would only add rounding. Give every rank the same share.
     RETURN_IF_ERROR(ops::Scale(*s, sumsq, 1.0f / world));
   }
+  if (stop_requested && stop_requested()) {
+    ASSIGN_OR_RETURN(Tensor flag, reduced.View(2, {1}));
+    ASSIGN_OR_RETURN(Tensor one, Tensor::FromVector({1.0f}, {1}));
+    RETURN_IF_ERROR(s->Synchronize());  // what the stream wrote into `reduced` first
+    RETURN_IF_ERROR(CopySync(flag, one));
+  }
   {
     Timer exposed(&t->exposed_comm_seconds);
     SpanScope span("reduce loss", "idle");
@@ -390,6 +399,7 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
     RETURN_IF_ERROR(Wait(*w, "the reduction of the step's loss and gradient norm"));
   }
   ASSIGN_OR_RETURN(std::vector<float> v, reduced.ToFloatVector());
+  stop_agreed_ = v[2] > 0.5f;
   const double opt_start = Now();
   SpanScope opt_span("optimizer", "optimizer");
   ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, tc, *stage_, optimizer_, scaler_, step_, v[0], v[1]));
@@ -404,22 +414,81 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing) {
 }
 
 std::string DistributedTrainer::CheckpointPath(const std::string& dir, int step) const {
-  if (c_.strategy == StrategyKind::kData) return absl::StrFormat("%s/step-%06d.ckpt", dir, step);
-  return absl::StrFormat("%s/step-%06d.stage-%d.ckpt", dir, step, comm_->rank());
+  const std::string prefix = CheckpointPrefixFor(dir, step);
+  if (c_.strategy == StrategyKind::kData) return prefix + ".ckpt";
+  return absl::StrFormat("%s.stage-%d.ckpt", prefix, comm_->rank());
 }
 
 absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
-  if (c_.strategy != StrategyKind::kData || comm_->rank() == 0) {
-    RETURN_IF_ERROR(SaveTrainingState(CheckpointPath(dir, step_), c_.train, *stage_, optimizer_,
-                                      scaler_, step_));
+  const int rank = comm_->rank(), world = comm_->world_size();
+  const bool writes = c_.strategy != StrategyKind::kData || rank == 0;
+  const std::string path = CheckpointPath(dir, step_);
+  absl::Status saved = absl::OkStatus();
+  CheckpointFileInfo info;
+  if (writes) {
+    const std::map<std::string, std::string> extra = {
+        {"strategy", StrategyName(c_.strategy)},
+        {"world_size", absl::StrCat(world)},
+        {"rank", absl::StrCat(rank)}};
+    saved = SaveTrainingState(path, c_.train, *stage_, optimizer_, scaler_, step_, extra, &info);
   }
+  // Every rank's outcome, size and checksum: {state (1 written, 0 none, -1 failed),
+  // bytes low, bytes high, checksum low, checksum high} as 32-bit integers.
+  constexpr int kFields = 5;
+  const uint64_t bytes = static_cast<uint64_t>(info.bytes);
+  const std::vector<int32_t> mine = {
+      !saved.ok() ? -1 : (writes ? 1 : 0), static_cast<int32_t>(bytes & 0xffffffffu),
+      static_cast<int32_t>(bytes >> 32), static_cast<int32_t>(info.checksum & 0xffffffffu),
+      static_cast<int32_t>(info.checksum >> 32)};
+  ASSIGN_OR_RETURN(Tensor in, Tensor::FromInts(mine, {kFields}, c_.train.device));
+  ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({int64_t{kFields} * world}, DType::kI32,
+                                             c_.train.device));
+  {
+    ASSIGN_OR_RETURN(auto w, comm_->AllGather(all, in));
+    RETURN_IF_ERROR(Wait(*w, "every rank's checkpoint shard"));
+  }
+  if (!saved.ok()) return saved;
+  ASSIGN_OR_RETURN(std::vector<int32_t> v, all.ToIntVector());
+  Manifest m;
+  for (int r = 0; r < world; ++r) {
+    const int32_t* f = v.data() + r * kFields;
+    if (f[0] < 0) {
+      return absl::InternalError(absl::StrFormat(
+          "step %d: rank %d could not write its checkpoint shard (see its log); no manifest "
+          "written",
+          step_, r));
+    }
+    if (f[0] == 0) continue;
+    ShardRecord s;
+    s.file = absl::StrFormat("step-%06d", step_);
+    s.file += c_.strategy == StrategyKind::kData ? ".ckpt" : absl::StrFormat(".stage-%d.ckpt", r);
+    s.block_begin = c_.strategy == StrategyKind::kData ? 0 : bounds_[r];
+    s.block_end = c_.strategy == StrategyKind::kData ? bounds_.back() : bounds_[r + 1];
+    s.bytes = static_cast<int64_t>(static_cast<uint32_t>(f[1]) |
+                                   (static_cast<uint64_t>(static_cast<uint32_t>(f[2])) << 32));
+    s.checksum = static_cast<uint32_t>(f[3]) |
+                 (static_cast<uint64_t>(static_cast<uint32_t>(f[4])) << 32);
+    m.shards.push_back(s);
+  }
+  absl::Status manifest = absl::OkStatus();
+  if (rank == 0) {
+    m.step = step_;
+    m.strategy = StrategyName(c_.strategy);
+    m.world_size = world;
+    m.model = c_.train.model.ToString();
+    m.optimizer = c_.train.optimizer.kind;
+    m.batch = c_.train.batch;
+    m.seed = c_.train.seed;
+    manifest = WriteManifest(CheckpointPrefixFor(dir, step_), m);
+  }
+  // Nobody goes on (or exits, when preempted) before the manifest is written.
   ASSIGN_OR_RETURN(auto w, comm_->Barrier());
-  return Wait(*w, "every rank's checkpoint");
+  RETURN_IF_ERROR(Wait(*w, "the checkpoint's manifest"));
+  return manifest;
 }
 
-absl::Status DistributedTrainer::LoadCheckpoint(const std::string& dir, int step) {
-  return LoadTrainingState(CheckpointPath(dir, step), c_.train, *stage_, &optimizer_, &scaler_,
-                           &step_);
+absl::Status DistributedTrainer::LoadCheckpoint(const std::string& prefix) {
+  return LoadShardedTrainingState(prefix, c_.train, *stage_, &optimizer_, &scaler_, &step_);
 }
 
 }  // namespace tandem

@@ -10,6 +10,7 @@
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,16 +71,27 @@ class DistributedTrainer {
   static absl::StatusOr<std::unique_ptr<DistributedTrainer>> Create(const ParallelConfig& c,
                                                                     Communicator* comm);
   // One global step on every rank (collective). The report's loss is the global batch's.
-  absl::StatusOr<StepReport> Step(StepTiming* timing = nullptr);
+  // `stop_requested`, if given, says whether this rank wishes to stop after this step (a
+  // SIGTERM, the launcher's request); it is asked once forward and backward are done, and
+  // the answer travels with the step's own loss reduction, so every rank learns at the same
+  // step whether any rank asked (stop_agreed()) without another collective.
+  absl::StatusOr<StepReport> Step(StepTiming* timing = nullptr,
+                                  const std::function<bool()>& stop_requested = nullptr);
+  // True once a step ended with some rank asking to stop; the same on every rank.
+  bool stop_agreed() const { return stop_agreed_; }
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
   const TokenDataset& data() const { return data_; }
-  // This rank's checkpoint path under `dir` for `step` (one file per pipeline stage; data
-  // parallel ranks share rank 0's file).
+  // This rank's shard path under `dir` for `step` (one file per pipeline stage; data
+  // parallel ranks share rank 0's file), see model/sharded_checkpoint.h.
   std::string CheckpointPath(const std::string& dir, int step) const;
-  // Collective: writes this rank's part (data parallel: rank 0 only) and waits for all.
+  // Collective: writes this rank's shard (data parallel: rank 0 only), gathers every
+  // shard's size and checksum, and rank 0 writes the manifest last; returns on every rank
+  // once the checkpoint is complete. An error on any rank fails it on every rank.
   absl::Status SaveCheckpoint(const std::string& dir);
-  absl::Status LoadCheckpoint(const std::string& dir, int step);
+  // Loads this rank's part from checkpoint `prefix` ("<dir>/step-NNNNNN"), whatever
+  // strategy and world size wrote it: parameters and optimizer state by name.
+  absl::Status LoadCheckpoint(const std::string& prefix);
 
  private:
   DistributedTrainer(const ParallelConfig& c, Communicator* comm, TokenDataset d)
@@ -101,6 +113,7 @@ class DistributedTrainer {
   std::vector<Bucket> buckets_;
   PipelineSchedule schedule_;
   int step_ = 0;
+  bool stop_agreed_ = false;
 };
 
 }  // namespace tandem

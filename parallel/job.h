@@ -11,6 +11,16 @@
 
 namespace tandem {
 
+// The exit code of a worker (and of the launcher) that stopped early on SIGTERM or the
+// launcher's request, after every rank checkpointed at the same step: EX_TEMPFAIL of
+// <sysexits.h>, "try again later". A job script requeues on it (examples/slurm/train.sbatch)
+// and the next run continues with --resume=auto.
+inline constexpr int kPreemptedExitCode = 75;
+
+// The job description workers started by srun read (launcher --prepare writes it into the
+// run directory): JobConfig::ToText().
+inline constexpr char kJobConfigFile[] = "job.conf";
+
 struct JobConfig {
   std::string strategy = "data";
   int workers = 1;

@@ -1,27 +1,41 @@
-// The worker: one process per device, started by the launcher through mpirun (or by srun).
-// It registers with the coordinator, receives the job configuration, builds its part of
-// the model for the job's strategy, trains in lockstep with the other ranks, and writes one
-// JSON line of measurements per step to <run_dir>/metrics/rank-<r>.jsonl. Its output goes to
-// <run_dir>/logs/rank-<r>.log. On the coordinator's abort it stops communication and exits
-// with the reason; on its own error it aborts the job first.
+// The worker: one process per device, started by the launcher through mpirun, or by Slurm's
+// srun (then rank 0 hosts the coordinator). It registers with the coordinator, receives the
+// job configuration, builds its part of the model for the job's strategy, trains in lockstep
+// with the other ranks, and writes one JSON line of measurements per step to
+// <run_dir>/metrics/rank-<r>.jsonl. Its output goes to <run_dir>/logs/rank-<r>.log. On the
+// coordinator's abort it stops communication and exits with the reason; on its own error it
+// aborts the job first. On SIGTERM (or the launcher's stop request) every rank finishes the
+// same step, checkpoints and exits with kPreemptedExitCode (75).
 #include <mpi.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
+#include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "comm/coordinator_client.h"
+#include "comm/coordinator_server.h"
+#include "comm/job_token.h"
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "comm/net_address.h"
+#include "model/sharded_checkpoint.h"
 #include "parallel/distributed.h"
 #include "parallel/job.h"
 #include "runtime/profiler.h"
@@ -32,15 +46,158 @@ extern "C" void openblas_set_num_threads(int);
 namespace tandem {
 namespace {
 
+// Set by SIGTERM (what Slurm and the launcher send before stopping a job): finish the
+// current step, checkpoint, exit with kPreemptedExitCode.
+std::atomic<bool> g_terminate{false};
+
+void OnTerminate(int) { g_terminate.store(true); }
+
+void InstallTerminationHandler() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnTerminate;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
+}
+
+std::string EnvString(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read %s", path));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // What the heartbeat thread reports; written by the training loop.
 struct Progress {
   std::mutex mu;
   WorkerReport report;
+};
+
+// Workers started by srun with no TANDEM_COORDINATOR: rank 0 starts the coordinator
+// in-process and publishes its address in the run directory, which every node shares; the
+// other ranks wait for that file. The file is tagged with the Slurm job, step and restart
+// count, so a requeued job never reads the address of an earlier run.
+class SlurmRendezvous {
+ public:
+  // True when this process was started by srun and nobody gave it a coordinator.
+  static bool Applies() {
+    return !EnvString("SLURM_PROCID").empty() && EnvString(kCoordinatorAddressEnv).empty();
+  }
+
+  // Reads the job configuration (--job-config), starts the coordinator (rank 0) or finds
+  // it (the others), and sets TANDEM_COORDINATOR for this process.
+  absl::Status SetUp(int rank, int world, const std::string& job_config_path) {
+    const int procid = EnvInt("SLURM_PROCID", -1), ntasks = EnvInt("SLURM_NTASKS", -1);
+    if (procid != rank || (ntasks > 0 && ntasks != world)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "SLURM_PROCID=%d, SLURM_NTASKS=%d but MPI says rank %d of %d: start the workers "
+          "with `srun --mpi=pmix` (or pmi2) so that MPI takes its ranks from Slurm",
+          procid, ntasks, rank, world));
+    }
+    if (job_config_path.empty()) {
+      return absl::InvalidArgumentError(
+          "started by srun without TANDEM_COORDINATOR: pass --job-config=<run_dir>/job.conf "
+          "(written by `launcher --prepare`), see examples/slurm/train.sbatch");
+    }
+    ASSIGN_OR_RETURN(std::string text, ReadFile(job_config_path));
+    ASSIGN_OR_RETURN(JobConfig job, JobConfig::FromText(text));
+    if (job.workers != world) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s is for %d workers but srun started %d tasks: make --gpus equal to srun's "
+          "--ntasks",
+          job_config_path, job.workers, world));
+    }
+    const std::string token = EnvString(kJobTokenEnv);
+    if (token.size() < kMinTokenLength) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s must hold the job's secret (at least %d characters; e.g. `openssl rand -hex "
+          "32`), the same for every task",
+          kJobTokenEnv, kMinTokenLength));
+    }
+    const std::string file = job.run_dir + "/coordinator.address";
+    const std::string tag =
+        absl::StrCat(EnvString("SLURM_JOB_ID"), ".", EnvString("SLURM_STEP_ID"), ".",
+                     EnvInt("SLURM_RESTART_COUNT", 0));
+    std::string address;
+    if (rank == 0) {
+      std::string host = EnvString("TANDEM_COORDINATOR_HOST");
+      if (host.empty()) host = ThisHostIpv4();
+      if (host.empty()) {
+        char name[256] = {0};
+        gethostname(name, sizeof(name) - 1);
+        host = name;
+      }
+      CoordinatorServerOptions co;
+      co.address = absl::StrCat("0.0.0.0:", EnvInt("TANDEM_COORDINATOR_PORT", 0));
+      co.allow_remote = true;
+      co.world_size = world;
+      co.token = token;
+      co.job_config = text;
+      co.heartbeat_timeout = absl::Seconds(job.heartbeat_timeout_s);
+      const std::string events = job.run_dir + "/logs/coordinator.log";
+      co.events = [events](const std::string& line) {
+        std::ofstream(events, std::ios::app) << line;
+      };
+      ASSIGN_OR_RETURN(server_, CoordinatorServer::Start(co));
+      address = absl::StrCat(host, ":", server_->port());
+      const std::string tmp = file + ".tmp";
+      {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << tag << " " << address << "\n";
+        if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+      }
+      if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+        return absl::InternalError(absl::StrCat("cannot write ", file));
+      }
+    } else {
+      const absl::Time deadline = absl::Now() + absl::Minutes(5);
+      for (;;) {
+        absl::StatusOr<std::string> got = ReadFile(file);
+        if (got.ok()) {
+          std::vector<std::string> f =
+              absl::StrSplit(absl::StripAsciiWhitespace(*got), ' ', absl::SkipEmpty());
+          if (f.size() == 2 && f[0] == tag) {
+            address = f[1];
+            break;
+          }
+        }
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrFormat(
+              "rank %d: no coordinator address for Slurm job %s in %s after 5 minutes; rank 0 "
+              "writes it there (the run directory must be on a filesystem every node shares)",
+              rank, tag, file));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+    setenv(kCoordinatorAddressEnv, address.c_str(), 1);
+    return absl::OkStatus();
+  }
+
+  // Rank 0 keeps the coordinator up until every rank said it finished (bounded).
+  void WaitForEveryone() {
+    if (!server_) return;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      const rpc::GetStatusResponse st = server_->Status();
+      bool all = true;
+      for (const rpc::RankStatus& r : st.ranks()) all = all && r.finished();
+      if (all) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+ private:
+  std::unique_ptr<CoordinatorServer> server_;
 };
 
 // <run_dir>/traces/rank-<r>.json (a Chrome trace of every step: compute, communication and
@@ -59,7 +216,9 @@ absl::Status WriteProfile(const std::string& run_dir, int rank) {
   return absl::OkStatus();
 }
 
-absl::Status Train(int rank, int world, Progress* progress) {
+// Trains to the end, or until every rank agreed to stop early (`*preempted`: a checkpoint
+// of the step reached was written by every rank).
+absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   ASSIGN_OR_RETURN(CoordinatorClientOptions options,
                    CoordinatorClientOptions::FromEnvironment(rank));
   ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
@@ -85,8 +244,8 @@ absl::Status Train(int rank, int world, Progress* progress) {
     return absl::InternalError(absl::StrFormat("cannot write %s", log));
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::printf("rank %d of %d on %s, %s, pid %d\n", rank, world, host, device.ToString().c_str(),
-              static_cast<int>(getpid()));
+  std::printf("rank %d of %d on %s, %s, pid %d, coordinator %s\n", rank, world, host,
+              device.ToString().c_str(), static_cast<int>(getpid()), options.address.c_str());
 
   std::unique_ptr<Communicator> comm;
   if (device.is_cuda()) {
@@ -112,21 +271,24 @@ absl::Status Train(int rank, int world, Progress* progress) {
   ASSIGN_OR_RETURN(auto trainer, DistributedTrainer::Create(pc, comm.get()));
   const std::string ckpt_dir = job.run_dir + "/checkpoints";
   if (!job.resume.empty()) {
-    // --resume names a step's checkpoint prefix: <dir>/step-NNNNNN
-    const size_t slash = job.resume.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : job.resume.substr(0, slash);
-    const int step = std::atoi(job.resume.substr(job.resume.rfind('-') + 1).c_str());
-    RETURN_IF_ERROR(trainer->LoadCheckpoint(dir, step));
+    // --resume names a checkpoint prefix, <dir>/step-NNNNNN, written by any strategy and
+    // world size: this rank loads its parameters by name from the shards holding them.
+    RETURN_IF_ERROR(trainer->LoadCheckpoint(job.resume));
     std::printf("resumed from %s at step %d\n", job.resume.c_str(), trainer->step());
   }
   std::ofstream metrics(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, rank),
                         std::ios::app);
   Allocator* allocator = *GetAllocator(device);
-  // Fault-injection hook, for tests only: with TANDEM_TEST_CRASH_RANK=r and
-  // TANDEM_TEST_CRASH_STEP=s in the environment, rank r kills itself with SIGKILL on reaching
-  // step s, as a crashed worker would (launcher/e2e_test.sh uses it).
+  // Fault-injection hooks, for tests only (launcher/e2e_test.sh):
+  //   TANDEM_TEST_CRASH_RANK=r, TANDEM_TEST_CRASH_STEP=s: rank r kills itself with SIGKILL
+  //     on reaching step s, as a crashed worker would; with TANDEM_TEST_CRASH_ONCE_FILE=f
+  //     only when f does not exist yet (the worker creates it as it crashes), so a restarted
+  //     job does not crash again;
+  //   TANDEM_TEST_STEP_SLEEP_MS=n: every step takes n ms longer (so signals land mid-run).
   const int crash_rank = EnvInt("TANDEM_TEST_CRASH_RANK", -1);
   const int crash_step = EnvInt("TANDEM_TEST_CRASH_STEP", -1);
+  const std::string crash_once = EnvString("TANDEM_TEST_CRASH_ONCE_FILE");
+  const int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
   // Memory the model state holds (the rest of the peak is activations and workspace).
   const int64_t numel = trainer->stage().layout().numel();
   const int64_t param_bytes =
@@ -137,14 +299,26 @@ absl::Status Train(int rank, int world, Progress* progress) {
   const int64_t optimizer_bytes = numel * 4 * (pc.train.optimizer.kind == "adamw" ? 2 : 1);
   Profiler::Enable(job.profile);
   while (trainer->step() < job.steps) {
-    if (rank == crash_rank && trainer->step() == crash_step) std::raise(SIGKILL);
+    if (rank == crash_rank && trainer->step() == crash_step) {
+      struct stat st;
+      if (crash_once.empty() || ::stat(crash_once.c_str(), &st) != 0) {
+        if (!crash_once.empty()) std::ofstream(crash_once) << "crashed\n";
+        std::raise(SIGKILL);
+      }
+    }
     if (client->aborted()) return absl::AbortedError(client->abort_reason());
+    if (step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
     {
       std::lock_guard<std::mutex> lock(progress->mu);
       progress->report.phase = "train";
     }
+    // A SIGTERM or the launcher's request during this step stops every rank after it.
+    CoordinatorClient* raw_client = client.get();
     StepTiming t;
-    ASSIGN_OR_RETURN(StepReport r, trainer->Step(&t));
+    ASSIGN_OR_RETURN(StepReport r, trainer->Step(&t, [raw_client] {
+                       return g_terminate.load() || raw_client->stop_requested();
+                     }));
+    const bool terminated = g_terminate.load();
     const AllocatorStats mem = allocator->stats();
     metrics << absl::StrFormat(
                    "{\"step\": %d, \"loss\": %.9g, \"seconds\": %.6f, \"compute\": %.6f, "
@@ -167,9 +341,27 @@ absl::Status Train(int rank, int world, Progress* progress) {
       progress->report.memory_allocated_bytes = mem.allocated_bytes;
       progress->report.memory_peak_bytes = mem.peak_allocated_bytes;
     }
+    bool saved = false;
     if (job.checkpoint_every > 0 &&
         (trainer->step() % job.checkpoint_every == 0 || trainer->step() == job.steps)) {
       RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
+      saved = true;
+    }
+    if (trainer->stop_agreed() && trainer->step() < job.steps) {
+      // Every rank learned it from the same step's reduction: all stop here.
+      {
+        std::lock_guard<std::mutex> lock(progress->mu);
+        progress->report.phase = "checkpoint";
+      }
+      if (!saved) RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
+      std::printf("stopping after step %d (%s): checkpoint %s written; exit code %d\n",
+                  trainer->step(),
+                  terminated                  ? "SIGTERM received"
+                  : client->stop_requested() ? "the launcher asked every worker to stop"
+                                             : "another rank was asked to stop",
+                  CheckpointPrefixFor(ckpt_dir, trainer->step()).c_str(), kPreemptedExitCode);
+      *preempted = true;
+      break;
     }
   }
   if (job.profile) {
@@ -178,10 +370,22 @@ absl::Status Train(int rank, int world, Progress* progress) {
   }
   {
     std::lock_guard<std::mutex> lock(progress->mu);
-    progress->report.phase = "done";
+    progress->report.phase = *preempted ? "preempted" : "done";
   }
   RETURN_IF_ERROR(client->Barrier("done", absl::Minutes(5)));
   return client->StopHeartbeats(/*finished=*/true);
+}
+
+// The worker's own flags (mpirun starts it with none): --job-config=FILE under srun.
+std::string JobConfigFlag(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::ConsumePrefix(&a, "--job-config=") || absl::ConsumePrefix(&a, "--job_config=")) {
+      return std::string(a);
+    }
+    if ((a == "--job-config" || a == "--job_config") && i + 1 < argc) return argv[i + 1];
+  }
+  return "";
 }
 
 }  // namespace
@@ -193,11 +397,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "worker: %s\n", std::string(s.message()).c_str());
     return 1;
   }
+  tandem::InstallTerminationHandler();
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  tandem::SlurmRendezvous slurm;
+  if (tandem::SlurmRendezvous::Applies()) {
+    s = slurm.SetUp(rank, world, tandem::JobConfigFlag(argc, argv));
+    if (!s.ok()) {
+      std::fprintf(stderr, "worker rank %d: %s\n", rank, std::string(s.message()).c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  }
   tandem::Progress progress;
-  s = Train(rank, world, &progress);
+  bool preempted = false;
+  s = Train(rank, world, &progress, &preempted);
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(s.message()).c_str());
     std::fflush(stderr);
@@ -215,6 +430,7 @@ int main(int argc, char** argv) {
     // Exit without MPI_Finalize: peers may be gone, and finalizing could wait for them.
     std::_Exit(s.code() == absl::StatusCode::kAborted ? 3 : 1);
   }
+  slurm.WaitForEveryone();
   (void)tandem::FinalizeMpi();
-  return 0;
+  return preempted ? tandem::kPreemptedExitCode : 0;
 }

@@ -112,12 +112,17 @@ absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
   r.loss = get("loss");
   r.seconds = get("seconds");
   r.compute = get("compute");
+  r.comm = get("comm");
   r.exposed_comm = get("exposed_comm");
   r.bubble = get("bubble");
   r.optimizer = get("optimizer");
   r.comm_bytes = static_cast<int64_t>(get("comm_bytes"));
   r.allocated_bytes = static_cast<int64_t>(get("allocated_bytes"));
   r.peak_bytes = static_cast<int64_t>(get("peak_bytes"));
+  r.param_bytes = static_cast<int64_t>(get("param_bytes"));
+  r.grad_bytes = static_cast<int64_t>(get("grad_bytes"));
+  r.optimizer_bytes = static_cast<int64_t>(get("optimizer_bytes"));
+  r.peak_in_flight = static_cast<int>(get("peak_in_flight"));
   return r;
 }
 
@@ -174,11 +179,17 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
   t.steps = static_cast<int>(steps.size());
   for (const StepRecord& s : steps) {
     t.compute_seconds += s.compute;
+    t.comm_seconds += s.comm;
+    t.step_seconds += s.seconds;
     t.exposed_comm_seconds += s.exposed_comm;
     t.bubble_seconds += s.bubble;
     t.optimizer_seconds += s.optimizer;
     t.comm_bytes += s.comm_bytes;
     t.peak_memory_bytes = std::max(t.peak_memory_bytes, s.peak_bytes);
+    t.peak_activation_bytes =
+        std::max(t.peak_activation_bytes,
+                 s.peak_bytes - s.param_bytes - s.grad_bytes - s.optimizer_bytes);
+    t.peak_in_flight = std::max(t.peak_in_flight, s.peak_in_flight);
   }
   return t;
 }
@@ -393,6 +404,15 @@ std::string RunJson(const RunRecord& r) {
   w.Key("tokens_per_second").Number(TokensPerSecond(r.ranks, tokens_per_step));
   w.Key("step_seconds_mean").Number(MeanStepSeconds(r.ranks));
   w.Key("wall_seconds").Number(r.wall_seconds);
+  if (c.strategy != "data" && !r.ranks.empty()) {
+    const int K = static_cast<int>(r.ranks.size()), M = c.EffectiveMicroBatches();
+    double measured = 0;
+    for (size_t i = 0; i < r.ranks.size(); ++i) {
+      measured += Totals(static_cast<int>(i), r.ranks[i]).bubble_fraction() / K;
+    }
+    w.Key("bubble_fraction_measured").Number(measured);
+    w.Key("bubble_fraction_gpipe").Number(double(K - 1) / (M + K - 1));
+  }
   w.Key("ranks").BeginArray();
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     const RankTotals t = Totals(static_cast<int>(i), r.ranks[i]);
@@ -402,13 +422,20 @@ std::string RunJson(const RunRecord& r) {
     w.Key("peak_memory_bytes").Int(t.peak_memory_bytes);
     w.Key("compute_seconds").Number(t.compute_seconds);
     w.Key("optimizer_seconds").Number(t.optimizer_seconds);
-    // Workers measure the communication they wait for (exposed: all-reduces and loss
-    // reductions not hidden behind compute) and, in a pipeline, the bubble (waiting for
-    // activations or gradients); they do not time communication hidden behind compute.
-    // communication_seconds is therefore exposed + bubble: the time communication cost.
-    w.Key("communication_seconds").Number(t.exposed_comm_seconds + t.bubble_seconds);
+    // communication_seconds: the communicator's busy time (MPI's communication thread);
+    // exposed: the part the step waited for; the rest ran hidden behind compute. Where the
+    // busy time is not measured (NCCL runs on the device), it is left out.
+    if (t.comm_seconds > 0) {
+      w.Key("communication_seconds").Number(t.comm_seconds);
+      w.Key("hidden_communication_share").Number(t.hidden_comm_share());
+    }
     w.Key("exposed_communication_seconds").Number(t.exposed_comm_seconds);
     w.Key("bubble_seconds").Number(t.bubble_seconds);
+    w.Key("bubble_fraction").Number(t.bubble_fraction());
+    w.Key("busy_seconds").Number(t.compute_seconds + t.optimizer_seconds);
+    w.Key("idle_seconds").Number(t.exposed_comm_seconds + t.bubble_seconds);
+    w.Key("peak_activation_bytes").Int(t.peak_activation_bytes);
+    w.Key("peak_micro_batches_in_flight").Int(t.peak_in_flight);
     w.Key("communication_bytes").Int(t.comm_bytes);
     w.EndObject();
   }
@@ -418,14 +445,27 @@ std::string RunJson(const RunRecord& r) {
 }
 
 std::string SummaryTable(const RunRecord& r) {
-  std::string out = absl::StrFormat("%-5s %10s %10s %10s %10s %10s %12s\n", "rank", "steps",
-                                    "compute s", "exposed s", "bubble s", "comm MB", "peak memory");
+  std::string out = absl::StrFormat("%-5s %6s %10s %9s %9s %7s %9s %8s %11s %11s\n", "rank",
+                                    "steps", "compute s", "comm s", "exposed s", "hidden",
+                                    "bubble s", "comm MB", "activations", "peak memory");
+  double bubble = 0;
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     const RankTotals t = Totals(static_cast<int>(i), r.ranks[i]);
-    absl::StrAppendFormat(&out, "%-5d %10d %10.3f %10.3f %10.3f %10.1f %12s\n", t.rank, t.steps,
-                          t.compute_seconds, t.exposed_comm_seconds, t.bubble_seconds,
-                          static_cast<double>(t.comm_bytes) / (1 << 20),
+    const double hidden = t.hidden_comm_share();
+    absl::StrAppendFormat(&out, "%-5d %6d %10.3f %9s %9.3f %7s %9.3f %8.1f %11s %11s\n", t.rank,
+                          t.steps, t.compute_seconds,
+                          t.comm_seconds > 0 ? absl::StrFormat("%.3f", t.comm_seconds) : "-",
+                          t.exposed_comm_seconds,
+                          hidden >= 0 ? absl::StrFormat("%.0f%%", 100 * hidden) : "-",
+                          t.bubble_seconds, static_cast<double>(t.comm_bytes) / (1 << 20),
+                          FormatBytes(t.peak_activation_bytes),
                           FormatBytes(t.peak_memory_bytes));
+    bubble += t.bubble_fraction() / r.ranks.size();
+  }
+  if (r.job.strategy != "data" && !r.ranks.empty()) {
+    const int K = static_cast<int>(r.ranks.size()), M = r.job.EffectiveMicroBatches();
+    absl::StrAppendFormat(&out, "bubble      %.3f of each step measured; GPipe's (K-1)/(M+K-1) = %.3f\n",
+                          bubble, double(K - 1) / (M + K - 1));
   }
   const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
   const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;

@@ -4,6 +4,7 @@
 #ifndef TANDEM_LAUNCHER_REPORT_H_
 #define TANDEM_LAUNCHER_REPORT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,12 +23,17 @@ struct StepRecord {
   double loss = 0;
   double seconds = 0;       // the whole step
   double compute = 0;       // forward and backward
+  double comm = 0;          // the communicator's busy time (0 where not measured: NCCL)
   double exposed_comm = 0;  // waiting for communication
   double bubble = 0;        // pipeline: waiting for activations or gradients
   double optimizer = 0;
   int64_t comm_bytes = 0;
   int64_t allocated_bytes = 0;
   int64_t peak_bytes = 0;
+  int64_t param_bytes = 0;      // model state: parameters (and their 16-bit copy),
+  int64_t grad_bytes = 0;       // gradients,
+  int64_t optimizer_bytes = 0;  // optimizer moments
+  int peak_in_flight = 0;       // micro-batches whose activations were held at once
 };
 
 // Parses one metrics line (a flat JSON object); an error names what is wrong.
@@ -60,11 +66,23 @@ struct RankTotals {
   int rank = 0;
   int steps = 0;
   double compute_seconds = 0;
+  double comm_seconds = 0;  // the communicator's busy time
   double exposed_comm_seconds = 0;
   double bubble_seconds = 0;
   double optimizer_seconds = 0;
+  double step_seconds = 0;
   int64_t comm_bytes = 0;
   int64_t peak_memory_bytes = 0;
+  int64_t peak_activation_bytes = 0;  // peak - parameters, gradients and optimizer state
+  int peak_in_flight = 0;
+  // Share of communication time hidden behind compute (1 - exposed / busy); -1 when the
+  // busy time is not measured.
+  double hidden_comm_share() const {
+    if (comm_seconds <= 0) return -1;
+    return std::max(0.0, 1.0 - exposed_comm_seconds / comm_seconds);
+  }
+  // Pipeline bubble: the share of the step spent waiting for a neighbouring stage.
+  double bubble_fraction() const { return step_seconds > 0 ? bubble_seconds / step_seconds : 0; }
 };
 RankTotals Totals(int rank, const std::vector<StepRecord>& steps);
 

@@ -45,10 +45,15 @@ StepRecord Rec(int step, double loss, double seconds, int64_t peak = 0) {
   r.loss = loss;
   r.seconds = seconds;
   r.compute = seconds / 2;
+  r.comm = seconds / 2;
   r.exposed_comm = seconds / 4;
   r.bubble = seconds / 8;
   r.comm_bytes = 1000;
   r.peak_bytes = peak;
+  r.param_bytes = peak / 8;
+  r.grad_bytes = peak / 8;
+  r.optimizer_bytes = peak / 4;
+  r.peak_in_flight = 3;
   return r;
 }
 
@@ -185,7 +190,14 @@ TEST(RunJson, Content) {
   EXPECT_THAT(json, HasSubstr("\"compute_seconds\": 0.025"));               // rank 0
   EXPECT_THAT(json, HasSubstr("\"exposed_communication_seconds\": 0.0125"));
   EXPECT_THAT(json, HasSubstr("\"bubble_seconds\": 0.00625"));
-  EXPECT_THAT(json, HasSubstr("\"communication_seconds\": 0.01875"));       // exposed + bubble
+  // Rank 0: busy 0.025 s of communication, 0.0125 s of it exposed: half hidden.
+  EXPECT_THAT(json, HasSubstr("\"communication_seconds\": 0.025"));
+  EXPECT_THAT(json, HasSubstr("\"hidden_communication_share\": 0.5"));
+  EXPECT_THAT(json, HasSubstr("\"bubble_fraction\": 0.125"));            // 1/8 of each step
+  EXPECT_THAT(json, HasSubstr("\"bubble_fraction_measured\": 0.125"));
+  EXPECT_THAT(json, HasSubstr("\"bubble_fraction_gpipe\": 0.111111111"));  // K=2, M=8
+  EXPECT_THAT(json, HasSubstr("\"peak_activation_bytes\": 524288"));      // half the peak
+  EXPECT_THAT(json, HasSubstr("\"peak_micro_batches_in_flight\": 3"));
   EXPECT_THAT(json, HasSubstr("\"communication_bytes\": 5000"));
   EXPECT_THAT(json, HasSubstr("\"rank\": 1"));
   // Strings are escaped.

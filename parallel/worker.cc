@@ -322,12 +322,14 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     const AllocatorStats mem = allocator->stats();
     metrics << absl::StrFormat(
                    "{\"step\": %d, \"loss\": %.9g, \"seconds\": %.6f, \"compute\": %.6f, "
-                   "\"exposed_comm\": %.6f, \"bubble\": %.6f, \"optimizer\": %.6f, "
+                   "\"comm\": %.6f, \"exposed_comm\": %.6f, \"bubble\": %.6f, \"optimizer\": %.6f, "
+                   "\"peak_in_flight\": %d, "
                    "\"comm_bytes\": %d, \"sequence\": %d, \"lr\": %.6g, \"grad_norm\": %.6g, "
                    "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d, "
                    "\"param_bytes\": %d, \"grad_bytes\": %d, \"optimizer_bytes\": %d}",
-                   r.step, r.loss, r.seconds, t.compute_seconds, t.exposed_comm_seconds,
-                   t.bubble_seconds, t.optimizer_seconds, t.comm_bytes, t.last_sequence, r.lr,
+                   r.step, r.loss, r.seconds, t.compute_seconds, t.comm_seconds,
+                   t.exposed_comm_seconds, t.bubble_seconds, t.optimizer_seconds,
+                   t.peak_in_flight, t.comm_bytes, t.last_sequence, r.lr,
                    r.grad_norm, r.skipped ? "true" : "false", mem.allocated_bytes,
                    mem.peak_allocated_bytes, param_bytes, grad_bytes, optimizer_bytes)
             << std::endl;

@@ -104,9 +104,12 @@ def main():
               f"with `--no-overlap` (ratio {ov['step_seconds'] / no['step_seconds']:.3f}); "
               f"communication hidden behind backward: {100 * hidden(ov):.0f}% "
               f"(against {100 * hidden(no):.0f}% without overlap). Communication is the "
-              f"communicator's busy time, exposed is the time the step waited for it. At the "
-              f"default 25 MB, gpt-tiny's 6.6 MB of gradients are one bucket, all-reduced after "
-              f"backward.\n")
+              f"communicator's busy time, exposed is the time the step waited for it. On CPU "
+              f"workers with one core each, the communication thread that hides the all-reduce "
+              f"runs on the same cores as backward, so hiding it does not make the step shorter "
+              f"here; on GPUs the all-reduce runs on the device beside the compute stream. At "
+              f"the default 25 MB, gpt-tiny's 6.6 MB of gradients are one bucket, all-reduced "
+              f"after backward.\n")
     print("## Pipeline (gpt-tiny, global batch 32)\n")
     print("Measured bubble: the time a stage waits for activations or gradients over the step "
           "time, averaged over stages. With 4 stages on 2 cores the workers share cores, so "

@@ -6,6 +6,12 @@
 
 #include "absl/strings/str_format.h"
 
+#if TANDEM_CUDA
+// NVTX ranges let Nsight Systems show the same spans on its CUDA timeline; without a tool
+// attached a push or pop costs a few nanoseconds.
+#include <nvtx3/nvToolsExt.h>
+#endif
+
 namespace tandem {
 namespace {
 
@@ -118,8 +124,19 @@ std::string Profiler::ChromeTrace(const std::vector<TraceEvent>& events, int pid
   return out + "\n]}\n";
 }
 
+OpScope::OpScope(const char* name, Stream& s)
+    : name_(name), stream_(&s), on_(Profiler::enabled()),
+      start_(on_ ? Profiler::NowUs() : 0) {
+#if TANDEM_CUDA
+  if (on_) nvtxRangePushA(name);
+#endif
+}
+
 OpScope::~OpScope() {
   if (!on_) return;
+#if TANDEM_CUDA
+  nvtxRangePop();
+#endif
   (void)stream_->Synchronize();  // a CUDA op's time is its completion's
   Profiler::RecordOp(name_, (Profiler::NowUs() - start_) * 1e-6);
 }
@@ -134,10 +151,16 @@ SpanScope::SpanScope(std::string name, const char* category, int micro_batch,
   e_.sequence = sequence;
   e_.thread = thread;
   e_.start_us = Profiler::NowUs();
+#if TANDEM_CUDA
+  if (thread == 0) nvtxRangePushA(e_.name.c_str());  // the compute lane's spans nest
+#endif
 }
 
 SpanScope::~SpanScope() {
   if (!on_) return;
+#if TANDEM_CUDA
+  if (e_.thread == 0) nvtxRangePop();
+#endif
   e_.duration_us = Profiler::NowUs() - e_.start_us;
   Profiler::RecordEvent(std::move(e_));
 }

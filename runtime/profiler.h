@@ -2,7 +2,8 @@
 // to a table, and named spans (forward of micro-batch 3, all-reduce #12, ...) are kept as
 // trace events. Times are host wall-clock; on CUDA an op is timed to its completion (the
 // stream is synchronized while profiling), so profiled runs are slower but the table tells
-// the truth. Disabled, each op pays one atomic load.
+// the truth. Disabled, each op pays one atomic load. In CUDA builds the spans and ops are also
+// NVTX ranges, for Nsight Systems.
 #ifndef TANDEM_RUNTIME_PROFILER_H_
 #define TANDEM_RUNTIME_PROFILER_H_
 
@@ -61,9 +62,7 @@ class Profiler {
 // Times one op into the table when profiling is on.
 class OpScope {
  public:
-  OpScope(const char* name, Stream& s)
-      : name_(name), stream_(&s), on_(Profiler::enabled()),
-        start_(on_ ? Profiler::NowUs() : 0) {}
+  OpScope(const char* name, Stream& s);
   ~OpScope();
 
  private:

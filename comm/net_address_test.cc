@@ -23,7 +23,9 @@ TEST(NetAddress, Resolve) {
   EXPECT_TRUE(IsLocalIpv4(*local));
   EXPECT_FALSE(ResolveIpv4("no-such-host.invalid").ok());
   const std::string mine = ThisHostIpv4();
-  if (!mine.empty()) EXPECT_TRUE(IsLocalIpv4(mine)) << mine;
+  if (!mine.empty()) {
+    EXPECT_TRUE(IsLocalIpv4(mine)) << mine;
+  }
 }
 
 TEST(NetAddress, SplitHostPort) {

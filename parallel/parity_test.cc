@@ -169,7 +169,9 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
   const int stage = comm->rank();
   EXPECT_EQ(seen["gpipe"].first, 8) << "stage " << stage;
   EXPECT_EQ(seen["1f1b"].first, std::min(K - stage, 8)) << "stage " << stage;
-  if (stage == 0) EXPECT_LT(seen["1f1b"].second, seen["gpipe"].second);
+  if (stage == 0) {
+    EXPECT_LT(seen["1f1b"].second, seen["gpipe"].second);
+  }
 }
 
 }  // namespace

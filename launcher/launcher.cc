@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Options options = OptionsFromFlags();
-  const HostInfo host = HostInfo::Detect(/*probe_cuda=*/options.device != "cpu");
+  const HostInfo host = HostInfo::Detect(/*probe_cuda=*/options.job.device != "cpu");
   absl::StatusOr<LaunchPlan> plan = Validate(options, host);
   absl::StatusOr<std::string> worker = FindWorkerBinary(argv[0], startup_dir);
   // --prepare starts nothing: workers come from srun.

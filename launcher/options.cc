@@ -305,41 +305,41 @@ absl::Status ParseFlags(const std::vector<std::string>& raw_args, bool* help) {
 
 Options OptionsFromFlags() {
   Options o;
-  o.strategy = absl::GetFlag(FLAGS_strategy);
-  o.gpus = absl::GetFlag(FLAGS_gpus);
-  o.device = absl::GetFlag(FLAGS_device);
-  o.model = absl::GetFlag(FLAGS_model);
-  o.n_layer = absl::GetFlag(FLAGS_n_layer);
-  o.d_model = absl::GetFlag(FLAGS_d_model);
-  o.n_head = absl::GetFlag(FLAGS_n_head);
-  o.seq_len = absl::GetFlag(FLAGS_seq_len);
-  o.dtype = absl::GetFlag(FLAGS_dtype);
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.batch = absl::GetFlag(FLAGS_batch);
-  o.micro_batches = absl::GetFlag(FLAGS_micro_batches);
-  o.schedule = absl::GetFlag(FLAGS_schedule);
-  o.balance = absl::GetFlag(FLAGS_balance);
-  o.lr = absl::GetFlag(FLAGS_lr);
-  o.warmup = absl::GetFlag(FLAGS_warmup);
-  o.optimizer = absl::GetFlag(FLAGS_optimizer);
-  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  o.clip_norm = absl::GetFlag(FLAGS_clip_norm);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.data = absl::GetFlag(FLAGS_data);
-  o.synthetic = absl::GetFlag(FLAGS_synthetic);
-  o.run_dir = absl::GetFlag(FLAGS_run_dir);
-  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  o.resume = absl::GetFlag(FLAGS_resume);
+  o.job.strategy = absl::GetFlag(FLAGS_strategy);
+  o.job.workers = absl::GetFlag(FLAGS_gpus);
+  o.job.device = absl::GetFlag(FLAGS_device);
+  o.job.model = absl::GetFlag(FLAGS_model);
+  o.job.n_layer = absl::GetFlag(FLAGS_n_layer);
+  o.job.d_model = absl::GetFlag(FLAGS_d_model);
+  o.job.n_head = absl::GetFlag(FLAGS_n_head);
+  o.job.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.job.dtype = absl::GetFlag(FLAGS_dtype);
+  o.job.steps = absl::GetFlag(FLAGS_steps);
+  o.job.batch = absl::GetFlag(FLAGS_batch);
+  o.job.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  o.job.schedule = absl::GetFlag(FLAGS_schedule);
+  o.job.balance = absl::GetFlag(FLAGS_balance);
+  o.job.lr = absl::GetFlag(FLAGS_lr);
+  o.job.warmup = absl::GetFlag(FLAGS_warmup);
+  o.job.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.job.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
+  o.job.seed = absl::GetFlag(FLAGS_seed);
+  o.job.data = absl::GetFlag(FLAGS_data);
+  o.job.synthetic = absl::GetFlag(FLAGS_synthetic);
+  o.job.run_dir = absl::GetFlag(FLAGS_run_dir);
+  o.job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.job.resume = absl::GetFlag(FLAGS_resume);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   o.hostfile = absl::GetFlag(FLAGS_hostfile);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.mpirun_args = absl::GetFlag(FLAGS_mpirun_args);
   o.prepare = absl::GetFlag(FLAGS_prepare);
-  o.profile = absl::GetFlag(FLAGS_profile);
-  o.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
-  o.overlap = absl::GetFlag(FLAGS_overlap);
-  o.recompute = absl::GetFlag(FLAGS_recompute);
-  o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  o.job.profile = absl::GetFlag(FLAGS_profile);
+  o.job.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
+  o.job.overlap = absl::GetFlag(FLAGS_overlap);
+  o.job.recompute = absl::GetFlag(FLAGS_recompute);
+  o.job.heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout);
   return o;
 }
 
@@ -435,11 +435,11 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   JobConfig& job = plan.job;
 
   // Strategy and world size.
-  const bool strategy_ok = ParseStrategy(o.strategy).ok();
-  if (!strategy_ok) problem(std::string(ParseStrategy(o.strategy).status().message()));
-  const bool gpus_ok = o.gpus >= 1 && o.gpus <= 4096;
+  const bool strategy_ok = ParseStrategy(o.job.strategy).ok();
+  if (!strategy_ok) problem(std::string(ParseStrategy(o.job.strategy).status().message()));
+  const bool gpus_ok = o.job.workers >= 1 && o.job.workers <= 4096;
   if (!gpus_ok) {
-    problem(absl::StrFormat("--gpus=%d: need between 1 and 4096 workers", o.gpus));
+    problem(absl::StrFormat("--gpus=%d: need between 1 and 4096 workers", o.job.workers));
   }
 
   // Device.
@@ -449,17 +449,17 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   // bound their number.
   const bool multi_host = !o.hostfile.empty() || o.prepare;
   auto check_count = [&]() {
-    if (multi_host || !gpus_ok || o.gpus <= host.cuda_devices) return;
+    if (multi_host || !gpus_ok || o.job.workers <= host.cuda_devices) return;
     device_ok = false;
     problem(absl::StrFormat(
         "--gpus=%d but only %d GPU%s visible on this machine; use --gpus=%d, or --device=cpu "
         "for CPU workers",
-        o.gpus, host.cuda_devices, host.cuda_devices == 1 ? " is" : "s are",
+        o.job.workers, host.cuda_devices, host.cuda_devices == 1 ? " is" : "s are",
         host.cuda_devices));
   };
-  if (o.device == "cpu") {
+  if (o.job.device == "cpu") {
     device = Device::Cpu();
-  } else if (o.device == "cuda") {
+  } else if (o.job.device == "cuda") {
     device = Device::Cuda(0);
     if (host.cuda_devices == 0 && !multi_host) {
       device_ok = false;
@@ -468,7 +468,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     } else {
       check_count();
     }
-  } else if (o.device == "auto") {
+  } else if (o.job.device == "auto") {
     if (host.cuda_devices > 0) {
       device = Device::Cuda(0);
       check_count();
@@ -477,57 +477,34 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       if (gpus_ok) {
         plan.notices.push_back(absl::StrFormat(
             "no GPU visible (%s): running %d CPU worker%s",
-            host.why_no_cuda.empty() ? "none found" : host.why_no_cuda, o.gpus,
-            o.gpus == 1 ? "" : "s"));
+            host.why_no_cuda.empty() ? "none found" : host.why_no_cuda, o.job.workers,
+            o.job.workers == 1 ? "" : "s"));
       }
     }
   } else {
     device_ok = false;
-    problem(absl::StrFormat("--device=%s: use auto, cuda or cpu", o.device));
+    problem(absl::StrFormat("--device=%s: use auto, cuda or cpu", o.job.device));
   }
 
-  // The job as workers will see it.
-  job.strategy = o.strategy;
-  job.workers = o.gpus;
+  // The job as workers will see it: as given, with the device resolved and paths absolute
+  // (workers may run in other directories); the run directory is set below.
+  job = o.job;
   job.device = device.is_cuda() ? "cuda" : "cpu";
-  job.model = o.model;
-  job.n_layer = o.n_layer;
-  job.d_model = o.d_model;
-  job.n_head = o.n_head;
-  job.seq_len = o.seq_len;
-  job.dtype = o.dtype;
-  job.steps = o.steps;
-  job.batch = o.batch;
-  job.micro_batches = o.micro_batches;
-  job.schedule = o.schedule;
-  job.balance = o.balance;
-  job.lr = o.lr;
-  job.warmup = o.warmup;
-  job.optimizer = o.optimizer;
-  job.weight_decay = o.weight_decay;
-  job.clip_norm = o.clip_norm;
-  job.seed = o.seed;
-  job.data = o.synthetic ? "" : AbsolutePath(host.user_dir, o.data);
-  job.synthetic = o.synthetic;
-  job.checkpoint_every = o.checkpoint_every;
-  const bool auto_resume = o.resume == "auto";
-  job.resume = o.resume.empty() || auto_resume
+  job.run_dir.clear();
+  job.data = o.job.synthetic ? "" : AbsolutePath(host.user_dir, o.job.data);
+  const bool auto_resume = o.job.resume == "auto";
+  job.resume = o.job.resume.empty() || auto_resume
                    ? ""
-                   : CheckpointPrefix(AbsolutePath(host.user_dir, o.resume));
-  job.bucket_mb = o.bucket_mb;
-  job.overlap = o.overlap;
-  job.recompute = o.recompute;
-  job.heartbeat_timeout_s = o.heartbeat_timeout;
-  job.profile = o.profile;
+                   : CheckpointPrefix(AbsolutePath(host.user_dir, o.job.resume));
 
   // Model.
   absl::StatusOr<ModelConfig> model = job.Model();
   if (!model.ok()) problem(std::string(model.status().message()));
 
   // Dtype (against the resolved device).
-  absl::StatusOr<DType> dtype = ParseDType(o.dtype);
+  absl::StatusOr<DType> dtype = ParseDType(o.job.dtype);
   if (!dtype.ok()) {
-    problem(absl::StrFormat("--dtype=%s: use f32, bf16 or f16", o.dtype));
+    problem(absl::StrFormat("--dtype=%s: use f32, bf16 or f16", o.job.dtype));
   } else if (device_ok) {
     TrainConfig t;  // a valid default config but for the dtype and device
     t.dtype = *dtype;
@@ -542,33 +519,33 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     counts_ok = false;
     problem(p);
   };
-  if (o.steps < 1) count_problem(absl::StrFormat("--steps=%d: need at least 1", o.steps));
-  if (o.batch < 1) count_problem(absl::StrFormat("--batch=%d: need at least 1", o.batch));
-  if (o.micro_batches < 0) {
+  if (o.job.steps < 1) count_problem(absl::StrFormat("--steps=%d: need at least 1", o.job.steps));
+  if (o.job.batch < 1) count_problem(absl::StrFormat("--batch=%d: need at least 1", o.job.batch));
+  if (o.job.micro_batches < 0) {
     count_problem(absl::StrFormat(
-        "--micro-batches=%d: must be 0 (the strategy's default) or more", o.micro_batches));
+        "--micro-batches=%d: must be 0 (the strategy's default) or more", o.job.micro_batches));
   }
-  if (o.checkpoint_every < 0) {
+  if (o.job.checkpoint_every < 0) {
     problem(absl::StrFormat("--checkpoint-every=%d: must be 0 (no checkpoints) or more",
-                            o.checkpoint_every));
+                            o.job.checkpoint_every));
   }
-  if (!(o.bucket_mb > 0) || !std::isfinite(o.bucket_mb) || o.bucket_mb > 65536) {
+  if (!(o.job.bucket_mb > 0) || !std::isfinite(o.job.bucket_mb) || o.job.bucket_mb > 65536) {
     problem(absl::StrFormat("--bucket-mb=%g: must be a positive number of MB (at most 65536)",
-                            o.bucket_mb));
+                            o.job.bucket_mb));
   }
-  if (!(o.heartbeat_timeout >= 2) || !std::isfinite(o.heartbeat_timeout) ||
-      o.heartbeat_timeout > 86400) {
+  if (!(o.job.heartbeat_timeout_s >= 2) || !std::isfinite(o.job.heartbeat_timeout_s) ||
+      o.job.heartbeat_timeout_s > 86400) {
     problem(absl::StrFormat(
         "--heartbeat-timeout=%g: must be between 2 and 86400 seconds (workers report every "
         "second)",
-        o.heartbeat_timeout));
+        o.job.heartbeat_timeout_s));
   }
   OptimizerConfig opt;
-  opt.kind = o.optimizer;
-  opt.lr = static_cast<float>(o.lr);
-  opt.warmup_steps = o.warmup;
-  opt.weight_decay = static_cast<float>(o.weight_decay);
-  opt.clip_norm = static_cast<float>(o.clip_norm);
+  opt.kind = o.job.optimizer;
+  opt.lr = static_cast<float>(o.job.lr);
+  opt.warmup_steps = o.job.warmup;
+  opt.weight_decay = static_cast<float>(o.job.weight_decay);
+  opt.clip_norm = static_cast<float>(o.job.clip_norm);
   if (absl::Status s = opt.Validate(); !s.ok()) problem(std::string(s.message()));
 
   // Strategy / model / world-size fit: batch divisibility, stages vs blocks, schedule.
@@ -584,13 +561,13 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
     if (!pc.ok()) {
       problem(std::string(pc.status().message()));
-    } else if (absl::StatusOr<StageBounds> b = PlanStages(*pc, o.gpus); !b.ok()) {
+    } else if (absl::StatusOr<StageBounds> b = PlanStages(*pc, o.job.workers); !b.ok()) {
       problem(std::string(b.status().message()));
     }
   }
 
   // Data.
-  if (!o.synthetic && model.ok()) {
+  if (!o.job.synthetic && model.ok()) {
     absl::StatusOr<TokenDataset> d =
         job.data.empty() ? TokenDataset::Default(model->seq_len, model->vocab)
                          : TokenDataset::FromFile(job.data, model->seq_len, model->vocab);
@@ -598,20 +575,20 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   }
 
   // Run directory.
-  if (!o.run_dir.empty()) {
-    job.run_dir = AbsolutePath(host.user_dir, o.run_dir);
+  if (!o.job.run_dir.empty()) {
+    job.run_dir = AbsolutePath(host.user_dir, o.job.run_dir);
     bool exists, is_dir;
     const bool non_empty = IsNonEmptyDirectory(job.run_dir, &exists, &is_dir);
     if (exists && !is_dir) {
-      problem(absl::StrFormat("--run-dir=%s exists and is not a directory", o.run_dir));
-    } else if (non_empty && o.resume.empty()) {
+      problem(absl::StrFormat("--run-dir=%s exists and is not a directory", o.job.run_dir));
+    } else if (non_empty && o.job.resume.empty()) {
       problem(absl::StrFormat(
           "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
-          o.run_dir));
+          o.job.run_dir));
     }
   } else {
     const std::string base =
-        DefaultRunDir(host.user_dir, host.now, strategy_ok ? o.strategy : "run");
+        DefaultRunDir(host.user_dir, host.now, strategy_ok ? o.job.strategy : "run");
     job.run_dir = base;
     for (int n = 2; PathExists(job.run_dir); ++n) job.run_dir = absl::StrCat(base, "-", n);
   }
@@ -624,19 +601,19 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       problem(absl::StrFormat("%s: %s", label, m.status().message()));
       return;
     }
-    if (m->step >= o.steps && o.steps >= 1) {
+    if (m->step >= o.job.steps && o.job.steps >= 1) {
       problem(absl::StrFormat(
           "%s: the checkpoint is at step %d and --steps=%d: nothing left to train; raise "
           "--steps",
-          label, m->step, o.steps));
-    } else if (m->batch != o.batch) {
+          label, m->step, o.job.steps));
+    } else if (m->batch != o.job.batch) {
       problem(absl::StrFormat("%s: the checkpoint was trained with --batch=%d, not %d", label,
-                              m->batch, o.batch));
+                              m->batch, o.job.batch));
     } else if (model.ok() && m->model != model->ToString()) {
       problem(absl::StrFormat("%s: the checkpoint holds another model (%s)", label, m->model));
-    } else if (m->optimizer != o.optimizer) {
+    } else if (m->optimizer != o.job.optimizer) {
       problem(absl::StrFormat("%s: the checkpoint was trained with --optimizer=%s, not %s",
-                              label, m->optimizer, o.optimizer));
+                              label, m->optimizer, o.job.optimizer));
     } else if (absl::Status v = VerifyCheckpoint(prefix, *m); !v.ok()) {
       problem(absl::StrFormat("%s: %s", label, v.message()));
     }
@@ -663,9 +640,9 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       problem(absl::StrFormat(
           "--resume=%s: name a checkpoint step, <dir>/step-NNNNNN (or one of its files), or "
           "auto",
-          o.resume));
+          o.job.resume));
     } else {
-      check_checkpoint(job.resume, absl::StrCat("--resume=", o.resume));
+      check_checkpoint(job.resume, absl::StrCat("--resume=", o.job.resume));
     }
   }
   if (o.max_restarts < 0 || o.max_restarts > 1000) {
@@ -694,11 +671,11 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
         problem(absl::StrFormat("--hostfile=%s: %s", o.hostfile, hosts.status().message()));
       } else {
         const int slots = TotalSlots(*hosts);
-        if (gpus_ok && slots > 0 && o.gpus > slots) {
+        if (gpus_ok && slots > 0 && o.job.workers > slots) {
           problem(absl::StrFormat(
               "--gpus=%d but --hostfile=%s offers %d slots; add hosts or slots, or use "
               "--gpus=%d",
-              o.gpus, o.hostfile, slots, slots));
+              o.job.workers, o.hostfile, slots, slots));
         }
         if (o.coordinator_address.empty()) {
           absl::StatusOr<std::string> h = DefaultCoordinatorHost(*hosts);

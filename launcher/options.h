@@ -17,40 +17,17 @@
 namespace tandem {
 namespace launcher {
 
-// Everything the user can set, as given (before validation and defaults).
+// Everything the user can set, as given (before validation and defaults): the job's
+// settings in the form workers receive them (--gpus is job.workers; job.device is "auto",
+// "cuda" or "cpu"; paths and --resume still as typed), and what only the launcher uses.
 struct Options {
-  std::string strategy = "data";
-  int gpus = 1;
-  std::string device = "auto";  // auto, cuda or cpu
-  std::string model = "gpt-tiny";
-  int n_layer = 0, d_model = 0, n_head = 0, seq_len = 0;
-  std::string dtype = "f32";
-  int steps = 100;
-  int batch = 16;
-  int micro_batches = 0;
-  std::string schedule = "gpipe";
-  std::string balance = "params";
-  double lr = 3e-3;
-  int warmup = 20;
-  std::string optimizer = "adamw";
-  double weight_decay = 0.0;
-  double clip_norm = 1.0;
-  uint64_t seed = 1234;
-  std::string data;
-  bool synthetic = false;
-  std::string run_dir;
-  int checkpoint_every = 0;
-  std::string resume;  // "", "auto" or a checkpoint
+  Options() { job.device = "auto"; }
+  JobConfig job;
   int max_restarts = 0;
   std::string hostfile;
   std::string coordinator_address;  // host[:port]
   std::string mpirun_args;
   bool prepare = false;
-  bool profile = false;
-  double bucket_mb = 25;
-  bool overlap = true;
-  bool recompute = false;
-  double heartbeat_timeout = 60;
 };
 
 // Rewrites one command-line word's flag name for Abseil: hyphens in the name become

@@ -81,27 +81,27 @@ TEST(ParseFlags, HyphenatedFlagsReachTheOptions) {
                   .ok());
   EXPECT_FALSE(help);
   const Options o = OptionsFromFlags();
-  EXPECT_EQ(o.strategy, "pipeline");
-  EXPECT_EQ(o.gpus, 4);
-  EXPECT_FALSE(o.overlap);
-  EXPECT_EQ(o.micro_batches, 8);
-  EXPECT_TRUE(o.synthetic);
-  EXPECT_EQ(o.heartbeat_timeout, 30);
-  EXPECT_EQ(o.run_dir, "out-dir");
-  EXPECT_EQ(o.seed, 7u);
-  EXPECT_DOUBLE_EQ(o.lr, 0.01);
+  EXPECT_EQ(o.job.strategy, "pipeline");
+  EXPECT_EQ(o.job.workers, 4);
+  EXPECT_FALSE(o.job.overlap);
+  EXPECT_EQ(o.job.micro_batches, 8);
+  EXPECT_TRUE(o.job.synthetic);
+  EXPECT_EQ(o.job.heartbeat_timeout_s, 30);
+  EXPECT_EQ(o.job.run_dir, "out-dir");
+  EXPECT_EQ(o.job.seed, 7u);
+  EXPECT_DOUBLE_EQ(o.job.lr, 0.01);
 }
 
 TEST(ParseFlags, BooleansAcceptEveryForm) {
   absl::FlagSaver saver;
   bool help;
   ASSERT_TRUE(ParseFlags({"--overlap=false", "--profile"}, &help).ok());
-  EXPECT_FALSE(OptionsFromFlags().overlap);
-  EXPECT_TRUE(OptionsFromFlags().profile);
+  EXPECT_FALSE(OptionsFromFlags().job.overlap);
+  EXPECT_TRUE(OptionsFromFlags().job.profile);
   EXPECT_EQ(ParseFlags({"--no-overlap=1"}, &help).message(), "--no-overlap takes no value");
   ASSERT_TRUE(ParseFlags({"--overlap", "--noprofile"}, &help).ok());
-  EXPECT_TRUE(OptionsFromFlags().overlap);
-  EXPECT_FALSE(OptionsFromFlags().profile);
+  EXPECT_TRUE(OptionsFromFlags().job.overlap);
+  EXPECT_FALSE(OptionsFromFlags().job.profile);
 }
 
 TEST(ParseFlags, Help) {
@@ -177,15 +177,15 @@ HostInfo CpuHost(const std::string& user_dir) {
 
 Options Small() {
   Options o;
-  o.gpus = 2;
-  o.model = "gpt";
-  o.n_layer = 2;
-  o.d_model = 32;
-  o.n_head = 2;
-  o.seq_len = 16;
-  o.batch = 8;
-  o.steps = 5;
-  o.synthetic = true;
+  o.job.workers = 2;
+  o.job.model = "gpt";
+  o.job.n_layer = 2;
+  o.job.d_model = 32;
+  o.job.n_head = 2;
+  o.job.seq_len = 16;
+  o.job.batch = 8;
+  o.job.steps = 5;
+  o.job.synthetic = true;
   return o;
 }
 
@@ -217,7 +217,7 @@ TEST(Validate, GoodJobCreatesNothing) {
 
 TEST(Validate, DefaultCorpusIsRead) {
   Options o = Small();
-  o.synthetic = false;
+  o.job.synthetic = false;
   EXPECT_TRUE(Validate(o, CpuHost(FreshPath("user"))).ok());
 }
 
@@ -237,47 +237,47 @@ TEST(Validate, EachBadInputGivesItsLine) {
     std::string line;
   };
   const std::vector<Case> cases = {
-      {[](Options& o) { o.strategy = "banana"; }, "--strategy=banana: use data, model or pipeline"},
-      {[](Options& o) { o.gpus = 0; }, "--gpus=0: need between 1 and 4096 workers"},
-      {[](Options& o) { o.device = "tpu"; }, "--device=tpu: use auto, cuda or cpu"},
-      {[](Options& o) { o.device = "cuda"; }, "--device=cuda: no GPU visible (no driver)"},
-      {[](Options& o) { o.batch = 7; }, "--batch=7 is not divisible by 2 workers x 1 micro-batches"},
-      {[](Options& o) { o.dtype = "bf16"; }, "--dtype=bf16 on the CPU"},
-      {[](Options& o) { o.dtype = "f8"; }, "--dtype=f8: use f32, bf16 or f16"},
+      {[](Options& o) { o.job.strategy = "banana"; }, "--strategy=banana: use data, model or pipeline"},
+      {[](Options& o) { o.job.workers = 0; }, "--gpus=0: need between 1 and 4096 workers"},
+      {[](Options& o) { o.job.device = "tpu"; }, "--device=tpu: use auto, cuda or cpu"},
+      {[](Options& o) { o.job.device = "cuda"; }, "--device=cuda: no GPU visible (no driver)"},
+      {[](Options& o) { o.job.batch = 7; }, "--batch=7 is not divisible by 2 workers x 1 micro-batches"},
+      {[](Options& o) { o.job.dtype = "bf16"; }, "--dtype=bf16 on the CPU"},
+      {[](Options& o) { o.job.dtype = "f8"; }, "--dtype=f8: use f32, bf16 or f16"},
       {[](Options& o) {
-         o.strategy = "pipeline";
-         o.gpus = 5;
+         o.job.strategy = "pipeline";
+         o.job.workers = 5;
        },
        "5 stages but the model has only 4 blocks"},
-      {[](Options& o) { o.n_head = 3; }, "--n-head=3 must divide --d-model=32"},
-      {[](Options& o) { o.model = "gpt-huge"; }, "unknown model 'gpt-huge'"},
+      {[](Options& o) { o.job.n_head = 3; }, "--n-head=3 must divide --d-model=32"},
+      {[](Options& o) { o.job.model = "gpt-huge"; }, "unknown model 'gpt-huge'"},
       {[](Options& o) {
-         o.strategy = "pipeline";
-         o.schedule = "zigzag";
+         o.job.strategy = "pipeline";
+         o.job.schedule = "zigzag";
        },
        "unknown schedule 'zigzag': use gpipe or 1f1b"},
       {[](Options& o) {
-         o.strategy = "model";
-         o.micro_batches = 4;
+         o.job.strategy = "model";
+         o.job.micro_batches = 4;
        },
        "--micro-batches=4 with --strategy=model"},
-      {[](Options& o) { o.steps = 0; }, "--steps=0: need at least 1"},
-      {[](Options& o) { o.micro_batches = -1; }, "--micro-batches=-1: must be 0"},
-      {[](Options& o) { o.lr = -1; }, "--lr=-1: must be a positive number"},
-      {[](Options& o) { o.optimizer = "lion"; }, "--optimizer=lion: use adamw or sgd"},
-      {[](Options& o) { o.heartbeat_timeout = 0; }, "--heartbeat-timeout=0: must be between"},
-      {[](Options& o) { o.bucket_mb = 0; }, "--bucket-mb=0: must be a positive number"},
-      {[](Options& o) { o.checkpoint_every = -2; }, "--checkpoint-every=-2"},
+      {[](Options& o) { o.job.steps = 0; }, "--steps=0: need at least 1"},
+      {[](Options& o) { o.job.micro_batches = -1; }, "--micro-batches=-1: must be 0"},
+      {[](Options& o) { o.job.lr = -1; }, "--lr=-1: must be a positive number"},
+      {[](Options& o) { o.job.optimizer = "lion"; }, "--optimizer=lion: use adamw or sgd"},
+      {[](Options& o) { o.job.heartbeat_timeout_s = 0; }, "--heartbeat-timeout=0: must be between"},
+      {[](Options& o) { o.job.bucket_mb = 0; }, "--bucket-mb=0: must be a positive number"},
+      {[](Options& o) { o.job.checkpoint_every = -2; }, "--checkpoint-every=-2"},
       {[](Options& o) {
-         o.synthetic = false;
-         o.data = "/nonexistent/corpus.txt";
+         o.job.synthetic = false;
+         o.job.data = "/nonexistent/corpus.txt";
        },
        "--data: data file /nonexistent/corpus.txt does not exist"},
       {[](Options& o) { o.hostfile = "/nonexistent/hosts"; },
        "--hostfile=/nonexistent/hosts does not exist"},
-      {[](Options& o) { o.resume = "/nonexistent/step-000003"; },
+      {[](Options& o) { o.job.resume = "/nonexistent/step-000003"; },
        "--resume=/nonexistent/step-000003: checkpoint /nonexistent/step-000003 does not exist"},
-      {[](Options& o) { o.resume = "/nonexistent/weights.bin"; },
+      {[](Options& o) { o.job.resume = "/nonexistent/weights.bin"; },
        "--resume=/nonexistent/weights.bin: name a checkpoint step"},
   };
   for (const Case& c : cases) {
@@ -298,20 +298,20 @@ TEST(Validate, MoreGpusThanVisible) {
               ElementsAre("--gpus=2 but only 1 GPU is visible on this machine; use --gpus=1, or "
                           "--device=cpu for CPU workers"));
   h.cuda_devices = 2;
-  o.gpus = 4;
-  o.device = "cuda";
-  o.batch = 16;
+  o.job.workers = 4;
+  o.job.device = "cuda";
+  o.job.batch = 16;
   EXPECT_THAT(Problems(o, h), AnyLineHas("--gpus=4 but only 2 GPUs are visible"));
 }
 
 TEST(Validate, AllProblemsAtOnce) {
   Options o = Small();
-  o.strategy = "pipeline";
-  o.gpus = 20;
-  o.lr = -1;
-  o.synthetic = false;
-  o.data = "/nonexistent/corpus.txt";
-  o.heartbeat_timeout = 1;
+  o.job.strategy = "pipeline";
+  o.job.workers = 20;
+  o.job.lr = -1;
+  o.job.synthetic = false;
+  o.job.data = "/nonexistent/corpus.txt";
+  o.job.heartbeat_timeout_s = 1;
   const std::vector<std::string> p = Problems(o, CpuHost(FreshPath("user")));
   EXPECT_EQ(p.size(), 4u) << absl::StrJoin(p, "\n");
   EXPECT_THAT(p, AnyLineHas("--lr=-1"));
@@ -325,9 +325,9 @@ TEST(Validate, RelativePathsAreTheUsers) {
   ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
   std::ofstream(user + "/corpus.txt") << std::string(1000, 'a');
   Options o = Small();
-  o.synthetic = false;
-  o.data = "corpus.txt";
-  o.run_dir = "out/run1";
+  o.job.synthetic = false;
+  o.job.data = "corpus.txt";
+  o.job.run_dir = "out/run1";
   absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(user));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->job.data, user + "/corpus.txt");
@@ -343,13 +343,13 @@ TEST(Validate, ExistingRunDirectory) {
   std::ofstream(user + "/full/run.json") << "{}";
   std::ofstream(user + "/file") << "x";
   Options o = Small();
-  o.run_dir = "empty";
+  o.job.run_dir = "empty";
   EXPECT_TRUE(Validate(o, CpuHost(user)).ok());
-  o.run_dir = "full";
+  o.job.run_dir = "full";
   EXPECT_THAT(Problems(o, CpuHost(user)),
               ElementsAre("--run-dir=full exists and is not empty; choose another directory (or "
                           "--resume)"));
-  o.run_dir = "file";
+  o.job.run_dir = "file";
   EXPECT_THAT(Problems(o, CpuHost(user)), ElementsAre("--run-dir=file exists and is not a directory"));
 }
 
@@ -411,38 +411,38 @@ TEST(Validate, Resume) {
   WriteCheckpointAt(dir, 3, 8, SmallModel());
   const HostInfo h = CpuHost(FreshPath("user"));
 
-  o.resume = dir + "/step-000003";
+  o.job.resume = dir + "/step-000003";
   absl::StatusOr<LaunchPlan> p = Validate(o, h);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->job.resume, dir + "/step-000003");
-  o.resume = dir + "/step-000003.stage-1.ckpt";  // one of its files is fine too
+  o.job.resume = dir + "/step-000003.stage-1.ckpt";  // one of its files is fine too
   ASSERT_TRUE(Validate(o, h).ok());
   EXPECT_EQ(Validate(o, h)->job.resume, dir + "/step-000003");
-  o.resume = dir + "/step-000003.manifest";
+  o.job.resume = dir + "/step-000003.manifest";
   EXPECT_EQ(Validate(o, h)->job.resume, dir + "/step-000003");
   // Any strategy and number of workers may load it.
-  o.strategy = "data";
-  o.gpus = 1;
+  o.job.strategy = "data";
+  o.job.workers = 1;
   EXPECT_TRUE(Validate(o, h).ok());
   o = Small();
-  o.resume = dir + "/step-000003";
+  o.job.resume = dir + "/step-000003";
 
-  o.steps = 3;
+  o.job.steps = 3;
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("at step 3 and --steps=3: nothing left")));
-  o.steps = 5;
-  o.batch = 16;
+  o.job.steps = 5;
+  o.job.batch = 16;
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("trained with --batch=8, not 16")));
-  o.batch = 8;
-  o.d_model = 64;
+  o.job.batch = 8;
+  o.job.d_model = 64;
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("holds another model")));
-  o.d_model = 32;
-  o.optimizer = "sgd";
+  o.job.d_model = 32;
+  o.job.optimizer = "sgd";
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("trained with --optimizer=adamw, not sgd")));
-  o.optimizer = "adamw";
+  o.job.optimizer = "adamw";
 
   // A corrupt manifest is refused.
   std::ofstream(dir + "/step-000004.manifest") << "TANDEMCK garbage";
-  o.resume = dir + "/step-000004";
+  o.job.resume = dir + "/step-000004";
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("--resume=" + dir + "/step-000004: ")));
 }
 
@@ -452,7 +452,7 @@ TEST(Validate, ResumeRefusesMissingAndCorruptShardsByName) {
   WriteCheckpointAt(dir, 3, 8, SmallModel());
   const HostInfo h = CpuHost(FreshPath("user"));
   Options o = Small();
-  o.resume = dir + "/step-000003";
+  o.job.resume = dir + "/step-000003";
   const std::string shard = dir + "/step-000003.stage-1.ckpt";
   const std::string saved = shard + ".saved";
   ASSERT_EQ(std::rename(shard.c_str(), saved.c_str()), 0);
@@ -472,8 +472,8 @@ TEST(Validate, ResumeAuto) {
   ASSERT_EQ(std::system(("mkdir -p " + run + "/checkpoints").c_str()), 0);
   std::ofstream(run + "/run.json") << "{}";
   Options o = Small();
-  o.run_dir = "run";
-  o.resume = "auto";
+  o.job.run_dir = "run";
+  o.job.resume = "auto";
   // No checkpoint yet: start fresh, in a directory that may hold an earlier attempt.
   absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(user));
   ASSERT_TRUE(p.ok()) << p.status();
@@ -505,8 +505,8 @@ TEST(Validate, HostfileCoordinatorAndRestarts) {
   EXPECT_EQ(p->hostfile, user + "/hosts");
   EXPECT_EQ(p->coordinator_host, "127.0.0.1");  // every host is this one
   EXPECT_FALSE(p->coordinator_remote);
-  o.gpus = 4;
-  o.batch = 8;
+  o.job.workers = 4;
+  o.job.batch = 8;
   EXPECT_THAT(Problems(o, CpuHost(user)),
               ElementsAre("--gpus=4 but --hostfile=hosts offers 2 slots; add hosts or slots, or "
                           "use --gpus=2"));

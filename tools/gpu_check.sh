@@ -120,8 +120,8 @@ build() {
   kib="$(du -sk "$out" | cut -f1)"
   echo "gpu_check: packed $(ls "$out/bin" | wc -l) test binaries and $(ls "$out/lib" | wc -l)" \
        "libraries into ${out#"$root"/} ($((kib / 1024)) MiB)"
-  if [ "$kib" -gt $((40 * 1024)) ]; then
-    echo "gpu_check: warning: ${out#"$root"/} is over 40 MiB" >&2
+  if [ "$kib" -gt $((60 * 1024)) ]; then
+    echo "gpu_check: warning: ${out#"$root"/} is over 60 MiB" >&2
   fi
 }
 

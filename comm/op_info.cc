@@ -182,9 +182,13 @@ absl::StatusOr<OpInfo> CheckReduceScatter(const CommIdentity& c, const Tensor& o
   return info;
 }
 
-absl::StatusOr<OpInfo> CheckSend(const CommIdentity& c, const Tensor& t, int peer) {
+namespace {
+
+// Send and Recv take the same arguments and the same checks.
+absl::StatusOr<OpInfo> CheckPointToPoint(const CommIdentity& c, OpKind kind, const Tensor& t,
+                                         int peer) {
   OpInfo info;
-  info.kind = OpKind::kSend;
+  info.kind = kind;
   absl::Status s = CheckTensor(c, info.kind, "tensor", t);
   if (s.ok()) s = CheckPeer(c, info.kind, "peer", peer);
   if (s.ok()) s = CheckNotSelf(c, info.kind, peer);
@@ -195,17 +199,14 @@ absl::StatusOr<OpInfo> CheckSend(const CommIdentity& c, const Tensor& t, int pee
   return info;
 }
 
+}  // namespace
+
+absl::StatusOr<OpInfo> CheckSend(const CommIdentity& c, const Tensor& t, int peer) {
+  return CheckPointToPoint(c, OpKind::kSend, t, peer);
+}
+
 absl::StatusOr<OpInfo> CheckRecv(const CommIdentity& c, const Tensor& t, int peer) {
-  OpInfo info;
-  info.kind = OpKind::kRecv;
-  absl::Status s = CheckTensor(c, info.kind, "tensor", t);
-  if (s.ok()) s = CheckPeer(c, info.kind, "peer", peer);
-  if (s.ok()) s = CheckNotSelf(c, info.kind, peer);
-  if (!s.ok()) return s;
-  info.dtype = t.dtype();
-  info.count = t.numel();
-  info.peer = peer;
-  return info;
+  return CheckPointToPoint(c, OpKind::kRecv, t, peer);
 }
 
 absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,

@@ -153,9 +153,9 @@ int SlotsOnThisHost() {
   return std::max<int>(1, cores.empty() ? cpus : static_cast<int>(cores.size()));
 }
 
-absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0,
-                                             const std::string& startup_dir) {
-  const std::string rel = "parallel/worker";
+absl::StatusOr<std::string> FindRunfile(const std::string& rel, const std::string& argv0,
+                                        const std::string& startup_dir,
+                                        const std::string& hint) {
   std::vector<std::string> candidates = {Absolute(startup_dir, rel)};
   const std::string self = Absolute(startup_dir, argv0);
   candidates.push_back(absl::StrCat(self, ".runfiles/tandem/", rel));
@@ -173,10 +173,14 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0,
   for (const std::string& c : candidates) {
     if (IsExecutable(c)) return c;
   }
-  return absl::NotFoundError(absl::StrFormat(
-      "cannot find the worker binary (%s) in the launcher's runfiles; looked at %s. Start the "
-      "launcher with `bazel run //launcher -- ...`",
-      rel, absl::StrJoin(candidates, ", ")));
+  return absl::NotFoundError(absl::StrFormat("cannot find %s in the runfiles; looked at %s. %s",
+                                             rel, absl::StrJoin(candidates, ", "), hint));
+}
+
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0,
+                                             const std::string& startup_dir) {
+  return FindRunfile("parallel/worker", argv0, startup_dir,
+                     "Start the launcher with `bazel run //launcher -- ...`");
 }
 
 absl::StatusOr<std::string> FindInPath(const std::string& program,

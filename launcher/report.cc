@@ -194,10 +194,8 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
   return t;
 }
 
-double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {
-  if (ranks.empty()) return 0;
-  // Slowest rank per step, over the steps that every rank reported.
-  std::map<int, std::pair<int, double>> per_step;  // step -> (ranks seen, max seconds)
+std::vector<double> CountedStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {
+  std::map<int, std::pair<size_t, double>> per_step;  // step -> (ranks seen, max seconds)
   for (const auto& rank : ranks) {
     for (const StepRecord& s : rank) {
       auto& e = per_step[s.step];
@@ -207,13 +205,19 @@ double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {
   }
   std::vector<double> secs;
   for (const auto& kv : per_step) {
-    if (kv.second.first == static_cast<int>(ranks.size())) secs.push_back(kv.second.second);
+    if (kv.second.first == ranks.size()) secs.push_back(kv.second.second);
   }
+  const size_t skip = secs.size() > kWarmupSteps ? kWarmupSteps : 0;
+  secs.erase(secs.begin(), secs.begin() + skip);
+  return secs;
+}
+
+double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {
+  const std::vector<double> secs = CountedStepSeconds(ranks);
   if (secs.empty()) return 0;
-  const size_t skip = secs.size() > 2 ? 2 : 0;  // the first steps warm up
   double sum = 0;
-  for (size_t i = skip; i < secs.size(); ++i) sum += secs[i];
-  return sum / static_cast<double>(secs.size() - skip);
+  for (double s : secs) sum += s;
+  return sum / static_cast<double>(secs.size());
 }
 
 double TokensPerSecond(const std::vector<std::vector<StepRecord>>& ranks,

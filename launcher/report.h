@@ -86,8 +86,12 @@ struct RankTotals {
 };
 RankTotals Totals(int rank, const std::vector<StepRecord>& steps);
 
-// Step time as the slowest rank saw it, averaged over the steps every rank completed,
-// leaving out the first 2 steps (warm-up) when later ones exist. 0 when there are none.
+// Steps left out of averages as warm-up, when later ones exist.
+inline constexpr int kWarmupSteps = 2;
+// The slowest rank's seconds for each step every rank completed, in step order, warm-up
+// steps left out.
+std::vector<double> CountedStepSeconds(const std::vector<std::vector<StepRecord>>& ranks);
+// The mean of CountedStepSeconds; 0 when there are none.
 double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks);
 // Tokens per second of the whole job: batch * seq_len per step over MeanStepSeconds.
 double TokensPerSecond(const std::vector<std::vector<StepRecord>>& ranks, int64_t tokens_per_step);

@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "launcher/process.h"
 #include "tools/report.h"
 
 extern char** environ;
@@ -107,31 +108,6 @@ absl::Status MakeDirs(const std::string& path) {
     }
   }
   return absl::OkStatus();
-}
-
-// The launcher in this binary's runfiles, as the launcher finds the worker: relative to the
-// startup directory (bazel run starts there), <argv0>.runfiles/tandem/, $RUNFILES_DIR/tandem/.
-absl::StatusOr<std::string> FindLauncher(const std::string& argv0, const std::string& cwd) {
-  const std::string rel = "launcher/launcher";
-  std::vector<std::string> candidates = {Absolute(cwd, rel)};
-  const std::string self = Absolute(cwd, argv0);
-  candidates.push_back(absl::StrCat(self, ".runfiles/tandem/", rel));
-  if (const char* rf = std::getenv("RUNFILES_DIR"); rf != nullptr && *rf != '\0') {
-    candidates.push_back(absl::StrCat(Absolute(cwd, rf), "/tandem/", rel));
-  }
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    candidates.push_back(absl::StrCat(exe, ".runfiles/tandem/", rel));
-  }
-  for (const std::string& c : candidates) {
-    if (IsExecutable(c)) return c;
-  }
-  return absl::NotFoundError(absl::StrFormat(
-      "cannot find the launcher (%s) in compare's runfiles; looked at %s. Start compare with "
-      "`bazel run //tools:compare -- ...`",
-      rel, absl::StrJoin(candidates, ", ")));
 }
 
 int HostCores() {
@@ -280,7 +256,8 @@ int Main(int argc, char** argv) {
   if (!have_steps) pass.push_back(absl::StrCat("--steps=", kDefaultSteps));
   if (!have_batch) pass.push_back(absl::StrCat("--batch=", kDefaultBatch));
 
-  absl::StatusOr<std::string> launcher = FindLauncher(argv[0], cwd);
+  absl::StatusOr<std::string> launcher = launcher::FindRunfile(
+      "launcher/launcher", argv[0], cwd, "Start compare with `bazel run //tools:compare -- ...`");
   if (!launcher.ok()) {
     std::fprintf(stderr, "compare: %s\n", std::string(launcher.status().message()).c_str());
     return 2;

@@ -38,71 +38,23 @@ bool PathExists(const std::string& p) {
   return stat(p.c_str(), &st) == 0;
 }
 
+// A rank's metrics, one record per step; unlike the launcher's live view, a missing file or
+// a line that does not parse is an error here.
 absl::StatusOr<std::vector<StepMetrics>> ReadMetrics(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read %s", path));
-  std::map<int, StepMetrics> by_step;  // a step written twice keeps its last line
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
-    absl::StatusOr<JsonValue> v = launcher::ParseJson(line);
-    if (!v.ok() || !v->is_object()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: %s", path, n, v.ok() ? "not a JSON object" : v.status().message()));
-    }
-    StepMetrics m;
-    m.step = static_cast<int>(v->NumberOr("step", -1));
-    if (m.step < 0) return absl::InvalidArgumentError(absl::StrFormat("%s:%d: no step", path, n));
-    m.loss = v->NumberOr("loss", kNaN);
-    m.seconds = v->NumberOr("seconds", 0);
-    m.compute = v->NumberOr("compute", 0);
-    m.exposed_comm = v->NumberOr("exposed_comm", 0);
-    m.bubble = v->NumberOr("bubble", 0);
-    m.optimizer = v->NumberOr("optimizer", 0);
-    m.comm_bytes = static_cast<int64_t>(v->NumberOr("comm_bytes", 0));
-    m.peak_bytes = static_cast<int64_t>(v->NumberOr("peak_bytes", 0));
-    m.param_bytes = static_cast<int64_t>(v->NumberOr("param_bytes", 0));
-    m.grad_bytes = static_cast<int64_t>(v->NumberOr("grad_bytes", 0));
-    m.optimizer_bytes = static_cast<int64_t>(v->NumberOr("optimizer_bytes", 0));
-    by_step[m.step] = m;
-  }
-  std::vector<StepMetrics> out;
-  for (const auto& kv : by_step) out.push_back(kv.second);
+  if (!PathExists(path)) return absl::NotFoundError(absl::StrFormat("cannot read %s", path));
+  std::vector<std::string> errors;
+  std::vector<StepMetrics> out = launcher::ReadMetricsFile(path, &errors);
+  if (!errors.empty()) return absl::InvalidArgumentError(errors.front());
   return out;
 }
 
 // Indices of the steps that count: all but the warm-up when later ones exist.
 size_t FirstCounted(size_t n) { return n > static_cast<size_t>(kWarmupSteps) ? kWarmupSteps : 0; }
 
-// The slowest rank's seconds per step, over the steps every rank reported, warm-up left out
-// (the steps launcher/report.cc's MeanStepSeconds averages).
-std::vector<double> StepSeconds(const std::vector<std::vector<StepMetrics>>& ranks) {
-  std::map<int, std::pair<size_t, double>> per_step;
-  for (const auto& rank : ranks) {
-    for (const StepMetrics& s : rank) {
-      auto& e = per_step[s.step];
-      e.first += 1;
-      e.second = std::max(e.second, s.seconds);
-    }
-  }
-  std::vector<double> secs;
-  for (const auto& kv : per_step) {
-    if (kv.second.first == ranks.size()) secs.push_back(kv.second.second);
-  }
-  secs.erase(secs.begin(), secs.begin() + FirstCounted(secs.size()));
-  return secs;
-}
-
 double Mean(const std::vector<double>& v) {
   double sum = 0;
   for (double x : v) sum += x;
   return v.empty() ? 0 : sum / v.size();
-}
-
-double MeanStepSeconds(const std::vector<std::vector<StepMetrics>>& ranks) {
-  return Mean(StepSeconds(ranks));
 }
 
 std::string FirstLine(const std::string& s) {
@@ -251,7 +203,7 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
   f.workers = run.workers;
   f.micro_batches = run.micro_batches;
   f.steps = run.ranks.empty() ? 0 : static_cast<int>(run.ranks[0].size());
-  const std::vector<double> steps = StepSeconds(run.ranks);
+  const std::vector<double> steps = launcher::CountedStepSeconds(run.ranks);
   f.step_seconds = Mean(steps);
   if (f.step_seconds > 0) {
     double var = 0;
@@ -293,7 +245,7 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
   f.final_loss = run.losses.empty() ? kNaN : run.losses.back();
   if (baseline != nullptr && baseline->ran) {
     const RunData& b = baseline->run;
-    const double base_step = MeanStepSeconds(b.ranks);
+    const double base_step = launcher::MeanStepSeconds(b.ranks);
     const double base_tps = base_step > 0 ? b.tokens_per_step / base_step : 0;
     if (base_tps > 0) {
       f.speedup = f.tokens_per_second / base_tps;

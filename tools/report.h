@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "launcher/report.h"
 #include "launcher/trace_merge.h"
 #include "tools/svg.h"
 
@@ -17,20 +18,7 @@ namespace tandem {
 namespace tools {
 
 // One rank's line for one step (parallel/worker.cc writes them).
-struct StepMetrics {
-  int step = 0;
-  double loss = 0;
-  double seconds = 0;
-  double compute = 0;
-  double exposed_comm = 0;
-  double bubble = 0;
-  double optimizer = 0;
-  int64_t comm_bytes = 0;
-  int64_t peak_bytes = 0;
-  int64_t param_bytes = 0;
-  int64_t grad_bytes = 0;
-  int64_t optimizer_bytes = 0;
-};
+using StepMetrics = launcher::StepRecord;
 
 // A run directory as the launcher leaves it.
 struct RunData {
@@ -108,7 +96,7 @@ struct Figures {
 };
 
 // Steps left out of means as warm-up (when later steps exist).
-constexpr int kWarmupSteps = 2;
+constexpr int kWarmupSteps = launcher::kWarmupSteps;
 
 // The figures of `e` against `baseline` (nullptr, or not ran: speed-up and deviation unset).
 Figures ComputeFigures(const Entry& e, const Entry* baseline);

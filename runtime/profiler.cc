@@ -124,21 +124,19 @@ std::string Profiler::ChromeTrace(const std::vector<TraceEvent>& events, int pid
   return out + "\n]}\n";
 }
 
-OpScope::OpScope(const char* name, Stream& s)
-    : name_(name), stream_(&s), on_(Profiler::enabled()),
-      start_(on_ ? Profiler::NowUs() : 0) {
+void OpScope::Begin() {
+  start_ = Profiler::NowUs();
 #if TANDEM_CUDA
-  if (on_) nvtxRangePushA(name);
+  nvtxRangePushA(name_);
 #endif
 }
 
-OpScope::~OpScope() {
-  if (!on_) return;
+void OpScope::End() {
+  (void)stream_->Synchronize();  // a CUDA op's time is its completion's
+  Profiler::RecordOp(name_, (Profiler::NowUs() - start_) * 1e-6);
 #if TANDEM_CUDA
   nvtxRangePop();
 #endif
-  (void)stream_->Synchronize();  // a CUDA op's time is its completion's
-  Profiler::RecordOp(name_, (Profiler::NowUs() - start_) * 1e-6);
 }
 
 SpanScope::SpanScope(std::string name, const char* category, int micro_batch,

@@ -1,7 +1,9 @@
 // One-worker training throughput on the CPU: `bazel run //model:train_bench`.
 // For gpt-tiny and a d_model 512 GPT it reports tokens/s, the share of step time in matmuls
 // (from the op profiler), and the achieved model FLOP/s (6 x parameters x tokens/s) as a
-// fraction of raw OpenBLAS sgemm measured in the same run, one BLAS thread throughout.
+// fraction of raw OpenBLAS sgemm measured in the same run, one BLAS thread throughout; and the
+// speed-up of the CPU ops' widest instruction-set variant over their base (SSE2) one, from
+// steps that alternate between the two (they give the same bits, ops.h).
 #include <cblas.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "model/trainer.h"
+#include "runtime/ops.h"
 #include "runtime/profiler.h"
 
 namespace tandem {
@@ -34,8 +37,13 @@ double SgemmRate(int n) {
 }
 
 struct Result {
-  double tokens_per_second, matmul_share, flops;
+  double tokens_per_second, matmul_share, flops, over_base;
 };
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 Result Bench(TrainConfig c, int steps) {
   c.synthetic_data = true;
@@ -43,10 +51,14 @@ Result Bench(TrainConfig c, int steps) {
   c.optimizer.total_steps = c.steps;
   auto t = *Trainer::Create(c);
   for (int i = 0; i < 2; ++i) (void)t->Step();  // warm caches and the allocator
-  std::vector<double> times;
-  for (int i = 0; i < steps; ++i) times.push_back(t->Step()->seconds);
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
+  std::vector<double> best, base;
+  for (int i = 0; i < steps; ++i) {
+    (void)ops::UseCpuIsa(ops::CpuIsa::kBase);
+    base.push_back(t->Step()->seconds);
+    (void)ops::UseCpuIsa(ops::BestCpuIsa());
+    best.push_back(t->Step()->seconds);
+  }
+  const double median = Median(best);
   // A separate, profiled pass for the op shares.
   Profiler::Reset();
   Profiler::Enable(true);
@@ -62,15 +74,18 @@ Result Bench(TrainConfig c, int steps) {
   r.tokens_per_second = tokens / median;
   r.matmul_share = total > 0 ? matmul / total : 0;
   r.flops = 6.0 * c.model.num_params() * r.tokens_per_second;
+  r.over_base = Median(base) / median;
   return r;
 }
 
 int Main() {
   openblas_set_num_threads(1);
   const double sgemm = SgemmRate(1024);
-  std::printf("raw OpenBLAS sgemm 1024^3, 1 thread: %.1f GFLOP/s\n\n", sgemm / 1e9);
-  std::printf("%-34s %10s %12s %12s %10s\n", "model", "tokens/s", "matmul share", "GFLOP/s (6N)",
-              "of sgemm");
+  std::printf("raw OpenBLAS sgemm 1024^3, 1 thread: %.1f GFLOP/s\n", sgemm / 1e9);
+  std::printf("CPU ops in the %s variant; vs base: step time in the base (SSE2) variant over it\n\n",
+              ops::CpuIsaName(ops::BestCpuIsa()));
+  std::printf("%-34s %10s %12s %12s %10s %8s\n", "model", "tokens/s", "matmul share",
+              "GFLOP/s (6N)", "of sgemm", "vs base");
   TrainConfig tiny;
   tiny.model = *ModelPreset("gpt-tiny");
   tiny.batch = 16;
@@ -84,9 +99,10 @@ int Main() {
   big.batch = 8;
   for (const TrainConfig& c : {tiny, big}) {
     Result r = Bench(c, 7);
-    std::printf("%-34s %10.0f %11.0f%% %12.1f %9.0f%%\n",
+    std::printf("%-34s %10.0f %11.0f%% %12.1f %9.0f%% %7.2fx\n",
                 (c.model.name + " (batch " + std::to_string(c.batch) + ")").c_str(),
-                r.tokens_per_second, 100 * r.matmul_share, r.flops / 1e9, 100 * r.flops / sgemm);
+                r.tokens_per_second, 100 * r.matmul_share, r.flops / 1e9, 100 * r.flops / sgemm,
+                r.over_base);
   }
   return 0;
 }

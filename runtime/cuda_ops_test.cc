@@ -21,6 +21,7 @@
 
 #if TANDEM_CUDA
 #include "runtime/cuda/gemm.cuh"
+#include "runtime/status_testing.h"
 #endif
 
 namespace tandem {
@@ -28,12 +29,6 @@ namespace ops {
 namespace {
 
 using Vec = std::vector<float>;
-
-#define ASSERT_OK(expr)                              \
-  do {                                               \
-    const absl::Status st_ = (expr);                 \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_;   \
-  } while (0)
 
 std::mt19937& Gen() {
   static std::mt19937 gen(20240611);

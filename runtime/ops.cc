@@ -193,14 +193,14 @@ absl::Status NoCudaBackend(const char* op, Device d) {
 #define TANDEM_OPS_DISPATCH(op, s, ...)                        \
   do {                                                         \
     OpScope op_scope(#op, s);                                  \
-    if ((s).device().is_cpu()) return cpu::op(s, __VA_ARGS__); \
+    if ((s).device().is_cpu()) return TANDEM_CPU_OP(op)(s, __VA_ARGS__); \
     return cuda::op(s, __VA_ARGS__);                           \
   } while (0)
 #else
 #define TANDEM_OPS_DISPATCH(op, s, ...)                        \
   do {                                                         \
     OpScope op_scope(#op, s);                                  \
-    if ((s).device().is_cpu()) return cpu::op(s, __VA_ARGS__); \
+    if ((s).device().is_cpu()) return TANDEM_CPU_OP(op)(s, __VA_ARGS__); \
     return NoCudaBackend(#op, (s).device());                   \
   } while (0)
 #endif

@@ -186,6 +186,19 @@ absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& gr
                                const Tensor& momentum_buf, const SgdConfig& c,
                                const Tensor& params_low = Tensor());
 
+// ---- CPU instruction sets -------------------------------------------------------------------
+
+// The CPU ops are compiled for several x86-64 instruction sets, and the widest one the CPU runs
+// is used (other builds have kBase only). Every variant gives bit-identical results: the choice
+// changes speed, never a number.
+enum class CpuIsa { kBase, kAvx2, kAvx512 };
+const char* CpuIsaName(CpuIsa isa);  // "base", "avx2", "avx512"
+CpuIsa BestCpuIsa();                 // the widest variant this build has and this CPU runs
+CpuIsa CpuIsaInUse();
+// Every later CPU op, on every thread, runs `isa` (benchmarks compare variants with it). An
+// error, changing nothing, if isa is wider than BestCpuIsa().
+absl::Status UseCpuIsa(CpuIsa isa);
+
 }  // namespace ops
 }  // namespace tandem
 

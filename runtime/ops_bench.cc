@@ -1,6 +1,7 @@
 // Micro-benchmarks of the CPU ops on one thread: ops::Matmul against a raw cblas_sgemm on the
 // same shapes (what the checks and dispatch cost), and the memory-bound ops' bandwidth
-// against a memcpy moving as many bytes. A table of the ratios closes the run.
+// against a memcpy moving as many bytes and against their own base (SSE2) variant, where the CPU
+// runs a wider one (ops.h, "CPU instruction sets"). A table of the ratios closes the run.
 //   bazel run //runtime:ops_bench -- --benchmark_min_time=0.05
 #include <cblas.h>
 
@@ -140,6 +141,12 @@ void BM_GeluForward(benchmark::State& state) {
   SetBytes(state, 2 * kTensorBytes);
 }
 
+void BM_GeluBackward(benchmark::State& state) {
+  Activations& x = Shared();
+  for (auto _ : state) Check(state, ops::GeluBackward(Cpu(), x.out, x.a, x.b));
+  SetBytes(state, 3 * kTensorBytes);
+}
+
 void BM_BiasAdd(benchmark::State& state) {
   Activations& x = Shared();
   for (auto _ : state) Check(state, ops::BiasAdd(Cpu(), x.a, x.bias));
@@ -189,6 +196,13 @@ void BM_AdamWUpdate(benchmark::State& state) {
   c.weight_decay = 0.1f;
   for (auto _ : state) Check(state, ops::AdamWUpdate(Cpu(), p, g, m, v, c));
   SetBytes(state, 7 * kParams * 4);
+}
+
+// Runs `fn` with the CPU ops in `isa`, then goes back to the widest variant.
+void InVariant(benchmark::State& state, ops::CpuIsa isa, void (*fn)(benchmark::State&)) {
+  Check(state, ops::UseCpuIsa(isa));
+  fn(state);
+  Check(state, ops::UseCpuIsa(ops::BestCpuIsa()));
 }
 
 // ---- the closing table: each pair's ratio ---------------------------------------------------
@@ -264,6 +278,7 @@ void RegisterAll(RatioReporter& reporter) {
   const std::vector<std::pair<std::string, std::pair<void (*)(benchmark::State&), int64_t>>>
       memory_ops = {
           {"GeluForward", {BM_GeluForward, 2 * kTensorBytes}},
+          {"GeluBackward", {BM_GeluBackward, 3 * kTensorBytes}},
           {"BiasAdd", {BM_BiasAdd, 2 * kTensorBytes}},
           {"Add", {BM_Add, 3 * kTensorBytes}},
           {"LayerNormForward", {BM_LayerNormForward, 2 * kTensorBytes}},
@@ -271,13 +286,19 @@ void RegisterAll(RatioReporter& reporter) {
           {"ResidualLayerNormForward", {BM_ResidualLayerNormForward, 4 * kTensorBytes}},
           {"AdamWUpdate", {BM_AdamWUpdate, 7 * kParams * 4}},
       };
+  // Each op in the variant this CPU runs (op/) and in the base one (op_base/): the gain of the
+  // wider instruction set, measured in the same run.
   for (const auto& [name, fn_bytes] : memory_ops) {
     const std::string copy = absl::StrFormat("memcpy/%dMB", fn_bytes.second >> 20);
-    const std::string op = "op/" + name;
+    const std::string op = "op/" + name, op_base = "op_base/" + name;
     Repeated(
         benchmark::RegisterBenchmark((copy + "/for_" + name).c_str(), BM_Memcpy, fn_bytes.second));
     Repeated(benchmark::RegisterBenchmark(op.c_str(), fn_bytes.first));
     reporter.AddPair(op, copy + "/for_" + name, "bytes_per_second");
+    if (ops::BestCpuIsa() == ops::CpuIsa::kBase) continue;
+    Repeated(benchmark::RegisterBenchmark(op_base.c_str(), InVariant, ops::CpuIsa::kBase,
+                                          fn_bytes.first));
+    reporter.AddPair(op, op_base, "bytes_per_second");
   }
 }
 
@@ -288,6 +309,7 @@ int main(int argc, char** argv) {
   // One BLAS thread, as each worker runs: the comparison is per core.
   openblas_set_num_threads(1);
   benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("cpu_ops_variant", tandem::ops::CpuIsaName(tandem::ops::BestCpuIsa()));
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   tandem::RatioReporter reporter;
   tandem::RegisterAll(reporter);

@@ -16,16 +16,11 @@
 #include "runtime/dtype.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "runtime/status_testing.h"
 
 namespace tandem {
 namespace ops {
 namespace {
-
-#define ASSERT_OK(expr)                            \
-  do {                                             \
-    const absl::Status st_ = (expr);               \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_; \
-  } while (0)
 
 using Vec = std::vector<float>;
 using Ref = std::vector<double>;

@@ -47,12 +47,16 @@ def ops_tables(path):
         if m:
             op = m.group(1)
             ref = [v for k, v in med.items() if k.startswith("memcpy/") and f"for_{op}/" in k]
+            base = med.get(name.replace("op/", "op_base/"))
             if ref:
-                bw.append((op, ref[0]["real_time"] / b["real_time"]))
+                bw.append((op, ref[0]["real_time"] / b["real_time"],
+                           base["real_time"] / b["real_time"] if base else None))
     out = ["| shape (M x N x K) | runtime / raw sgemm speed |", "| --- | --- |"]
     out += [f"| {s} | {r:.3f} |" for s, r, _ in mm]
-    out += ["", "| op | bandwidth / memcpy of the same bytes |", "| --- | --- |"]
-    out += [f"| {op} | {r:.2f} |" for op, r in bw]
+    out += ["", "| op | bandwidth / memcpy of the same bytes | speed / base (SSE2) variant |",
+            "| --- | --- | --- |"]
+    out += [f"| {op} | {r:.2f} | {f'{v:.2f}' if v else 'n/a (base variant only)'} |"
+            for op, r, v in bw]
     return "\n".join(out)
 
 
@@ -77,7 +81,12 @@ def main():
         print(f.read().rstrip())
     print("```\n")
     print("## Runtime ops against raw OpenBLAS and memcpy\n")
-    print("`runtime/ops_bench` (Google Benchmark, medians of 5 repetitions, 1 thread).\n")
+    with open(os.path.join(d, "ops.json")) as f:
+        variant = json.load(f)["context"].get("cpu_ops_variant", "base")
+    print("`runtime/ops_bench` (Google Benchmark, medians of 5 repetitions, 1 thread). The CPU "
+          f"ops run the widest instruction-set variant this CPU supports, `{variant}` here; the "
+          "last column is its speed over the base (SSE2) variant of the same op, in the same "
+          "run (every variant gives the same bits).\n")
     print(ops_tables(os.path.join(d, "ops.json")) + "\n")
     print("## One-worker training\n")
     print("`model/train_bench`: step time median of 7 steps after 2 warm-up steps; model "

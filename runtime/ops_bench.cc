@@ -309,7 +309,8 @@ int main(int argc, char** argv) {
   // One BLAS thread, as each worker runs: the comparison is per core.
   openblas_set_num_threads(1);
   benchmark::Initialize(&argc, argv);
-  benchmark::AddCustomContext("cpu_ops_variant", tandem::ops::CpuIsaName(tandem::ops::BestCpuIsa()));
+  benchmark::AddCustomContext("cpu_ops_variant",
+                              tandem::ops::CpuIsaName(tandem::ops::BestCpuIsa()));
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   tandem::RatioReporter reporter;
   tandem::RegisterAll(reporter);

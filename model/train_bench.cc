@@ -84,7 +84,7 @@ int Main() {
   std::printf("raw OpenBLAS sgemm 1024^3, 1 thread: %.1f GFLOP/s\n", sgemm / 1e9);
   std::printf(
       "CPU ops in the %s variant; vs base: step time in the base (SSE2) variant over it\n\n",
-              ops::CpuIsaName(ops::BestCpuIsa()));
+      ops::CpuIsaName(ops::BestCpuIsa()));
   std::printf("%-34s %10s %12s %12s %10s %8s\n", "model", "tokens/s", "matmul share",
               "GFLOP/s (6N)", "of sgemm", "vs base");
   TrainConfig tiny;

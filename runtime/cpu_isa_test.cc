@@ -10,9 +10,9 @@
 
 #include "gtest/gtest.h"
 #include "runtime/ops.h"
+#include "runtime/status_testing.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
-#include "runtime/status_testing.h"
 
 namespace tandem {
 namespace ops {

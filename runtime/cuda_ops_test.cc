@@ -16,12 +16,12 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/ops.h"
+#include "runtime/status_testing.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
 
 #if TANDEM_CUDA
 #include "runtime/cuda/gemm.cuh"
-#include "runtime/status_testing.h"
 #endif
 
 namespace tandem {

@@ -14,9 +14,9 @@
 
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
+#include "runtime/status_testing.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
-#include "runtime/status_testing.h"
 
 namespace tandem {
 namespace ops {

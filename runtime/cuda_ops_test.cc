@@ -232,8 +232,9 @@ struct LinearCase {
 
 TEST_P(CudaOpsDTypeTest, LinearForwardWithAndWithoutBias) {
   const DType t = GetParam();
+  // C = 0: out is the bias (or zeros), from an empty product.
   for (const LinearCase& c : {LinearCase{7, 13, 5}, LinearCase{64, 48, 32},
-                              LinearCase{512, 768, 2304}}) {
+                              LinearCase{512, 768, 2304}, LinearCase{7, 0, 5}}) {
     for (bool with_bias : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "N=" << c.n << " C=" << c.c << " OC=" << c.oc
                                         << " bias=" << with_bias);
@@ -255,7 +256,7 @@ TEST_P(CudaOpsDTypeTest, LinearGeluForwardKeepsPreActivation) {
   // use a faster tanh than the CPU's, hence the wider f32 tolerance for out.
   const DType t = GetParam();
   for (const LinearCase& c : {LinearCase{7, 13, 5}, LinearCase{64, 48, 32},
-                              LinearCase{512, 768, 3072}}) {
+                              LinearCase{512, 768, 3072}, LinearCase{7, 0, 5}}) {
     SCOPED_TRACE(::testing::Message() << "N=" << c.n << " C=" << c.c << " OC=" << c.oc);
     Pair inp = Random({c.n, c.c}, t);
     Pair weight = Random({c.oc, c.c}, t, -0.1f, 0.1f);
@@ -272,8 +273,9 @@ TEST_P(CudaOpsDTypeTest, LinearGeluForwardKeepsPreActivation) {
 
 TEST_P(CudaOpsDTypeTest, LinearBackwardAccumulatesParameterGradients) {
   const DType t = GetParam();
+  // OC = 0: dinp is written with zeros, from an empty product.
   for (const LinearCase& c : {LinearCase{7, 13, 5}, LinearCase{64, 48, 32},
-                              LinearCase{512, 768, 768}}) {
+                              LinearCase{512, 768, 768}, LinearCase{7, 13, 0}}) {
     SCOPED_TRACE(::testing::Message() << "N=" << c.n << " C=" << c.c << " OC=" << c.oc);
     Pair dout = Random({c.n, c.oc}, t);
     Pair inp = Random({c.n, c.c}, t);

@@ -89,19 +89,14 @@ absl::Status EmptyProduct(Stream& s, const Tensor& out, float beta) {
   return beta == 0.0f ? Fill(s, out, 0.0f) : Scale(s, out, beta);
 }
 
-// Rows and channels of a (..., C) tensor.
-void RowsCols(const Tensor& t, int64_t* rows, int64_t* cols) {
-  *cols = t.rank() > 0 ? t.dim(-1) : 1;
-  *rows = *cols == 0 ? 0 : t.numel() / *cols;
-}
-
 // out (N, OC) = inp @ weight^T [+ bias] [then GELU, pre-activation to pre], trying the
 // cuBLASLt epilogue first.
 template <typename E>
 absl::Status LinearImpl(Stream& s, const Tensor& out, const Tensor& pre, const Tensor& inp,
                         const Tensor& weight, const Tensor& bias, bool gelu) {
-  int64_t N, C;
-  RowsCols(inp, &N, &C);
+  // From the shapes, never from numel: with C = 0 the (N, 0) input still has N rows, and out
+  // gets the bias (or zeros), as on the CPU.
+  const int64_t N = inp.dim(0), C = inp.dim(1);
   const int64_t OC = weight.dim(0);
   if (N == 0 || OC == 0) return absl::OkStatus();
   // Where the un-activated product goes when the epilogue is not used.
@@ -206,7 +201,7 @@ absl::Status LinearBackward(Stream& s, const Tensor& dinp, const Tensor& dweight
   }
   const int64_t OC = weight.dim(0);
   const int64_t C = weight.dim(1);
-  const int64_t N = OC == 0 ? 0 : dout.numel() / OC;
+  const int64_t N = inp.dim(0);  // not dout.numel() / OC: with OC = 0, dinp still gets zeros
   return DispatchFloat("LinearBackward", dout.dtype(), [&](auto tag) -> absl::Status {
     using E = decltype(tag);
     // dinp (N, C) = dout (N, OC) @ weight (OC, C)

@@ -5,9 +5,12 @@
 #include <mutex>
 
 #include "absl/strings/str_format.h"
+#include "runtime/status.h"
 
 #if TANDEM_CUDA
 #include <cuda_runtime.h>
+
+#include "runtime/cuda_status.h"
 #endif
 
 namespace tandem {
@@ -54,11 +57,15 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
       return options_.limit_bytes > 0 &&
              stats_.reserved_bytes + static_cast<int64_t>(rounded) > options_.limit_bytes;
     };
-    if (!over_limit()) p = memory_->Allocate(rounded);
+    if (!over_limit()) {
+      ASSIGN_OR_RETURN(p, memory_->Allocate(rounded));
+    }
     if (p == nullptr && !free_blocks_.empty()) {
       // Like PyTorch: give the cache back to the system and try once more.
       EmptyCacheLocked();
-      if (!over_limit()) p = memory_->Allocate(rounded);
+      if (!over_limit()) {
+        ASSIGN_OR_RETURN(p, memory_->Allocate(rounded));
+      }
     }
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -121,7 +128,7 @@ namespace {
 
 class HostMemory : public SystemMemory {
  public:
-  void* Allocate(size_t bytes) override { return std::aligned_alloc(64, bytes); }
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return std::aligned_alloc(64, bytes); }
   void Free(void* p, size_t) override { std::free(p); }
   Device device() const override { return Device::Cpu(); }
   std::string name() const override { return "host memory"; }
@@ -130,12 +137,14 @@ class HostMemory : public SystemMemory {
 #if TANDEM_CUDA
 class PinnedHostMemory : public SystemMemory {
  public:
-  void* Allocate(size_t bytes) override {
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
     void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
-      cudaGetLastError();
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // an out-of-memory is not sticky; cleared for the retry
       return nullptr;
     }
+    CUDA_RETURN_IF_ERROR(e);
     return p;
   }
   void Free(void* p, size_t) override { cudaFreeHost(p); }
@@ -146,13 +155,15 @@ class PinnedHostMemory : public SystemMemory {
 class CudaMemory : public SystemMemory {
  public:
   explicit CudaMemory(int index) : index_(index) {}
-  void* Allocate(size_t bytes) override {
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
     void* p = nullptr;
-    cudaSetDevice(index_);
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      cudaGetLastError();  // an OOM is not sticky; clear it for the retry
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(index_));
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // an out-of-memory is not sticky; cleared for the retry
       return nullptr;
     }
+    CUDA_RETURN_IF_ERROR(e);
     return p;
   }
   void Free(void* p, size_t) override {

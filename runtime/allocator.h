@@ -36,8 +36,10 @@ struct AllocatorStats {
 class SystemMemory {
  public:
   virtual ~SystemMemory() = default;
-  // Returns nullptr when the system has no memory to give.
-  virtual void* Allocate(size_t bytes) = 0;
+  // Returns nullptr when the system has no memory to give, and an error for any other failure
+  // (on CUDA, an error left by an earlier kernel), which the allocator passes on unchanged
+  // rather than calling it out of memory.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* p, size_t bytes) = 0;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;

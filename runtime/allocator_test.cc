@@ -12,7 +12,7 @@ namespace {
 class CountingMemory : public SystemMemory {
  public:
   explicit CountingMemory(int* live) : live_(live) {}
-  void* Allocate(size_t bytes) override {
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
     ++*live_;
     return std::malloc(bytes);
   }

@@ -118,7 +118,12 @@ absl::StatusOr<bool> Event::Query() {
 #if TANDEM_CUDA
   if (native_) {
     cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(native_));
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // Not an error, but the runtime records it as the thread's last one, where the next
+      // kernel launch's check would find it; cleared as PyTorch's CUDAEvent::query does.
+      (void)cudaGetLastError();
+      return false;
+    }
     CUDA_RETURN_IF_ERROR(e);
   }
 #endif

@@ -77,7 +77,11 @@ struct InFlight {
 struct NcclState {
   CommIdentity id;
   std::unique_ptr<Stream> stream;  // the communication stream
+  absl::Duration accept_timeout;   // the options' init_timeout
 
+  // Held by Issue from start to end: WaitAcceptedLocked lets go of `mu` while NCCL works,
+  // and no second call may reach a communicator that has not yet accepted the last one.
+  absl::Mutex issue_mu ABSL_ACQUIRED_BEFORE(mu);
   absl::Mutex mu;
   ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
   bool aborted ABSL_GUARDED_BY(mu) = false;
@@ -109,10 +113,16 @@ struct NcclState {
   }
 
   // In non-blocking mode a call may return before NCCL has taken it in; wait until it has.
+  // The first operation with a peer connects to it and waits for it to arrive. `mu` is let go
+  // between polls, so that Abort (the watchdog's, or a signal's) can end the wait.
   absl::Status WaitAcceptedLocked(absl::Duration timeout, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const absl::Time deadline = absl::Now() + timeout;
     for (int spins = 0;;) {
+      if (aborted) {
+        return absl::AbortedError(absl::StrCat("the communicator was aborted while waiting for ",
+                                               what, ": ", abort_reason));
+      }
       ncclResult_t state = ncclSuccess;
       NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm, &state));
       if (state == ncclSuccess) return absl::OkStatus();
@@ -124,11 +134,13 @@ struct NcclState {
             "rank %d: %s still in progress after %s", id.rank, what,
             absl::FormatDuration(timeout)));
       }
+      mu.Unlock();
       if (++spins < 1000) {
         std::this_thread::yield();
       } else {
         absl::SleepFor(absl::Microseconds(100));
       }
+      mu.Lock();
     }
   }
 };
@@ -213,7 +225,7 @@ class NcclCommunicator : public Communicator {
               : NcclErrorStatus(r, "ncclCommFinalize", __FILE__, __LINE__);
       if (finalized.ok()) {
         ncclCommDestroy(s->comm);
-      } else {
+      } else if (!s->aborted) {  // else Abort came during the wait and freed it
         ncclCommAbort(s->comm);
       }
       s->comm = nullptr;
@@ -332,6 +344,7 @@ class NcclCommunicator : public Communicator {
     RETURN_IF_ERROR(SetCurrentDevice(s->id.device));
     ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> done, CudaEvent::Create());
     ASSIGN_OR_RETURN(Stream * compute, Stream::Compute(s->id.device));
+    absl::MutexLock issue_lock(&s->issue_mu);
     absl::MutexLock lock(&s->mu);
     if (s->aborted) {
       return absl::AbortedError(absl::StrCat("rank ", s->id.rank, ": ", OpKindName(info.kind),
@@ -353,7 +366,7 @@ class NcclCommunicator : public Communicator {
     if (r != ncclSuccess && r != ncclInProgress) {
       return fail(NcclErrorStatus(r, OpKindName(info.kind), __FILE__, __LINE__));
     }
-    st = s->WaitAcceptedLocked(absl::Minutes(1), what);
+    st = s->WaitAcceptedLocked(s->accept_timeout, what);
     if (!st.ok()) return fail(st);
     const cudaError_t e =
         cudaEventRecord(done->get(), static_cast<cudaStream_t>(s->stream->native()));
@@ -425,6 +438,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   ASSIGN_OR_RETURN(ncclUniqueId id, ShareUniqueId(o));
   auto state = std::make_shared<NcclState>();
   state->id = CommIdentity{o.rank, o.world_size, o.device};
+  state->accept_timeout = o.init_timeout;
   ASSIGN_OR_RETURN(state->stream, Stream::Create(o.device));
   ASSIGN_OR_RETURN(std::unique_ptr<Event> compute_ready, Event::Create(o.device, false));
   ASSIGN_OR_RETURN(Tensor barrier, Tensor::Empty(Shape{1}, DType::kF32, o.device));

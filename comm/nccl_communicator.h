@@ -26,7 +26,8 @@ struct NcclCommunicatorOptions {
   KeyValueStore* store = nullptr;
   // The key, distinct for every communicator of a job.
   std::string key = "tandem/nccl/unique_id";
-  // Longest wait for the unique id and for every rank to join.
+  // Longest wait for the unique id, for every rank to join, and for NCCL to accept an
+  // operation (the first one with each peer waits for that peer to reach it).
   absl::Duration init_timeout = absl::Minutes(5);
 };
 

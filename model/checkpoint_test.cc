@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "gtest/gtest.h"
+#include "model/test_configs.h"
 #include "model/trainer.h"
 
 namespace tandem {
@@ -79,41 +80,23 @@ TEST(CheckpointTest, MissingFile) {
   EXPECT_NE(d.status().message().find("cannot be opened"), std::string::npos);
 }
 
-TrainConfig Small() {
-  TrainConfig c;
-  c.model = *ModelPreset("gpt");
-  c.model.n_layer = 2;
-  c.model.d_model = 32;
-  c.model.n_head = 2;
-  c.model.seq_len = 16;
-  c.batch = 4;
-  c.micro_batches = 2;
-  c.steps = 6;
-  c.optimizer.lr = 3e-3f;
-  c.optimizer.warmup_steps = 2;
-  c.optimizer.total_steps = 6;
-  c.optimizer.weight_decay = 0.1f;
-  c.seed = 11;
-  return c;
-}
-
 // A run stopped after 3 steps and resumed from its checkpoint gives the uninterrupted run's
 // losses and weights, bit for bit.
 TEST(CheckpointTest, ResumeIsBitExact) {
   std::vector<float> straight, resumed;
   {
-    auto t = *Trainer::Create(Small());
+    auto t = *Trainer::Create(ResumableConfig());
     ASSERT_TRUE(t->Run([&](const StepReport& r) { straight.push_back(r.loss); }).ok());
   }
   const std::string path = TempPath("resume.ckpt");
   {
-    TrainConfig c = Small();
+    TrainConfig c = ResumableConfig();
     c.steps = 3;
     auto t = *Trainer::Create(c);
     ASSERT_TRUE(t->Run([&](const StepReport& r) { resumed.push_back(r.loss); }).ok());
     ASSERT_TRUE(t->SaveCheckpoint(path).ok());
   }
-  TrainConfig c = Small();
+  TrainConfig c = ResumableConfig();
   c.resume = path;
   auto t = Trainer::Create(c);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -126,10 +109,10 @@ TEST(CheckpointTest, ResumeIsBitExact) {
 TEST(CheckpointTest, MismatchedModelIsRefusedBeforeLoading) {
   const std::string path = TempPath("other.ckpt");
   {
-    auto t = *Trainer::Create(Small());
+    auto t = *Trainer::Create(ResumableConfig());
     ASSERT_TRUE(t->SaveCheckpoint(path).ok());
   }
-  TrainConfig c = Small();
+  TrainConfig c = ResumableConfig();
   c.model.d_model = 64;
   c.resume = path;
   auto t = Trainer::Create(c);

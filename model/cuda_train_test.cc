@@ -4,23 +4,14 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "model/test_configs.h"
 #include "model/trainer.h"
 
 namespace tandem {
 namespace {
 
 TrainConfig Small(Device d, DType t) {
-  TrainConfig c;
-  c.model = *ModelPreset("gpt");
-  c.model.n_layer = 2;
-  c.model.d_model = 64;
-  c.model.n_head = 4;
-  c.model.seq_len = 32;
-  c.batch = 8;
-  c.steps = 30;
-  c.optimizer.lr = 3e-3f;
-  c.optimizer.warmup_steps = 5;
-  c.optimizer.total_steps = 30;
+  TrainConfig c = LearningConfig(30);
   c.device = d;
   c.dtype = t;
   return c;

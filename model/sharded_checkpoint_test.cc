@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/test_configs.h"
 #include "model/trainer.h"
 
 namespace tandem {
@@ -30,24 +31,6 @@ std::string FreshDir(const std::string& name) {
                                      "/", name, "-", ++n);
   ::mkdir(d.c_str(), 0755);
   return d;
-}
-
-TrainConfig Small() {
-  TrainConfig c;
-  c.model = *ModelPreset("gpt");
-  c.model.n_layer = 2;  // 4 blocks: embed, h0, h1, head
-  c.model.d_model = 32;
-  c.model.n_head = 2;
-  c.model.seq_len = 16;
-  c.batch = 4;
-  c.micro_batches = 2;
-  c.steps = 6;
-  c.optimizer.lr = 3e-3f;
-  c.optimizer.warmup_steps = 2;
-  c.optimizer.total_steps = 6;
-  c.optimizer.weight_decay = 0.1f;
-  c.seed = 11;
-  return c;
 }
 
 // One stage with its own optimizer, as a pipeline rank holds it.
@@ -108,7 +91,7 @@ void SaveParts(const TrainConfig& c, std::vector<Part>& parts, const std::string
 
 // A 3-step trained model saved whole, in `dir`/whole.ckpt.
 std::string TrainedWhole(const std::string& dir) {
-  TrainConfig c = Small();
+  TrainConfig c = ResumableConfig();
   c.steps = 3;
   auto t = *Trainer::Create(c);
   EXPECT_TRUE(t->Run(nullptr).ok());
@@ -118,7 +101,7 @@ std::string TrainedWhole(const std::string& dir) {
 }
 
 TEST(ShardedCheckpoint, LayoutRoundTrip) {
-  const TrainConfig c = Small();
+  const TrainConfig c = ResumableConfig();
   auto st = *Stage::Create(c.model, 1, 3, c.device, 1);
   auto parsed = ParseShardLayout(FormatShardLayout(st->layout()));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -140,7 +123,7 @@ TEST(ShardedCheckpoint, ReshardsAcrossStageCounts) {
   const std::string dir = FreshDir("reshard");
   const std::string whole = TrainedWhole(dir);
   const auto truth = ByName(whole);
-  const TrainConfig c = Small();
+  const TrainConfig c = ResumableConfig();
 
   std::vector<Part> four;
   for (int b = 0; b < 4; ++b) {
@@ -182,18 +165,18 @@ TEST(ShardedCheckpoint, ReshardsAcrossStageCounts) {
 TEST(ShardedCheckpoint, ContinuingAfterReshardingIsBitExact) {
   std::vector<float> straight, resumed;
   {
-    auto t = *Trainer::Create(Small());
+    auto t = *Trainer::Create(ResumableConfig());
     ASSERT_TRUE(t->Run([&](const StepReport& r) { straight.push_back(r.loss); }).ok());
   }
   const std::string dir = FreshDir("continue");
   {
-    TrainConfig c = Small();
+    TrainConfig c = ResumableConfig();
     c.steps = 3;
     auto t = *Trainer::Create(c);
     ASSERT_TRUE(t->Run([&](const StepReport& r) { resumed.push_back(r.loss); }).ok());
     ASSERT_TRUE(t->SaveCheckpoint(dir + "/whole.ckpt").ok());
   }
-  const TrainConfig c = Small();
+  const TrainConfig c = ResumableConfig();
   std::vector<Part> four;
   for (int b = 0; b < 4; ++b) {
     four.push_back(MakePart(c, b, b + 1));
@@ -210,7 +193,7 @@ TEST(ShardedCheckpoint, ContinuingAfterReshardingIsBitExact) {
   ASSERT_TRUE(
       SaveTrainingState(dir + "/joined.ckpt", c, *one.stage, one.optimizer, one.scaler, one.step)
           .ok());
-  TrainConfig rc = Small();
+  TrainConfig rc = ResumableConfig();
   rc.resume = dir + "/joined.ckpt";
   auto t = Trainer::Create(rc);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -224,7 +207,7 @@ class DamagedShards : public ::testing::Test {
   void SetUp() override {
     dir_ = FreshDir("damaged");
     const std::string whole = TrainedWhole(dir_);
-    c_ = Small();
+    c_ = ResumableConfig();
     for (int step : {3, 5}) {
       std::vector<Part> parts;
       parts.push_back(MakePart(c_, 0, 2));

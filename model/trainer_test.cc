@@ -1,23 +1,13 @@
 #include "model/trainer.h"
 
 #include "gtest/gtest.h"
+#include "model/test_configs.h"
 
 namespace tandem {
 namespace {
 
 TEST(TrainerTest, LossFallsOnTheDefaultCorpus) {
-  TrainConfig c;
-  c.model = *ModelPreset("gpt");
-  c.model.n_layer = 2;
-  c.model.d_model = 64;
-  c.model.n_head = 4;
-  c.model.seq_len = 32;
-  c.batch = 8;
-  c.steps = 40;
-  c.optimizer.lr = 3e-3f;
-  c.optimizer.warmup_steps = 5;
-  c.optimizer.total_steps = 40;
-  auto t = Trainer::Create(c);
+  auto t = Trainer::Create(LearningConfig(40));
   ASSERT_TRUE(t.ok()) << t.status();
   std::vector<float> losses;
   ASSERT_TRUE((*t)->Run([&](const StepReport& r) { losses.push_back(r.loss); }).ok());

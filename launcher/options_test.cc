@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/sharded_checkpoint.h"
+#include "runtime/test_files.h"
 
 namespace tandem {
 namespace launcher {
@@ -34,17 +35,6 @@ using ::testing::Not;
 bool Exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
-}
-
-std::string TempDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t != nullptr ? t : "/tmp";
-}
-
-// A fresh directory name under the test's temporary directory (not created).
-std::string FreshPath(const std::string& name) {
-  static int counter = 0;
-  return absl::StrCat(TempDir(), "/", name, "-", getpid(), "-", ++counter);
 }
 
 TEST(RewriteFlagName, HyphensInTheNameOnly) {
@@ -204,7 +194,7 @@ MATCHER_P(AnyLineHas, text, "") {
 }
 
 TEST(Validate, GoodJobCreatesNothing) {
-  const std::string user = FreshPath("user");
+  const std::string user = FreshTestPath("user");
   absl::StatusOr<LaunchPlan> p = Validate(Small(), CpuHost(user));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->job.device, "cpu");
@@ -218,11 +208,11 @@ TEST(Validate, GoodJobCreatesNothing) {
 TEST(Validate, DefaultCorpusIsRead) {
   Options o = Small();
   o.job.synthetic = false;
-  EXPECT_TRUE(Validate(o, CpuHost(FreshPath("user"))).ok());
+  EXPECT_TRUE(Validate(o, CpuHost(FreshTestPath("user"))).ok());
 }
 
 TEST(Validate, CudaWhenVisible) {
-  HostInfo h = CpuHost(FreshPath("user"));
+  HostInfo h = CpuHost(FreshTestPath("user"));
   h.cuda_devices = 2;
   absl::StatusOr<LaunchPlan> p = Validate(Small(), h);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -231,7 +221,7 @@ TEST(Validate, CudaWhenVisible) {
 }
 
 TEST(Validate, EachBadInputGivesItsLine) {
-  const HostInfo h = CpuHost(FreshPath("user"));
+  const HostInfo h = CpuHost(FreshTestPath("user"));
   struct Case {
     std::function<void(Options&)> set;
     std::string line;
@@ -291,7 +281,7 @@ TEST(Validate, EachBadInputGivesItsLine) {
 }
 
 TEST(Validate, MoreGpusThanVisible) {
-  HostInfo h = CpuHost(FreshPath("user"));
+  HostInfo h = CpuHost(FreshTestPath("user"));
   h.cuda_devices = 1;
   Options o = Small();
   EXPECT_THAT(Problems(o, h),
@@ -312,7 +302,7 @@ TEST(Validate, AllProblemsAtOnce) {
   o.job.synthetic = false;
   o.job.data = "/nonexistent/corpus.txt";
   o.job.heartbeat_timeout_s = 1;
-  const std::vector<std::string> p = Problems(o, CpuHost(FreshPath("user")));
+  const std::vector<std::string> p = Problems(o, CpuHost(FreshTestPath("user")));
   EXPECT_EQ(p.size(), 4u) << absl::StrJoin(p, "\n");
   EXPECT_THAT(p, AnyLineHas("--lr=-1"));
   EXPECT_THAT(p, AnyLineHas("20 stages"));
@@ -321,7 +311,7 @@ TEST(Validate, AllProblemsAtOnce) {
 }
 
 TEST(Validate, RelativePathsAreTheUsers) {
-  const std::string user = FreshPath("user");
+  const std::string user = FreshTestPath("user");
   ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
   std::ofstream(user + "/corpus.txt") << std::string(1000, 'a');
   Options o = Small();
@@ -336,7 +326,7 @@ TEST(Validate, RelativePathsAreTheUsers) {
 }
 
 TEST(Validate, ExistingRunDirectory) {
-  const std::string user = FreshPath("user");
+  const std::string user = FreshTestPath("user");
   ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((user + "/empty").c_str(), 0755), 0);
   ASSERT_EQ(::mkdir((user + "/full").c_str(), 0755), 0);
@@ -354,7 +344,7 @@ TEST(Validate, ExistingRunDirectory) {
 }
 
 TEST(Validate, DefaultRunDirectoryNeverReused) {
-  const std::string user = FreshPath("user");
+  const std::string user = FreshTestPath("user");
   const HostInfo h = CpuHost(user);
   const std::string first = DefaultRunDir(user, h.now, "data");
   ASSERT_EQ(std::system(("mkdir -p " + first).c_str()), 0);
@@ -405,11 +395,11 @@ std::string SmallModel() {
 }
 
 TEST(Validate, Resume) {
-  const std::string dir = FreshPath("ckpt");
+  const std::string dir = FreshTestPath("ckpt");
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
   Options o = Small();
   WriteCheckpointAt(dir, 3, 8, SmallModel());
-  const HostInfo h = CpuHost(FreshPath("user"));
+  const HostInfo h = CpuHost(FreshTestPath("user"));
 
   o.job.resume = dir + "/step-000003";
   absl::StatusOr<LaunchPlan> p = Validate(o, h);
@@ -447,10 +437,10 @@ TEST(Validate, Resume) {
 }
 
 TEST(Validate, ResumeRefusesMissingAndCorruptShardsByName) {
-  const std::string dir = FreshPath("shards");
+  const std::string dir = FreshTestPath("shards");
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
   WriteCheckpointAt(dir, 3, 8, SmallModel());
-  const HostInfo h = CpuHost(FreshPath("user"));
+  const HostInfo h = CpuHost(FreshTestPath("user"));
   Options o = Small();
   o.job.resume = dir + "/step-000003";
   const std::string shard = dir + "/step-000003.stage-1.ckpt";
@@ -467,7 +457,7 @@ TEST(Validate, ResumeRefusesMissingAndCorruptShardsByName) {
 }
 
 TEST(Validate, ResumeAuto) {
-  const std::string user = FreshPath("user");
+  const std::string user = FreshTestPath("user");
   const std::string run = user + "/run";
   ASSERT_EQ(std::system(("mkdir -p " + run + "/checkpoints").c_str()), 0);
   std::ofstream(run + "/run.json") << "{}";
@@ -494,7 +484,7 @@ TEST(Validate, ResumeAuto) {
 }
 
 TEST(Validate, HostfileCoordinatorAndRestarts) {
-  const std::string user = FreshPath("user");
+  const std::string user = FreshTestPath("user");
   ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
   std::ofstream(user + "/hosts") << "# this host twice\nlocalhost slots=1\n127.0.0.1 slots=1\n";
   std::ofstream(user + "/bad-hosts") << "localhost slots=two\n";
@@ -556,7 +546,7 @@ TEST(Paths, AbsoluteAndDefaultRunDir) {
 }
 
 TEST(CreateRunDirectory, MakesTheSubdirectories) {
-  const std::string d = FreshPath("run") + "/nested";
+  const std::string d = FreshTestPath("run") + "/nested";
   ASSERT_TRUE(CreateRunDirectory(d).ok());
   EXPECT_TRUE(Exists(d + "/logs"));
   EXPECT_TRUE(Exists(d + "/metrics"));

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/test_files.h"
 
 namespace tandem {
 namespace launcher {
@@ -28,11 +29,6 @@ using ::testing::Not;
 std::string TempPath(const std::string& name) {
   const char* t = std::getenv("TEST_TMPDIR");
   return absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid());
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 TEST(MpirunArgv, LocalCpuJob) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/test_files.h"
 
 namespace tandem {
 namespace launcher {
@@ -25,11 +26,6 @@ std::string TempPath(const std::string& name) {
   const char* t = std::getenv("TEST_TMPDIR");
   static int n = 0;
   return absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // A line exactly as worker.cc writes it.

@@ -13,26 +13,13 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/test_files.h"
 
 namespace tandem {
 namespace launcher {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  static int n = 0;
-  const std::string dir =
-      absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 TraceEvent Event(const std::string& name, const char* cat, double start, double dur, int mb = -1,
                  int thread = 0, int64_t seq = -1) {
@@ -116,7 +103,7 @@ TEST(TraceTest, ClockOffsetsAlignTheLossReduction) {
 }
 
 TEST(TraceTest, MergesARunDirectory) {
-  const std::string dir = TempDir("run");
+  const std::string dir = FreshTestDir("run");
   mkdir((dir + "/traces").c_str(), 0755);
   for (int r = 0; r < 2; ++r) {
     std::vector<TraceEvent> ev = {Event("forward 0", "compute", 10 + 500 * r, 5, 0),

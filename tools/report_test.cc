@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "launcher/trace_merge.h"
 #include "runtime/profiler.h"
+#include "runtime/test_files.h"
 #include "tools/svg.h"
 
 namespace tandem {
@@ -28,20 +29,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string TempDir(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  static int n = 0;
-  const std::string dir =
-      absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 int Count(const std::string& text, const std::string& what) {
   int n = 0;
@@ -123,7 +110,7 @@ std::vector<TraceEvent> StepEvents(int steps, double clock) {
 }
 
 std::string WriteRun(const RunSpec& spec) {
-  const std::string dir = TempDir("run");
+  const std::string dir = FreshTestDir("run");
   mkdir((dir + "/metrics").c_str(), 0755);
   mkdir((dir + "/traces").c_str(), 0755);
   const int steps = static_cast<int>(spec.losses.size());
@@ -538,7 +525,7 @@ TEST(ReportTest, BuildsChartsTimelinesAndWritesEveryFile) {
   EXPECT_THAT(html, Not(HasSubstr("src=")));
   EXPECT_THAT(html, Not(HasSubstr("<link")));
 
-  const std::string out = TempDir("report");
+  const std::string out = FreshTestDir("report");
   ASSERT_TRUE(WriteReport(r, out).ok());
   for (const char* f :
        {"report.md", "report.json", "report.html", "throughput.svg", "step-time.svg", "memory.svg",

@@ -154,10 +154,10 @@ struct CommState {
   }
 };
 
-class MpiWork : public Work {
+class MpiWork : public OpWork {
  public:
   MpiWork(std::shared_ptr<CommState> state, OpInfo info)
-      : state_(std::move(state)), info_(std::move(info)), description_(info_.Describe()) {}
+      : OpWork(std::move(info)), state_(std::move(state)) {}
 
   absl::Status Wait(absl::Duration timeout) override {
     CommState* st = state_.get();
@@ -186,13 +186,8 @@ class MpiWork : public Work {
     return true;
   }
 
-  uint64_t sequence() const override { return info_.sequence; }
-  const std::string& description() const override { return description_; }
-
  private:
   std::shared_ptr<CommState> state_;
-  const OpInfo info_;
-  const std::string description_;
 };
 
 // ---- the operations, run on the communication thread ----

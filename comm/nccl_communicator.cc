@@ -145,13 +145,10 @@ struct NcclState {
   }
 };
 
-class NcclWork : public Work {
+class NcclWork : public OpWork {
  public:
   NcclWork(std::shared_ptr<NcclState> state, OpInfo info, std::shared_ptr<CudaEvent> done)
-      : state_(std::move(state)),
-        info_(std::move(info)),
-        description_(info_.Describe()),
-        done_(std::move(done)) {}
+      : OpWork(std::move(info)), state_(std::move(state)), done_(std::move(done)) {}
 
   absl::Status Wait(absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
@@ -195,13 +192,8 @@ class NcclWork : public Work {
     return false;
   }
 
-  uint64_t sequence() const override { return info_.sequence; }
-  const std::string& description() const override { return description_; }
-
  private:
   std::shared_ptr<NcclState> state_;
-  const OpInfo info_;
-  const std::string description_;
   std::shared_ptr<CudaEvent> done_;
 };
 

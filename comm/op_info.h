@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +48,19 @@ struct OpInfo {
   std::string Describe() const;
   // "all 4 ranks to join it", "rank 3 to send its f32 x 10", ...
   std::string WaitingFor(int world_size) const;
+};
+
+// A Work for one operation: its sequence number and description come from its OpInfo.
+class OpWork : public Work {
+ public:
+  uint64_t sequence() const override { return info_.sequence; }
+  const std::string& description() const override { return description_; }
+
+ protected:
+  explicit OpWork(OpInfo info) : info_(std::move(info)), description_(info_.Describe()) {}
+
+  const OpInfo info_;
+  const std::string description_;
 };
 
 // Who is checking: the communicator's rank, size and device.

@@ -114,9 +114,9 @@ int Main() {
     std::printf("mean %.0f tokens/s over %d steps\n", tokens_per_second, timed);
     if (c.device.is_cuda()) {
       // MFU against the bf16 dense peak of an H100/H200 (DESIGN.md, "Measured, always").
-      std::printf("MFU %.1f%% (6 x %lld parameters x tokens/s over 989 TFLOP/s)\n",
-                  100.0 * 6 * c.model.num_params() * tokens_per_second / 989e12,
-                  static_cast<long long>(c.model.num_params()));
+      std::printf("MFU %.1f%% (6 x %lld matmul parameters x tokens/s over 989 TFLOP/s)\n",
+                  100.0 * 6 * c.model.num_matmul_params() * tokens_per_second / 989e12,
+                  static_cast<long long>(c.model.num_matmul_params()));
     }
   }
   auto allocator = GetAllocator(c.device);

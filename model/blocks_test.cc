@@ -103,6 +103,12 @@ TEST(BlocksTest, ParameterCountMatchesConfig) {
   // fall between embedding and head, so they cannot share one buffer.
   ModelConfig g = *ModelPreset("gpt2-small");
   EXPECT_EQ(g.num_params(), 124439808 + int64_t{50257} * 768);
+  // In matmuls: the 124M model's count (its tied embedding counted once, as the head) less
+  // the position table.
+  EXPECT_EQ(g.num_matmul_params(), 124439808 - int64_t{1024} * 768);
+  // The MLP looks up its input embedding (V x C) and multiplies the rest.
+  const ModelConfig m = SmallMlp();
+  EXPECT_EQ(m.num_matmul_params(), m.num_params() - int64_t{m.vocab} * m.d_model);
 }
 
 // Stages [0, k) and [k, n) chained compute the same losses and gradients as one stage, and

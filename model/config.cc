@@ -15,6 +15,12 @@ int64_t ModelConfig::num_params() const {
   return V * C + static_cast<int64_t>(seq_len) * C + n_layer * per_layer + 2 * C + V * C;
 }
 
+int64_t ModelConfig::num_matmul_params() const {
+  const int64_t embedding = static_cast<int64_t>(vocab) * d_model;
+  const int64_t positions = kind == ModelKind::kGpt ? static_cast<int64_t>(seq_len) * d_model : 0;
+  return num_params() - embedding - positions;
+}
+
 std::string ModelConfig::ToString() const {
   if (kind == ModelKind::kMlp) {
     return absl::StrFormat("%s: mlp, %d layers, width %d, seq %d, vocab %d, %.2fM parameters",

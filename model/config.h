@@ -26,6 +26,11 @@ struct ModelConfig {
   int num_blocks() const { return n_layer + 2; }
   // Parameters in all blocks.
   int64_t num_params() const;
+  // Those that take part in a matmul: all but the token and position embedding tables, which
+  // are only looked up. The N of the usual 6 N FLOPs per trained token (forward 2 N, backward
+  // 4 N; attention's score and value products are left out), as in MFU. For gpt2-small, whose
+  // head is not tied to the embedding, 124M of its 163M.
+  int64_t num_matmul_params() const;
   // "gpt-tiny: gpt, 8 layers, d_model 128, 4 heads, seq 64, vocab 256, 1.65M parameters".
   std::string ToString() const;
   // Checks every size (positive, heads divide d_model, ...); the error says which and why.

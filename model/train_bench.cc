@@ -1,6 +1,6 @@
 // One-worker training throughput on the CPU: `bazel run //model:train_bench`.
 // For gpt-tiny and a d_model 512 GPT it reports tokens/s, the share of step time in matmuls
-// (from the op profiler), and the achieved model FLOP/s (6 x parameters x tokens/s) as a
+// (from the op profiler), and the achieved model FLOP/s (6 x matmul parameters x tokens/s) as a
 // fraction of raw OpenBLAS sgemm measured in the same run, one BLAS thread throughout; and the
 // speed-up of the CPU ops' widest instruction-set variant over their base (SSE2) one, from
 // steps that alternate between the two (they give the same bits, ops.h).
@@ -73,7 +73,7 @@ Result Bench(TrainConfig c, int steps) {
   Result r;
   r.tokens_per_second = tokens / median;
   r.matmul_share = total > 0 ? matmul / total : 0;
-  r.flops = 6.0 * c.model.num_params() * r.tokens_per_second;
+  r.flops = 6.0 * c.model.num_matmul_params() * r.tokens_per_second;
   r.over_base = Median(base) / median;
   return r;
 }

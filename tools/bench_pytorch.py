@@ -125,11 +125,14 @@ def run(rank, world, args):
     steady = sorted(times[2:]) if len(times) > 3 else sorted(times)
     median = steady[len(steady) // 2]
     params = sum(p.numel() for p in model.parameters())
+    # MFU's N: the parameters in matmuls, all but the looked-up embedding tables.
+    net = model.module if world > 1 else model
+    matmul_params = params - net.wte.weight.numel() - net.wpe.weight.numel()
     tps = args.batch * T / median
     return {"framework": "pytorch " + torch.__version__, "procs": world,
             "device": args.device, "dtype": args.dtype, "parameters": params,
             "tokens_per_second": tps, "step_seconds": median,
-            "mfu": 6 * params * tps / 989e12 if dev.type == "cuda" else None,
+            "mfu": 6 * matmul_params * tps / 989e12 if dev.type == "cuda" else None,
             "loss": float(loss.item()) if math.isfinite(loss.item()) else None}
 
 

@@ -128,7 +128,7 @@ def main():
     print(ops_md + "\n")
     print("## One-worker training\n")
     print("`model/train_bench`: step time median of 7 steps after 2 warm-up steps; model "
-          "FLOP/s = 6 x parameters x tokens/s; the matmul share is from the op profiler.\n")
+          "FLOP/s = 6 x matmul parameters (all but the embedding tables) x tokens/s; the matmul share is from the op profiler.\n")
     print("```")
     with open(os.path.join(d, "train.txt")) as f:
         train_text = f.read().rstrip()

@@ -1,9 +1,11 @@
 // Trains one model on one device and prints the loss of every step and the throughput:
 //   bazel run //examples:train -- --model=gpt-tiny --steps=300
 // It is the single-worker baseline that every parallel strategy is checked against.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -93,14 +95,10 @@ int Main() {
               static_cast<long long>((*trainer)->data().num_tokens()),
               static_cast<long long>((*trainer)->data().num_samples()),
               c.device.ToString().c_str(), c.batch, c.model.seq_len);
-  double seconds = 0;
-  int timed = 0;
+  std::vector<double> step_seconds;  // after the first two, which warm caches and the allocator
   absl::Status s = (*trainer)->Run([&](const StepReport& r) {
     const double tok_s = c.batch * c.model.seq_len / r.seconds;
-    if (r.step >= 2) {  // the first steps warm caches and the allocator
-      seconds += r.seconds;
-      ++timed;
-    }
+    if (r.step >= 2) step_seconds.push_back(r.seconds);
     std::printf("step %4d/%d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s%s\n", r.step + 1,
                 c.steps, r.loss, r.lr, r.grad_norm, tok_s, r.skipped ? "  (skipped)" : "");
     std::fflush(stdout);
@@ -109,9 +107,14 @@ int Main() {
     std::fprintf(stderr, "train: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  if (timed > 0) {
-    const double tokens_per_second = c.batch * c.model.seq_len * timed / seconds;
-    std::printf("mean %.0f tokens/s over %d steps\n", tokens_per_second, timed);
+  if (!step_seconds.empty()) {
+    // The median step, as tools/bench_pytorch.py reports PyTorch's: a stray slow step (another
+    // process, a page fault) does not move it.
+    std::sort(step_seconds.begin(), step_seconds.end());
+    const double median = step_seconds[step_seconds.size() / 2];
+    const double tokens_per_second = c.batch * c.model.seq_len / median;
+    std::printf("median step %.2f ms, %.0f tokens/s over %zu steps\n", 1e3 * median,
+                tokens_per_second, step_seconds.size());
     if (c.device.is_cuda()) {
       // MFU against the bf16 dense peak of an H100/H200 (DESIGN.md, "Measured, always").
       std::printf("MFU %.1f%% (6 x %lld matmul parameters x tokens/s over 989 TFLOP/s)\n",

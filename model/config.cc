@@ -54,7 +54,9 @@ absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
     c.n_head = 12;
     c.d_model = 768;
     c.seq_len = 1024;
-    c.vocab = 50257;  // GPT-2's vocabulary size, so the parameter count is the 124M one
+    // GPT-2's vocabulary: the 124M model's sizes, with an untied head (163M parameters, 124M
+    // of them in matmuls; num_matmul_params()).
+    c.vocab = 50257;
     return c;
   }
   if (name == "mlp") {

@@ -37,8 +37,8 @@ struct ModelConfig {
   absl::Status Validate() const;
 };
 
-// "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M), "gpt" and "mlp" (sizes from flags,
-// starting from gpt-tiny's and mlp's defaults: depth 4, width 512).
+// "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M's sizes, untied head), "gpt" and "mlp"
+// (sizes from flags, starting from gpt-tiny's and mlp's defaults: depth 4, width 512).
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name);
 
 }  // namespace tandem

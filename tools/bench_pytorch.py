@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The same GPT as Tandem's, trained by PyTorch on the CPU: one process, and two processes
-with DistributedDataParallel over Gloo. Prints one JSON line per run with tokens/s, for
-`bazel run //tools:bench` to set beside Tandem's figures measured in the same run.
+"""The same GPT as Tandem's, trained by PyTorch: on the CPU in one process, and in two
+processes with DistributedDataParallel over Gloo, for `bazel run //tools:bench`; on a GPU
+(--device cuda --dtype bf16, autocast) for tools/gpu_check.sh. Prints one JSON line per run
+with tokens/s (from the median step), to set beside Tandem's figures measured in the same run.
 
 Same model (pre-LayerNorm GPT-2 blocks, tanh GELU, learned positions, untied head), same
 sizes, global batch, sequence length and optimizer (AdamW) as Tandem's benchmark; random
-tokens; float32; one intra-op thread per process, as Tandem uses one BLAS thread per worker.
+tokens; on the CPU float32 with one intra-op thread per process, as Tandem uses one BLAS thread
+per worker.
 
 PyTorch is not a dependency of Tandem: install it by hand (`pip install torch numpy`); where
 it is absent this prints {"skipped": "..."} and exits 0.

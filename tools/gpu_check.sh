@@ -237,7 +237,7 @@ elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
       --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
       >"$work/train.log" 2>&1
   rc=$?
-  grep -E '^(model|mean|MFU|allocator)' "$work/train.log" | sed 's/^/TANDEM /'
+  grep -E '^(model|median|MFU|allocator)' "$work/train.log" | sed 's/^/TANDEM /'
   if [ "$rc" -ne 0 ]; then
     echo "FAIL training (exit status $rc)"
     tail -n 20 "$work/train.log" | sed 's/^/    | /'

@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "model/trainer.h"
+#include "runtime/profiler.h"
 
 ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp");
 ABSL_FLAG(int, n_layer, 0, "layers (0: the preset's)");
@@ -34,6 +35,9 @@ ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "directory for checkpoints (empty: none)");
 ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
 ABSL_FLAG(std::string, resume, "", "checkpoint file to resume from");
+ABSL_FLAG(int, profile_steps, 0,
+          "profile the last N steps: each op's time, waited for on its device, in a table at "
+          "the end (those steps are left out of the tokens/s)");
 
 namespace tandem {
 namespace {
@@ -95,10 +99,14 @@ int Main() {
               static_cast<long long>((*trainer)->data().num_tokens()),
               static_cast<long long>((*trainer)->data().num_samples()),
               c.device.ToString().c_str(), c.batch, c.model.seq_len);
+  const int profile_steps = std::max(0, std::min(absl::GetFlag(FLAGS_profile_steps), c.steps));
+  const int first_profiled = c.steps - profile_steps;
+  if (first_profiled == 0 && profile_steps > 0) Profiler::Enable(true);
   std::vector<double> step_seconds;  // after the first two, which warm caches and the allocator
   absl::Status s = (*trainer)->Run([&](const StepReport& r) {
     const double tok_s = c.batch * c.model.seq_len / r.seconds;
-    if (r.step >= 2) step_seconds.push_back(r.seconds);
+    if (r.step >= 2 && r.step < first_profiled) step_seconds.push_back(r.seconds);
+    if (r.step + 1 == first_profiled) Profiler::Enable(true);
     std::printf("step %4d/%d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s%s\n", r.step + 1,
                 c.steps, r.loss, r.lr, r.grad_norm, tok_s, r.skipped ? "  (skipped)" : "");
     std::fflush(stdout);
@@ -121,6 +129,11 @@ int Main() {
                   100.0 * 6 * c.model.num_matmul_params() * tokens_per_second / 989e12,
                   static_cast<long long>(c.model.num_matmul_params()));
     }
+  }
+  if (profile_steps > 0) {
+    Profiler::Enable(false);
+    std::printf("op table, last %d steps:\n%s", profile_steps,
+                Profiler::FormatOpTable(Profiler::OpTable()).c_str());
   }
   auto allocator = GetAllocator(c.device);
   if (allocator.ok()) std::printf("allocator %s\n", (*allocator)->stats().ToString().c_str());

@@ -227,7 +227,8 @@ for bin in "$here"/bin/*; do
 done
 
 # Training on the GPU: gpt2-small (124M GPT-2 configuration) in bf16, Tandem then PyTorch
-# eager on the same model, batch and precision; tokens/s, MFU and the allocator's statistics.
+# eager on the same model, batch and precision; tokens/s, MFU, the op table of the last steps
+# and the allocator's statistics.
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "# training skipped: no GPU visible (nvidia-smi -L failed)"
 elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
@@ -235,9 +236,11 @@ elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   echo "# training gpt2-small, bf16, batch 8 x 1024 tokens, $steps steps"
   timeout 240 env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$here/train/train" --model=gpt2-small \
       --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
-      >"$work/train.log" 2>&1
+      --profile_steps=3 >"$work/train.log" 2>&1
   rc=$?
+  # Figures, then the op table of the last 3 steps (each op waited for: where the step goes).
   grep -E '^(model|median|MFU|allocator)' "$work/train.log" | sed 's/^/TANDEM /'
+  sed -n '/^op table/,/^allocator/p' "$work/train.log" | grep -v '^allocator' | sed 's/^/TANDEM /'
   if [ "$rc" -ne 0 ]; then
     echo "FAIL training (exit status $rc)"
     tail -n 20 "$work/train.log" | sed 's/^/    | /'

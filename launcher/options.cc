@@ -28,6 +28,7 @@
 #include "absl/strings/strip.h"
 #include "comm/net_address.h"
 #include "launcher/hostfile.h"
+#include "launcher/paths.h"
 #include "model/checkpoint.h"
 #include "model/data.h"
 #include "model/sharded_checkpoint.h"
@@ -379,14 +380,6 @@ HostInfo HostInfo::Detect(bool probe_cuda) {
   }
   h.now = absl::Now();
   return h;
-}
-
-std::string AbsolutePath(const std::string& base, const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  if (path == ".") return base;
-  std::string p = path;
-  while (absl::StartsWith(p, "./")) p = p.substr(2);
-  return absl::StrCat(base, absl::EndsWith(base, "/") ? "" : "/", p);
 }
 
 std::string DefaultRunDir(const std::string& user_dir, absl::Time now,

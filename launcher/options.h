@@ -87,9 +87,6 @@ absl::Status CreateRunDirectory(const std::string& dir);
 std::string DefaultRunDir(const std::string& user_dir, absl::Time now,
                           const std::string& strategy);
 
-// `path` made absolute against `base` (unchanged when already absolute or empty).
-std::string AbsolutePath(const std::string& base, const std::string& path);
-
 // --resume accepts the step prefix "<dir>/step-NNNNNN" or one of its files
 // ("<prefix>.manifest", "<prefix>.ckpt", "<prefix>.stage-R.ckpt"); this returns the prefix.
 std::string CheckpointPrefix(const std::string& resume);

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launcher/paths.h"
 #include "model/checkpoint.h"
 #include "model/sharded_checkpoint.h"
 #include "runtime/test_files.h"

@@ -30,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "comm/job_token.h"
+#include "launcher/paths.h"
 
 namespace tandem {
 namespace launcher {
@@ -44,16 +45,6 @@ std::string ReadSmallFile(const std::string& path) {
   std::ifstream in(path);
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return s;
-}
-
-std::string Absolute(const std::string& base, const std::string& p) {
-  if (p.empty() || p[0] == '/') return p;
-  return absl::StrCat(base, "/", p);
-}
-
-std::string DirOf(const std::string& p) {
-  const size_t slash = p.rfind('/');
-  return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
 // Reads an integer starting at `pos` of `text` (after optional spaces).
@@ -156,11 +147,11 @@ int SlotsOnThisHost() {
 absl::StatusOr<std::string> FindRunfile(const std::string& rel, const std::string& argv0,
                                         const std::string& startup_dir,
                                         const std::string& hint) {
-  std::vector<std::string> candidates = {Absolute(startup_dir, rel)};
-  const std::string self = Absolute(startup_dir, argv0);
+  std::vector<std::string> candidates = {AbsolutePath(startup_dir, rel)};
+  const std::string self = AbsolutePath(startup_dir, argv0);
   candidates.push_back(absl::StrCat(self, ".runfiles/tandem/", rel));
   if (const char* rf = std::getenv("RUNFILES_DIR"); rf != nullptr && *rf != '\0') {
-    candidates.push_back(absl::StrCat(Absolute(startup_dir, rf), "/tandem/", rel));
+    candidates.push_back(absl::StrCat(AbsolutePath(startup_dir, rf), "/tandem/", rel));
   }
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);

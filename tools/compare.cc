@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "launcher/paths.h"
 #include "launcher/process.h"
 #include "tools/report.h"
 
@@ -81,16 +82,6 @@ bool IsExecutable(const std::string& p) {
 std::string Cwd() {
   char buf[4096];
   return getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
-}
-
-std::string Absolute(const std::string& base, const std::string& p) {
-  if (p.empty() || p[0] == '/') return p;
-  return absl::StrCat(base, "/", p);
-}
-
-std::string DirOf(const std::string& p) {
-  const size_t slash = p.rfind('/');
-  return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
 absl::Status MakeDirs(const std::string& path) {
@@ -267,7 +258,7 @@ int Main(int argc, char** argv) {
     out_dir = absl::StrCat(user_dir, "/reports/",
                            absl::FormatTime("%Y%m%d-%H%M%S", now, absl::LocalTimeZone()));
   }
-  out_dir = Absolute(user_dir, out_dir);
+  out_dir = launcher::AbsolutePath(user_dir, out_dir);
   while (out_dir.size() > 1 && out_dir.back() == '/') out_dir.pop_back();
   if (IsDirectory(out_dir + "/runs")) {
     std::fprintf(stderr, "compare: --out=%s already holds runs; choose another folder\n",
@@ -284,7 +275,7 @@ int Main(int argc, char** argv) {
   // The launcher finds the worker in the same runfiles tree.
   std::vector<std::string> env;
   const std::string runfiles =
-      DirOf(DirOf(DirOf(*launcher)));  // <runfiles>/tandem/launcher/launcher
+      launcher::DirOf(launcher::DirOf(launcher::DirOf(*launcher)));  // <runfiles>/tandem/launcher/launcher
   bool have_runfiles_env = false;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (absl::StartsWith(*e, "RUNFILES_DIR=")) have_runfiles_env = true;

@@ -1,0 +1,23 @@
+#include "launcher/paths.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace launcher {
+
+std::string AbsolutePath(const std::string& base, const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  if (path == ".") return base;
+  std::string p = path;
+  while (absl::StartsWith(p, "./")) p = p.substr(2);
+  return absl::StrCat(base, absl::EndsWith(base, "/") ? "" : "/", p);
+}
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+}  // namespace launcher
+}  // namespace tandem

@@ -1,0 +1,20 @@
+// Path arithmetic on strings, shared by the launcher and the tools that drive it.
+#ifndef TANDEM_LAUNCHER_PATHS_H_
+#define TANDEM_LAUNCHER_PATHS_H_
+
+#include <string>
+
+namespace tandem {
+namespace launcher {
+
+// `path` made absolute against `base` (unchanged when already absolute or empty; leading
+// "./" dropped).
+std::string AbsolutePath(const std::string& base, const std::string& path);
+
+// The folder part of `path`: "a/b" for "a/b/c", "." for "c".
+std::string DirOf(const std::string& path);
+
+}  // namespace launcher
+}  // namespace tandem
+
+#endif  // TANDEM_LAUNCHER_PATHS_H_

@@ -537,11 +537,7 @@ class MpiCommunicator : public Communicator {
       OpInfo info, std::function<absl::Status(CommState&)> run) {
     CommState* s = state_.get();
     absl::MutexLock lock(&s->mu);
-    if (s->aborted) {
-      return absl::AbortedError(absl::StrCat("rank ", s->id.rank, ": ", OpKindName(info.kind),
-                                             " refused: the communicator was aborted: ",
-                                             s->abort_reason));
-    }
+    if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
     info.sequence = ++s->issued;
     s->issued_atomic.store(info.sequence, std::memory_order_release);
     auto work = std::make_unique<MpiWork>(state_, info);

@@ -338,11 +338,7 @@ class NcclCommunicator : public Communicator {
     ASSIGN_OR_RETURN(Stream * compute, Stream::Compute(s->id.device));
     absl::MutexLock issue_lock(&s->issue_mu);
     absl::MutexLock lock(&s->mu);
-    if (s->aborted) {
-      return absl::AbortedError(absl::StrCat("rank ", s->id.rank, ": ", OpKindName(info.kind),
-                                             " refused: the communicator was aborted: ",
-                                             s->abort_reason));
-    }
+    if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
     info.sequence = ++s->issued;
     s->issued_atomic.store(info.sequence, std::memory_order_release);
     const std::string what = info.Describe();

@@ -247,4 +247,10 @@ absl::Status OpAbortedError(const CommIdentity& c, const OpInfo& op, absl::strin
       absl::StrCat("rank ", c.rank, ": ", op.Describe(), " aborted: ", reason));
 }
 
+absl::Status RefusedAfterAbortError(const CommIdentity& c, OpKind kind,
+                                    absl::string_view reason) {
+  return absl::AbortedError(absl::StrCat("rank ", c.rank, ": ", OpKindName(kind),
+                                         " refused: the communicator was aborted: ", reason));
+}
+
 }  // namespace tandem

@@ -90,6 +90,9 @@ absl::Status WaitTimeoutError(const CommIdentity& c, const OpInfo& op, absl::Dur
                               absl::string_view progress);
 // Aborted: "rank 1: all_reduce #42 (...) aborted: <reason>".
 absl::Status OpAbortedError(const CommIdentity& c, const OpInfo& op, absl::string_view reason);
+// Aborted, for an operation issued after Communicator::Abort: "rank 1: all_reduce refused: the
+// communicator was aborted: <reason>".
+absl::Status RefusedAfterAbortError(const CommIdentity& c, OpKind kind, absl::string_view reason);
 
 }  // namespace tandem
 

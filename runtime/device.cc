@@ -54,9 +54,13 @@ absl::Status SetCurrentDevice(Device d) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(d.index()));
   return absl::OkStatus();
 #else
-  return absl::UnavailableError(absl::StrCat(d.ToString(), " requested but ",
-                                             "this build has no CUDA backend"));
+  return NoCudaBackendError(d);
 #endif
+}
+
+absl::Status NoCudaBackendError(Device d) {
+  return absl::UnavailableError(
+      absl::StrCat(d.ToString(), " requested but this build has no CUDA backend"));
 }
 
 }  // namespace tandem

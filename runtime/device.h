@@ -46,6 +46,9 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text);
 // Makes `d` the calling thread's current device (a no-op for the CPU).
 absl::Status SetCurrentDevice(Device d);
 
+// Unavailable: "<d> requested but this build has no CUDA backend".
+absl::Status NoCudaBackendError(Device d);
+
 }  // namespace tandem
 
 #endif  // TANDEM_RUNTIME_DEVICE_H_

@@ -190,20 +190,16 @@ absl::Status NoCudaBackend(const char* op, Device d) {
 
 // Runs backend::op on the stream's device; every argument has been checked.
 #if TANDEM_CUDA
-#define TANDEM_OPS_DISPATCH(op, s, ...)                        \
-  do {                                                         \
-    OpScope op_scope(#op, s);                                  \
-    if ((s).device().is_cpu()) return TANDEM_CPU_OP(op)(s, __VA_ARGS__); \
-    return cuda::op(s, __VA_ARGS__);                           \
-  } while (0)
+#define TANDEM_CUDA_OP(op, s, ...) cuda::op(s, __VA_ARGS__)
 #else
-#define TANDEM_OPS_DISPATCH(op, s, ...)                        \
-  do {                                                         \
-    OpScope op_scope(#op, s);                                  \
-    if ((s).device().is_cpu()) return TANDEM_CPU_OP(op)(s, __VA_ARGS__); \
-    return NoCudaBackend(#op, (s).device());                   \
-  } while (0)
+#define TANDEM_CUDA_OP(op, s, ...) NoCudaBackend(#op, (s).device())
 #endif
+#define TANDEM_OPS_DISPATCH(op, s, ...)                                   \
+  do {                                                                    \
+    OpScope op_scope(#op, s);                                             \
+    if ((s).device().is_cpu()) return TANDEM_CPU_OP(op)(s, __VA_ARGS__); \
+    return TANDEM_CUDA_OP(op, s, __VA_ARGS__);                            \
+  } while (0)
 
 // ---- matmul -------------------------------------------------------------------------------
 
@@ -233,6 +229,17 @@ absl::Status Matmul(Stream& s, const Tensor& out, const Tensor& a, const Tensor&
 
 namespace {
 
+// inp (N, C) and weight (OC, C) are matrices that agree on C.
+absl::Status CheckInnerDim(const char* op, const Tensor& inp, const Tensor& weight) {
+  RETURN_IF_ERROR(CheckRank(op, "inp", inp, 2, "(N, C)"));
+  RETURN_IF_ERROR(CheckRank(op, "weight", weight, 2, "(OC, C)"));
+  if (weight.dim(1) != inp.dim(1)) {
+    return Invalid("%s: inp %s and weight %s disagree on C (%d vs %d)", op, inp.ToString(),
+                   weight.ToString(), inp.dim(1), weight.dim(1));
+  }
+  return absl::OkStatus();
+}
+
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC), as LinearForward and
 // LinearGeluForward take it.
 absl::Status CheckLinear(const char* op, const Stream& s, const Tensor& out, const Tensor& inp,
@@ -241,13 +248,8 @@ absl::Status CheckLinear(const char* op, const Stream& s, const Tensor& out, con
       CheckCommon(op, s, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"bias", bias}}));
   RETURN_IF_ERROR(CheckFloats(op, s.device(),
                               {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias}}));
-  RETURN_IF_ERROR(CheckRank(op, "inp", inp, 2, "(N, C)"));
-  RETURN_IF_ERROR(CheckRank(op, "weight", weight, 2, "(OC, C)"));
-  const int64_t n = inp.dim(0), c = inp.dim(1), oc = weight.dim(0);
-  if (weight.dim(1) != c) {
-    return Invalid("%s: inp %s and weight %s disagree on C (%d vs %d)", op, inp.ToString(),
-                   weight.ToString(), c, weight.dim(1));
-  }
+  RETURN_IF_ERROR(CheckInnerDim(op, inp, weight));
+  const int64_t n = inp.dim(0), oc = weight.dim(0);
   RETURN_IF_ERROR(CheckOptionalDims(op, "bias", bias, {oc}));
   RETURN_IF_ERROR(CheckDims(op, "out", out, {n, oc}));
   return CheckNoOverlap(op, {"out", out}, {{"inp", inp}, {"weight", weight}, {"bias", bias}});
@@ -287,13 +289,8 @@ absl::Status LinearBackward(Stream& s, const Tensor& dinp, const Tensor& dweight
   RETURN_IF_ERROR(
       CheckParamGrads(kOp, s.device(), dout.dtype(), {{"dweight", dweight}, {"dbias", dbias}}));
   RETURN_IF_ERROR(CheckRank(kOp, "dout", dout, 2, "(N, OC)"));
-  RETURN_IF_ERROR(CheckRank(kOp, "inp", inp, 2, "(N, C)"));
-  RETURN_IF_ERROR(CheckRank(kOp, "weight", weight, 2, "(OC, C)"));
+  RETURN_IF_ERROR(CheckInnerDim(kOp, inp, weight));
   const int64_t n = inp.dim(0), c = inp.dim(1), oc = weight.dim(0);
-  if (weight.dim(1) != c) {
-    return Invalid("%s: inp %s and weight %s disagree on C (%d vs %d)", kOp, inp.ToString(),
-                   weight.ToString(), c, weight.dim(1));
-  }
   RETURN_IF_ERROR(CheckDims(kOp, "dout", dout, {n, oc}));
   RETURN_IF_ERROR(CheckOptionalDims(kOp, "dinp", dinp, {n, c}));
   RETURN_IF_ERROR(CheckDims(kOp, "dweight", dweight, {oc, c}));

@@ -13,14 +13,6 @@
 #endif
 
 namespace tandem {
-namespace {
-
-absl::Status NoCuda(Device d) {
-  return absl::UnavailableError(
-      absl::StrCat(d.ToString(), " requested but this build has no CUDA backend"));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(Device d) {
   if (d.is_cpu()) return std::unique_ptr<Stream>(new Stream(d, nullptr));
@@ -30,7 +22,7 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(Device d) {
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return std::unique_ptr<Stream>(new Stream(d, s));
 #else
-  return NoCuda(d);
+  return NoCudaBackendError(d);
 #endif
 }
 
@@ -69,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Event>> Event::Create(Device d, bool timing) {
   return std::unique_ptr<Event>(new Event(d, e));
 #else
   (void)timing;
-  return NoCuda(d);
+  return NoCudaBackendError(d);
 #endif
 }
 

@@ -30,7 +30,7 @@ absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype, Device dev
   const size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
   ASSIGN_OR_RETURN(void* p, allocator->Allocate(bytes));
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(allocator, p, bytes, device);
+  t.storage_ = std::make_shared<Storage>(allocator, p, device);
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

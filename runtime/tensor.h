@@ -23,21 +23,19 @@ namespace tandem {
 // One allocation; freed to its allocator when the last tensor using it goes.
 class Storage {
  public:
-  Storage(Allocator* allocator, void* data, size_t bytes, Device device)
-      : allocator_(allocator), data_(data), bytes_(bytes), device_(device) {}
+  Storage(Allocator* allocator, void* data, Device device)
+      : allocator_(allocator), data_(data), device_(device) {}
   ~Storage() { allocator_->Free(data_); }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   Allocator* allocator() const { return allocator_; }
 
  private:
   Allocator* allocator_;
   void* data_;
-  size_t bytes_;
   Device device_;
 };
 

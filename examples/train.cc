@@ -44,13 +44,12 @@ namespace {
 
 absl::StatusOr<TrainConfig> ConfigFromFlags() {
   TrainConfig c;
-  auto model = ModelPreset(absl::GetFlag(FLAGS_model));
+  auto model =
+      ModelPreset(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_n_layer),
+                  absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_head),
+                  absl::GetFlag(FLAGS_seq_len));
   if (!model.ok()) return model.status();
   c.model = *model;
-  if (int v = absl::GetFlag(FLAGS_n_layer)) c.model.n_layer = v;
-  if (int v = absl::GetFlag(FLAGS_d_model)) c.model.d_model = v;
-  if (int v = absl::GetFlag(FLAGS_n_head)) c.model.n_head = v;
-  if (int v = absl::GetFlag(FLAGS_seq_len)) c.model.seq_len = v;
   c.steps = absl::GetFlag(FLAGS_steps);
   c.batch = absl::GetFlag(FLAGS_batch);
   c.micro_batches = absl::GetFlag(FLAGS_micro_batches);

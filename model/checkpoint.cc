@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "model/rng.h"
 
 namespace tandem {
 namespace {
@@ -16,12 +18,6 @@ namespace {
 constexpr char kMagic[] = "TANDEMCK";
 constexpr char kEnd[] = "TANDEMEND";
 constexpr uint32_t kVersion = 1;
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -36,7 +32,7 @@ absl::Status SysError(const std::string& what, const std::string& path) {
 // Reads from a buffer with bounds checks; any overrun marks the file corrupt.
 class Reader {
  public:
-  explicit Reader(const std::string& b) : b_(b) {}
+  explicit Reader(absl::string_view b) : b_(b) {}
   template <typename T>
   bool Get(T* v) {
     if (pos_ + sizeof(T) > b_.size()) return false;
@@ -60,7 +56,7 @@ class Reader {
   size_t pos() const { return pos_; }
 
  private:
-  const std::string& b_;
+  const absl::string_view b_;
   size_t pos_ = 0;
 };
 
@@ -96,7 +92,7 @@ absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data
   for (const auto& [k, v] : data.meta) meta += k + "=" + v + "\n";
   Put<uint32_t>(&buf, static_cast<uint32_t>(meta.size()));
   buf += meta;
-  const uint64_t checksum = Fnv1a(buf);
+  const uint64_t checksum = Fnv1a64(buf);
   Put<uint64_t>(&buf, checksum);
   buf.append(kEnd, 9);
 
@@ -164,26 +160,28 @@ absl::StatusOr<CheckpointFileInfo> StatCheckpoint(const std::string& path) {
   return info;
 }
 
+absl::Status CorruptCheckpointError(const std::string& path, const std::string& why) {
+  return absl::DataLossError(absl::StrFormat(
+      "checkpoint %s is corrupt or incomplete (%s); it was not loaded: resume from an earlier "
+      "checkpoint",
+      path, why));
+}
+
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrFormat("checkpoint %s cannot be opened", path));
   }
   const std::string buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto corrupt = [&](const std::string& why) {
-    return absl::DataLossError(absl::StrFormat(
-        "checkpoint %s is corrupt or incomplete (%s); it was not loaded: resume from an "
-        "earlier checkpoint",
-        path, why));
-  };
+  auto corrupt = [&](const std::string& why) { return CorruptCheckpointError(path, why); };
   if (buf.size() < 8 + 4 + 4 + 4 + 8 + 9 || buf.compare(0, 8, kMagic, 8) != 0) {
     return corrupt("not a Tandem checkpoint");
   }
   if (buf.compare(buf.size() - 9, 9, kEnd, 9) != 0) return corrupt("truncated");
   uint64_t stored;
   std::memcpy(&stored, buf.data() + buf.size() - 17, 8);
-  const std::string body = buf.substr(0, buf.size() - 17);
-  if (Fnv1a(body) != stored) return corrupt("checksum mismatch");
+  const absl::string_view body(buf.data(), buf.size() - 17);
+  if (Fnv1a64(body) != stored) return corrupt("checksum mismatch");
 
   Reader r(body);
   std::string magic;

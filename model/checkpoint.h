@@ -40,6 +40,8 @@ absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data
                              CheckpointFileInfo* info = nullptr);
 // Reads and verifies a whole file; DataLoss names the file when it is corrupt or truncated.
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path);
+// DataLoss: "checkpoint <path> is corrupt or incomplete (<why>); it was not loaded: ...".
+absl::Status CorruptCheckpointError(const std::string& path, const std::string& why);
 // The size and stored checksum of a file, from its trailer only (nothing is verified but the
 // trailer's presence): a cheap check that a file is the one a manifest lists.
 absl::StatusOr<CheckpointFileInfo> StatCheckpoint(const std::string& path);

@@ -45,6 +45,17 @@ absl::Status ModelConfig::Validate() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name, int n_layer, int d_model,
+                                        int n_head, int seq_len) {
+  absl::StatusOr<ModelConfig> m = ModelPreset(name);
+  if (!m.ok()) return m.status();
+  if (n_layer) m->n_layer = n_layer;
+  if (d_model) m->d_model = d_model;
+  if (n_head) m->n_head = n_head;
+  if (seq_len) m->seq_len = seq_len;
+  return m;
+}
+
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
   ModelConfig c;
   c.name = std::string(name);

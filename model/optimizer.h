@@ -38,7 +38,6 @@ class Optimizer {
   // and clipping folded into one pass over memory).
   absl::Status Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
                     float grad_scale, const Tensor& params_low = Tensor());
-  const OptimizerConfig& config() const { return c_; }
   // The state tensors (AdamW: m, v; SGD: momentum, v undefined), for checkpoints.
   const Tensor& state0() const { return m_; }
   const Tensor& state1() const { return v_; }
@@ -60,7 +59,6 @@ class LossScaler {
   LossScaler(bool enabled, float initial_scale = 65536.0f, int growth_interval = 2000)
       : enabled_(enabled), scale_(enabled ? initial_scale : 1.0f),
         growth_interval_(growth_interval) {}
-  bool enabled() const { return enabled_; }
   float scale() const { return scale_; }
   int good_steps() const { return good_steps_; }
   // Records the outcome of a step; returns true when the optimizer step should be taken.

@@ -27,9 +27,11 @@ absl::StatusOr<FlatBuffer> FlatBuffer::Create(const ParamLayout& layout, DType d
 
 absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& params,
                               uint64_t seed) {
-  std::vector<float> host(layout.numel());
+  // Filled in place, then copied once to wherever the parameters live (a no-op copy's worth
+  // of work on the CPU). The entries tile [0, numel), so every element is written.
+  ASSIGN_OR_RETURN(Tensor host, Tensor::Empty({layout.numel()}, DType::kF32, Device::Cpu()));
   for (const ParamEntry& e : layout.entries()) {
-    float* p = host.data() + e.offset;
+    float* p = host.data<float>() + e.offset;
     const int64_t n = e.spec.shape.numel();
     switch (e.spec.init) {
       case Init::kZeros:
@@ -39,14 +41,13 @@ absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& param
         std::fill(p, p + n, 1.0f);
         break;
       case Init::kNormal: {
-        Rng rng(seed ^ HashName(e.spec.name));
+        Rng rng(seed ^ Fnv1a64(e.spec.name));
         for (int64_t i = 0; i < n; ++i) p[i] = e.spec.std * rng.Normal();
         break;
       }
     }
   }
-  ASSIGN_OR_RETURN(Tensor src, Tensor::FromVector(host, {layout.numel()}));
-  return CopySync(params.flat(), src);
+  return CopySync(params.flat(), host);
 }
 
 }  // namespace tandem

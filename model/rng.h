@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/string_view.h"
+
 namespace tandem {
 
 class Rng {
@@ -19,8 +21,6 @@ class Rng {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  // Uniform in [0, 1) with 24 bits.
-  float Uniform() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }
   // Uniform integer in [0, n).
   uint64_t Below(uint64_t n) { return n == 0 ? 0 : Next() % n; }
   // Standard normal.
@@ -34,8 +34,8 @@ class Rng {
   uint64_t state_;
 };
 
-// FNV-1a: a stable hash of a parameter's name.
-inline uint64_t HashName(const std::string& s) {
+// 64-bit FNV-1a: a stable hash (of a parameter's name; of a checkpoint's contents).
+inline uint64_t Fnv1a64(absl::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
   return h;

@@ -41,13 +41,6 @@ bool ParseBlocks(const std::string& text, int* begin, int* end) {
          absl::SimpleAtoi(parts[1], end) && *begin >= 0 && *begin < *end;
 }
 
-absl::Status Corrupt(const std::string& path, const std::string& why) {
-  return absl::DataLossError(absl::StrFormat(
-      "checkpoint %s is corrupt or incomplete (%s); it was not loaded: resume from an earlier "
-      "checkpoint",
-      path, why));
-}
-
 // The manifest's own metadata entries.
 constexpr char kFormat[] = "tandem-manifest-1";
 
@@ -164,7 +157,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
     s.file = BaseOf(lone);
     ASSIGN_OR_RETURN(std::string blocks, d.Meta("blocks"));
     if (!ParseBlocks(blocks, &s.block_begin, &s.block_end)) {
-      return Corrupt(lone, absl::StrCat("bad blocks entry '", blocks, "'"));
+      return CorruptCheckpointError(lone, absl::StrCat("bad blocks entry '", blocks, "'"));
     }
     std::string step, batch;
     ASSIGN_OR_RETURN(step, d.Meta("step"));
@@ -172,7 +165,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
     ASSIGN_OR_RETURN(m.model, d.Meta("model"));
     ASSIGN_OR_RETURN(m.optimizer, d.Meta("optimizer"));
     if (!absl::SimpleAtoi(step, &m.step) || !absl::SimpleAtoi(batch, &m.batch)) {
-      return Corrupt(lone, "bad step or batch entry");
+      return CorruptCheckpointError(lone, "bad step or batch entry");
     }
     absl::StatusOr<std::string> seed = d.Meta("seed");
     if (seed.ok()) (void)absl::SimpleAtoi(*seed, &m.seed);
@@ -184,11 +177,11 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
   ASSIGN_OR_RETURN(CheckpointData d, ReadCheckpoint(path));
   auto get = [&](const std::string& key) -> absl::StatusOr<std::string> {
     auto it = d.meta.find(key);
-    if (it == d.meta.end()) return Corrupt(path, absl::StrCat("no '", key, "' entry"));
+    if (it == d.meta.end()) return CorruptCheckpointError(path, absl::StrCat("no '", key, "' entry"));
     return it->second;
   };
   ASSIGN_OR_RETURN(std::string format, get("format"));
-  if (format != kFormat) return Corrupt(path, absl::StrCat("unknown format '", format, "'"));
+  if (format != kFormat) return CorruptCheckpointError(path, absl::StrCat("unknown format '", format, "'"));
   std::string step, world, batch, seed, count;
   ASSIGN_OR_RETURN(step, get("step"));
   ASSIGN_OR_RETURN(world, get("world_size"));
@@ -202,7 +195,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
   if (!absl::SimpleAtoi(step, &m.step) || !absl::SimpleAtoi(world, &m.world_size) ||
       !absl::SimpleAtoi(batch, &m.batch) || !absl::SimpleAtoi(seed, &m.seed) ||
       !absl::SimpleAtoi(count, &n) || n < 1) {
-    return Corrupt(path, "bad number");
+    return CorruptCheckpointError(path, "bad number");
   }
   for (int i = 0; i < n; ++i) {
     const std::string k = absl::StrCat("shard.", i, ".");
@@ -215,7 +208,7 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
     if (s.file.empty() || s.file.find('/') != std::string::npos ||
         !ParseBlocks(blocks, &s.block_begin, &s.block_end) ||
         !absl::SimpleAtoi(bytes, &s.bytes) || !absl::SimpleHexAtoi(checksum, &s.checksum)) {
-      return Corrupt(path, absl::StrCat("bad entry for shard ", i));
+      return CorruptCheckpointError(path, absl::StrCat("bad entry for shard ", i));
     }
     m.shards.push_back(std::move(s));
   }
@@ -322,7 +315,7 @@ absl::Status LoadStateFromShards(
     }
     ASSIGN_OR_RETURN(std::string layout_text, d->Meta("layout"));
     absl::StatusOr<std::vector<ShardParam>> layout = ParseShardLayout(layout_text);
-    if (!layout.ok()) return Corrupt(path, std::string(layout.status().message()));
+    if (!layout.ok()) return CorruptCheckpointError(path, std::string(layout.status().message()));
     const char* names[3] = {"params", "optimizer.0", "optimizer.1"};
     Source base;
     for (int a = 0; a < (two_states ? 3 : 2); ++a) {
@@ -336,7 +329,7 @@ absl::Status LoadStateFromShards(
     for (const ShardParam& p : *layout) {
       for (int a = 0; a < (two_states ? 3 : 2); ++a) {
         if (p.offset + p.numel > static_cast<int64_t>(base.arrays[a]->size())) {
-          return Corrupt(path, absl::StrFormat("parameter %s runs past the end of '%s'",
+          return CorruptCheckpointError(path, absl::StrFormat("parameter %s runs past the end of '%s'",
                                                p.name, names[a]));
         }
       }
@@ -366,7 +359,7 @@ absl::Status LoadStateFromShards(
   int new_good;
   if (!absl::SimpleAtoi(step_text, &new_step) || !absl::SimpleAtof(scale, &new_scale) ||
       !absl::SimpleAtoi(good, &new_good)) {
-    return Corrupt(what, "bad step or loss scale entry");
+    return CorruptCheckpointError(what, "bad step or loss scale entry");
   }
   std::vector<Tensor> targets = {stage.params().flat(), optimizer->state0()};
   if (two_states) targets.push_back(optimizer->state1());

@@ -31,12 +31,10 @@ class Stage {
   int begin() const { return begin_; }
   int end() const { return end_; }
   Device device() const { return device_; }
-  const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return *layout_; }
   const FlatBuffer& params() const { return params_; }
   // The 16-bit copy the blocks compute with; undefined in f32.
   const Tensor& params_low() const { return params_low_.flat(); }
-  DType compute_dtype() const { return compute_; }
   // Refreshes the 16-bit copy after the f32 parameters changed outside the optimizer
   // (broadcast, checkpoint load); a no-op in f32.
   absl::Status ParamsChanged(Stream& s);
@@ -71,7 +69,6 @@ class Stage {
   // Re-materialization (GPipe's): Forward keeps only the stage's input for each micro-batch
   // and Backward runs the forward again before it, trading compute for activation memory.
   void set_recompute(bool on) { recompute_ = on; }
-  bool recompute() const { return recompute_; }
 
  private:
   Stage(const ModelConfig& c, int begin, int end, Device d) : config_(c), begin_(begin), end_(end), device_(d) {}

@@ -111,12 +111,8 @@ absl::StatusOr<JobConfig> JobConfig::FromText(const std::string& text) {
 }
 
 absl::StatusOr<ModelConfig> JobConfig::Model() const {
-  absl::StatusOr<ModelConfig> m = ModelPreset(model);
+  absl::StatusOr<ModelConfig> m = ModelPreset(model, n_layer, d_model, n_head, seq_len);
   if (!m.ok()) return m.status();
-  if (n_layer) m->n_layer = n_layer;
-  if (d_model) m->d_model = d_model;
-  if (n_head) m->n_head = n_head;
-  if (seq_len) m->seq_len = seq_len;
   absl::Status s = m->Validate();
   if (!s.ok()) return s;
   return m;

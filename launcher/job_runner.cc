@@ -46,8 +46,6 @@ std::string StrategyWords(const std::string& s) {
   return "pipeline";
 }
 
-bool HasContent(const std::string& path) { return !LastLines(path, 1).empty(); }
-
 // How one start of the workers ended.
 struct Attempt {
   Outcome outcome = Outcome::kSucceeded;
@@ -57,11 +55,20 @@ struct Attempt {
   std::string exit;  // run.json's "exit" when not ok
 };
 
+// "rank 3 failed (how)" for a failure of a known rank; no parentheses when `how` is empty.
+std::string RankFailed(const Failure& f) {
+  return absl::StrFormat("rank %d failed%s", f.rank,
+                         f.how.empty() ? "" : absl::StrCat(" (", f.how, ")"));
+}
+
 class Runner {
  public:
   Runner(const LaunchPlan& plan, const RunSettings& settings, ProgressDisplay* display,
-         const ModelConfig& model)
-      : plan_(plan), settings_(settings), display_(*display), model_(model) {}
+         int64_t tokens_per_step)
+      : plan_(plan),
+        settings_(settings),
+        display_(*display),
+        tokens_per_step_(tokens_per_step) {}
 
   void Say(const std::string& text) {
     display_.Print(stderr, absl::StrCat("launcher: ", text));
@@ -123,8 +130,7 @@ class Runner {
       tails.emplace_back(absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r));
       tails.back().ReadNew();
     }
-    ModelConfig model = model_;
-    ProgressTracker tracker(n, job.steps, int64_t{job.batch} * model.seq_len);
+    ProgressTracker tracker(n, job.steps, tokens_per_step_);
     std::vector<std::string> metric_errors;
     auto read_metrics = [&] {
       for (int r = 0; r < n; ++r) {
@@ -218,8 +224,7 @@ class Runner {
                                         kPreemptGraceSeconds);
       }
       if (a.failure.rank >= 0) {
-        a.exit = absl::StrFormat("rank %d failed", a.failure.rank);
-        if (!a.failure.how.empty()) absl::StrAppend(&a.exit, " (", a.failure.how, ")");
+        a.exit = RankFailed(a.failure);
       } else if (!a.abort_reason.empty()) {
         a.exit = a.abort_reason;
       } else if (!a.failure.how.empty()) {
@@ -236,7 +241,7 @@ class Runner {
   const LaunchPlan& plan_;
   const RunSettings& settings_;
   ProgressDisplay& display_;
-  ModelConfig model_;
+  int64_t tokens_per_step_;  // batch * seq_len
 };
 
 }  // namespace
@@ -250,7 +255,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
 
   RETURN_IF_ERROR(CreateRunDirectory(job.run_dir));
   ProgressDisplay display(stdout, settings.terminal);
-  Runner runner(plan, settings, &display, model);
+  Runner runner(plan, settings, &display, tokens_per_step);
   runner.Say(absl::StrFormat("%d %s worker%s, %s, %s; batch %d x %d steps; run dir %s", n,
                              cpu ? "CPU" : "CUDA", n == 1 ? "" : "s",
                              StrategyWords(job.strategy), model.ToString(), job.batch,
@@ -277,10 +282,8 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
     job.resume = latest.ok() ? *latest : plan.job.resume;
     const int from = job.resume.empty() ? 0 : CheckpointStep(job.resume);
     const std::string what =
-        a.failure.rank >= 0
-            ? absl::StrFormat("rank %d failed%s", a.failure.rank,
-                              a.failure.how.empty() ? "" : absl::StrCat(" (", a.failure.how, ")"))
-            : absl::StrFormat("the job failed (%s)", a.exit);
+        a.failure.rank >= 0 ? RankFailed(a.failure)
+                            : absl::StrFormat("the job failed (%s)", a.exit);
     runner.Say(absl::StrFormat("%s; restarting from step %d (restart %d of %d)", what, from,
                                restarts, plan.max_restarts));
   }
@@ -320,8 +323,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
   if (a.outcome == Outcome::kFailed) {
     std::string text;
     if (a.failure.rank >= 0) {
-      absl::StrAppendFormat(&text, "launcher: rank %d failed%s\n", a.failure.rank,
-                            a.failure.how.empty() ? "" : absl::StrCat(" (", a.failure.how, ")"));
+      absl::StrAppend(&text, "launcher: ", RankFailed(a.failure), "\n");
     } else {
       absl::StrAppendFormat(&text, "launcher: the job failed (%s)\n",
                             a.failure.how.empty() ? "no rank reported a failure" : a.failure.how);
@@ -336,9 +338,13 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
     std::string log = a.failure.rank >= 0
                           ? absl::StrFormat("%s/logs/rank-%d.log", job.run_dir, a.failure.rank)
                           : mpirun_log;
-    if (!HasContent(log)) log = mpirun_log;
+    std::vector<std::string> lines = LastLines(log, 20);
+    if (lines.empty()) {
+      log = mpirun_log;
+      lines = LastLines(log, 20);
+    }
     absl::StrAppendFormat(&text, "launcher: last 20 lines of %s:\n", log);
-    for (const std::string& l : LastLines(log, 20)) absl::StrAppend(&text, "    ", l, "\n");
+    for (const std::string& l : lines) absl::StrAppend(&text, "    ", l, "\n");
     display.Print(stderr, text);
   } else if (a.outcome == Outcome::kInterrupted) {
     runner.Say(absl::StrFormat("interrupted after %d of %d steps; every worker stopped",

@@ -177,17 +177,6 @@ bool IsNonEmptyDirectory(const std::string& path, bool* exists, bool* is_dir) {
   return non_empty;
 }
 
-bool PathExists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-std::string DirName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 absl::Status MakeDirs(const std::string& path) {
   if (path.empty() || path == "/" || path == ".") return absl::OkStatus();
   struct stat st;
@@ -195,7 +184,7 @@ absl::Status MakeDirs(const std::string& path) {
     if (S_ISDIR(st.st_mode)) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a directory"));
   }
-  absl::Status parent = MakeDirs(DirName(path));
+  absl::Status parent = MakeDirs(DirOf(path));
   if (!parent.ok()) return parent;
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::PermissionDeniedError(
@@ -428,8 +417,9 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   JobConfig& job = plan.job;
 
   // Strategy and world size.
-  const bool strategy_ok = ParseStrategy(o.job.strategy).ok();
-  if (!strategy_ok) problem(std::string(ParseStrategy(o.job.strategy).status().message()));
+  const absl::StatusOr<StrategyKind> strategy = ParseStrategy(o.job.strategy);
+  const bool strategy_ok = strategy.ok();
+  if (!strategy_ok) problem(std::string(strategy.status().message()));
   const bool gpus_ok = o.job.workers >= 1 && o.job.workers <= 4096;
   if (!gpus_ok) {
     problem(absl::StrFormat("--gpus=%d: need between 1 and 4096 workers", o.job.workers));

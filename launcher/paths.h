@@ -1,4 +1,5 @@
-// Path arithmetic on strings, shared by the launcher and the tools that drive it.
+// Path arithmetic on strings and simple checks of what a path names, shared by the launcher
+// and the tools that drive it.
 #ifndef TANDEM_LAUNCHER_PATHS_H_
 #define TANDEM_LAUNCHER_PATHS_H_
 
@@ -13,6 +14,12 @@ std::string AbsolutePath(const std::string& base, const std::string& path);
 
 // The folder part of `path`: "a/b" for "a/b/c", "." for "c".
 std::string DirOf(const std::string& path);
+
+// Whether anything exists at `path` (stat succeeds).
+bool PathExists(const std::string& path);
+
+// Whether `path` is a regular file this process may execute.
+bool IsExecutable(const std::string& path);
 
 }  // namespace launcher
 }  // namespace tandem

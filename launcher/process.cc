@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,11 +34,6 @@
 namespace tandem {
 namespace launcher {
 namespace {
-
-bool IsExecutable(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
 
 std::string ReadSmallFile(const std::string& path) {
   std::ifstream in(path);

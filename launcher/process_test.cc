@@ -26,11 +26,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string TempPath(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid());
-}
-
 TEST(MpirunArgv, LocalCpuJob) {
   MpirunSpec s;
   s.workers = 2;
@@ -233,7 +228,7 @@ ExitStatus WaitFor(Process& p) {
 }
 
 TEST(Process, ExitCodeAndLog) {
-  const std::string log = TempPath("exit.log");
+  const std::string log = FreshTestPath("exit.log");
   absl::StatusOr<std::unique_ptr<Process>> p =
       Process::Start({"sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 3"}, Env(), log);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -244,7 +239,7 @@ TEST(Process, ExitCodeAndLog) {
 }
 
 TEST(Process, EnvironmentIsExactlyWhatWasGiven) {
-  const std::string log = TempPath("env.log");
+  const std::string log = FreshTestPath("env.log");
   absl::StatusOr<std::unique_ptr<Process>> p =
       Process::Start({"sh", "-c", "echo \"[$ONLY_THIS][$HOME]\""},
                      {"ONLY_THIS=yes", "PATH=/usr/bin:/bin"}, log);
@@ -255,7 +250,7 @@ TEST(Process, EnvironmentIsExactlyWhatWasGiven) {
 
 TEST(Process, MissingProgram) {
   absl::StatusOr<std::unique_ptr<Process>> p =
-      Process::Start({"/nonexistent/mpirun"}, Env(), TempPath("missing.log"));
+      Process::Start({"/nonexistent/mpirun"}, Env(), FreshTestPath("missing.log"));
   EXPECT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("/nonexistent/mpirun"));
 }
@@ -263,7 +258,7 @@ TEST(Process, MissingProgram) {
 TEST(Process, StopLeavesNothingEvenWhenSigtermIsIgnored) {
   // A "launcher" (sh) with two "workers" that ignore SIGTERM, all in the session.
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(
-      {"sh", "-c", "trap '' TERM; sleep 60 & sleep 60 & wait"}, Env(), TempPath("stop.log"));
+      {"sh", "-c", "trap '' TERM; sleep 60 & sleep 60 & wait"}, Env(), FreshTestPath("stop.log"));
   ASSERT_TRUE(p.ok()) << p.status();
   for (int i = 0; i < 100 && (*p)->SessionMembers().size() < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -289,7 +284,7 @@ TEST(Process, OrphansAreFoundThroughTheSession) {
   BecomeSubreaper();
   // The session leader exits at once, leaving a "worker" behind.
   absl::StatusOr<std::unique_ptr<Process>> p =
-      Process::Start({"sh", "-c", "sleep 60 & exit 0"}, Env(), TempPath("orphan.log"));
+      Process::Start({"sh", "-c", "sleep 60 & exit 0"}, Env(), FreshTestPath("orphan.log"));
   ASSERT_TRUE(p.ok());
   EXPECT_TRUE(WaitFor(**p).ok());
   for (int i = 0; i < 100 && (*p)->SessionMembers().empty(); ++i) {
@@ -302,7 +297,7 @@ TEST(Process, OrphansAreFoundThroughTheSession) {
 
 TEST(FindWorkerBinary, StartupDirectoryFirst) {
   // bazel run starts the launcher in its runfiles tree: parallel/worker is right there.
-  const std::string root = TempPath("runfiles");
+  const std::string root = FreshTestPath("runfiles");
   ASSERT_EQ(std::system(("mkdir -p " + root + "/parallel").c_str()), 0);
   {
     std::ofstream(root + "/parallel/worker") << "#!/bin/sh\n";
@@ -320,7 +315,7 @@ TEST(FindWorkerBinary, StartupDirectoryFirst) {
 }
 
 TEST(LastLines, Tail) {
-  const std::string path = TempPath("lines.txt");
+  const std::string path = FreshTestPath("lines.txt");
   {
     std::ofstream out(path);
     for (int i = 1; i <= 30; ++i) out << "line " << i << "\n";

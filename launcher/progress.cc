@@ -33,14 +33,16 @@ void ProgressTracker::Add(int rank, const StepRecord& r) {
   completed_seconds_ += p.second;
   first_.push_back({r.step, p.second});
   std::sort(first_.begin(), first_.end());
-  if (first_.size() > 2) first_.pop_back();
+  if (first_.size() > static_cast<size_t>(kWarmupSteps)) first_.pop_back();
   pending_.erase(r.step);
 }
 
 double ProgressTracker::MeanStepSeconds() const {
   if (completed_ == 0) return 0;
-  if (completed_ <= 2) return completed_seconds_ / completed_;
-  return (completed_seconds_ - first_[0].second - first_[1].second) / (completed_ - 2);
+  if (completed_ <= kWarmupSteps) return completed_seconds_ / completed_;
+  double counted = completed_seconds_;
+  for (const auto& f : first_) counted -= f.second;  // the warm-up steps, lowest first
+  return counted / (completed_ - kWarmupSteps);
 }
 
 ProgressState ProgressTracker::State() const {

@@ -33,7 +33,8 @@ std::string FormatProgress(const ProgressState& s);
 
 // Follows the steps as workers report them, in constant time per record: rank 0's step and
 // loss (the global loss), the slowest rank's step time averaged as MeanStepSeconds does
-// (report.h: steps every rank completed, the first 2 left out when later ones exist), and
+// (report.h: steps every rank completed, the first kWarmupSteps left out when later ones
+// exist), and
 // the largest peak memory of any rank.
 class ProgressTracker {
  public:
@@ -52,7 +53,8 @@ class ProgressTracker {
   std::map<int, std::pair<int, double>> pending_;  // step -> (ranks reported, max seconds)
   int completed_ = 0;
   double completed_seconds_ = 0;
-  std::vector<std::pair<int, double>> first_;  // the 2 lowest completed steps (step, seconds)
+  // the kWarmupSteps lowest completed steps (step, seconds)
+  std::vector<std::pair<int, double>> first_;
 };
 
 // The tracker's state after `ranks` (per rank, in order).

@@ -207,8 +207,7 @@ std::vector<double> CountedStepSeconds(const std::vector<std::vector<StepRecord>
   for (const auto& kv : per_step) {
     if (kv.second.first == ranks.size()) secs.push_back(kv.second.second);
   }
-  const size_t skip = secs.size() > kWarmupSteps ? kWarmupSteps : 0;
-  secs.erase(secs.begin(), secs.begin() + skip);
+  secs.erase(secs.begin(), secs.begin() + WarmupStepsOf(secs.size()));
   return secs;
 }
 
@@ -220,10 +219,38 @@ double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {
   return sum / static_cast<double>(secs.size());
 }
 
+namespace {
+
+// Tokens per second at a mean step time of `step_seconds`; 0 when none was measured.
+double TokensPerSecondAt(double step_seconds, int64_t tokens_per_step) {
+  return step_seconds > 0 ? static_cast<double>(tokens_per_step) / step_seconds : 0;
+}
+
+// Each rank's totals, in rank order.
+std::vector<RankTotals> AllTotals(const RunRecord& r) {
+  std::vector<RankTotals> totals;
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    totals.push_back(Totals(static_cast<int>(i), r.ranks[i]));
+  }
+  return totals;
+}
+
+// The mean of the ranks' bubble fractions, summed in rank order.
+double MeanBubbleFraction(const std::vector<RankTotals>& totals) {
+  const int K = static_cast<int>(totals.size());
+  double mean = 0;
+  for (const RankTotals& t : totals) mean += t.bubble_fraction() / K;
+  return mean;
+}
+
+// GPipe's bubble share of a step with K stages and M micro-batches: (K-1)/(M+K-1).
+double GpipeBubbleFraction(int K, int M) { return double(K - 1) / (M + K - 1); }
+
+}  // namespace
+
 double TokensPerSecond(const std::vector<std::vector<StepRecord>>& ranks,
                        int64_t tokens_per_step) {
-  const double s = MeanStepSeconds(ranks);
-  return s > 0 ? static_cast<double>(tokens_per_step) / s : 0;
+  return TokensPerSecondAt(MeanStepSeconds(ranks), tokens_per_step);
 }
 
 std::string FormatThousands(double v) {
@@ -405,21 +432,18 @@ std::string RunJson(const RunRecord& r) {
   w.Key("steps_completed").Int(static_cast<int64_t>(rank0.size()));
   const int64_t tokens_per_step = int64_t{c.batch} * r.seq_len;
   w.Key("tokens_per_step").Int(tokens_per_step);
-  w.Key("tokens_per_second").Number(TokensPerSecond(r.ranks, tokens_per_step));
-  w.Key("step_seconds_mean").Number(MeanStepSeconds(r.ranks));
+  const double step_seconds = MeanStepSeconds(r.ranks);
+  w.Key("tokens_per_second").Number(TokensPerSecondAt(step_seconds, tokens_per_step));
+  w.Key("step_seconds_mean").Number(step_seconds);
   w.Key("wall_seconds").Number(r.wall_seconds);
+  const std::vector<RankTotals> totals = AllTotals(r);
   if (c.strategy != "data" && !r.ranks.empty()) {
     const int K = static_cast<int>(r.ranks.size()), M = c.EffectiveMicroBatches();
-    double measured = 0;
-    for (size_t i = 0; i < r.ranks.size(); ++i) {
-      measured += Totals(static_cast<int>(i), r.ranks[i]).bubble_fraction() / K;
-    }
-    w.Key("bubble_fraction_measured").Number(measured);
-    w.Key("bubble_fraction_gpipe").Number(double(K - 1) / (M + K - 1));
+    w.Key("bubble_fraction_measured").Number(MeanBubbleFraction(totals));
+    w.Key("bubble_fraction_gpipe").Number(GpipeBubbleFraction(K, M));
   }
   w.Key("ranks").BeginArray();
-  for (size_t i = 0; i < r.ranks.size(); ++i) {
-    const RankTotals t = Totals(static_cast<int>(i), r.ranks[i]);
+  for (const RankTotals& t : totals) {
     w.BeginObject();
     w.Key("rank").Int(t.rank);
     w.Key("steps").Int(t.steps);
@@ -452,9 +476,8 @@ std::string SummaryTable(const RunRecord& r) {
   std::string out = absl::StrFormat("%-5s %6s %10s %9s %9s %7s %9s %8s %11s %11s\n", "rank",
                                     "steps", "compute s", "comm s", "exposed s", "hidden",
                                     "bubble s", "comm MB", "activations", "peak memory");
-  double bubble = 0;
-  for (size_t i = 0; i < r.ranks.size(); ++i) {
-    const RankTotals t = Totals(static_cast<int>(i), r.ranks[i]);
+  const std::vector<RankTotals> totals = AllTotals(r);
+  for (const RankTotals& t : totals) {
     const double hidden = t.hidden_comm_share();
     absl::StrAppendFormat(&out, "%-5d %6d %10.3f %9s %9.3f %7s %9.3f %8.1f %11s %11s\n", t.rank,
                           t.steps, t.compute_seconds,
@@ -464,12 +487,11 @@ std::string SummaryTable(const RunRecord& r) {
                           t.bubble_seconds, static_cast<double>(t.comm_bytes) / (1 << 20),
                           FormatBytes(t.peak_activation_bytes),
                           FormatBytes(t.peak_memory_bytes));
-    bubble += t.bubble_fraction() / r.ranks.size();
   }
   if (r.job.strategy != "data" && !r.ranks.empty()) {
     const int K = static_cast<int>(r.ranks.size()), M = r.job.EffectiveMicroBatches();
     absl::StrAppendFormat(&out, "bubble      %.3f of each step measured; GPipe's (K-1)/(M+K-1) = %.3f\n",
-                          bubble, double(K - 1) / (M + K - 1));
+                          MeanBubbleFraction(totals), GpipeBubbleFraction(K, M));
   }
   const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
   const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;

@@ -88,6 +88,11 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps);
 
 // Steps left out of averages as warm-up, when later ones exist.
 inline constexpr int kWarmupSteps = 2;
+// How many of `n` steps (in step order) are left out as warm-up: kWarmupSteps when later
+// ones exist, else none.
+inline size_t WarmupStepsOf(size_t n) {
+  return n > static_cast<size_t>(kWarmupSteps) ? kWarmupSteps : 0;
+}
 // The slowest rank's seconds for each step every rank completed, in step order, warm-up
 // steps left out.
 std::vector<double> CountedStepSeconds(const std::vector<std::vector<StepRecord>>& ranks);

@@ -22,12 +22,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string TempPath(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  static int n = 0;
-  return absl::StrCat(t != nullptr ? t : "/tmp", "/", name, "-", getpid(), "-", ++n);
-}
-
 // A line exactly as worker.cc writes it.
 constexpr char kLine[] =
     "{\"step\": 3, \"loss\": 5.48474979, \"seconds\": 0.000391, \"compute\": 0.000270, "
@@ -85,7 +79,7 @@ TEST(ParseMetricsLine, Errors) {
 }
 
 TEST(MetricsTail, CompleteLinesOnly) {
-  const std::string path = TempPath("rank-0.jsonl");
+  const std::string path = FreshTestPath("rank-0.jsonl");
   MetricsTail tail(path);
   EXPECT_TRUE(tail.ReadNew().empty());  // no file yet
   std::ofstream out(path);
@@ -105,7 +99,7 @@ TEST(MetricsTail, CompleteLinesOnly) {
 }
 
 TEST(ReadMetricsFile, LastRecordOfAStepWins) {
-  const std::string path = TempPath("rank-1.jsonl");
+  const std::string path = FreshTestPath("rank-1.jsonl");
   std::ofstream(path) << "{\"step\": 0, \"loss\": 5, \"seconds\": 1}\n"
                       << "{\"step\": 1, \"loss\": 4, \"seconds\": 1}\n"
                       << "{\"step\": 1, \"loss\": 3, \"seconds\": 1}\n"
@@ -231,7 +225,7 @@ TEST(JsonWriter, EscapesAndNonFinite) {
 }
 
 TEST(WriteFileAtomically, WritesAndLeavesNoTemporary) {
-  const std::string dir = TempPath("atomic");
+  const std::string dir = FreshTestPath("atomic");
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
   ASSERT_TRUE(WriteFileAtomically(dir + "/run.json", "first").ok());
   ASSERT_TRUE(WriteFileAtomically(dir + "/run.json", "second").ok());

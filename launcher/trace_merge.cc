@@ -404,7 +404,8 @@ std::string MergedChromeTrace(const std::vector<RankTrace>& ranks) {
   return out + "\n]}\n";
 }
 
-absl::Status MergeRunTraces(const std::string& run_dir, int workers) {
+absl::StatusOr<std::vector<RankTrace>> ReadAlignedTraces(const std::string& run_dir,
+                                                         int workers) {
   std::vector<RankTrace> ranks;
   for (int r = 0; r < workers; ++r) {
     absl::StatusOr<RankTrace> t = ReadRankTrace(run_dir, r);
@@ -413,7 +414,13 @@ absl::Status MergeRunTraces(const std::string& run_dir, int workers) {
   }
   const std::vector<double> offsets = ClockOffsetsUs(ranks);
   for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = Shifted(ranks[r], offsets[r]);
-  return WriteFileAtomically(absl::StrCat(run_dir, "/trace.json"), MergedChromeTrace(ranks));
+  return ranks;
+}
+
+absl::Status MergeRunTraces(const std::string& run_dir, int workers) {
+  absl::StatusOr<std::vector<RankTrace>> ranks = ReadAlignedTraces(run_dir, workers);
+  if (!ranks.ok()) return ranks.status();
+  return WriteFileAtomically(absl::StrCat(run_dir, "/trace.json"), MergedChromeTrace(*ranks));
 }
 
 std::string OpTables(const std::string& run_dir, int workers) {

@@ -28,7 +28,6 @@ struct JsonValue {
   std::vector<std::pair<std::string, JsonValue>> object;
 
   bool is_number() const { return kind == Kind::kNumber; }
-  bool is_string() const { return kind == Kind::kString; }
   bool is_array() const { return kind == Kind::kArray; }
   bool is_object() const { return kind == Kind::kObject; }
   // The member named `key` of an object; nullptr when absent or not an object.
@@ -66,6 +65,11 @@ RankTrace Shifted(const RankTrace& trace, double offset_us);
 // One Chrome trace of all ranks (already on one clock): process r is "rank r", sorted by
 // rank, with its compute (thread 0) and communication (thread 1) lanes.
 std::string MergedChromeTrace(const std::vector<RankTrace>& ranks);
+
+// Reads the traces of ranks 0..workers-1 under `run_dir`, each shifted onto rank 0's clock
+// (ClockOffsetsUs). Fails when a rank's trace is missing or unreadable.
+absl::StatusOr<std::vector<RankTrace>> ReadAlignedTraces(const std::string& run_dir,
+                                                         int workers);
 
 // Reads the traces of ranks 0..workers-1 under `run_dir`, aligns their clocks and writes
 // <run_dir>/trace.json. Fails when a rank's trace is missing or unreadable.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launcher/test_trace.h"
 #include "runtime/test_files.h"
 
 namespace tandem {
@@ -20,19 +21,6 @@ namespace launcher {
 namespace {
 
 using ::testing::HasSubstr;
-
-TraceEvent Event(const std::string& name, const char* cat, double start, double dur, int mb = -1,
-                 int thread = 0, int64_t seq = -1) {
-  TraceEvent e;
-  e.name = name;
-  e.category = cat;
-  e.start_us = start;
-  e.duration_us = dur;
-  e.micro_batch = mb;
-  e.thread = thread;
-  e.sequence = seq;
-  return e;
-}
 
 TEST(JsonTest, ParsesEveryKind) {
   absl::StatusOr<JsonValue> v = ParseJson(

@@ -27,9 +27,7 @@ def machine():
     return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
 
 
-def ops_tables(path):
-    with open(path) as f:
-        data = json.load(f)
+def ops_tables(data):
     med = {}
     for b in data["benchmarks"]:
         if b.get("aggregate_name") != "median":
@@ -118,13 +116,14 @@ def main():
     print("```\n")
     print("## Runtime ops against raw OpenBLAS and memcpy\n")
     with open(os.path.join(d, "ops.json")) as f:
-        variant = json.load(f)["context"].get("cpu_ops_variant", "base")
+        ops = json.load(f)
+    variant = ops["context"].get("cpu_ops_variant", "base")
     print("`runtime/ops_bench` (Google Benchmark, medians of 5 repetitions, 1 thread). The CPU "
           f"ops run the widest instruction-set variant this CPU supports, `{variant}` here; the "
           "last column is its speed over the base (SSE2) variant of the same op, in the same "
           "run (every variant gives the same bits). Add and BiasAdd move as many bytes in "
           "either variant and stay bound by memory: their last column is noise around 1.\n")
-    ops_md, op_gain = ops_tables(os.path.join(d, "ops.json"))
+    ops_md, op_gain = ops_tables(ops)
     print(ops_md + "\n")
     print("## One-worker training\n")
     print("`model/train_bench`: step time median of 7 steps after 2 warm-up steps; model "

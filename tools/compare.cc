@@ -74,11 +74,6 @@ bool IsDirectory(const std::string& p) {
   return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool IsExecutable(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
-}
-
 std::string Cwd() {
   char buf[4096];
   return getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
@@ -281,7 +276,7 @@ int Main(int argc, char** argv) {
     if (absl::StartsWith(*e, "RUNFILES_DIR=")) have_runfiles_env = true;
     env.push_back(*e);
   }
-  if (!have_runfiles_env && IsExecutable(runfiles + "/tandem/parallel/worker")) {
+  if (!have_runfiles_env && launcher::IsExecutable(runfiles + "/tandem/parallel/worker")) {
     env.push_back("RUNFILES_DIR=" + runfiles);
   }
 

@@ -60,6 +60,24 @@ pack_library() {
   fi
 }
 
+# Packs the shared libraries `ldd` lists for the binary $1 into $out/lib, but for those
+# skip_library leaves out; libraries ldd cannot find are appended to the caller's $missing.
+pack_libraries_of() {
+  local line lib path
+  # "libfoo.so.1 => /path/libfoo.so.1 (0x...)"; lines without "=>" are the loader and vdso.
+  while IFS= read -r line; do
+    case "$line" in *"=>"*) ;; *) continue ;; esac
+    lib="$(awk '{print $1}' <<<"$line")"
+    path="$(awk '{print $3}' <<<"$line")"
+    if [ "$path" = "not" ]; then
+      missing="$missing $lib"
+      continue
+    fi
+    skip_library "$lib" "$path" && continue
+    pack_library "$lib" "$path"
+  done < <(ldd "$1")
+}
+
 build() {
   cd "$root"
   bazel build "${targets[@]}" //examples:train
@@ -67,7 +85,7 @@ build() {
   bin_dir="$(bazel info bazel-bin 2>/dev/null)"
   rm -rf "$out"
   mkdir -p "$out/bin" "$out/lib"
-  local target name pkg bin line lib path missing=""
+  local target name pkg bin missing=""
   for target in "${targets[@]}"; do
     name="${target##*:}"
     pkg="${target#//}"
@@ -76,18 +94,7 @@ build() {
     cp -L "$bin" "$out/bin/$name"
     chmod u+w "$out/bin/$name"
     strip --strip-debug "$out/bin/$name"
-    # "libfoo.so.1 => /path/libfoo.so.1 (0x...)"; lines without "=>" are the loader and vdso.
-    while IFS= read -r line; do
-      case "$line" in *"=>"*) ;; *) continue ;; esac
-      lib="$(awk '{print $1}' <<<"$line")"
-      path="$(awk '{print $3}' <<<"$line")"
-      if [ "$path" = "not" ]; then
-        missing="$missing $lib"
-        continue
-      fi
-      skip_library "$lib" "$path" && continue
-      pack_library "$lib" "$path"
-    done < <(ldd "$bin")
+    pack_libraries_of "$bin"
   done
   if [ -n "$missing" ]; then
     echo "gpu_check: libraries the binaries need are missing here:$missing" >&2
@@ -106,14 +113,8 @@ build() {
   cp -L "$bin_dir/examples/train" "$out/train/train"
   chmod u+w "$out/train/train"
   strip --strip-debug "$out/train/train"
-  while IFS= read -r line; do
-    case "$line" in *"=>"*) ;; *) continue ;; esac
-    lib="$(awk '{print $1}' <<<"$line")"
-    path="$(awk '{print $3}' <<<"$line")"
-    [ "$path" = "not" ] && { missing="$missing $lib"; continue; }
-    skip_library "$lib" "$path" && continue
-    pack_library "$lib" "$path"
-  done < <(ldd "$bin_dir/examples/train")
+  # (Libraries it lacks are not reported: the check above has already run.)
+  pack_libraries_of "$bin_dir/examples/train"
   cp "$root/tools/bench_pytorch.py" "$out/train/"
   write_run_script >"$out/run.sh"
   chmod +x "$out/run.sh"

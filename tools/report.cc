@@ -2,8 +2,6 @@
 // recommendations, the step timelines cut from the merged traces, and the three writers.
 #include "tools/report.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -17,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "launcher/paths.h"
 #include "launcher/report.h"
 
 namespace tandem {
@@ -24,6 +23,7 @@ namespace tools {
 namespace {
 
 using launcher::JsonValue;
+using launcher::PathExists;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Losses further than this (relative) from one worker's are called out.
@@ -32,11 +32,6 @@ constexpr double kLossTolerance = 1e-4;
 constexpr double kNoisy = 0.25;
 // A strategy "saves memory" when its largest rank's peak is below this share of another's.
 constexpr double kMemorySaving = 0.95;
-
-bool PathExists(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0;
-}
 
 // A rank's metrics, one record per step; unlike the launcher's live view, a missing file or
 // a line that does not parse is an error here.
@@ -47,9 +42,6 @@ absl::StatusOr<std::vector<StepMetrics>> ReadMetrics(const std::string& path) {
   if (!errors.empty()) return absl::InvalidArgumentError(errors.front());
   return out;
 }
-
-// Indices of the steps that count: all but the warm-up when later ones exist.
-size_t FirstCounted(size_t n) { return n > static_cast<size_t>(kWarmupSteps) ? kWarmupSteps : 0; }
 
 double Mean(const std::vector<double>& v) {
   double sum = 0;
@@ -176,15 +168,10 @@ absl::StatusOr<RunData> ReadRun(const std::string& dir) {
     for (const StepMetrics& s : d.ranks[0]) d.losses.push_back(s.loss);
   }
   if (PathExists(dir + "/traces/rank-0.json")) {
-    for (int r = 0; r < d.workers; ++r) {
-      absl::StatusOr<launcher::RankTrace> t = launcher::ReadRankTrace(dir, r);
-      if (!t.ok()) return t.status();
-      d.traces.push_back(std::move(*t));
-    }
-    const std::vector<double> offsets = launcher::ClockOffsetsUs(d.traces);
-    for (size_t r = 0; r < d.traces.size(); ++r) {
-      d.traces[r] = launcher::Shifted(d.traces[r], offsets[r]);
-    }
+    absl::StatusOr<std::vector<launcher::RankTrace>> traces =
+        launcher::ReadAlignedTraces(dir, d.workers);
+    if (!traces.ok()) return traces.status();
+    d.traces = std::move(*traces);
   }
   return d;
 }
@@ -215,7 +202,7 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
     const std::vector<StepMetrics>& steps = run.ranks[r];
     RankFigures rf;
     rf.rank = static_cast<int>(r);
-    const size_t first = FirstCounted(steps.size());
+    const size_t first = launcher::WarmupStepsOf(steps.size());
     const double n = static_cast<double>(steps.size() - first);
     for (size_t i = first; i < steps.size(); ++i) {
       rf.step_seconds += steps[i].seconds / n;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launcher/test_trace.h"
 #include "launcher/trace_merge.h"
 #include "runtime/profiler.h"
 #include "runtime/test_files.h"
@@ -28,6 +29,7 @@ namespace tools {
 namespace {
 
 using ::testing::HasSubstr;
+using launcher::Event;
 using ::testing::Not;
 
 int Count(const std::string& text, const std::string& what) {
@@ -80,31 +82,19 @@ struct RunSpec {
   double bucket_mb = 25;
 };
 
-TraceEvent Ev(const std::string& name, const char* cat, double start, double dur, int mb = -1,
-              int thread = 0) {
-  TraceEvent e;
-  e.name = name;
-  e.category = cat;
-  e.start_us = start;
-  e.duration_us = dur;
-  e.micro_batch = mb;
-  e.thread = thread;
-  return e;
-}
-
 // One step every 1000 us of the rank's own clock (which starts `clock` us late): forward,
 // backward with an all-reduce overlapping it, the waits, the loss reduction, the optimizer.
 std::vector<TraceEvent> StepEvents(int steps, double clock) {
   std::vector<TraceEvent> ev;
   for (int s = 0; s < steps; ++s) {
     const double t = s * 1000 - clock;
-    ev.push_back(Ev("forward 0", "compute", t + 10, 100, 0));
-    ev.push_back(Ev("backward 0", "compute", t + 120, 200, 0));
-    ev.push_back(Ev(absl::StrCat("all_reduce #", s, " (sum)"), "comm", t + 200, 150, -1, 1));
-    ev.push_back(Ev("wait for gradients", "idle", t + 330, 30));
-    ev.push_back(Ev("wait 1", "idle", t + 360, 5, 1));
-    ev.push_back(Ev("reduce loss", "idle", t + 370, 20));
-    ev.push_back(Ev("optimizer", "optimizer", t + 400, 50));
+    ev.push_back(Event("forward 0", "compute", t + 10, 100, 0));
+    ev.push_back(Event("backward 0", "compute", t + 120, 200, 0));
+    ev.push_back(Event(absl::StrCat("all_reduce #", s, " (sum)"), "comm", t + 200, 150, -1, 1));
+    ev.push_back(Event("wait for gradients", "idle", t + 330, 30));
+    ev.push_back(Event("wait 1", "idle", t + 360, 5, 1));
+    ev.push_back(Event("reduce loss", "idle", t + 370, 20));
+    ev.push_back(Event("optimizer", "optimizer", t + 400, 50));
   }
   return ev;
 }

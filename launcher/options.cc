@@ -542,11 +542,21 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     fit.clip_norm = 1;
     fit.bucket_mb = 25;
     absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
-    if (!pc.ok()) {
-      problem(std::string(pc.status().message()));
-    } else if (absl::StatusOr<StageBounds> b = PlanStages(*pc, o.job.workers); !b.ok()) {
-      problem(std::string(b.status().message()));
+    absl::Status fit_status = pc.status();
+    // --balance=time is measured here, once, and handed to every worker as explicit stage
+    // sizes, so all ranks split the model the same way (an invalid config is left to
+    // PlanStages to report).
+    if (fit_status.ok() && pc->balance == "time" && pc->train.Validate().ok()) {
+      absl::StatusOr<std::string> sizes = ResolveBalance(*pc, o.job.workers);
+      if (sizes.ok()) {
+        pc->balance = *sizes;
+        job.balance = *sizes;
+      } else {
+        fit_status = sizes.status();
+      }
     }
+    if (fit_status.ok()) fit_status = PlanStages(*pc, o.job.workers).status();
+    if (!fit_status.ok()) problem(std::string(fit_status.message()));
   }
 
   // Data.

@@ -13,6 +13,7 @@
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -219,6 +220,26 @@ TEST(Validate, CudaWhenVisible) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->job.device, "cuda");
   EXPECT_TRUE(p->notices.empty());
+}
+
+// --balance=time is measured by the launcher, once: the workers receive explicit stage sizes
+// that cover the model's blocks (embedding, 2 layers, head).
+TEST(Validate, BalanceByTimeReachesTheWorkersAsSizes) {
+  Options o = Small();
+  o.job.strategy = "pipeline";
+  o.job.balance = "time";
+  absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(FreshTestPath("user")));
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::vector<std::string> sizes = absl::StrSplit(p->job.balance, ',');
+  ASSERT_EQ(sizes.size(), 2u) << p->job.balance;
+  int total = 0;
+  for (const std::string& size : sizes) {
+    int n = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(size, &n)) << p->job.balance;
+    EXPECT_GE(n, 1);
+    total += n;
+  }
+  EXPECT_EQ(total, 4);
 }
 
 TEST(Validate, EachBadInputGivesItsLine) {

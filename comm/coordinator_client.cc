@@ -58,8 +58,6 @@ class CoordinatorClient::Impl {
 
   ~Impl() { StopThread(); }
 
-  int rank() const { return options_.rank; }
-
   absl::StatusOr<JobInfo> Register(const WorkerIdentity& id, absl::Duration timeout) {
     rpc::RegisterRequest req;
     req.set_rank(options_.rank);
@@ -308,7 +306,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
 
 CoordinatorClient::CoordinatorClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CoordinatorClient::~CoordinatorClient() = default;
-int CoordinatorClient::rank() const { return impl_->rank(); }
 absl::StatusOr<JobInfo> CoordinatorClient::Register(const WorkerIdentity& identity,
                                                     absl::Duration timeout) {
   return impl_->Register(identity, timeout);

@@ -77,8 +77,6 @@ class CoordinatorClient : public KeyValueStore {
   // Stops the heartbeat thread if running.
   ~CoordinatorClient() override;
 
-  int rank() const;
-
   // Registers this rank, waiting up to `timeout` for the coordinator to be reachable.
   absl::StatusOr<JobInfo> Register(const WorkerIdentity& identity, absl::Duration timeout);
 

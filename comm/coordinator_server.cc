@@ -138,11 +138,9 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
 
   ~Impl() override { Stop(); }
 
-  absl::Status Serve() {
-    std::string host;
-    int requested_port;
-    RETURN_IF_ERROR(SplitAddress(options_.address, &host, &requested_port));
-    host_ = host;
+  // `host`: the host part of options_.address, as Start split it.
+  absl::Status Serve(std::string host) {
+    host_ = std::move(host);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options_.address, grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(this);
@@ -430,11 +428,6 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
     return resp;
   }
 
-  std::string Table() const {
-    absl::MutexLock lock(&mu_);
-    return TableLocked();
-  }
-
   void CheckHeartbeats() {
     const absl::Time now = clock_->Now();
     std::string reason;
@@ -508,8 +501,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                             absl::StrCat(what, ": timed out after ",
                                          absl::FormatDuration(timeout), tail));
       case WaitEnd::kAborted:
-        return grpc::Status(grpc::StatusCode::ABORTED,
-                            absl::StrCat(what, ": job aborted: ", abort_reason_));
+        return AbortedStatus(what);
       case WaitEnd::kShutdown:
         return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                             absl::StrCat(what, ": the coordinator is shutting down"));
@@ -676,7 +668,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         ": other hosts could reach it; listen on 127.0.0.1 or allow remote workers"));
   }
   auto impl = std::make_unique<Impl>(std::move(options));
-  s = impl->Serve();
+  s = impl->Serve(std::move(host));
   if (!s.ok()) return s;
   return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
 }
@@ -693,7 +685,6 @@ void CoordinatorServer::RequestStop() { impl_->RequestStop(); }
 bool CoordinatorServer::stop_requested() const { return impl_->stop_requested(); }
 std::string CoordinatorServer::abort_reason() const { return impl_->abort_reason(); }
 rpc::GetStatusResponse CoordinatorServer::Status() const { return impl_->StatusSnapshot(); }
-std::string CoordinatorServer::StatusTable() const { return impl_->Table(); }
 void CoordinatorServer::CheckHeartbeats() { impl_->CheckHeartbeats(); }
 
 }  // namespace tandem

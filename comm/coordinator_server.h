@@ -80,8 +80,6 @@ class CoordinatorServer {
 
   // Every rank's last report, as GetStatus answers it.
   rpc::GetStatusResponse Status() const;
-  // The table the watchdog prints: one line per rank, silent and lagging ranks marked.
-  std::string StatusTable() const;
   // One watchdog pass now (tests with a ManualClock call it instead of waiting).
   void CheckHeartbeats();
 

@@ -11,7 +11,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -109,9 +108,9 @@ struct CommState {
 
   absl::Mutex mu;
   std::deque<QueuedOp> queue ABSL_GUARDED_BY(mu);
-  uint64_t issued ABSL_GUARDED_BY(mu) = 0;
-  uint64_t completed ABSL_GUARDED_BY(mu) = 0;
-  std::optional<OpInfo> running ABSL_GUARDED_BY(mu);
+  // The operation the communication thread is in: the info of the operation it took off
+  // the queue, which it keeps until after resetting this; null when idle.
+  const OpInfo* running ABSL_GUARDED_BY(mu) = nullptr;
   uint64_t failed_sequence ABSL_GUARDED_BY(mu) = 0;  // first operation that failed
   absl::Status failure ABSL_GUARDED_BY(mu);
   bool aborted ABSL_GUARDED_BY(mu) = false;
@@ -120,7 +119,8 @@ struct CommState {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool exited ABSL_GUARDED_BY(mu) = false;
 
-  // Readable without the lock (heartbeat reports, Wait's fast path).
+  // Written under `mu` only, so readers holding `mu` see the latest values; readable
+  // without the lock too (heartbeat reports, Wait's fast path).
   std::atomic<uint64_t> issued_atomic{0};
   std::atomic<int64_t> busy_ns{0};  // time spent in op.run on the communication thread
   std::atomic<uint64_t> completed_atomic{0};
@@ -148,7 +148,8 @@ struct CommState {
     std::string s = running ? absl::StrCat("the communication thread is in ",
                                            running->Describe())
                             : std::string("the communication thread is idle");
-    absl::StrAppend(&s, ", finished through #", completed, ", ", queue.size(),
+    absl::StrAppend(&s, ", finished through #",
+                    completed_atomic.load(std::memory_order_relaxed), ", ", queue.size(),
                     " more queued");
     return s;
   }
@@ -171,7 +172,7 @@ class MpiWork : public OpWork {
     }
     absl::MutexLock lock(&st->mu);
     auto done = [st, seq]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return st->completed >= seq || st->aborted;
+      return st->completed_atomic.load(std::memory_order_relaxed) >= seq || st->aborted;
     };
     if (!st->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) {
       return WaitTimeoutError(st->id, info_, timeout, st->Progress());
@@ -181,7 +182,10 @@ class MpiWork : public OpWork {
 
   absl::StatusOr<bool> IsCompleted() override {
     absl::MutexLock lock(&state_->mu);
-    if (state_->completed < info_.sequence && !state_->aborted) return false;
+    if (state_->completed_atomic.load(std::memory_order_relaxed) < info_.sequence &&
+        !state_->aborted) {
+      return false;
+    }
     RETURN_IF_ERROR(state_->StatusOf(info_));
     return true;
   }
@@ -362,15 +366,15 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
       }
       op = std::move(s->queue.front());
       s->queue.pop_front();
-      s->running = op.info;
+      s->running = &op.info;
       taken = op.info.sequence;
       skip = s->failed_sequence != 0;
     }
     absl::Status status;
     if (!skip) {
       // The profiler's communication lane: when each operation really ran.
-      SpanScope span(op.info.Describe(), "comm", -1, static_cast<int64_t>(op.info.sequence),
-                     /*thread=*/1);
+      SpanScope span(Profiler::enabled() ? op.info.Describe() : std::string(), "comm", -1,
+                     static_cast<int64_t>(op.info.sequence), /*thread=*/1);
       const auto start = std::chrono::steady_clock::now();
       status = op.run(*s);
       s->busy_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -378,20 +382,17 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
                                .count(),
                            std::memory_order_relaxed);
       if (!status.ok()) {
-        status = absl::Status(status.code(), absl::StrCat("rank ", s->id.rank, ": ",
-                                                          op.info.Describe(), " failed: ",
-                                                          status.message()));
+        status = OpFailedError(s->id, op.info.Describe(), status);
       }
     }
     op.run = nullptr;  // release the tensors before reporting completion
     {
       absl::MutexLock lock(&s->mu);
-      s->running.reset();
+      s->running = nullptr;
       if (!status.ok() && s->failed_sequence == 0) {
         s->failed_sequence = op.info.sequence;
         s->failure = status;
       }
-      s->completed = op.info.sequence;
       s->completed_atomic.store(op.info.sequence, std::memory_order_release);
     }
   }
@@ -411,7 +412,7 @@ class MpiCommunicator : public Communicator {
     CommState* s = state_.get();
     {
       absl::MutexLock lock(&s->mu);
-      if (!s->queue.empty() || s->running) {
+      if (!s->queue.empty() || s->running != nullptr) {
         AbortLocked("communicator destroyed with operations in flight");
       }
       s->stopping = true;
@@ -518,7 +519,7 @@ class MpiCommunicator : public Communicator {
     if (s->aborted) return {};
     s->aborted = true;
     s->abort_reason = std::string(reason);
-    s->completed_at_abort = s->completed;
+    s->completed_at_abort = s->completed_atomic.load(std::memory_order_relaxed);
     std::deque<QueuedOp> dropped;
     dropped.swap(s->queue);
     return dropped;
@@ -538,7 +539,7 @@ class MpiCommunicator : public Communicator {
     CommState* s = state_.get();
     absl::MutexLock lock(&s->mu);
     if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
-    info.sequence = ++s->issued;
+    info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
     s->issued_atomic.store(info.sequence, std::memory_order_release);
     auto work = std::make_unique<MpiWork>(state_, info);
     s->queue.push_back(QueuedOp{std::move(info), std::move(run)});

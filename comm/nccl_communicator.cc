@@ -88,8 +88,7 @@ struct NcclState {
   std::string abort_reason ABSL_GUARDED_BY(mu);
   uint64_t completed_at_abort ABSL_GUARDED_BY(mu) = 0;
   std::deque<InFlight> in_flight ABSL_GUARDED_BY(mu);
-  uint64_t issued ABSL_GUARDED_BY(mu) = 0;
-  std::atomic<uint64_t> issued_atomic{0};
+  std::atomic<uint64_t> issued_atomic{0};  // written under `mu` only
   std::atomic<uint64_t> completed_atomic{0};
 
   // Drops finished operations from the front (they finish in stream order).
@@ -184,11 +183,7 @@ class NcclWork : public OpWork {
     if (e != cudaErrorNotReady) return CudaErrorStatus(e, "cudaEventQuery", __FILE__, __LINE__);
     cudaGetLastError();
     absl::Status async = state_->AsyncErrorLocked();
-    if (!async.ok()) {
-      return absl::Status(async.code(), absl::StrCat("rank ", state_->id.rank, ": ",
-                                                     description_, " failed: ",
-                                                     async.message()));
-    }
+    if (!async.ok()) return OpFailedError(state_->id, description_, async);
     return false;
   }
 
@@ -339,29 +334,28 @@ class NcclCommunicator : public Communicator {
     absl::MutexLock issue_lock(&s->issue_mu);
     absl::MutexLock lock(&s->mu);
     if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
-    info.sequence = ++s->issued;
+    info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
     s->issued_atomic.store(info.sequence, std::memory_order_release);
-    const std::string what = info.Describe();
-    auto fail = [&](const absl::Status& e) {
-      return absl::Status(e.code(), absl::StrCat("rank ", s->id.rank, ": ", what, " failed: ",
-                                                 e.message()));
-    };
+    const OpKind kind = info.kind;
+    auto work = std::make_unique<NcclWork>(state_, std::move(info), done);
+    const std::string& what = work->description();
+    auto fail = [&](const absl::Status& e) { return OpFailedError(s->id, what, e); };
     absl::Status st = compute_ready_->Record(*compute);
     if (st.ok()) st = compute_ready_->MakeStreamWait(*s->stream);
     if (!st.ok()) return fail(st);
     const ncclResult_t r =
         call(s->comm, static_cast<cudaStream_t>(s->stream->native()));
     if (r != ncclSuccess && r != ncclInProgress) {
-      return fail(NcclErrorStatus(r, OpKindName(info.kind), __FILE__, __LINE__));
+      return fail(NcclErrorStatus(r, OpKindName(kind), __FILE__, __LINE__));
     }
     st = s->WaitAcceptedLocked(s->accept_timeout, what);
     if (!st.ok()) return fail(st);
     const cudaError_t e =
         cudaEventRecord(done->get(), static_cast<cudaStream_t>(s->stream->native()));
     if (e != cudaSuccess) return fail(CudaErrorStatus(e, "cudaEventRecord", __FILE__, __LINE__));
-    s->in_flight.push_back(InFlight{info.sequence, done, std::move(tensors)});
+    s->in_flight.push_back(InFlight{work->sequence(), std::move(done), std::move(tensors)});
     s->RetireLocked();
-    return std::unique_ptr<Work>(new NcclWork(state_, std::move(info), std::move(done)));
+    return std::unique_ptr<Work>(std::move(work));
   }
 
   std::shared_ptr<NcclState> state_;

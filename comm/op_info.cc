@@ -242,6 +242,12 @@ absl::Status WaitTimeoutError(const CommIdentity& c, const OpInfo& op, absl::Dur
       progress.empty() ? "" : "; ", progress));
 }
 
+absl::Status OpFailedError(const CommIdentity& c, absl::string_view description,
+                           const absl::Status& cause) {
+  return absl::Status(cause.code(), absl::StrCat("rank ", c.rank, ": ", description,
+                                                 " failed: ", cause.message()));
+}
+
 absl::Status OpAbortedError(const CommIdentity& c, const OpInfo& op, absl::string_view reason) {
   return absl::AbortedError(
       absl::StrCat("rank ", c.rank, ": ", op.Describe(), " aborted: ", reason));

@@ -88,6 +88,9 @@ OpInfo BarrierInfo();
 // waiting for all 4 ranks to join it; <progress>".
 absl::Status WaitTimeoutError(const CommIdentity& c, const OpInfo& op, absl::Duration timeout,
                               absl::string_view progress);
+// `cause`'s code, with "rank 1: <description> failed: <cause's message>".
+absl::Status OpFailedError(const CommIdentity& c, absl::string_view description,
+                           const absl::Status& cause);
 // Aborted: "rank 1: all_reduce #42 (...) aborted: <reason>".
 absl::Status OpAbortedError(const CommIdentity& c, const OpInfo& op, absl::string_view reason);
 // Aborted, for an operation issued after Communicator::Abort: "rank 1: all_reduce refused: the

@@ -57,28 +57,25 @@ absl::StatusOr<StepReport> Trainer::Step() {
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.device));
   const int64_t T = c_.model.seq_len;
   const int64_t rows = c_.batch / c_.micro_batches;
-  ASSIGN_OR_RETURN(Tensor loss_sum, Tensor::Empty({1}, DType::kF32, c_.device));
-  RETURN_IF_ERROR(ZeroFill(loss_sum, *s));
-  std::vector<int32_t> tokens, targets;
+  // [0]: the summed token losses, [1]: the sum of squared gradients.
+  ASSIGN_OR_RETURN(Tensor sums, Tensor::Empty({2}, DType::kF32, c_.device));
+  RETURN_IF_ERROR(ZeroFill(sums, *s));
+  ASSIGN_OR_RETURN(Tensor loss_sum, sums.View(0, {1}));
+  ASSIGN_OR_RETURN(Tensor sumsq, sums.View(1, {1}));
+  ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty({1}, DType::kF32, c_.device));
   for (int m = 0; m < c_.micro_batches; ++m) {
-    FillBatch(data_, order_, int64_t{step_} * c_.batch, m * rows, rows, &tokens, &targets);
-    MicroBatch mb;
-    ASSIGN_OR_RETURN(mb.tokens, Tensor::FromInts(tokens, {rows, T}, c_.device));
-    ASSIGN_OR_RETURN(mb.targets, Tensor::FromInts(targets, {rows, T}, c_.device));
-    mb.dloss_scale = scaler_.scale() / static_cast<float>(c_.batch * T);
+    ASSIGN_OR_RETURN(
+        MicroBatch mb,
+        MakeMicroBatch(data_, order_, int64_t{step_} * c_.batch, m * rows, rows, T, c_.device,
+                       scaler_.scale() / static_cast<float>(c_.batch * T)));
     Tensor losses, dx;
     RETURN_IF_ERROR(stage_->Forward(*s, m, mb, Tensor(), &losses));
-    ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, c_.device));
-    RETURN_IF_ERROR(ops::Sum(*s, part, losses));
-    RETURN_IF_ERROR(ops::Axpy(*s, loss_sum, 1.0f, part));
+    RETURN_IF_ERROR(AccumulateLoss(*s, loss_sum, losses, scratch));
     RETURN_IF_ERROR(stage_->Backward(*s, m, mb, Tensor(), &dx));
   }
-  ASSIGN_OR_RETURN(Tensor sumsq, Tensor::Empty({1}, DType::kF32, c_.device));
-  RETURN_IF_ERROR(ZeroFill(sumsq, *s));
   RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
-  ASSIGN_OR_RETURN(std::vector<float> sq, sumsq.ToFloatVector());
-  ASSIGN_OR_RETURN(std::vector<float> loss, loss_sum.ToFloatVector());
-  ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, c_, *stage_, optimizer_, scaler_, step_, loss[0], sq[0]));
+  ASSIGN_OR_RETURN(std::vector<float> v, sums.ToFloatVector());
+  ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, c_, *stage_, optimizer_, scaler_, step_, v[0], v[1]));
   ++step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
@@ -102,6 +99,24 @@ absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& st
   }
   RETURN_IF_ERROR(stage.ZeroGrads(s));
   return r;
+}
+
+absl::StatusOr<MicroBatch> MakeMicroBatch(const TokenDataset& data, const DataOrder& order,
+                                          int64_t batch_start, int64_t row_begin, int64_t rows,
+                                          int64_t seq_len, Device device, float dloss_scale) {
+  std::vector<int32_t> tokens, targets;
+  FillBatch(data, order, batch_start, row_begin, rows, &tokens, &targets);
+  MicroBatch mb;
+  ASSIGN_OR_RETURN(mb.tokens, Tensor::FromInts(tokens, {rows, seq_len}, device));
+  ASSIGN_OR_RETURN(mb.targets, Tensor::FromInts(targets, {rows, seq_len}, device));
+  mb.dloss_scale = dloss_scale;
+  return mb;
+}
+
+absl::Status AccumulateLoss(Stream& s, const Tensor& loss_sum, const Tensor& losses,
+                            const Tensor& scratch) {
+  RETURN_IF_ERROR(ops::Sum(s, scratch, losses));
+  return ops::Axpy(s, loss_sum, 1.0f, scratch);
 }
 
 absl::Status Trainer::Run(const std::function<void(const StepReport&)>& report) {

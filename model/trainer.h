@@ -78,6 +78,17 @@ absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& st
                                       Optimizer& optimizer, LossScaler& scaler, int step,
                                       float loss_sum, float grad_sumsq);
 
+// Rows [row_begin, row_begin + rows) of the global batch that starts at sample position
+// `batch_start`, as one micro-batch of (rows, seq_len) tokens and targets on `device`, with
+// the given gradient scale for each token's loss.
+absl::StatusOr<MicroBatch> MakeMicroBatch(const TokenDataset& data, const DataOrder& order,
+                                          int64_t batch_start, int64_t row_begin, int64_t rows,
+                                          int64_t seq_len, Device device, float dloss_scale);
+
+// loss_sum (one f32) += the sum of `losses`, summed into `scratch` (one f32) first.
+absl::Status AccumulateLoss(Stream& s, const Tensor& loss_sum, const Tensor& losses,
+                            const Tensor& scratch);
+
 // A stage's parameters, optimizer state, loss scale and step, in one checkpoint file (a
 // shard, model/sharded_checkpoint.h): flat arrays with a "layout" entry naming each
 // parameter's offset and size, so any stage holding the same parameters can load it.

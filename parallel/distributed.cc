@@ -4,6 +4,8 @@
 #include <cmath>
 #include <algorithm>
 #include <map>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -33,6 +35,12 @@ class Timer {
   double* acc_;
   double start_;
 };
+
+// The schedule a pipeline follows; model parallelism is GPipe over its one micro-batch.
+absl::StatusOr<PipelineSchedule> StrategySchedule(const ParallelConfig& c, int world) {
+  const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
+  return MakeSchedule(schedule, world, c.train.micro_batches);
+}
 
 }  // namespace
 
@@ -65,12 +73,9 @@ absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model
   }
   const TokenDataset data = TokenDataset::Synthetic(int64_t{rows} * model.seq_len * 4 + 1,
                                                     model.seq_len, model.vocab, seed);
-  std::vector<int32_t> tokens, targets;
-  FillBatch(data, DataOrder(data.num_samples(), seed), 0, 0, rows, &tokens, &targets);
-  MicroBatch mb;
-  ASSIGN_OR_RETURN(mb.tokens, Tensor::FromInts(tokens, {rows, model.seq_len}, device));
-  ASSIGN_OR_RETURN(mb.targets, Tensor::FromInts(targets, {rows, model.seq_len}, device));
-  mb.dloss_scale = 1.0f / (rows * model.seq_len);
+  ASSIGN_OR_RETURN(MicroBatch mb,
+                   MakeMicroBatch(data, DataOrder(data.num_samples(), seed), 0, 0, rows,
+                                  model.seq_len, device, 1.0f / (rows * model.seq_len)));
   constexpr int kRuns = 4;  // the first is a warm-up
   std::vector<std::vector<double>> runs(n);
   for (int r = 0; r < kRuns; ++r) {
@@ -148,8 +153,7 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
   } else {
     ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, world));
   }
-  const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
-  ASSIGN_OR_RETURN(PipelineSchedule s, MakeSchedule(schedule, world, t.micro_batches));
+  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, world));
   RETURN_IF_ERROR(ValidateSchedule(s));
   return bounds;
 }
@@ -166,9 +170,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   std::unique_ptr<DistributedTrainer> t(new DistributedTrainer(c, comm, std::move(data)));
   t->bounds_ = bounds;
   const bool data_parallel = c.strategy == StrategyKind::kData;
-  const int r = comm->rank();
-  const int begin = data_parallel ? 0 : bounds[r];
-  const int end = data_parallel ? bounds.back() : bounds[r + 1];
+  const auto [begin, end] = t->BlockRange(comm->rank());
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
                                             c.train.seed, c.train.dtype));
   t->stage_->set_recompute(c.recompute);
@@ -183,9 +185,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c.train.device));
     RETURN_IF_ERROR(t->stage_->ParamsChanged(*s));
   } else {
-    const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
-    ASSIGN_OR_RETURN(t->schedule_,
-                     MakeSchedule(schedule, comm->world_size(), c.train.micro_batches));
+    ASSIGN_OR_RETURN(t->schedule_, StrategySchedule(c, comm->world_size()));
   }
   if (!c.train.resume.empty()) {
     return absl::InvalidArgumentError(
@@ -203,13 +203,9 @@ absl::Status DistributedTrainer::Wait(Work& w, const char* what) {
 
 absl::StatusOr<MicroBatch> DistributedTrainer::LoadMicroBatch(int64_t row_begin, int64_t rows) {
   const TrainConfig& t = c_.train;
-  std::vector<int32_t> tokens, targets;
-  FillBatch(data_, order_, int64_t{step_} * t.batch, row_begin, rows, &tokens, &targets);
-  MicroBatch mb;
-  ASSIGN_OR_RETURN(mb.tokens, Tensor::FromInts(tokens, {rows, t.model.seq_len}, t.device));
-  ASSIGN_OR_RETURN(mb.targets, Tensor::FromInts(targets, {rows, t.model.seq_len}, t.device));
-  mb.dloss_scale = scaler_.scale() / static_cast<float>(int64_t{t.batch} * t.model.seq_len);
-  return mb;
+  return MakeMicroBatch(data_, order_, int64_t{step_} * t.batch, row_begin, rows,
+                        t.model.seq_len, t.device,
+                        scaler_.scale() / static_cast<float>(int64_t{t.batch} * t.model.seq_len));
 }
 
 absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, StepTiming* t) {
@@ -219,6 +215,7 @@ absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, S
   const int64_t rows = share / tc.micro_batches;
   std::vector<std::unique_ptr<Work>> pending;
   size_t next = 0;
+  ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty({1}, DType::kF32, tc.device));
   auto issue = [&](size_t i) -> absl::Status {
     ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(
                                    buckets_[i].begin, {buckets_[i].end - buckets_[i].begin}));
@@ -235,9 +232,7 @@ absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, S
     {
       SpanScope span(absl::StrCat("forward ", m), "compute", m);
       RETURN_IF_ERROR(stage_->Forward(s, m, mb, Tensor(), &losses));
-      ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, tc.device));
-      RETURN_IF_ERROR(ops::Sum(s, part, losses));
-      RETURN_IF_ERROR(ops::Axpy(s, *loss_sum, 1.0f, part));
+      RETURN_IF_ERROR(AccumulateLoss(s, *loss_sum, losses, scratch));
     }
     // Gradient accumulation communicates only after the last micro-batch's gradients.
     auto block_done = [&](int block) -> absl::Status {
@@ -267,6 +262,10 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
   std::map<int, std::shared_ptr<Work>> act_ready, grad_ready;
   std::vector<std::shared_ptr<Work>> all;
   std::map<int, MicroBatch> batches;
+  Tensor scratch;  // the last stage sums its losses here
+  if (stage_->is_last()) {
+    ASSIGN_OR_RETURN(scratch, Tensor::Empty({1}, DType::kF32, tc.device));
+  }
   auto batch = [&](int m) -> absl::StatusOr<MicroBatch*> {
     auto it = batches.find(m);
     if (it == batches.end()) {
@@ -333,9 +332,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
       RETURN_IF_ERROR(stage_->Forward(s, m, *mb, act_in[m], &y));
       act_in.erase(m);
       if (stage_->is_last()) {
-        ASSIGN_OR_RETURN(Tensor part, Tensor::Empty({1}, DType::kF32, tc.device));
-        RETURN_IF_ERROR(ops::Sum(s, part, y));
-        RETURN_IF_ERROR(ops::Axpy(s, *loss_sum, 1.0f, part));
+        RETURN_IF_ERROR(AccumulateLoss(s, *loss_sum, y, scratch));
       } else {
         outputs[m] = y;
       }
@@ -413,10 +410,18 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
   return r;
 }
 
-std::string DistributedTrainer::CheckpointPath(const std::string& dir, int step) const {
-  const std::string prefix = CheckpointPrefixFor(dir, step);
+std::pair<int, int> DistributedTrainer::BlockRange(int rank) const {
+  if (c_.strategy == StrategyKind::kData) return {0, bounds_.back()};
+  return {bounds_[rank], bounds_[rank + 1]};
+}
+
+std::string DistributedTrainer::ShardName(const std::string& prefix, int rank) const {
   if (c_.strategy == StrategyKind::kData) return prefix + ".ckpt";
-  return absl::StrFormat("%s.stage-%d.ckpt", prefix, comm_->rank());
+  return absl::StrFormat("%s.stage-%d.ckpt", prefix, rank);
+}
+
+std::string DistributedTrainer::CheckpointPath(const std::string& dir, int step) const {
+  return ShardName(CheckpointPrefixFor(dir, step), comm_->rank());
 }
 
 absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
@@ -460,10 +465,8 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
     }
     if (f[0] == 0) continue;
     ShardRecord s;
-    s.file = absl::StrFormat("step-%06d", step_);
-    s.file += c_.strategy == StrategyKind::kData ? ".ckpt" : absl::StrFormat(".stage-%d.ckpt", r);
-    s.block_begin = c_.strategy == StrategyKind::kData ? 0 : bounds_[r];
-    s.block_end = c_.strategy == StrategyKind::kData ? bounds_.back() : bounds_[r + 1];
+    s.file = ShardName(absl::StrFormat("step-%06d", step_), r);
+    std::tie(s.block_begin, s.block_end) = BlockRange(r);
     s.bytes = static_cast<int64_t>(static_cast<uint32_t>(f[1]) |
                                    (static_cast<uint64_t>(static_cast<uint32_t>(f[2])) << 32));
     s.checksum = static_cast<uint32_t>(f[3]) |

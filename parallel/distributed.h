@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -81,7 +82,6 @@ class DistributedTrainer {
   bool stop_agreed() const { return stop_agreed_; }
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
-  const TokenDataset& data() const { return data_; }
   // This rank's shard path under `dir` for `step` (one file per pipeline stage; data
   // parallel ranks share rank 0's file), see model/sharded_checkpoint.h.
   std::string CheckpointPath(const std::string& dir, int step) const;
@@ -101,6 +101,10 @@ class DistributedTrainer {
   absl::Status DataParallelPass(Stream& s, Tensor* loss_sum, StepTiming* t);
   absl::Status PipelinePass(Stream& s, Tensor* loss_sum, StepTiming* t);
   absl::Status Wait(Work& w, const char* what);
+  // The model blocks rank `rank` holds, [begin, end): all of them under data parallelism.
+  std::pair<int, int> BlockRange(int rank) const;
+  // Rank `rank`'s shard file under checkpoint `prefix` (data parallel: the one file).
+  std::string ShardName(const std::string& prefix, int rank) const;
 
   ParallelConfig c_;
   Communicator* comm_;

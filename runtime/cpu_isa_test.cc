@@ -91,6 +91,10 @@ class EveryOp {
     Tensor att_out = Zeros({b, t, ac}), att = Zeros({b, nh, t, t}), dqkv = Zeros({b, t, 3 * ac});
     Check(AttentionForward(s, att_out, att, qkv, nh), "AttentionForward", att_out, att);
     Check(AttentionBackward(s, dqkv, Rand({b, t, ac}), qkv, att, nh), "AttentionBackward", dqkv);
+    Tensor lse = Zeros({b, nh, t});
+    Check(FlashAttentionForward(s, att_out, lse, qkv, nh), "FlashAttentionForward", att_out, lse);
+    Check(FlashAttentionBackward(s, dqkv, Rand({b, t, ac}), qkv, att_out, lse, nh),
+          "FlashAttentionBackward", dqkv);
 
     const int64_t v = 259;
     std::vector<int32_t> ids(b * t);

@@ -590,6 +590,56 @@ TEST_P(CudaOpsDTypeTest, AttentionBackward) {
   }
 }
 
+// FlashAttention: head sizes 32, 64 and 128 in bf16/f16 run on tensor cores (odd T leaves
+// partial 64-row tiles; T = 256 takes several), the others (hs 4 and 48, and f32) the
+// cuBLAS path with a temporary; the CPU is the reference for both.
+const std::vector<AttentionCase>& FlashCases() {
+  static const std::vector<AttentionCase> cases = {
+      {2, 7, 12, 3}, {1, 1, 64, 1}, {1, 100, 96, 3}, {2, 256, 768, 12}, {1, 130, 256, 2},
+      {1, 70, 96, 2}};
+  return cases;
+}
+
+TEST_P(CudaOpsDTypeTest, FlashAttentionForward) {
+  const DType t = GetParam();
+  for (const AttentionCase& c : FlashCases()) {
+    for (int64_t offset : {0, 1}) {  // offset 1: not 16-byte aligned, so never tensor cores
+      SCOPED_TRACE(::testing::Message() << "B=" << c.b << " T=" << c.t << " C=" << c.c
+                                        << " NH=" << c.nh << " offset=" << offset);
+      const Shape shape{c.b, c.t, 3 * c.c};
+      Pair qkv = View(Random({shape.numel() + offset}, t), offset, shape);
+      Pair out = Output({c.b, c.t, c.c}, t);
+      Pair lse = Output({c.b, c.nh, c.t}, DType::kF32);
+      ASSERT_TRUE(Both([&](Stream& s, auto at) {
+        return FlashAttentionForward(s, at(out), at(lse), at(qkv), static_cast<int>(c.nh));
+      }));
+      EXPECT_TRUE(Close(lse, Tol(t)));
+      EXPECT_TRUE(Close(out, 2 * Tol(t)));
+    }
+  }
+}
+
+TEST_P(CudaOpsDTypeTest, FlashAttentionBackward) {
+  const DType t = GetParam();
+  for (const AttentionCase& c : FlashCases()) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.b << " T=" << c.t << " C=" << c.c
+                                      << " NH=" << c.nh);
+    const int nh = static_cast<int>(c.nh);
+    Pair qkv = Random({c.b, c.t, 3 * c.c}, t);
+    Pair out_cpu = Output({c.b, c.t, c.c}, DType::kF32);
+    Pair lse_cpu = Output({c.b, c.nh, c.t}, DType::kF32);
+    ASSERT_OK(FlashAttentionForward(CpuStream(), out_cpu.cpu, lse_cpu.cpu, qkv.cpu, nh));
+    Pair out = CpuValues(out_cpu, t);  // the same forward results on both sides
+    Pair lse = CpuValues(lse_cpu, DType::kF32);
+    Pair dout = Random({c.b, c.t, c.c}, t);
+    Pair dqkv = Output({c.b, c.t, 3 * c.c}, t);
+    ASSERT_TRUE(Both([&](Stream& s, auto at) {
+      return FlashAttentionBackward(s, at(dqkv), at(dout), at(qkv), at(out), at(lse), nh);
+    }));
+    EXPECT_TRUE(Close(dqkv, 3 * Tol(t)));
+  }
+}
+
 // ---- embedding and loss ---------------------------------------------------------------------
 
 struct EmbeddingCase {

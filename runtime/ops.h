@@ -121,6 +121,17 @@ absl::Status AttentionForward(Stream& s, const Tensor& out, const Tensor& att,
 // dqkv (B, T, 3C) written, from dout (B, T, C), qkv and att of the forward.
 absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout,
                                const Tensor& qkv, const Tensor& att, int num_heads);
+// The same attention as FlashAttention computes it (Dao et al.): out as AttentionForward's,
+// and only lse (B, NH, T) f32, each query row's log-sum-exp of its scaled scores, is kept for
+// backward, which recomputes the probabilities: O(T) memory per head instead of O(T^2), and on
+// CUDA (bf16/f16, hs 32, 64 or 128) tensor-core kernels that never write the scores to
+// memory. Any float for qkv/out.
+absl::Status FlashAttentionForward(Stream& s, const Tensor& out, const Tensor& lse,
+                                   const Tensor& qkv, int num_heads);
+// dqkv (B, T, 3C) written, from dout (B, T, C) and the forward's qkv, out and lse.
+absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout,
+                                    const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                    int num_heads);
 
 // ---- embedding and loss ---------------------------------------------------------------------
 

@@ -179,12 +179,15 @@ Ref RefSoftmax(const Vec& x, int64_t n, int64_t c) {
   return out;
 }
 
-// Causal attention by its definition: out (B, T, C), att (B, NH, T, T).
-void RefAttention(const Vec& qkv, int64_t B, int64_t T, int64_t C, int64_t NH, Ref* out, Ref* att) {
+// Causal attention by its definition: out (B, T, C), att (B, NH, T, T), and lse (B, NH, T),
+// each row's log-sum-exp of the scaled scores, when given.
+void RefAttention(const Vec& qkv, int64_t B, int64_t T, int64_t C, int64_t NH, Ref* out, Ref* att,
+                  Ref* lse = nullptr) {
   const int64_t hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   out->assign(B * T * C, 0.0);
   att->assign(B * NH * T * T, 0.0);
+  if (lse != nullptr) lse->assign(B * NH * T, 0.0);
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < NH; h++) {
       for (int64_t t = 0; t < T; t++) {
@@ -200,6 +203,7 @@ void RefAttention(const Vec& qkv, int64_t B, int64_t T, int64_t C, int64_t NH, R
           mx = std::max(mx, p[t2]);
         }
         for (int64_t t2 = 0; t2 <= t; t2++) sum += (p[t2] = std::exp(p[t2] - mx));
+        if (lse != nullptr) (*lse)[(b * NH + h) * T + t] = mx + std::log(sum);
         for (int64_t t2 = 0; t2 <= t; t2++) {
           p[t2] /= sum;
           (*att)[((b * NH + h) * T + t) * T + t2] = p[t2];
@@ -692,6 +696,58 @@ TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
                               Zeros({2, 1, 3, 3}), 1));
 }
 
+// FlashAttention keeps lse instead of att; its out is AttentionForward's, bit for bit (one
+// code path on the CPU), and its gradients match finite differences and AttentionBackward.
+TEST(FlashAttentionTest, ForwardMatchesAttentionAndReference) {
+  const std::vector<AttentionDims> dims = {{1, 1, 4, 1}, {2, 7, 12, 3},  {1, 13, 8, 2},
+                                           {2, 5, 6, 6}, {1, 33, 16, 4}, {0, 3, 4, 2},
+                                           {2, 0, 4, 2}, {2, 3, 0, 1}};
+  for (const AttentionDims& d : dims) {
+    Tensor qkv = Rand({d.b, d.t, 3 * d.c}, -2.0f, 2.0f);
+    Tensor out = Rand({d.b, d.t, d.c}), lse = Rand({d.b, d.nh, d.t});
+    ASSERT_OK(FlashAttentionForward(Cpu(), out, lse, qkv, d.nh));
+    Tensor att_out = Rand({d.b, d.t, d.c}), att = Rand({d.b, d.nh, d.t, d.t});
+    ASSERT_OK(AttentionForward(Cpu(), att_out, att, qkv, d.nh));
+    EXPECT_EQ(Get(out), Get(att_out));
+    Ref want_out, want_att, want_lse;
+    RefAttention(Get(qkv), d.b, d.t, d.c, d.nh, &want_out, &want_att, &want_lse);
+    if (d.c == 0) {  // empty heads: every score is 0, so row t is uniform over t + 1 keys
+      for (size_t i = 0; i < want_lse.size(); i++) want_lse[i] = std::log(i % d.t + 1.0);
+    }
+    EXPECT_TRUE(AllClose(Get(lse), want_lse, 1e-5, 1e-5)) << d.b << " " << d.t << " " << d.c;
+  }
+}
+
+TEST(FlashAttentionTest, BackwardMatchesFiniteDifferencesAndAttention) {
+  for (const AttentionDims& d : {AttentionDims{2, 5, 6, 2}, AttentionDims{1, 7, 9, 3},
+                                 AttentionDims{1, 4, 4, 4}, AttentionDims{1, 1, 4, 2}}) {
+    Tensor qkv = Rand({d.b, d.t, 3 * d.c});
+    Tensor out = Zeros({d.b, d.t, d.c}), lse = Zeros({d.b, d.nh, d.t});
+    const Vec r = RandVec(d.b * d.t * d.c);
+    auto loss = [&] {
+      EXPECT_TRUE(FlashAttentionForward(Cpu(), out, lse, qkv, d.nh).ok());
+      return Weighted(out, r);
+    };
+    loss();
+    const Tensor out0 = FromVec(Get(out), out.shape());
+    const Tensor lse0 = FromVec(Get(lse), lse.shape());
+    const Tensor dout = FromVec(r, out.shape());
+    Tensor dqkv = Rand(qkv.shape());
+    ASSERT_OK(FlashAttentionBackward(Cpu(), dqkv, dout, qkv, out0, lse0, d.nh));
+    EXPECT_TRUE(AllClose(Get(dqkv), NumericGrad(qkv, loss), kGradAtol, kGradRtol))
+        << d.b << " " << d.t << " " << d.c << " " << d.nh;
+    Tensor att = Zeros({d.b, d.nh, d.t, d.t}), want = Zeros(qkv.shape());
+    ASSERT_OK(AttentionForward(Cpu(), Zeros(out.shape()), att, qkv, d.nh));
+    ASSERT_OK(AttentionBackward(Cpu(), want, dout, qkv, att, d.nh));
+    const Vec w = Get(want);
+    EXPECT_TRUE(AllClose(Get(dqkv), Ref(w.begin(), w.end()), 1e-5, 1e-4));
+  }
+  ASSERT_OK(FlashAttentionBackward(Cpu(), Zeros({0, 3, 12}), Zeros({0, 3, 4}), Zeros({0, 3, 12}),
+                                   Zeros({0, 3, 4}), Zeros({0, 2, 3}), 2));
+  ASSERT_OK(FlashAttentionBackward(Cpu(), Zeros({2, 3, 0}), Zeros({2, 3, 0}), Zeros({2, 3, 0}),
+                                   Zeros({2, 3, 0}), Zeros({2, 1, 3}), 1));
+}
+
 // ---- embedding and loss ---------------------------------------------------------------------
 
 TEST(EmbeddingTest, ForwardAgainstReference) {
@@ -982,6 +1038,14 @@ TEST(ArgumentErrorsTest, NameTheOpAndTheShapes) {
   ExpectError(AttentionBackward(s, Zeros({1, 2, 18}), Zeros({1, 3, 6}), Zeros({1, 2, 18}),
                                 Zeros({1, 2, 2, 2}), 2),
               {"AttentionBackward", "dout", "[1, 3, 6]", "[1, 2, 6]"});
+  ExpectError(FlashAttentionForward(s, Zeros({1, 2, 6}), Zeros({1, 2, 2, 2}), Zeros({1, 2, 18}), 2),
+              {"FlashAttentionForward", "lse", "[1, 2, 2, 2]", "[1, 2, 2]"});
+  ExpectError(FlashAttentionBackward(s, Zeros({1, 2, 18}), Zeros({1, 2, 6}), Zeros({1, 2, 18}),
+                                     Tensor(), Zeros({1, 2, 2}), 2),
+              {"FlashAttentionBackward", "out is undefined"});
+  ExpectError(FlashAttentionBackward(s, Zeros({1, 2, 18}), Zeros({1, 2, 6}), Zeros({1, 2, 18}),
+                                     Zeros({1, 2, 5}), Zeros({1, 2, 2}), 2),
+              {"FlashAttentionBackward", "out", "[1, 2, 5]", "[1, 2, 6]"});
   // embedding and loss
   ExpectError(EmbeddingForward(s, Zeros({2, 3, 4}), Ints({0, 1, 2, 3, 9, 0}, {2, 3}), Zeros({5, 4}),
                                Tensor()),

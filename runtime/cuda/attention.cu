@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "runtime/cuda/common.cuh"
+#include "runtime/cuda/flash_attention.cuh"
 #include "runtime/cuda/gemm.cuh"
 #include "runtime/ops_backend.h"
 
@@ -23,8 +24,8 @@ constexpr int kRowsPerBlock = kThreads / kWarpSize;
 
 // Moves S sections between the token-major layout rows (B, T, S * C), section s at columns
 // [s * C, (s + 1) * C) with head h at [h * hs, (h + 1) * hs), and head-major buffers
-// heads[s] (B, NH, T, hs); kToHeads gathers, else scatters. P elements move per step
-// (hs % P == 0, so a pack never crosses a head).
+// heads[s] (B, NH, T, hs); kToHeads gathers, else scatters; a null heads[s] skips its
+// section. P elements move per step (hs % P == 0, so a pack never crosses a head).
 template <typename E, int P, bool kToHeads>
 __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T, int NH,
                               int hs) {
@@ -44,6 +45,7 @@ __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T,
     const int64_t row_idx = (b * T + t) * (S * C) + static_cast<int64_t>(h) * hs + d;
     for (int s = 0; s < S; ++s) {
       E* head = s == 0 ? h0 : (s == 1 ? h1 : h2);
+      if (head == nullptr) continue;
       if (kToHeads) {
         Vec::Load(rows + row_idx + s * C).Store(head + idx);
       } else {
@@ -54,10 +56,12 @@ __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T,
 }
 
 // In place on raw scores att[row, :] (row = (b, h, t)): att[j] = softmax_j(scale * att[j])
-// over j <= t and 0 for j > t; att_low (if not null) gets the same values rounded to E.
-// att: (rows, T) f32; att_low: (rows, T)
+// over j <= t and 0 for j > t; att_low (if not null) gets the same values rounded to E, lse
+// (if not null) each row's log-sum-exp of scale * att.
+// att: (rows, T) f32; att_low: (rows, T); lse: (rows) f32
 template <typename E>
-__global__ void CausalSoftmaxKernel(float* att, E* att_low, int T, int64_t rows, float scale) {
+__global__ void CausalSoftmaxKernel(float* att, E* att_low, float* lse, int T, int64_t rows,
+                                    float scale) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
   if (row >= rows) return;
@@ -66,12 +70,27 @@ __global__ void CausalSoftmaxKernel(float* att, E* att_low, int T, int64_t rows,
   MaxSum ms = MaxSumEmpty();
   for (int j = lane; j <= t; j += kWarpSize) ms = MaxSumAdd(ms, scale * a[j]);
   ms = WarpMaxSum(ms);
+  if (lse != nullptr && lane == 0) lse[row] = ms.m + logf(ms.s);
   const float inv = 1.0f / ms.s;
   for (int j = lane; j < T; j += kWarpSize) {
     const float p = j <= t ? expf(scale * a[j] - ms.m) * inv : 0.0f;
     a[j] = p;
     if (att_low != nullptr) att_low[row * T + j] = FromF32<E>(p);
   }
+}
+
+// In place on raw scores att[row, :]: att[j] = exp(scale * att[j] - lse[row]) for j <= t, else
+// 0: the probabilities of the forward, recomputed from its log-sum-exp.
+// att: (rows, T) f32; lse: (rows) f32
+__global__ void ProbsFromLseKernel(float* att, const float* lse, int T, int64_t rows,
+                                   float scale) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  float* a = att + row * T;
+  const float l = lse[row];
+  for (int j = lane; j < T; j += kWarpSize) a[j] = j <= t ? expf(scale * a[j] - l) : 0.0f;
 }
 
 // dpre[row, j] = scale * att[j] * (datt[j] - sum_{i <= t} att[i] datt[i]) for j <= t, else 0
@@ -167,9 +186,10 @@ absl::Status HeadGemm(Stream& s, const Dims& d, int64_t m, int64_t n, int64_t k,
   return RunGemm(s, g);
 }
 
+// att gets the probabilities, lse (if not null) each row's log-sum-exp.
 template <typename E>
 absl::Status Forward(Stream& s, cudaStream_t stream, const Tensor& out, const Tensor& att,
-                     const Tensor& qkv, const Dims& d) {
+                     float* lse, const Tensor& qkv, const Dims& d) {
   if (d.heads() == 0 || d.T == 0) return absl::OkStatus();
   const int64_t rows = d.heads() * d.T;
   const unsigned int row_blocks =
@@ -179,7 +199,7 @@ absl::Status Forward(Stream& s, cudaStream_t stream, const Tensor& out, const Te
     // the CPU); out has no elements.
     RETURN_IF_ERROR(ZeroFill(att, s));
     CausalSoftmaxKernel<E><<<row_blocks, kThreads, 0, stream>>>(MutPtr<float>(att), nullptr,
-                                                                 d.T, rows, 1.0f);
+                                                                 lse, d.T, rows, 1.0f);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   }
@@ -201,7 +221,8 @@ absl::Status Forward(Stream& s, cudaStream_t stream, const Tensor& out, const Te
   // scores (T, T) = q (T, hs) @ k (T, hs)^T, f32, straight into att
   RETURN_IF_ERROR(HeadGemm(s, d, T, T, hs, false, q, true, k, att.raw(), et, CUDA_R_32F));
   CausalSoftmaxKernel<E><<<row_blocks, kThreads, 0, stream>>>(
-      MutPtr<float>(att), MutPtr<E>(att_low), T, rows, 1.0f / std::sqrt(static_cast<float>(hs)));
+      MutPtr<float>(att), MutPtr<E>(att_low), lse, T, rows,
+      1.0f / std::sqrt(static_cast<float>(hs)));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   // y (T, hs) = att (T, T) @ v (T, hs), into q's buffer (q is no longer needed)
   const void* probs = kLow ? att_low.raw() : att.raw();
@@ -258,6 +279,27 @@ absl::Status Backward(Stream& s, cudaStream_t stream, const Tensor& dqkv, const 
   return Permute<E>(stream, false, MutPtr<E>(dqkv), dq, dk, dv, 3, d);
 }
 
+// att (B, NH, T, T) f32 = the forward's probabilities, recomputed from qkv and lse.
+template <typename E>
+absl::Status RecomputeProbs(Stream& s, cudaStream_t stream, const Tensor& att, const Tensor& qkv,
+                            const Tensor& lse, const Dims& d) {
+  const int64_t rows = d.heads() * d.T;
+  if (rows == 0) return absl::OkStatus();
+  const int64_t n = d.head_elems();
+  ASSIGN_OR_RETURN(Tensor heads, Tensor::Empty({2, n}, qkv.dtype(), s.device()));
+  E* q = MutPtr<E>(heads);
+  E* k = q + n;
+  // S = 3: qkv's rows hold three sections; v's is skipped.
+  RETURN_IF_ERROR(Permute<E>(stream, /*to_heads=*/true, MutPtr<E>(qkv), q, k, nullptr, 3, d));
+  RETURN_IF_ERROR(HeadGemm(s, d, d.T, d.T, d.hs, false, q, true, k, att.raw(), CudaType<E>(),
+                           CUDA_R_32F));
+  ProbsFromLseKernel<<<static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                       kThreads, 0, stream>>>(MutPtr<float>(att), Ptr<float>(lse), d.T, rows,
+                                              1.0f / std::sqrt(static_cast<float>(d.hs)));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status AttentionForward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv,
@@ -266,7 +308,7 @@ absl::Status AttentionForward(Stream& s, const Tensor& out, const Tensor& att, c
   RETURN_IF_ERROR(SameFloatDType("AttentionForward", qkv.dtype(), {&out}));
   const Dims d = DimsOf(qkv, num_heads);
   return DispatchFloat("AttentionForward", qkv.dtype(), [&](auto tag) {
-    return Forward<decltype(tag)>(s, stream, out, att, qkv, d);
+    return Forward<decltype(tag)>(s, stream, out, att, nullptr, qkv, d);
   });
 }
 
@@ -277,6 +319,41 @@ absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout
   const Dims d = DimsOf(qkv, num_heads);
   return DispatchFloat("AttentionBackward", qkv.dtype(), [&](auto tag) {
     return Backward<decltype(tag)>(s, stream, dqkv, dout, qkv, att, d);
+  });
+}
+
+// FlashAttention: on tensor cores where the kernels fit (flash_attention.cu); elsewhere (f32,
+// other head sizes) the path above with the probabilities in a temporary, so the contract,
+// lse and O(T) saved memory per head, holds for every dtype and shape.
+absl::Status FlashAttentionForward(Stream& s, const Tensor& out, const Tensor& lse,
+                                   const Tensor& qkv, int num_heads) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  RETURN_IF_ERROR(SameFloatDType("FlashAttentionForward", qkv.dtype(), {&out}));
+  if (FlashTensorCoresFit(qkv, num_heads, {&out})) {
+    return FlashForwardTensorCores(s, stream, out, lse, qkv, num_heads);
+  }
+  const Dims d = DimsOf(qkv, num_heads);
+  ASSIGN_OR_RETURN(Tensor att, Tensor::Empty({d.att_elems()}, DType::kF32, s.device()));
+  return DispatchFloat("FlashAttentionForward", qkv.dtype(), [&](auto tag) {
+    return Forward<decltype(tag)>(s, stream, out, att, MutPtr<float>(lse), qkv, d);
+  });
+}
+
+absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout,
+                                    const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                    int num_heads) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  RETURN_IF_ERROR(
+      SameFloatDType("FlashAttentionBackward", qkv.dtype(), {&dqkv, &dout, &out}));
+  if (FlashTensorCoresFit(qkv, num_heads, {&dqkv, &dout, &out})) {
+    return FlashBackwardTensorCores(s, stream, dqkv, dout, qkv, out, lse, num_heads);
+  }
+  const Dims d = DimsOf(qkv, num_heads);
+  ASSIGN_OR_RETURN(Tensor att, Tensor::Empty({d.att_elems()}, DType::kF32, s.device()));
+  return DispatchFloat("FlashAttentionBackward", qkv.dtype(), [&](auto tag) {
+    using E = decltype(tag);
+    if (d.hs > 0) RETURN_IF_ERROR(RecomputeProbs<E>(s, stream, att, qkv, lse, d));
+    return Backward<E>(s, stream, dqkv, dout, qkv, att, d);
   });
 }
 

@@ -1,0 +1,38 @@
+// FlashAttention (Dao et al., FlashAttention-2's work split) on tensor cores for the CUDA
+// backend: causal self-attention over qkv (B, T, 3C) for bf16/f16 with head sizes 32, 64 and
+// 128. Scores and probabilities live in shared memory a 64 x 64 tile at a time and never
+// reach global memory; only the output and each row's log-sum-exp are written. Backward
+// recomputes the probabilities: one kernel per key tile accumulates dk and dv, one per query
+// tile dq, so no atomics and the same bits on every run.
+// Host-only declarations; attention.cu takes this path where it fits and its cuBLAS path
+// otherwise.
+#ifndef TANDEM_RUNTIME_CUDA_FLASH_ATTENTION_CUH_
+#define TANDEM_RUNTIME_CUDA_FLASH_ATTENTION_CUH_
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+
+namespace tandem {
+namespace ops {
+namespace cuda {
+
+// Whether the tensor-core kernels take these arguments: dtype bf16 or f16, head size 32, 64
+// or 128, every tensor 16-byte aligned, and T >= 1, B * NH >= 1.
+bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
+                         std::initializer_list<const Tensor*> others);
+
+// The arguments of ops::FlashAttentionForward/Backward, checked, and fitting as above.
+absl::Status FlashForwardTensorCores(Stream& s, cudaStream_t stream, const Tensor& out,
+                                     const Tensor& lse, const Tensor& qkv, int num_heads);
+absl::Status FlashBackwardTensorCores(Stream& s, cudaStream_t stream, const Tensor& dqkv,
+                                      const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                      const Tensor& lse, int num_heads);
+
+}  // namespace cuda
+}  // namespace ops
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_CUDA_FLASH_ATTENTION_CUH_

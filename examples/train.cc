@@ -19,6 +19,9 @@ ABSL_FLAG(int, n_layer, 0, "layers (0: the preset's)");
 ABSL_FLAG(int, d_model, 0, "channels / MLP width (0: the preset's)");
 ABSL_FLAG(int, n_head, 0, "attention heads (0: the preset's)");
 ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the preset's)");
+ABSL_FLAG(std::string, attention, "standard",
+          "GPT attention: standard (keeps the T x T probabilities) or flash (keeps each row's "
+          "log-sum-exp and recomputes them in backward)");
 ABSL_FLAG(int, steps, 300, "optimizer steps");
 ABSL_FLAG(int, batch, 16, "samples per step");
 ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
@@ -50,6 +53,9 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
                   absl::GetFlag(FLAGS_seq_len));
   if (!model.ok()) return model.status();
   c.model = *model;
+  auto attention = ParseAttention(absl::GetFlag(FLAGS_attention));
+  if (!attention.ok()) return attention.status();
+  c.model.attention = *attention;
   c.steps = absl::GetFlag(FLAGS_steps);
   c.batch = absl::GetFlag(FLAGS_batch);
   c.micro_batches = absl::GetFlag(FLAGS_micro_batches);

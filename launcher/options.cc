@@ -49,6 +49,9 @@ ABSL_FLAG(int, n_layer, 0, "layers (0: the model's default)");
 ABSL_FLAG(int, d_model, 0, "channels, or the MLP's width (0: the model's default)");
 ABSL_FLAG(int, n_head, 0, "attention heads (0: the model's default)");
 ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the model's default)");
+ABSL_FLAG(std::string, attention, "standard",
+          "GPT attention: standard (keeps the T x T probabilities for backward) or flash "
+          "(keeps each row's log-sum-exp and recomputes them; O(T) memory per head)");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16 and f16 on CUDA only)");
 ABSL_FLAG(int, steps, 100, "optimizer steps to train");
 ABSL_FLAG(int, batch, 16, "global batch in samples, split across workers as the strategy needs");
@@ -223,7 +226,7 @@ std::vector<std::string> RewriteArgs(const std::vector<std::string>& args) {
 const std::vector<std::string>& FlagNames() {
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
-      "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
+      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
       "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
       "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
       "mpirun_args", "prepare", "profile", "bucket_mb", "overlap", "recompute",
@@ -303,6 +306,7 @@ Options OptionsFromFlags() {
   o.job.d_model = absl::GetFlag(FLAGS_d_model);
   o.job.n_head = absl::GetFlag(FLAGS_n_head);
   o.job.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.job.attention = absl::GetFlag(FLAGS_attention);
   o.job.dtype = absl::GetFlag(FLAGS_dtype);
   o.job.steps = absl::GetFlag(FLAGS_steps);
   o.job.batch = absl::GetFlag(FLAGS_batch);

@@ -390,6 +390,7 @@ std::string RunJson(const RunRecord& r) {
   w.Key("d_model").Int(c.d_model);
   w.Key("n_head").Int(c.n_head);
   w.Key("seq_len").Int(c.seq_len);
+  w.Key("attention").String(c.attention);
   w.Key("dtype").String(c.dtype);
   w.Key("steps").Int(c.steps);
   w.Key("batch").Int(c.batch);

@@ -89,8 +89,16 @@ class TransformerBlock : public Block {
     RETURN_IF_ERROR(ops::LinearForward(s, qkv, ln1, p[kQkvW], p[kQkvB]));
     ASSIGN_OR_RETURN(Tensor qkv3, qkv.Reshape({B, T, 3 * C}));
     ASSIGN_OR_RETURN(Tensor atty, Like(x, {B, T, C}));
-    ASSIGN_OR_RETURN(Tensor att, F32(x, {B, NH, T, T}));
-    RETURN_IF_ERROR(ops::AttentionForward(s, atty, att, qkv3, c_.n_head));
+    // att: the probabilities (B, NH, T, T), or with flash attention the rows' log-sum-exp
+    // (B, NH, T).
+    Tensor att;
+    if (c_.attention == Attention::kFlash) {
+      ASSIGN_OR_RETURN(att, F32(x, {B, NH, T}));
+      RETURN_IF_ERROR(ops::FlashAttentionForward(s, atty, att, qkv3, c_.n_head));
+    } else {
+      ASSIGN_OR_RETURN(att, F32(x, {B, NH, T, T}));
+      RETURN_IF_ERROR(ops::AttentionForward(s, atty, att, qkv3, c_.n_head));
+    }
     ASSIGN_OR_RETURN(Tensor atty2, atty.Reshape({N, C}));
     ASSIGN_OR_RETURN(Tensor proj, Like(x, {N, C}));
     RETURN_IF_ERROR(ops::LinearForward(s, proj, atty2, p[kProjW], p[kProjB]));
@@ -136,7 +144,13 @@ class TransformerBlock : public Block {
                                         p[kProjW]));
     ASSIGN_OR_RETURN(Tensor datty3, datty.Reshape({B, T, C}));
     ASSIGN_OR_RETURN(Tensor dqkv, Like(dy, {B, T, 3 * C}));
-    RETURN_IF_ERROR(ops::AttentionBackward(s, dqkv, datty3, v[kQkv], v[kAtt], c_.n_head));
+    if (c_.attention == Attention::kFlash) {
+      ASSIGN_OR_RETURN(Tensor atty3, v[kAttY].Reshape({B, T, C}));
+      RETURN_IF_ERROR(
+          ops::FlashAttentionBackward(s, dqkv, datty3, v[kQkv], atty3, v[kAtt], c_.n_head));
+    } else {
+      RETURN_IF_ERROR(ops::AttentionBackward(s, dqkv, datty3, v[kQkv], v[kAtt], c_.n_head));
+    }
     ASSIGN_OR_RETURN(Tensor dqkv2, dqkv.Reshape({N, 3 * C}));
     ASSIGN_OR_RETURN(Tensor dln1, Like(dy, {N, C}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dln1, g[kQkvW], g[kQkvB], dqkv2, v[kLn1], p[kQkvW]));

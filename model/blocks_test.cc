@@ -92,6 +92,11 @@ void CheckGradients(const ModelConfig& c, float h, double abs_tol) {
 
 TEST(BlocksTest, GptGradientsMatchFiniteDifferences) { CheckGradients(SmallGpt(), 1e-2f, 2e-4); }
 TEST(BlocksTest, MlpGradientsMatchFiniteDifferences) { CheckGradients(SmallMlp(), 3e-4f, 3e-4); }
+TEST(BlocksTest, GptFlashAttentionGradientsMatchFiniteDifferences) {
+  ModelConfig c = SmallGpt();
+  c.attention = Attention::kFlash;
+  CheckGradients(c, 1e-2f, 2e-4);
+}
 
 TEST(BlocksTest, ParameterCountMatchesConfig) {
   for (ModelConfig c : {SmallGpt(), SmallMlp(), *ModelPreset("gpt-tiny")}) {
@@ -220,6 +225,48 @@ TEST(BlocksTest, RecomputeMatchesAndSavesMemory) {
   EXPECT_EQ(grads[0], grads[1]);
   // Four micro-batches of activations held, against four inputs (and one forward's worth).
   EXPECT_LT(peak[1] * 2, peak[0]) << "recompute " << peak[1] << " B, keep " << peak[0] << " B";
+}
+
+// Flash attention computes the standard forward exactly (one code path on the CPU) and the
+// same gradients up to rounding, keeping (B, NH, T) per layer for backward where standard
+// attention keeps (B, NH, T, T).
+TEST(BlocksTest, FlashAttentionMatchesStandardAndSavesMemory) {
+  ModelConfig c = SmallGpt();
+  c.d_model = 64;
+  c.n_head = 4;
+  c.seq_len = 64;
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Allocator* cpu = *GetAllocator(Device::Cpu());
+  const MicroBatch mb = Batch(c, 4, 7);
+  std::vector<float> losses[2], grads[2];
+  int64_t held[2];
+  for (Attention a : {Attention::kStandard, Attention::kFlash}) {
+    const int i = a == Attention::kFlash;
+    c.attention = a;
+    auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 3);
+    const int64_t base = cpu->stats().allocated_bytes;
+    Tensor loss, dx;
+    ASSERT_TRUE(st->Forward(s, 0, mb, Tensor(), &loss).ok());
+    losses[i] = *loss.ToFloatVector();
+    loss = Tensor();
+    held[i] = cpu->stats().allocated_bytes - base;
+    ASSERT_TRUE(st->Backward(s, 0, mb, Tensor(), &dx).ok());
+    grads[i] = *st->grads().flat().ToFloatVector();
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  double worst = 0, scale = 0;
+  for (size_t j = 0; j < grads[0].size(); ++j) {
+    worst = std::max(worst, std::fabs(static_cast<double>(grads[1][j]) - grads[0][j]));
+    scale = std::max(scale, std::fabs(static_cast<double>(grads[0][j])));
+  }
+  EXPECT_LT(worst, 1e-5 * scale) << "largest gradient " << scale;
+  // Two layers of (4, 4, 64, 64) f32 probabilities (256 KiB each) are not held; the
+  // log-sum-exp rows (4, 4, 64) are.
+  const int64_t probs = int64_t{2} * 4 * 4 * 64 * 64 * 4;
+  const int64_t rows = int64_t{2} * 4 * 4 * 64 * 4;
+  EXPECT_LE(held[1], held[0] - probs + rows)
+      << "flash " << held[1] << " B, standard " << held[0] << " B";
 }
 
 }  // namespace

@@ -4,6 +4,15 @@
 
 namespace tandem {
 
+absl::StatusOr<Attention> ParseAttention(absl::string_view name) {
+  if (name == "standard") return Attention::kStandard;
+  if (name == "flash") return Attention::kFlash;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--attention=%s: use standard or flash", name));
+}
+
+const char* AttentionName(Attention a) { return a == Attention::kFlash ? "flash" : "standard"; }
+
 int64_t ModelConfig::num_params() const {
   const int64_t C = d_model, V = vocab;
   if (kind == ModelKind::kMlp) {
@@ -27,8 +36,9 @@ std::string ModelConfig::ToString() const {
                            name, n_layer, d_model, seq_len, vocab, num_params() / 1e6);
   }
   return absl::StrFormat(
-      "%s: gpt, %d layers, d_model %d, %d heads, seq %d, vocab %d, %.2fM parameters", name,
-      n_layer, d_model, n_head, seq_len, vocab, num_params() / 1e6);
+      "%s: gpt, %d layers, d_model %d, %d heads, seq %d, vocab %d, %.2fM parameters%s", name,
+      n_layer, d_model, n_head, seq_len, vocab, num_params() / 1e6,
+      attention == Attention::kFlash ? ", flash attention" : "");
 }
 
 absl::Status ModelConfig::Validate() const {

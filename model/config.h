@@ -13,6 +13,15 @@ namespace tandem {
 
 enum class ModelKind { kGpt, kMlp };
 
+// How a GPT block computes attention: kStandard keeps the softmax probabilities (B, NH, T, T)
+// for backward (ops::AttentionForward); kFlash keeps each row's log-sum-exp (B, NH, T) and
+// recomputes them (ops::FlashAttentionForward, on CUDA one tensor-core kernel). The same
+// results up to rounding.
+enum class Attention { kStandard, kFlash };
+// "standard" or "flash"; the error names the choices.
+absl::StatusOr<Attention> ParseAttention(absl::string_view name);
+const char* AttentionName(Attention a);
+
 struct ModelConfig {
   ModelKind kind = ModelKind::kGpt;
   std::string name = "gpt-tiny";
@@ -21,6 +30,7 @@ struct ModelConfig {
   int d_model = 128;   // GPT: channels; MLP: width
   int seq_len = 64;    // tokens per sample
   int vocab = 256;     // byte vocabulary; for the MLP also the number of classes
+  Attention attention = Attention::kStandard;  // GPT only
 
   // Blocks in order: embedding, n_layer layers, head.
   int num_blocks() const { return n_layer + 2; }

@@ -53,5 +53,19 @@ TEST_F(CudaTrainTest, MixedPrecisionTracksF32) {
   }
 }
 
+// Flash attention in bf16 with head size 32 (the tensor-core kernels) trains as standard
+// attention does.
+TEST_F(CudaTrainTest, FlashAttentionTracksStandard) {
+  TrainConfig c = Small(Device::Cuda(0), DType::kBF16);
+  c.model.n_head = 2;  // d_model 64: head size 32
+  std::vector<float> standard = Losses(c);
+  c.model.attention = Attention::kFlash;
+  std::vector<float> flash = Losses(c);
+  ASSERT_EQ(flash.size(), standard.size());
+  EXPECT_NEAR(flash.front(), standard.front(), 0.01 * standard.front());
+  EXPECT_NEAR(flash.back(), standard.back(), 0.05 * standard.back());
+  EXPECT_LT(flash.back(), flash.front() - 0.5f) << "flash attention did not learn";
+}
+
 }  // namespace
 }  // namespace tandem

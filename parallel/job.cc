@@ -54,6 +54,7 @@ const std::vector<Field>& Fields() {
       Num("d_model", &JobConfig::d_model),
       Num("n_head", &JobConfig::n_head),
       Num("seq_len", &JobConfig::seq_len),
+      Str("attention", &JobConfig::attention),
       Str("dtype", &JobConfig::dtype),
       Num("steps", &JobConfig::steps),
       Num("batch", &JobConfig::batch),
@@ -113,6 +114,9 @@ absl::StatusOr<JobConfig> JobConfig::FromText(const std::string& text) {
 absl::StatusOr<ModelConfig> JobConfig::Model() const {
   absl::StatusOr<ModelConfig> m = ModelPreset(model, n_layer, d_model, n_head, seq_len);
   if (!m.ok()) return m.status();
+  absl::StatusOr<Attention> a = ParseAttention(attention);
+  if (!a.ok()) return a.status();
+  m->attention = *a;
   absl::Status s = m->Validate();
   if (!s.ok()) return s;
   return m;

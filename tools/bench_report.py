@@ -194,9 +194,9 @@ def main():
     performance_work(variant, op_gain, train_text)
     print("## GPU\n")
     print("Not measured in this run: the machine has no GPU. The GPU figures (CUDA ops "
-          "against the CPU, gpt2-small bf16 tokens/s and MFU, PyTorch on the same GPU) come "
-          "from `tools/gpu_check.sh` on a GPU machine and are added here when measured; none "
-          "have been yet.")
+          "against the CPU, gpt2-small bf16 tokens/s and MFU with standard and with flash "
+          "attention, PyTorch on the same GPU) come from `tools/gpu_check.sh` on a GPU machine "
+          "and are added here when measured; none have been yet.")
 
 
 if __name__ == "__main__":

@@ -227,26 +227,32 @@ for bin in "$here"/bin/*; do
   echo "# $name: $(( $(date +%s) - start ))s"
 done
 
-# Training on the GPU: gpt2-small (124M GPT-2 configuration) in bf16, Tandem then PyTorch
-# eager on the same model, batch and precision; tokens/s, MFU, the op table of the last steps
-# and the allocator's statistics.
+# Training on the GPU: gpt2-small (124M GPT-2 configuration) in bf16, Tandem with standard
+# and with flash attention, then PyTorch eager on the same model, batch and precision;
+# tokens/s, MFU, the op table of the last steps and the allocator's statistics.
+train() {  # label, then flags for the trainer
+  local label="$1"
+  shift
+  timeout 240 env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$here/train/train" --model=gpt2-small \
+      --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
+      --profile_steps=3 "$@" >"$work/train.log" 2>&1
+  local rc=$?
+  # Figures, then the op table of the last 3 steps (each op waited for: where the step goes).
+  grep -E '^(model|median|MFU|allocator)' "$work/train.log" | sed "s/^/$label /"
+  sed -n '/^op table/,/^allocator/p' "$work/train.log" | grep -v '^allocator' | sed "s/^/$label /"
+  if [ "$rc" -ne 0 ]; then
+    echo "FAIL training $label (exit status $rc)"
+    tail -n 20 "$work/train.log" | sed 's/^/    | /'
+    failed=$((failed + 1))
+  fi
+}
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "# training skipped: no GPU visible (nvidia-smi -L failed)"
 elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   steps="${GPU_CHECK_TRAIN_STEPS:-30}"
   echo "# training gpt2-small, bf16, batch 8 x 1024 tokens, $steps steps"
-  timeout 240 env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$here/train/train" --model=gpt2-small \
-      --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
-      --profile_steps=3 >"$work/train.log" 2>&1
-  rc=$?
-  # Figures, then the op table of the last 3 steps (each op waited for: where the step goes).
-  grep -E '^(model|median|MFU|allocator)' "$work/train.log" | sed 's/^/TANDEM /'
-  sed -n '/^op table/,/^allocator/p' "$work/train.log" | grep -v '^allocator' | sed 's/^/TANDEM /'
-  if [ "$rc" -ne 0 ]; then
-    echo "FAIL training (exit status $rc)"
-    tail -n 20 "$work/train.log" | sed 's/^/    | /'
-    failed=$((failed + 1))
-  fi
+  train TANDEM --attention=standard
+  train TANDEM_FLASH --attention=flash
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     timeout 240 python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
         --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50257 --batch 8 \

@@ -55,6 +55,11 @@ __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T,
   }
 }
 
+// The score row (b, h, t) a warp of the row kernels below owns, kRowsPerBlock per block.
+__device__ __forceinline__ int64_t WarpRow() {
+  return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+}
+
 // In place on raw scores att[row, :] (row = (b, h, t)): att[j] = softmax_j(scale * att[j])
 // over j <= t and 0 for j > t; att_low (if not null) gets the same values rounded to E, lse
 // (if not null) each row's log-sum-exp of scale * att.
@@ -63,7 +68,7 @@ template <typename E>
 __global__ void CausalSoftmaxKernel(float* att, E* att_low, float* lse, int T, int64_t rows,
                                     float scale) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t row = WarpRow();
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
   float* a = att + row * T;
@@ -85,7 +90,7 @@ __global__ void CausalSoftmaxKernel(float* att, E* att_low, float* lse, int T, i
 __global__ void ProbsFromLseKernel(float* att, const float* lse, int T, int64_t rows,
                                    float scale) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t row = WarpRow();
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
   float* a = att + row * T;
@@ -101,7 +106,7 @@ template <typename E>
 __global__ void CausalSoftmaxBackwardKernel(E* dpre, E* att_low, const float* datt,
                                             const float* att, int T, int64_t rows, float scale) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t row = WarpRow();
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
   const float* a = att + row * T;

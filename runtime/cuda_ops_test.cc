@@ -592,11 +592,12 @@ TEST_P(CudaOpsDTypeTest, AttentionBackward) {
 
 // FlashAttention: head sizes 32, 64 and 128 in bf16/f16 run on tensor cores (odd T leaves
 // partial 64-row tiles; T = 256 takes several), the others (hs 4 and 48, and f32) the
-// cuBLAS path with a temporary; the CPU is the reference for both.
+// cuBLAS path with a temporary; the CPU is the reference for both. Empty heads (C = 0: every
+// row uniform) and an empty batch too.
 const std::vector<AttentionCase>& FlashCases() {
   static const std::vector<AttentionCase> cases = {
       {2, 7, 12, 3}, {1, 1, 64, 1}, {1, 100, 96, 3}, {2, 256, 768, 12}, {1, 130, 256, 2},
-      {1, 70, 96, 2}};
+      {1, 70, 96, 2}, {2, 5, 0, 1},  {0, 3, 64, 1}};
   return cases;
 }
 

@@ -964,6 +964,7 @@ TEST(ZeroSizedTest, EveryOpAcceptsEmptyTensors) {
   ASSERT_OK(
       LinearGeluForward(s, Zeros({0, 3}), Zeros({0, 3}), Zeros({0, 4}), Rand({3, 4}), Rand({3})));
   ASSERT_OK(AttentionForward(s, Zeros({1, 0, 4}), Zeros({1, 2, 0, 0}), Zeros({1, 0, 12}), 2));
+  ASSERT_OK(FlashAttentionForward(s, Zeros({1, 0, 4}), Zeros({1, 2, 0}), Zeros({1, 0, 12}), 2));
   Tensor dwte = Rand({5, 4});
   const Vec dwte0 = Get(dwte);
   ASSERT_OK(EmbeddingBackward(s, dwte, Zeros({3, 4}), Zeros({0, 3, 4}), Ints({}, {0, 3})));

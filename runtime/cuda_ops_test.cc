@@ -540,6 +540,25 @@ TEST_P(CudaOpsDTypeTest, SoftmaxForwardBackward) {
   }
 }
 
+// A nan in a row makes the whole row nan, as on the CPU (the max skips it, the sum does not).
+TEST_P(CudaOpsDTypeTest, SoftmaxRowWithNanIsNan) {
+  const DType t = GetParam();
+  for (int64_t c : {int64_t{13}, int64_t{5000}}) {
+    Vec v = RandVec(2 * c, -5.0f, 5.0f);
+    v[c / 2] = NAN;  // row 0 only; row 1 stays finite
+    Pair inp = Make(v, {2, c}, t);
+    Pair out = Output({2, c}, t);
+    ASSERT_TRUE(Both([&](Stream& s, auto at) { return SoftmaxForward(s, at(out), at(inp)); }));
+    const Vec cpu = out.cpu.ToFloatVector().value();
+    const Vec gpu = out.gpu.ToFloatVector().value();
+    for (int64_t j = 0; j < c; ++j) {
+      ASSERT_TRUE(std::isnan(cpu[j])) << j;
+      ASSERT_TRUE(std::isnan(gpu[j])) << "C=" << c << " element " << j;
+    }
+    for (int64_t j = c; j < 2 * c; ++j) ASSERT_FALSE(std::isnan(gpu[j])) << j;
+  }
+}
+
 // ---- attention --------------------------------------------------------------------------------
 
 struct AttentionCase {

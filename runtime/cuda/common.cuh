@@ -122,7 +122,10 @@ __device__ __forceinline__ float BlockSum(float v) {
   return WarpSum(v);
 }
 
-// Online softmax statistics: running max `m` and sum of exp(x - m).
+// Online softmax statistics: running max `m` and sum of exp(x - m). A nan never becomes the
+// max (comparisons with it are false) but makes the sum nan, and the sum stays nan through
+// every rescaling (an empty side is skipped by its sum, 0, never by its max): a row with a
+// nan gives nan everywhere, as on the CPU.
 struct MaxSum {
   float m;
   float s;
@@ -131,16 +134,16 @@ __device__ __forceinline__ MaxSum MaxSumEmpty() { return {-INFINITY, 0.0f}; }
 __device__ __forceinline__ MaxSum MaxSumAdd(MaxSum a, float x) {
   if (x == -INFINITY) return a;  // contributes exp(-inf) = 0; avoids inf - inf
   if (x > a.m) {
-    const float s = (a.m == -INFINITY ? 0.0f : a.s * expf(a.m - x)) + 1.0f;
+    const float s = (a.s == 0.0f ? 0.0f : a.s * expf(a.m - x)) + 1.0f;
     return {x, s};
   }
   return {a.m, a.s + expf(x - a.m)};
 }
 __device__ __forceinline__ MaxSum MaxSumMerge(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return MaxSumEmpty();
-  const float sa = a.m == -INFINITY ? 0.0f : a.s * expf(a.m - m);
-  const float sb = b.m == -INFINITY ? 0.0f : b.s * expf(b.m - m);
+  if (m == -INFINITY) return {m, a.s + b.s};  // both empty, or a nan with nothing else
+  const float sa = a.s == 0.0f ? 0.0f : a.s * expf(a.m - m);
+  const float sb = b.s == 0.0f ? 0.0f : b.s * expf(b.m - m);
   return {m, sa + sb};
 }
 __device__ __forceinline__ MaxSum WarpMaxSum(MaxSum v) {

@@ -93,11 +93,16 @@ struct NcclState {
 
   // Drops finished operations from the front (they finish in stream order).
   void RetireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    while (!in_flight.empty() && cudaEventQuery(in_flight.front().done->get()) == cudaSuccess) {
+    while (!in_flight.empty()) {
+      const cudaError_t q = cudaEventQuery(in_flight.front().done->get());
+      if (q != cudaSuccess) {
+        // A not-ready query leaves no error behind; any other error stays for the next check.
+        if (q == cudaErrorNotReady) cudaGetLastError();
+        return;
+      }
       completed_atomic.store(in_flight.front().sequence, std::memory_order_release);
       in_flight.pop_front();
     }
-    cudaGetLastError();  // a not-ready query leaves no error behind
   }
 
   // NCCL's asynchronous error, if any (a failed peer, a network error).
@@ -303,6 +308,8 @@ class NcclCommunicator : public Communicator {
   }
 
   void Abort(absl::string_view reason) override {
+    // The caller may be any thread (a watchdog, a signal's): queries go to this rank's GPU.
+    (void)SetCurrentDevice(state_->id.device);
     absl::MutexLock lock(&state_->mu);
     if (state_->aborted) return;
     state_->RetireLocked();

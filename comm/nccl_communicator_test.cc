@@ -60,6 +60,10 @@ class NcclCommunicatorTest : public ::testing::Test {
   void SetUp() override {
     std::string why;
     if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU visible: " << why;
+    // One NCCL start that failed or hung fails the rest at once, naming it, rather than each
+    // test waiting out its own timeout.
+    static std::string* first_failure = new std::string;
+    if (!first_failure->empty()) FAIL() << "NCCL did not start earlier: " << *first_failure;
     CoordinatorServerOptions so;
     so.world_size = 1;
     so.token = kToken;
@@ -76,7 +80,9 @@ class NcclCommunicatorTest : public ::testing::Test {
     ASSERT_TRUE(client_->Register({1, "localhost", 1, "cuda:0"}, absl::Seconds(10)).ok());
     NcclCommunicatorOptions o;
     o.store = client_.get();
+    o.init_timeout = absl::Seconds(30);  // one rank: NCCL starts in seconds or not at all
     auto comm = CreateNcclCommunicator(o);
+    if (!comm.ok()) *first_failure = comm.status().ToString();
     ASSERT_TRUE(comm.ok()) << comm.status();
     comm_ = std::move(*comm);
   }

@@ -125,6 +125,8 @@ std::string Profiler::ChromeTrace(const std::vector<TraceEvent>& events, int pid
 }
 
 void OpScope::Begin() {
+  // Work queued before the op (copies, fills) is not the op's: wait for it first.
+  (void)stream_->Synchronize();
   start_ = Profiler::NowUs();
 #if TANDEM_CUDA
   nvtxRangePushA(name_);

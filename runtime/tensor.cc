@@ -156,8 +156,10 @@ absl::Status Copy(const Tensor& dst, const Tensor& src, Stream& stream) {
     return absl::OkStatus();
   }
 #if TANDEM_CUDA
-  const Device on = dst.device().is_cuda() ? dst.device() : src.device();
-  if (stream.device() != on && stream.device() != src.device()) {
+  // On a CUDA stream of one side: a CPU stream would send the copy to CUDA's legacy default
+  // stream, unordered with the compute stream.
+  if (!stream.device().is_cuda() ||
+      (stream.device() != dst.device() && stream.device() != src.device())) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "copy: %s to %s issued on a stream of %s", src.ToString(), dst.ToString(),
         stream.device().ToString()));
@@ -186,6 +188,10 @@ absl::Status ZeroFill(const Tensor& t, Stream& stream) {
     return absl::OkStatus();
   }
 #if TANDEM_CUDA
+  if (stream.device() != t.device()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "zero fill of %s issued on a stream of %s", t.ToString(), stream.device().ToString()));
+  }
   RETURN_IF_ERROR(SetCurrentDevice(t.device()));
   CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(t.raw(), 0, t.bytes(), static_cast<cudaStream_t>(stream.native())));

@@ -171,6 +171,18 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 else
   echo "gpu: nvidia-smi not found"
 fi
+# Where a GPU is visible, a test skipping for want of one is a failure (CUDA did not start
+# in the process: a missing libcuda, a driver mismatch), not a pass.
+gpu_visible=0
+nvidia-smi -L >/dev/null 2>&1 && gpu_visible=1
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+for bin in "$here"/bin/*; do
+  nccl="$(ldd "$bin" 2>/dev/null | awk '/libnccl/ {print $3; exit}')"
+  if [ -n "$nccl" ]; then
+    echo "nccl: $nccl"
+    break
+  fi
+done
 
 passed=0
 failed=0
@@ -198,6 +210,10 @@ for bin in "$here"/bin/*; do
       test = $0; sub(/^\[[^]]*\] /, "", test); sub(/[ ,].*$/, "", test)
       print (status == "OK" ? "PASS" : status == "FAILED" ? "FAIL" : "SKIP"), test
     }' "$log")"
+  if [ "$gpu_visible" = 1 ] && grep -qE 'no CUDA device|no GPU visible' "$log"; then
+    echo "# $name: tests skipped on a machine with a GPU: $(grep -m1 -oE '(no CUDA device|no GPU visible).*' "$log")"
+    results="$(sed 's/^SKIP /FAIL /' <<<"$results")"
+  fi
   if [ -n "$results" ]; then
     echo "$results"
     passed=$((passed + $(grep -c '^PASS ' <<<"$results")))

@@ -32,6 +32,23 @@
 namespace tandem {
 namespace {
 
+// NCCL's error codes as absl::Status, with the call, file, line, NCCL's message and its last
+// error's detail.
+absl::Status NcclErrorStatus(ncclResult_t e, const char* call, const char* file, int line) {
+  const char* last = ncclGetLastError(nullptr);
+  return absl::InternalError(absl::StrFormat("%s:%d: %s failed: %s%s%s", file, line, call,
+                                             ncclGetErrorString(e), last && *last ? ": " : "",
+                                             last ? last : ""));
+}
+
+// Returns on failure; ncclInProgress is the non-blocking mode's "taken, still running".
+#define NCCL_RETURN_IF_ERROR(call)                                                      \
+  do {                                                                                  \
+    ncclResult_t tandem_nccl_err_ = (call);                                             \
+    if (tandem_nccl_err_ != ncclSuccess && tandem_nccl_err_ != ncclInProgress)          \
+      return NcclErrorStatus(tandem_nccl_err_, #call, __FILE__, __LINE__);              \
+  } while (0)
+
 // How long the destructor lets outstanding operations drain before aborting them.
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(30);
 

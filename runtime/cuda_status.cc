@@ -16,11 +16,4 @@ absl::Status CublasErrorStatus(cublasStatus_t e, const char* call, const char* f
                                              cublasGetStatusString(e), cublasGetStatusName(e)));
 }
 
-absl::Status NcclErrorStatus(ncclResult_t e, const char* call, const char* file, int line) {
-  const char* last = ncclGetLastError(nullptr);
-  return absl::InternalError(absl::StrFormat("%s:%d: %s failed: %s%s%s", file, line, call,
-                                             ncclGetErrorString(e), last && *last ? ": " : "",
-                                             last ? last : ""));
-}
-
 }  // namespace tandem

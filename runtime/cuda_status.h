@@ -1,12 +1,12 @@
-// CUDA, cuBLAS and NCCL error codes as absl::Status, with the call, file, line and the
-// library's own message (after nccl's checks.h). Only compiled where CUDA is present.
+// CUDA and cuBLAS error codes as absl::Status, with the call, file, line and the library's own
+// message (after nccl's checks.h; NCCL's are in comm/nccl_communicator.cc, so that only
+// binaries with NCCL load it). Only compiled where CUDA is present.
 #ifndef TANDEM_RUNTIME_CUDA_STATUS_H_
 #define TANDEM_RUNTIME_CUDA_STATUS_H_
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include "absl/status/status.h"
 
@@ -14,7 +14,6 @@ namespace tandem {
 
 absl::Status CudaErrorStatus(cudaError_t e, const char* call, const char* file, int line);
 absl::Status CublasErrorStatus(cublasStatus_t e, const char* call, const char* file, int line);
-absl::Status NcclErrorStatus(ncclResult_t e, const char* call, const char* file, int line);
 
 }  // namespace tandem
 
@@ -30,13 +29,6 @@ absl::Status NcclErrorStatus(ncclResult_t e, const char* call, const char* file,
     cublasStatus_t tandem_cublas_err_ = (call);                                          \
     if (tandem_cublas_err_ != CUBLAS_STATUS_SUCCESS)                                     \
       return ::tandem::CublasErrorStatus(tandem_cublas_err_, #call, __FILE__, __LINE__); \
-  } while (0)
-
-#define NCCL_RETURN_IF_ERROR(call)                                                       \
-  do {                                                                                   \
-    ncclResult_t tandem_nccl_err_ = (call);                                              \
-    if (tandem_nccl_err_ != ncclSuccess && tandem_nccl_err_ != ncclInProgress)           \
-      return ::tandem::NcclErrorStatus(tandem_nccl_err_, #call, __FILE__, __LINE__);     \
   } while (0)
 
 #endif  // TANDEM_RUNTIME_CUDA_STATUS_H_

@@ -48,9 +48,15 @@ cc_library(
     includes = ["include", "nccl_include"],
     linkopts = [
         "-L{lib}", "-Wl,-rpath,{lib}",
-        "-L{nccl_lib}", "-Wl,-rpath,{nccl_lib}",
-        "-lcublasLt", "-lcublas", "-lnccl", "-lcudart",
+        "-lcublasLt", "-lcublas", "-lcudart",
     ],
+)
+
+# NCCL apart: only the binaries with the NCCL communicator load libnccl.
+cc_library(
+    name = "nccl",
+    linkopts = ["-L{nccl_lib}", "-Wl,-rpath,{nccl_lib}", "-lnccl"],
+    deps = [":cuda"],
 )
 """.format(lib = lib, nccl_lib = nccl_lib, nccl_hdrs = nccl_hdrs))
         nvcc = real_root + "/bin/nvcc"
@@ -59,6 +65,8 @@ cc_library(
         ctx.file("BUILD", """package(default_visibility = ["//visibility:public"])
 
 cc_library(name = "cuda")
+
+cc_library(name = "nccl")
 """)
         nvcc = ""
         why = "no CUDA at %s (missing %s): CPU-only build" % (root, ", ".join(missing))

@@ -112,15 +112,23 @@ struct F16 {
 template <typename T>
 float ToF32(T x);
 template <>
-float ToF32<Bf16>(Bf16 x) { return Bf16ToFloat(x.bits); }
+float ToF32<Bf16>(Bf16 x) {
+  return Bf16ToFloat(x.bits);
+}
 template <>
-float ToF32<F16>(F16 x) { return HalfToFloat(x.bits); }
+float ToF32<F16>(F16 x) {
+  return HalfToFloat(x.bits);
+}
 template <typename T>
 T FromF32(float x);
 template <>
-Bf16 FromF32<Bf16>(float x) { return {FloatToBf16(x)}; }
+Bf16 FromF32<Bf16>(float x) {
+  return {FloatToBf16(x)};
+}
 template <>
-F16 FromF32<F16>(float x) { return {FloatToHalf(x)}; }
+F16 FromF32<F16>(float x) {
+  return {FloatToHalf(x)};
+}
 
 // WMMA's 16 x 16 x 16 fragments: the whole matrix in every lane.
 namespace wmma {
@@ -264,20 +272,18 @@ void Check(int B, int T, int NH, double tol, double grad_tol) {
   const unsigned int tiles = (T + kTile - 1) / kTile;
   const size_t bytes = Smem<E, HS>::kBytes;
   g_error.clear();
-  Launch(B * NH, tiles, kFlashThreads, bytes, [&] {
-    FlashForwardKernel<E, HS>(out.data(), lse.data(), qkv.data(), T, NH, scale);
-  });
+  Launch(B * NH, tiles, kFlashThreads, bytes,
+         [&] { FlashForwardKernel<E, HS>(out.data(), lse.data(), qkv.data(), T, NH, scale); });
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
-  Launch(static_cast<unsigned int>((rows + 7) / 8), 1, 8 * kWarpSize, 0, [&] {
-    RowDotKernel<E>(rowdot.data(), dout.data(), out.data(), T, NH, HS, rows);
+  Launch(static_cast<unsigned int>((rows + 7) / 8), 1, 8 * kWarpSize, 0,
+         [&] { RowDotKernel<E>(rowdot.data(), dout.data(), out.data(), T, NH, HS, rows); });
+  Launch(B * NH, tiles, kFlashThreads, bytes, [&] {
+    FlashBackwardKvKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(), T,
+                                 NH, scale);
   });
   Launch(B * NH, tiles, kFlashThreads, bytes, [&] {
-    FlashBackwardKvKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(),
-                                 rowdot.data(), T, NH, scale);
-  });
-  Launch(B * NH, tiles, kFlashThreads, bytes, [&] {
-    FlashBackwardQKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(),
-                                T, NH, scale);
+    FlashBackwardQKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(), T,
+                                NH, scale);
   });
   EXPECT_EQ(g_error, "");
 
@@ -286,8 +292,12 @@ void Check(int B, int T, int NH, double tol, double grad_tol) {
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
       auto at = [&](int sec, int t, int d) { return (b * T + t) * 3 * C + sec * C + h * HS + d; };
-      auto x = [&](int sec, int t, int d) { return static_cast<double>(ToF32(qkv[at(sec, t, d)])); };
-      auto g = [&](int t, int d) { return static_cast<double>(ToF32(dout[(b * T + t) * C + h * HS + d])); };
+      auto x = [&](int sec, int t, int d) {
+        return static_cast<double>(ToF32(qkv[at(sec, t, d)]));
+      };
+      auto g = [&](int t, int d) {
+        return static_cast<double>(ToF32(dout[(b * T + t) * C + h * HS + d]));
+      };
       std::vector<double> p(T * T, 0.0), ds(T * T, 0.0);
       for (int t = 0; t < T; ++t) {
         double mx = -INFINITY;

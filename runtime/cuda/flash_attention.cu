@@ -28,7 +28,8 @@ __device__ __forceinline__ unsigned char* DynamicShared() {
 struct Launch {
   int B, T, NH, HS;
   dim3 grid() const {
-    return dim3(static_cast<unsigned int>(B * NH), static_cast<unsigned int>((T + kTile - 1) / kTile));
+    return dim3(static_cast<unsigned int>(B * NH),
+                static_cast<unsigned int>((T + kTile - 1) / kTile));
   }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(HS)); }
 };
@@ -43,8 +44,8 @@ Launch LaunchOf(const Tensor& qkv, int num_heads) {
 template <typename E, int HS, typename Kernel, typename... Args>
 absl::Status Run(cudaStream_t stream, const Launch& l, Kernel kernel, Args... args) {
   constexpr size_t kBytes = Smem<E, HS>::kBytes;
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)));
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kBytes)));
   kernel<<<l.grid(), kFlashThreads, kBytes, stream>>>(args...);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -62,7 +63,8 @@ absl::Status DispatchTensorCores(DType dtype, int hs, Fn&& fn) {
       case 128:
         return fn(tag, std::integral_constant<int, 128>{});
       default:
-        return absl::InternalError(absl::StrFormat("FlashAttention: head size %d has no kernel", hs));
+        return absl::InternalError(
+            absl::StrFormat("FlashAttention: head size %d has no kernel", hs));
     }
   };
   if (dtype == DType::kBF16) return by_size(__nv_bfloat16{});
@@ -131,9 +133,9 @@ absl::Status FlashBackwardTensorCores(Stream& s, cudaStream_t stream, const Tens
     using E = decltype(tag);
     constexpr int HS = decltype(hs)::value;
     constexpr int kRowsPerBlock = kThreads / kWarpSize;
-    RowDotKernel<E><<<static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                      kThreads, 0, stream>>>(MutPtr<float>(rowdot), Ptr<E>(dout), Ptr<E>(out),
-                                             l.T, l.NH, l.HS, rows);
+    RowDotKernel<E>
+        <<<static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
+           stream>>>(MutPtr<float>(rowdot), Ptr<E>(dout), Ptr<E>(out), l.T, l.NH, l.HS, rows);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     const absl::Status kv =
         Run<E, HS>(stream, l, FlashBackwardKvKernel<E, HS>, MutPtr<E>(dqkv), Ptr<E>(qkv),

@@ -135,17 +135,22 @@ class HostMemory : public SystemMemory {
 };
 
 #if TANDEM_CUDA
+// p from a CUDA allocation that returned e: null when out of memory (the allocator's cue to
+// free its cache and retry), an error for any other failure.
+absl::StatusOr<void*> NullIfOutOfMemory(cudaError_t e, void* p) {
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // an out-of-memory is not sticky; cleared for the retry
+    return nullptr;
+  }
+  CUDA_RETURN_IF_ERROR(e);
+  return p;
+}
+
 class PinnedHostMemory : public SystemMemory {
  public:
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     void* p = nullptr;
-    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // an out-of-memory is not sticky; cleared for the retry
-      return nullptr;
-    }
-    CUDA_RETURN_IF_ERROR(e);
-    return p;
+    return NullIfOutOfMemory(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), p);
   }
   void Free(void* p, size_t) override { cudaFreeHost(p); }
   Device device() const override { return Device::Cpu(); }
@@ -158,13 +163,7 @@ class CudaMemory : public SystemMemory {
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     void* p = nullptr;
     CUDA_RETURN_IF_ERROR(cudaSetDevice(index_));
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // an out-of-memory is not sticky; cleared for the retry
-      return nullptr;
-    }
-    CUDA_RETURN_IF_ERROR(e);
-    return p;
+    return NullIfOutOfMemory(cudaMalloc(&p, bytes), p);
   }
   void Free(void* p, size_t) override {
     cudaSetDevice(index_);

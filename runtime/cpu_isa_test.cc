@@ -2,7 +2,6 @@
 // the CPU runs is the default, and every variant gives the base variant's bits for every op.
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <string>
 #include <utility>

@@ -484,8 +484,8 @@ absl::Status SoftmaxBackward(Stream& s, const Tensor& dinp, const Tensor& out, c
 
 namespace {
 
-// qkv (B, T, 3C) with C divisible by num_heads, and `saved` f32 with the dims that
-// saved_dims(B, NH, T) gives: att (B, NH, T, T) or lse (B, NH, T). Sets b, t, c.
+// qkv (B, T, 3C) with C divisible by num_heads, and `saved` f32: with `probabilities` att
+// (B, NH, T, T), else lse (B, NH, T). Sets b, t, c.
 absl::Status CheckAttention(const char* op, const Tensor& qkv, const char* saved_name,
                             const Tensor& saved, int num_heads, bool probabilities, int64_t* b,
                             int64_t* t, int64_t* c) {

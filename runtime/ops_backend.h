@@ -31,12 +31,10 @@ namespace avx512 {
 }  // namespace avx512
 #endif
 
-CpuIsa VariantInUse();
-
 // The variant of one op for the instruction set in use: base_op, avx2_op or avx512_op.
 template <typename Fn>
 Fn Variant(Fn base_op, Fn avx2_op, Fn avx512_op) {
-  switch (VariantInUse()) {
+  switch (CpuIsaInUse()) {
     case CpuIsa::kAvx512:
       return avx512_op;
     case CpuIsa::kAvx2:

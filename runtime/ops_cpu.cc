@@ -77,8 +77,6 @@ std::atomic<CpuIsa>& Active() {
 
 }  // namespace
 
-CpuIsa VariantInUse() { return Active().load(std::memory_order_relaxed); }
-
 }  // namespace cpu
 
 const char* CpuIsaName(CpuIsa isa) {
@@ -98,7 +96,7 @@ CpuIsa BestCpuIsa() {
   return best;
 }
 
-CpuIsa CpuIsaInUse() { return cpu::VariantInUse(); }
+CpuIsa CpuIsaInUse() { return cpu::Active().load(std::memory_order_relaxed); }
 
 absl::Status UseCpuIsa(CpuIsa isa) {
   if (static_cast<int>(isa) > static_cast<int>(BestCpuIsa())) {

@@ -24,8 +24,8 @@ constexpr int kRowsPerBlock = kThreads / kWarpSize;
 
 // Moves S sections between the token-major layout rows (B, T, S * C), section s at columns
 // [s * C, (s + 1) * C) with head h at [h * hs, (h + 1) * hs), and head-major buffers
-// heads[s] (B, NH, T, hs); kToHeads gathers, else scatters; a null heads[s] skips its
-// section. P elements move per step (hs % P == 0, so a pack never crosses a head).
+// heads[s] (B, NH, T, hs); kToHeads gathers, else scatters. P elements move per step
+// (hs % P == 0, so a pack never crosses a head).
 template <typename E, int P, bool kToHeads>
 __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T, int NH,
                               int hs) {
@@ -45,7 +45,6 @@ __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T,
     const int64_t row_idx = (b * T + t) * (S * C) + static_cast<int64_t>(h) * hs + d;
     for (int s = 0; s < S; ++s) {
       E* head = s == 0 ? h0 : (s == 1 ? h1 : h2);
-      if (head == nullptr) continue;
       if (kToHeads) {
         Vec::Load(rows + row_idx + s * C).Store(head + idx);
       } else {
@@ -58,6 +57,11 @@ __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T,
 // The score row (b, h, t) a warp of the row kernels below owns, kRowsPerBlock per block.
 __device__ __forceinline__ int64_t WarpRow() {
   return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+}
+
+// Blocks of the row kernels for `rows` score rows (one warp each, no grid-stride loop).
+inline unsigned int RowBlocks(int64_t rows) {
+  return static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 // In place on raw scores att[row, :] (row = (b, h, t)): att[j] = softmax_j(scale * att[j])
@@ -197,8 +201,7 @@ absl::Status Forward(Stream& s, cudaStream_t stream, const Tensor& out, const Te
                      float* lse, const Tensor& qkv, const Dims& d) {
   if (d.heads() == 0 || d.T == 0) return absl::OkStatus();
   const int64_t rows = d.heads() * d.T;
-  const unsigned int row_blocks =
-      static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const unsigned int row_blocks = RowBlocks(rows);
   if (d.hs == 0) {
     // Empty heads: every score is 0, so each row is uniform over its causal prefix (as on
     // the CPU); out has no elements.
@@ -237,8 +240,10 @@ absl::Status Forward(Stream& s, cudaStream_t stream, const Tensor& out, const Te
 }
 
 template <typename E>
+// att holds the forward's probabilities; with lse (FlashAttention's fallback) it is scratch
+// that gets them, recomputed from q, k and each row's log-sum-exp.
 absl::Status Backward(Stream& s, cudaStream_t stream, const Tensor& dqkv, const Tensor& dout,
-                      const Tensor& qkv, const Tensor& att, const Dims& d) {
+                      const Tensor& qkv, const Tensor& att, const float* lse, const Dims& d) {
   if (d.heads() == 0 || d.T == 0) return absl::OkStatus();
   if (d.hs == 0) return absl::OkStatus();  // dqkv has no elements
   const int64_t n = d.head_elems();
@@ -264,16 +269,22 @@ absl::Status Backward(Stream& s, cudaStream_t stream, const Tensor& dqkv, const 
   const cudaDataType_t et = CudaType<E>();
   const int T = d.T;
   const int hs = d.hs;
+  const int64_t rows = d.heads() * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 
   RETURN_IF_ERROR(Permute<E>(stream, true, MutPtr<E>(qkv), q, k, v, 3, d));
+  if (lse != nullptr) {
+    // att (T, T) = q (T, hs) @ k (T, hs)^T, then exp(scale * att - lse) on the causal part
+    RETURN_IF_ERROR(HeadGemm(s, d, T, T, hs, false, q, true, k, att.raw(), et, CUDA_R_32F));
+    ProbsFromLseKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(MutPtr<float>(att), lse, T,
+                                                                 rows, scale);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
   RETURN_IF_ERROR(Permute<E>(stream, true, MutPtr<E>(dout), dy, nullptr, nullptr, 1, d));
   // datt (T, T) = dy (T, hs) @ v (T, hs)^T
   RETURN_IF_ERROR(HeadGemm(s, d, T, T, hs, false, dy, true, v, datt.raw(), et, CUDA_R_32F));
-  const int64_t rows = d.heads() * T;
-  CausalSoftmaxBackwardKernel<E>
-      <<<static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
-         stream>>>(dpre, att_low, Ptr<float>(datt), Ptr<float>(att), T, rows,
-                   1.0f / std::sqrt(static_cast<float>(hs)));
+  CausalSoftmaxBackwardKernel<E><<<RowBlocks(rows), kThreads, 0, stream>>>(
+      dpre, att_low, Ptr<float>(datt), Ptr<float>(att), T, rows, scale);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   // dv (T, hs) = att^T (T, T) @ dy (T, hs)
   RETURN_IF_ERROR(HeadGemm(s, d, T, hs, T, true, probs, false, dy, dv, et, et));
@@ -282,27 +293,6 @@ absl::Status Backward(Stream& s, cudaStream_t stream, const Tensor& dqkv, const 
   // dk (T, hs) = dpre^T (T, T) @ q (T, hs)
   RETURN_IF_ERROR(HeadGemm(s, d, T, hs, T, true, dpre, false, q, dk, et, et));
   return Permute<E>(stream, false, MutPtr<E>(dqkv), dq, dk, dv, 3, d);
-}
-
-// att (B, NH, T, T) f32 = the forward's probabilities, recomputed from qkv and lse.
-template <typename E>
-absl::Status RecomputeProbs(Stream& s, cudaStream_t stream, const Tensor& att, const Tensor& qkv,
-                            const Tensor& lse, const Dims& d) {
-  const int64_t rows = d.heads() * d.T;
-  if (rows == 0) return absl::OkStatus();
-  const int64_t n = d.head_elems();
-  ASSIGN_OR_RETURN(Tensor heads, Tensor::Empty({2, n}, qkv.dtype(), s.device()));
-  E* q = MutPtr<E>(heads);
-  E* k = q + n;
-  // S = 3: qkv's rows hold three sections; v's is skipped.
-  RETURN_IF_ERROR(Permute<E>(stream, /*to_heads=*/true, MutPtr<E>(qkv), q, k, nullptr, 3, d));
-  RETURN_IF_ERROR(HeadGemm(s, d, d.T, d.T, d.hs, false, q, true, k, att.raw(), CudaType<E>(),
-                           CUDA_R_32F));
-  ProbsFromLseKernel<<<static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                       kThreads, 0, stream>>>(MutPtr<float>(att), Ptr<float>(lse), d.T, rows,
-                                              1.0f / std::sqrt(static_cast<float>(d.hs)));
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -323,7 +313,7 @@ absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout
   RETURN_IF_ERROR(SameFloatDType("AttentionBackward", qkv.dtype(), {&dqkv, &dout}));
   const Dims d = DimsOf(qkv, num_heads);
   return DispatchFloat("AttentionBackward", qkv.dtype(), [&](auto tag) {
-    return Backward<decltype(tag)>(s, stream, dqkv, dout, qkv, att, d);
+    return Backward<decltype(tag)>(s, stream, dqkv, dout, qkv, att, nullptr, d);
   });
 }
 
@@ -335,7 +325,7 @@ absl::Status FlashAttentionForward(Stream& s, const Tensor& out, const Tensor& l
   ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
   RETURN_IF_ERROR(SameFloatDType("FlashAttentionForward", qkv.dtype(), {&out}));
   if (FlashTensorCoresFit(qkv, num_heads, {&out})) {
-    return FlashForwardTensorCores(s, stream, out, lse, qkv, num_heads);
+    return FlashForwardTensorCores(stream, out, lse, qkv, num_heads);
   }
   const Dims d = DimsOf(qkv, num_heads);
   ASSIGN_OR_RETURN(Tensor att, Tensor::Empty({d.att_elems()}, DType::kF32, s.device()));
@@ -356,9 +346,7 @@ absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor&
   const Dims d = DimsOf(qkv, num_heads);
   ASSIGN_OR_RETURN(Tensor att, Tensor::Empty({d.att_elems()}, DType::kF32, s.device()));
   return DispatchFloat("FlashAttentionBackward", qkv.dtype(), [&](auto tag) {
-    using E = decltype(tag);
-    if (d.hs > 0) RETURN_IF_ERROR(RecomputeProbs<E>(s, stream, att, qkv, lse, d));
-    return Backward<E>(s, stream, dqkv, dout, qkv, att, d);
+    return Backward<decltype(tag)>(s, stream, dqkv, dout, qkv, att, Ptr<float>(lse), d);
   });
 }
 

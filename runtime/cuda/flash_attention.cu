@@ -78,30 +78,6 @@ bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
                          std::initializer_list<const Tensor*> others) {
   if (qkv.dtype() != DType::kBF16 && qkv.dtype() != DType::kF16) return false;
   const Launch l = LaunchOf(qkv, num_heads);
-  // Shared memory per block (the same for bf16 and f16): 83 KB, 108 KB, 157 KB; more than
-  // some GPUs give a block (99 KB on sm_86 and sm_89), which then take the cuBLAS path.
-  size_t bytes = 0;
-  switch (l.HS) {
-    case 32:
-      bytes = Smem<__half, 32>::kBytes;
-      break;
-    case 64:
-      bytes = Smem<__half, 64>::kBytes;
-      break;
-    case 128:
-      bytes = Smem<__half, 128>::kBytes;
-      break;
-    default:
-      return false;
-  }
-  int device = 0, optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (bytes > static_cast<size_t>(optin)) return false;
   // Grid x = B * NH, y = query or key tiles (at most 65535).
   if (l.T < 1 || l.B < 1 || static_cast<int64_t>(l.B) * l.NH > INT32_MAX) return false;
   if ((l.T + kTile - 1) / kTile > 65535) return false;
@@ -109,11 +85,26 @@ bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
   for (const Tensor* t : others) {
     if (!IsAligned(t->raw(), 16)) return false;
   }
-  return true;
+  // A kernel for the head size, and its shared memory per block (83 KB, 108 KB, 157 KB) within
+  // what the device gives a block (99 KB on sm_86 and sm_89, which take the cuBLAS path).
+  size_t bytes = 0;
+  const absl::Status has_kernel = DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) {
+    bytes = Smem<decltype(tag), decltype(hs)::value>::kBytes;
+    return absl::OkStatus();
+  });
+  if (!has_kernel.ok()) return false;
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return bytes <= static_cast<size_t>(optin);
 }
 
-absl::Status FlashForwardTensorCores(Stream& s, cudaStream_t stream, const Tensor& out,
-                                     const Tensor& lse, const Tensor& qkv, int num_heads) {
+absl::Status FlashForwardTensorCores(cudaStream_t stream, const Tensor& out, const Tensor& lse,
+                                     const Tensor& qkv, int num_heads) {
   const Launch l = LaunchOf(qkv, num_heads);
   return DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) {
     using E = decltype(tag);

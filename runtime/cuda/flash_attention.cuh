@@ -25,8 +25,8 @@ bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
                          std::initializer_list<const Tensor*> others);
 
 // The arguments of ops::FlashAttentionForward/Backward, checked, and fitting as above.
-absl::Status FlashForwardTensorCores(Stream& s, cudaStream_t stream, const Tensor& out,
-                                     const Tensor& lse, const Tensor& qkv, int num_heads);
+absl::Status FlashForwardTensorCores(cudaStream_t stream, const Tensor& out, const Tensor& lse,
+                                     const Tensor& qkv, int num_heads);
 absl::Status FlashBackwardTensorCores(Stream& s, cudaStream_t stream, const Tensor& dqkv,
                                       const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                       const Tensor& lse, int num_heads);

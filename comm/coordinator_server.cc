@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -686,5 +687,10 @@ bool CoordinatorServer::stop_requested() const { return impl_->stop_requested();
 std::string CoordinatorServer::abort_reason() const { return impl_->abort_reason(); }
 rpc::GetStatusResponse CoordinatorServer::Status() const { return impl_->StatusSnapshot(); }
 void CoordinatorServer::CheckHeartbeats() { impl_->CheckHeartbeats(); }
+
+std::function<void(const std::string&)> RunEventsLog(const std::string& run_dir) {
+  const std::string path = absl::StrCat(run_dir, "/logs/coordinator.log");
+  return [path](const std::string& line) { std::ofstream(path, std::ios::app) << line; };
+}
 
 }  // namespace tandem

@@ -90,6 +90,10 @@ class CoordinatorServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// CoordinatorServerOptions::events for a run: each line appended to
+// <run_dir>/logs/coordinator.log.
+std::function<void(const std::string&)> RunEventsLog(const std::string& run_dir);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMM_COORDINATOR_SERVER_H_

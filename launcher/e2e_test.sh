@@ -132,12 +132,7 @@ case "$case_name" in
     "$launcher" --strategy=pipeline --gpus=2 "${small[@]}" --steps=10000000 --run-dir="$dir" \
       >"$out" 2>&1 &
     pid=$!
-    for _ in $(seq 1 150); do
-      [ "$(grep -c . "$dir/metrics/rank-0.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
-      sleep 0.2
-    done
-    [ "$(grep -c . "$dir/metrics/rank-0.jsonl" 2>/dev/null || echo 0)" -ge 3 ] ||
-      { kill -KILL $pid; cat "$out"; fail "the job did not start"; }
+    wait_for_steps "$dir" 3 || { kill -KILL $pid; cat "$out"; fail "the job did not start"; }
     start=$(date +%s)
     kill -INT $pid
     for _ in $(seq 1 100); do

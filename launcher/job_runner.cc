@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -24,6 +23,7 @@
 #include "launcher/progress.h"
 #include "launcher/report.h"
 #include "model/sharded_checkpoint.h"
+#include "runtime/files.h"
 #include "runtime/status.h"
 
 extern char** environ;
@@ -51,7 +51,6 @@ struct Attempt {
   Outcome outcome = Outcome::kSucceeded;
   Failure failure;
   std::string abort_reason;
-  std::optional<ExitStatus> status;
   std::string exit;  // run.json's "exit" when not ok
 };
 
@@ -94,10 +93,7 @@ class Runner {
     co.job_config = job.ToText();
     co.heartbeat_timeout = absl::Seconds(job.heartbeat_timeout_s);
     co.log = [this](const std::string& text) { display_.Print(stderr, text); };
-    const std::string events = absl::StrCat(run_dir, "/logs/coordinator.log");
-    co.events = [events](const std::string& line) {
-      std::ofstream(events, std::ios::app) << line;
-    };
+    co.events = RunEventsLog(run_dir);
     ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorServer> server, CoordinatorServer::Start(co));
     const std::string address = absl::StrCat(plan_.coordinator_host, ":", server->port());
 
@@ -201,7 +197,6 @@ class Runner {
     read_metrics();
 
     Attempt a;
-    a.status = status;
     a.abort_reason = server->aborted() ? server->abort_reason() : "";
     const bool preempted = !stopped_early && status.has_value() && !status->signaled &&
                            status->code == kPreemptedExitCode && a.abort_reason.empty();

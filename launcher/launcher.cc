@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   }
   for (const std::string& notice : plan->notices) std::fprintf(stderr, "launcher: %s\n", notice.c_str());
 
-  if (plan->prepare) {
+  if (options.prepare) {
     // Workers started by srun: the job description every task reads; rank 0 hosts the
     // coordinator (parallel/worker.cc, examples/slurm/train.sbatch).
     absl::Status s = CreateRunDirectory(plan->job.run_dir);

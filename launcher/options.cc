@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
 
 #include "absl/flags/flag.h"
@@ -25,16 +24,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "comm/net_address.h"
 #include "launcher/hostfile.h"
 #include "launcher/paths.h"
-#include "model/checkpoint.h"
 #include "model/data.h"
 #include "model/sharded_checkpoint.h"
 #include "model/trainer.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/files.h"
 
 // Names use underscores here; users write them with hyphens (RewriteFlagName).
 ABSL_FLAG(std::string, strategy, "data", "parallelism: data, model or pipeline");
@@ -400,18 +398,7 @@ std::string CheckpointPrefix(const std::string& resume) {
 }
 
 absl::Status WriteJobConfig(const JobConfig& job) {
-  const std::string path = absl::StrCat(job.run_dir, "/", kJobConfigFile);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << job.ToText();
-    if (!out.flush()) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("cannot write %s: %s", path, std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(absl::StrCat(job.run_dir, "/", kJobConfigFile), job.ToText());
 }
 
 absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
@@ -591,8 +578,10 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   }
 
   // Checkpoint to resume from: any strategy and number of workers wrote it (parameters are
-  // found by name), but it must be of this model, optimizer and batch, and complete.
-  auto check_checkpoint = [&](const std::string& prefix, const std::string& label) {
+  // found by name), but it must be of this model, optimizer and batch, and complete (`verified`:
+  // its shards were checked already).
+  auto check_checkpoint = [&](const std::string& prefix, const std::string& label,
+                              bool verified) {
     absl::StatusOr<Manifest> m = ReadManifest(prefix);
     if (!m.ok()) {
       problem(absl::StrFormat("%s: %s", label, m.status().message()));
@@ -611,7 +600,8 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     } else if (m->optimizer != o.job.optimizer) {
       problem(absl::StrFormat("%s: the checkpoint was trained with --optimizer=%s, not %s",
                               label, m->optimizer, o.job.optimizer));
-    } else if (absl::Status v = VerifyCheckpoint(prefix, *m); !v.ok()) {
+    } else if (absl::Status v = verified ? absl::OkStatus() : VerifyCheckpoint(prefix, *m);
+               !v.ok()) {
       problem(absl::StrFormat("%s: %s", label, v.message()));
     }
   };
@@ -624,7 +614,8 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     }
     if (latest.ok()) {
       job.resume = *latest;
-      check_checkpoint(*latest, "--resume=auto");
+      // FindLatestCheckpoint returns only a checkpoint whose shards pass VerifyCheckpoint.
+      check_checkpoint(*latest, "--resume=auto", /*verified=*/true);
       plan.notices.push_back(absl::StrFormat("--resume=auto: resuming from %s (step %d)",
                                              *latest, CheckpointStep(*latest)));
     } else {
@@ -639,14 +630,13 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
           "auto",
           o.job.resume));
     } else {
-      check_checkpoint(job.resume, absl::StrCat("--resume=", o.job.resume));
+      check_checkpoint(job.resume, absl::StrCat("--resume=", o.job.resume), /*verified=*/false);
     }
   }
   if (o.max_restarts < 0 || o.max_restarts > 1000) {
     problem(absl::StrFormat("--max-restarts=%d: must be between 0 and 1000", o.max_restarts));
   }
   plan.max_restarts = o.max_restarts;
-  plan.prepare = o.prepare;
   for (absl::string_view w : absl::StrSplit(o.mpirun_args, absl::ByAnyChar(" \t"),
                                             absl::SkipEmpty())) {
     plan.mpirun_args.push_back(std::string(w));

@@ -72,7 +72,6 @@ struct LaunchPlan {
   bool coordinator_remote = false;
   std::vector<std::string> mpirun_args;  // --mpirun-args, split at spaces
   int max_restarts = 0;
-  bool prepare = false;
   std::vector<std::string> notices;  // lines to show before starting (e.g. the CPU fallback)
 };
 

@@ -2,7 +2,6 @@
 // and of validation: each bad input gives its own line, and validation creates nothing.
 #include "launcher/options.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -33,11 +32,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-bool Exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
 
 TEST(RewriteFlagName, HyphensInTheNameOnly) {
   EXPECT_EQ(RewriteFlagName("--micro-batches=4"), "--micro_batches=4");
@@ -204,7 +198,7 @@ TEST(Validate, GoodJobCreatesNothing) {
   EXPECT_TRUE(absl::StartsWith(p->job.run_dir, user + "/runs/")) << p->job.run_dir;
   EXPECT_TRUE(absl::EndsWith(p->job.run_dir, "-data")) << p->job.run_dir;
   EXPECT_THAT(p->notices, ElementsAre("no GPU visible (no driver): running 2 CPU workers"));
-  EXPECT_FALSE(Exists(user));
+  EXPECT_FALSE(PathExists(user));
 }
 
 TEST(Validate, DefaultCorpusIsRead) {
@@ -299,7 +293,7 @@ TEST(Validate, EachBadInputGivesItsLine) {
     EXPECT_THAT(problems, AnyLineHas(c.line)) << "expected: " << c.line;
     EXPECT_EQ(problems.size(), 1u) << absl::StrJoin(problems, "\n");
   }
-  EXPECT_FALSE(Exists(h.user_dir));
+  EXPECT_FALSE(PathExists(h.user_dir));
 }
 
 TEST(Validate, MoreGpusThanVisible) {
@@ -344,7 +338,7 @@ TEST(Validate, RelativePathsAreTheUsers) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->job.data, user + "/corpus.txt");
   EXPECT_EQ(p->job.run_dir, user + "/out/run1");
-  EXPECT_FALSE(Exists(user + "/out"));
+  EXPECT_FALSE(PathExists(user + "/out"));
 }
 
 TEST(Validate, ExistingRunDirectory) {
@@ -570,9 +564,9 @@ TEST(Paths, AbsoluteAndDefaultRunDir) {
 TEST(CreateRunDirectory, MakesTheSubdirectories) {
   const std::string d = FreshTestPath("run") + "/nested";
   ASSERT_TRUE(CreateRunDirectory(d).ok());
-  EXPECT_TRUE(Exists(d + "/logs"));
-  EXPECT_TRUE(Exists(d + "/metrics"));
-  EXPECT_TRUE(Exists(d + "/checkpoints"));
+  EXPECT_TRUE(PathExists(d + "/logs"));
+  EXPECT_TRUE(PathExists(d + "/metrics"));
+  EXPECT_TRUE(PathExists(d + "/checkpoints"));
 }
 
 }  // namespace

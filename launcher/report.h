@@ -127,8 +127,6 @@ std::string FormatBytes(int64_t bytes);
 // "0:42", "12:05", "1:02:03"; "-" for a negative or non-finite time.
 std::string FormatDuration(double seconds);
 
-// Writes `content` to `path` through a temporary file and a rename.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
 // A minimal JSON writer: objects, arrays, strings (escaped), numbers (non-finite become
 // null), booleans. Commas and nesting are tracked; the caller keeps keys and values paired.

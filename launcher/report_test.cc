@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/files.h"
 #include "runtime/test_files.h"
 
 namespace tandem {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "launcher/report.h"
+#include "runtime/files.h"
 
 namespace tandem {
 namespace launcher {

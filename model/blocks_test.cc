@@ -5,6 +5,7 @@
 #include "gtest/gtest.h"
 #include "model/data.h"
 #include "model/stage.h"
+#include "model/trainer.h"
 #include "runtime/ops.h"
 
 namespace tandem {
@@ -32,13 +33,8 @@ ModelConfig SmallMlp() {
 MicroBatch Batch(const ModelConfig& c, int B, uint64_t seed) {
   auto data = TokenDataset::Synthetic(4096, c.seq_len, c.vocab, seed);
   DataOrder order(data.num_samples(), seed);
-  std::vector<int32_t> tok, tgt;
-  FillBatch(data, order, 0, 0, B, &tok, &tgt);
-  MicroBatch mb;
-  mb.tokens = *Tensor::FromInts(tok, {B, c.seq_len});
-  mb.targets = *Tensor::FromInts(tgt, {B, c.seq_len});
-  mb.dloss_scale = 1.0f / (B * c.seq_len);
-  return mb;
+  return *MakeMicroBatch(data, order, 0, 0, B, c.seq_len, Device::Cpu(),
+                         1.0f / (B * c.seq_len));
 }
 
 double MeanLoss(Stage& st, const MicroBatch& mb) {
@@ -158,13 +154,8 @@ TEST(BlocksTest, MicroBatchesAccumulateTheFullBatchGradient) {
   auto data = TokenDataset::Synthetic(4096, c.seq_len, c.vocab, 1);
   DataOrder order(data.num_samples(), 1);
   auto make = [&](int row, int rows) {
-    std::vector<int32_t> tok, tgt;
-    FillBatch(data, order, 0, row, rows, &tok, &tgt);
-    MicroBatch mb;
-    mb.tokens = *Tensor::FromInts(tok, {rows, c.seq_len});
-    mb.targets = *Tensor::FromInts(tgt, {rows, c.seq_len});
-    mb.dloss_scale = 1.0f / (4 * c.seq_len);
-    return mb;
+    return *MakeMicroBatch(data, order, 0, row, rows, c.seq_len, Device::Cpu(),
+                           1.0f / (4 * c.seq_len));
   };
   auto full = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 2);
   auto acc = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 2);

@@ -11,7 +11,9 @@ absl::StatusOr<Attention> ParseAttention(absl::string_view name) {
       absl::StrFormat("--attention=%s: use standard or flash", name));
 }
 
-const char* AttentionName(Attention a) { return a == Attention::kFlash ? "flash" : "standard"; }
+const char* AttentionName(Attention a) {
+  return a == Attention::kFlash ? "flash" : "standard";
+}
 
 int64_t ModelConfig::num_params() const {
   const int64_t C = d_model, V = vocab;

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string>
 
 #include "absl/strings/string_view.h"
 

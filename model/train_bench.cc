@@ -91,9 +91,10 @@ void AttentionBench() {
   c.synthetic_data = true;
   c.steps = 1 << 20;
   c.optimizer.total_steps = c.steps;
+  const Attention kinds[2] = {Attention::kStandard, Attention::kFlash};
   std::unique_ptr<Trainer> t[2];
   for (int i = 0; i < 2; ++i) {
-    c.model.attention = i == 0 ? Attention::kStandard : Attention::kFlash;
+    c.model.attention = kinds[i];
     t[i] = *Trainer::Create(c);
     (void)t[i]->Step();  // warm caches and the allocator
   }
@@ -114,7 +115,7 @@ void AttentionBench() {
   std::printf("%-10s %10s %12s %10s %12s\n", "attention", "step ms", "speed", "step MB",
               "memory");
   for (int i = 0; i < 2; ++i) {
-    std::printf("%-10s %10.1f %11.2fx %10.1f %11.2fx\n", i == 0 ? "standard" : "flash",
+    std::printf("%-10s %10.1f %11.2fx %10.1f %11.2fx\n", AttentionName(kinds[i]),
                 1e3 * Median(seconds[i]), Median(seconds[0]) / Median(seconds[i]),
                 peak[i] / 1048576.0, double(peak[i]) / peak[0]);
   }

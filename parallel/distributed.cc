@@ -189,7 +189,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   }
   if (!c.train.resume.empty()) {
     return absl::InvalidArgumentError(
-        "resume a distributed run with LoadCheckpoint(dir, step), not TrainConfig::resume");
+        "resume a distributed run with LoadCheckpoint(prefix), not TrainConfig::resume");
   }
   return t;
 }
@@ -385,9 +385,7 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
   }
   if (stop_requested && stop_requested()) {
     ASSIGN_OR_RETURN(Tensor flag, reduced.View(2, {1}));
-    ASSIGN_OR_RETURN(Tensor one, Tensor::FromVector({1.0f}, {1}));
-    RETURN_IF_ERROR(s->Synchronize());  // what the stream wrote into `reduced` first
-    RETURN_IF_ERROR(CopySync(flag, one));
+    RETURN_IF_ERROR(ops::Fill(*s, flag, 1.0f));
   }
   {
     Timer exposed(&t->exposed_comm_seconds);
@@ -420,14 +418,11 @@ std::string DistributedTrainer::ShardName(const std::string& prefix, int rank) c
   return absl::StrFormat("%s.stage-%d.ckpt", prefix, rank);
 }
 
-std::string DistributedTrainer::CheckpointPath(const std::string& dir, int step) const {
-  return ShardName(CheckpointPrefixFor(dir, step), comm_->rank());
-}
-
 absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
   const int rank = comm_->rank(), world = comm_->world_size();
   const bool writes = c_.strategy != StrategyKind::kData || rank == 0;
-  const std::string path = CheckpointPath(dir, step_);
+  const std::string prefix = CheckpointPrefixFor(dir, step_);
+  const std::string path = ShardName(prefix, rank);
   absl::Status saved = absl::OkStatus();
   CheckpointFileInfo info;
   if (writes) {
@@ -454,27 +449,29 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
   }
   if (!saved.ok()) return saved;
   ASSIGN_OR_RETURN(std::vector<int32_t> v, all.ToIntVector());
-  Manifest m;
   for (int r = 0; r < world; ++r) {
-    const int32_t* f = v.data() + r * kFields;
-    if (f[0] < 0) {
+    if (v[r * kFields] < 0) {
       return absl::InternalError(absl::StrFormat(
           "step %d: rank %d could not write its checkpoint shard (see its log); no manifest "
           "written",
           step_, r));
     }
-    if (f[0] == 0) continue;
-    ShardRecord s;
-    s.file = ShardName(absl::StrFormat("step-%06d", step_), r);
-    std::tie(s.block_begin, s.block_end) = BlockRange(r);
-    s.bytes = static_cast<int64_t>(static_cast<uint32_t>(f[1]) |
-                                   (static_cast<uint64_t>(static_cast<uint32_t>(f[2])) << 32));
-    s.checksum = static_cast<uint32_t>(f[3]) |
-                 (static_cast<uint64_t>(static_cast<uint32_t>(f[4])) << 32);
-    m.shards.push_back(s);
   }
   absl::Status manifest = absl::OkStatus();
   if (rank == 0) {
+    Manifest m;
+    for (int r = 0; r < world; ++r) {
+      const int32_t* f = v.data() + r * kFields;
+      if (f[0] == 0) continue;
+      ShardRecord s;
+      s.file = ShardName(absl::StrFormat("step-%06d", step_), r);
+      std::tie(s.block_begin, s.block_end) = BlockRange(r);
+      s.bytes = static_cast<int64_t>(static_cast<uint32_t>(f[1]) |
+                                     (static_cast<uint64_t>(static_cast<uint32_t>(f[2])) << 32));
+      s.checksum = static_cast<uint32_t>(f[3]) |
+                   (static_cast<uint64_t>(static_cast<uint32_t>(f[4])) << 32);
+      m.shards.push_back(s);
+    }
     m.step = step_;
     m.strategy = StrategyName(c_.strategy);
     m.world_size = world;
@@ -482,7 +479,7 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
     m.optimizer = c_.train.optimizer.kind;
     m.batch = c_.train.batch;
     m.seed = c_.train.seed;
-    manifest = WriteManifest(CheckpointPrefixFor(dir, step_), m);
+    manifest = WriteManifest(prefix, m);
   }
   // Nobody goes on (or exits, when preempted) before the manifest is written.
   ASSIGN_OR_RETURN(auto w, comm_->Barrier());

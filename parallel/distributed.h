@@ -82,9 +82,6 @@ class DistributedTrainer {
   bool stop_agreed() const { return stop_agreed_; }
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
-  // This rank's shard path under `dir` for `step` (one file per pipeline stage; data
-  // parallel ranks share rank 0's file), see model/sharded_checkpoint.h.
-  std::string CheckpointPath(const std::string& dir, int step) const;
   // Collective: writes this rank's shard (data parallel: rank 0 only), gathers every
   // shard's size and checksum, and rank 0 writes the manifest last; returns on every rank
   // once the checkpoint is complete. An error on any rank fails it on every rank.

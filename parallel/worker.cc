@@ -24,7 +24,6 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -38,6 +37,7 @@
 #include "model/sharded_checkpoint.h"
 #include "parallel/distributed.h"
 #include "parallel/job.h"
+#include "runtime/files.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
 
@@ -143,21 +143,10 @@ class SlurmRendezvous {
       co.token = token;
       co.job_config = text;
       co.heartbeat_timeout = absl::Seconds(job.heartbeat_timeout_s);
-      const std::string events = job.run_dir + "/logs/coordinator.log";
-      co.events = [events](const std::string& line) {
-        std::ofstream(events, std::ios::app) << line;
-      };
+      co.events = RunEventsLog(job.run_dir);
       ASSIGN_OR_RETURN(server_, CoordinatorServer::Start(co));
       address = absl::StrCat(host, ":", server_->port());
-      const std::string tmp = file + ".tmp";
-      {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << tag << " " << address << "\n";
-        if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-      }
-      if (std::rename(tmp.c_str(), file.c_str()) != 0) {
-        return absl::InternalError(absl::StrCat("cannot write ", file));
-      }
+      RETURN_IF_ERROR(WriteFileAtomically(file, absl::StrCat(tag, " ", address, "\n")));
     } else {
       const absl::Time deadline = absl::Now() + absl::Minutes(5);
       for (;;) {

@@ -1,7 +1,8 @@
 """Finds CUDA and NCCL, or makes a CPU-only stand-in, like TensorFlow's cuda_configure.
 
 @local_config_cuda//:defs.bzl gives CUDA_ENABLED, NVCC (its absolute path) and
-if_cuda(a, b); @local_config_cuda//:cuda is the runtime, cuBLAS(Lt) and NCCL to link.
+if_cuda(a, b); @local_config_cuda//:cuda is the runtime and cuBLAS(Lt) to link,
+@local_config_cuda//:nccl adds NCCL (only the NCCL communicator needs it).
 CUDA is looked for at $CUDA_PATH, else /usr/local/cuda; it counts as present only when
 nvcc, cuda_runtime.h, cublasLt.h, nccl.h and their libraries are all there.
 """
@@ -44,8 +45,8 @@ def _cuda_configure_impl(ctx):
 
 cc_library(
     name = "cuda",
-    hdrs = glob(["include/**"]){nccl_hdrs},
-    includes = ["include", "nccl_include"],
+    hdrs = glob(["include/**"]),
+    includes = ["include"],
     linkopts = [
         "-L{lib}", "-Wl,-rpath,{lib}",
         "-lcublasLt", "-lcublas", "-lcudart",
@@ -55,6 +56,8 @@ cc_library(
 # NCCL apart: only the binaries with the NCCL communicator load libnccl.
 cc_library(
     name = "nccl",
+    hdrs = []{nccl_hdrs},
+    includes = ["nccl_include"],
     linkopts = ["-L{nccl_lib}", "-Wl,-rpath,{nccl_lib}", "-lnccl"],
     deps = [":cuda"],
 )

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "launcher/paths.h"
 #include "launcher/report.h"
+#include "runtime/files.h"
 
 namespace tandem {
 namespace tools {
@@ -627,7 +628,7 @@ std::string Intro(const Report& r) {
       "baseline on one; host with %d cores. Throughput and per-step means leave out the first "
       "%d steps (warm-up).",
       r.model, r.device.empty() ? "-" : r.device, r.batch, r.steps, r.seed.empty() ? "-" : r.seed,
-      r.gpus, r.host_cores, kWarmupSteps);
+      r.gpus, r.host_cores, launcher::kWarmupSteps);
 }
 
 constexpr char kMeasured[] =
@@ -734,7 +735,7 @@ std::string JsonReport(const Report& r) {
   w.Key("steps").Int(r.steps);
   w.Key("seed").String(r.seed);
   w.Key("host_cores").Int(r.host_cores);
-  w.Key("warmup_steps_excluded").Int(kWarmupSteps);
+  w.Key("warmup_steps_excluded").Int(launcher::kWarmupSteps);
   w.Key("command").String(r.command);
   w.Key("created").String(r.created);
   w.Key("summary").BeginArray();
@@ -931,7 +932,7 @@ absl::Status WriteReport(const Report& r, const std::string& dir) {
   for (const Chart& c : r.charts) files.push_back({c.file, c.svg});
   for (const Chart& c : r.timelines) files.push_back({c.file, c.svg});
   for (const auto& [name, content] : files) {
-    absl::Status s = launcher::WriteFileAtomically(absl::StrCat(dir, "/", name), content);
+    absl::Status s = WriteFileAtomically(absl::StrCat(dir, "/", name), content);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -95,9 +95,6 @@ struct Figures {
   std::string recommendation;  // a short verdict with its reason
 };
 
-// Steps left out of means as warm-up (when later steps exist).
-constexpr int kWarmupSteps = launcher::kWarmupSteps;
-
 // The figures of `e` against `baseline` (nullptr, or not ran: speed-up and deviation unset).
 Figures ComputeFigures(const Entry& e, const Entry* baseline);
 

@@ -1,0 +1,44 @@
+#include "runtime/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", tmp, std::strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return absl::InternalError(absl::StrFormat("cannot write %s: %s", tmp, std::strerror(e)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return absl::InternalError(
+        absl::StrFormat("cannot rename %s to %s: %s", tmp, path, std::strerror(e)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

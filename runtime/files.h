@@ -1,0 +1,17 @@
+// Small file helpers shared by the programs (launcher, worker, tools).
+#ifndef TANDEM_RUNTIME_FILES_H_
+#define TANDEM_RUNTIME_FILES_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tandem {
+
+// Writes `content` to `path` through a temporary file beside it (fsync, then rename), so a
+// reader sees the old file or the whole new one, never part of it.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_FILES_H_

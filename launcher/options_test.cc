@@ -464,8 +464,7 @@ TEST(Validate, ResumeRefusesMissingAndCorruptShardsByName) {
   ASSERT_EQ(std::rename(shard.c_str(), saved.c_str()), 0);
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("checkpoint shard " + shard + " is missing")));
   // Corrupt: one byte changed in the middle, the trailer left as listed.
-  std::ifstream in(saved, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes = ReadAll(saved);
   bytes[bytes.size() / 2] ^= 1;
   std::ofstream(shard, std::ios::binary) << bytes;
   EXPECT_THAT(Problems(o, h), ElementsAre(AllOf(HasSubstr("checkpoint " + shard + " is corrupt"),

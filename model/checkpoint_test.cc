@@ -1,18 +1,14 @@
 #include "model/checkpoint.h"
 
 #include <fstream>
-#include <iterator>
 
 #include "gtest/gtest.h"
 #include "model/test_configs.h"
 #include "model/trainer.h"
+#include "runtime/test_files.h"
 
 namespace tandem {
 namespace {
-
-std::string TempPath(const std::string& name) {
-  return std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
-}
 
 CheckpointData Sample() {
   CheckpointData d;
@@ -23,17 +19,12 @@ CheckpointData Sample() {
   return d;
 }
 
-std::string Slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 void Spit(const std::string& p, const std::string& s) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
 }
 
 TEST(CheckpointTest, RoundTrip) {
-  const std::string path = TempPath("rt.ckpt");
+  const std::string path = FreshTestPath("rt.ckpt");
   ASSERT_TRUE(WriteCheckpoint(path, Sample()).ok());
   auto d = ReadCheckpoint(path);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -47,9 +38,9 @@ TEST(CheckpointTest, RoundTrip) {
 }
 
 TEST(CheckpointTest, EveryTruncationIsRefused) {
-  const std::string path = TempPath("trunc.ckpt");
+  const std::string path = FreshTestPath("trunc.ckpt");
   ASSERT_TRUE(WriteCheckpoint(path, Sample()).ok());
-  const std::string full = Slurp(path);
+  const std::string full = ReadAll(path);
   for (size_t len = 0; len < full.size(); ++len) {
     Spit(path, full.substr(0, len));
     auto d = ReadCheckpoint(path);
@@ -59,9 +50,9 @@ TEST(CheckpointTest, EveryTruncationIsRefused) {
 }
 
 TEST(CheckpointTest, EveryBitFlipIsRefused) {
-  const std::string path = TempPath("flip.ckpt");
+  const std::string path = FreshTestPath("flip.ckpt");
   ASSERT_TRUE(WriteCheckpoint(path, Sample()).ok());
-  const std::string full = Slurp(path);
+  const std::string full = ReadAll(path);
   for (size_t i = 0; i < full.size(); ++i) {
     for (int bit : {0, 5}) {
       std::string bad = full;
@@ -75,7 +66,7 @@ TEST(CheckpointTest, EveryBitFlipIsRefused) {
 }
 
 TEST(CheckpointTest, MissingFile) {
-  auto d = ReadCheckpoint(TempPath("never-written.ckpt"));
+  auto d = ReadCheckpoint(FreshTestPath("never-written.ckpt"));
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("cannot be opened"), std::string::npos);
 }
@@ -88,7 +79,7 @@ TEST(CheckpointTest, ResumeIsBitExact) {
     auto t = *Trainer::Create(ResumableConfig());
     ASSERT_TRUE(t->Run([&](const StepReport& r) { straight.push_back(r.loss); }).ok());
   }
-  const std::string path = TempPath("resume.ckpt");
+  const std::string path = FreshTestPath("resume.ckpt");
   {
     TrainConfig c = ResumableConfig();
     c.steps = 3;
@@ -107,7 +98,7 @@ TEST(CheckpointTest, ResumeIsBitExact) {
 }
 
 TEST(CheckpointTest, MismatchedModelIsRefusedBeforeLoading) {
-  const std::string path = TempPath("other.ckpt");
+  const std::string path = FreshTestPath("other.ckpt");
   {
     auto t = *Trainer::Create(ResumableConfig());
     ASSERT_TRUE(t->SaveCheckpoint(path).ok());

@@ -5,11 +5,8 @@
 // refused with their names.
 #include "model/sharded_checkpoint.h"
 
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 
@@ -19,19 +16,12 @@
 #include "gtest/gtest.h"
 #include "model/test_configs.h"
 #include "model/trainer.h"
+#include "runtime/test_files.h"
 
 namespace tandem {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string FreshDir(const std::string& name) {
-  static int n = 0;
-  const std::string d = absl::StrCat(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp",
-                                     "/", name, "-", ++n);
-  ::mkdir(d.c_str(), 0755);
-  return d;
-}
 
 // One stage with its own optimizer, as a pipeline rank holds it.
 struct Part {
@@ -120,7 +110,7 @@ TEST(ShardedCheckpoint, LayoutRoundTrip) {
 // Whole -> 4 stages -> 2 stages -> whole: every parameter and optimizer moment lands where
 // its name says, bit for bit.
 TEST(ShardedCheckpoint, ReshardsAcrossStageCounts) {
-  const std::string dir = FreshDir("reshard");
+  const std::string dir = FreshTestDir("reshard");
   const std::string whole = TrainedWhole(dir);
   const auto truth = ByName(whole);
   const TrainConfig c = ResumableConfig();
@@ -149,7 +139,7 @@ TEST(ShardedCheckpoint, ReshardsAcrossStageCounts) {
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(p.step, 3);
   }
-  const std::string two_dir = FreshDir("reshard-two");
+  const std::string two_dir = FreshTestDir("reshard-two");
   SaveParts(c, two, two_dir, 3);
   Part one = MakePart(c, 0, 4);
   absl::Status s = LoadShardedTrainingState(CheckpointPrefixFor(two_dir, 3), c, *one.stage,
@@ -168,7 +158,7 @@ TEST(ShardedCheckpoint, ContinuingAfterReshardingIsBitExact) {
     auto t = *Trainer::Create(ResumableConfig());
     ASSERT_TRUE(t->Run([&](const StepReport& r) { straight.push_back(r.loss); }).ok());
   }
-  const std::string dir = FreshDir("continue");
+  const std::string dir = FreshTestDir("continue");
   {
     TrainConfig c = ResumableConfig();
     c.steps = 3;
@@ -205,7 +195,7 @@ TEST(ShardedCheckpoint, ContinuingAfterReshardingIsBitExact) {
 class DamagedShards : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = FreshDir("damaged");
+    dir_ = FreshTestDir("damaged");
     const std::string whole = TrainedWhole(dir_);
     c_ = ResumableConfig();
     for (int step : {3, 5}) {
@@ -253,11 +243,7 @@ TEST_F(DamagedShards, MissingShardIsRefusedByName) {
 }
 
 TEST_F(DamagedShards, CorruptShardIsRefusedByName) {
-  std::string bytes;
-  {
-    std::ifstream in(Shard(5, 0), std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  std::string bytes = ReadAll(Shard(5, 0));
   bytes[bytes.size() / 2] ^= 0x10;  // the trailer (size, checksum) stays as listed
   std::ofstream(Shard(5, 0), std::ios::binary | std::ios::trunc) << bytes;
   absl::Status s = Load(5);

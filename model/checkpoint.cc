@@ -49,7 +49,7 @@ class Reader {
   bool Floats(uint64_t n, std::vector<float>* out) {
     if (n > (b_.size() - pos_) / 4) return false;
     out->resize(n);
-    std::memcpy(out->data(), b_.data() + pos_, n * 4);
+    if (n > 0) std::memcpy(out->data(), b_.data() + pos_, n * 4);  // data() may be null
     pos_ += n * 4;
     return true;
   }

@@ -12,6 +12,15 @@
 #endif
 
 namespace tandem {
+namespace {
+
+// memcpy, for which a null pointer is undefined behaviour even with no bytes to copy (an
+// empty vector's or tensor's data may be null).
+void CopyBytes(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
+}  // namespace
 
 absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype, Device device,
                                      HostMemoryKind host) {
@@ -45,7 +54,7 @@ absl::StatusOr<Tensor> Tensor::FromVector(const std::vector<float>& values, cons
   ASSIGN_OR_RETURN(Tensor host, Empty(shape, dtype, Device::Cpu()));
   switch (dtype) {
     case DType::kF32:
-      std::memcpy(host.raw(), values.data(), host.bytes());
+      CopyBytes(host.raw(), values.data(), host.bytes());
       break;
     case DType::kBF16:
       for (size_t i = 0; i < values.size(); ++i) host.data<uint16_t>()[i] = FloatToBf16(values[i]);
@@ -69,7 +78,7 @@ absl::StatusOr<Tensor> Tensor::FromInts(const std::vector<int32_t>& values, cons
         "FromInts: %d values for shape %s", values.size(), shape.ToString()));
   }
   ASSIGN_OR_RETURN(Tensor host, Empty(shape, DType::kI32, Device::Cpu()));
-  std::memcpy(host.raw(), values.data(), host.bytes());
+  CopyBytes(host.raw(), values.data(), host.bytes());
   if (device.is_cpu()) return host;
   ASSIGN_OR_RETURN(Tensor out, Empty(shape, DType::kI32, device));
   RETURN_IF_ERROR(CopySync(out, host));
@@ -131,7 +140,7 @@ absl::StatusOr<std::vector<int32_t>> Tensor::ToIntVector() const {
   std::vector<int32_t> out(numel());
   ASSIGN_OR_RETURN(Tensor host, FromInts(out, shape_));
   RETURN_IF_ERROR(CopySync(host, *this));
-  std::memcpy(out.data(), host.raw(), bytes());
+  CopyBytes(out.data(), host.raw(), bytes());
   return out;
 }
 

@@ -100,13 +100,15 @@ TEST(BlocksTest, ParameterCountMatchesConfig) {
     EXPECT_EQ(st->layout().numel(), c.num_params()) << c.ToString();
   }
   // GPT-2 small: the 124,439,808 parameters of the 124M model, whose output projection is
-  // tied to the token embedding, plus Tandem's untied head (V x C): a stage boundary may
-  // fall between embedding and head, so they cannot share one buffer.
+  // tied to the token embedding, with the vocabulary padded from 50257 to 50304 rows, plus
+  // Tandem's untied head (V x C): a stage boundary may fall between embedding and head, so
+  // they cannot share one buffer.
   ModelConfig g = *ModelPreset("gpt2-small");
-  EXPECT_EQ(g.num_params(), 124439808 + int64_t{50257} * 768);
+  const int64_t padding = int64_t{50304 - 50257} * 768;
+  EXPECT_EQ(g.num_params(), 124439808 + padding + int64_t{50304} * 768);
   // In matmuls: the 124M model's count (its tied embedding counted once, as the head) less
   // the position table.
-  EXPECT_EQ(g.num_matmul_params(), 124439808 - int64_t{1024} * 768);
+  EXPECT_EQ(g.num_matmul_params(), 124439808 + padding - int64_t{1024} * 768);
   // The MLP looks up its input embedding (V x C) and multiplies the rest.
   const ModelConfig m = SmallMlp();
   EXPECT_EQ(m.num_matmul_params(), m.num_params() - int64_t{m.vocab} * m.d_model);

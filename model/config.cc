@@ -77,9 +77,11 @@ absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
     c.n_head = 12;
     c.d_model = 768;
     c.seq_len = 1024;
-    // GPT-2's vocabulary: the 124M model's sizes, with an untied head (163M parameters, 124M
-    // of them in matmuls; num_matmul_params()).
-    c.vocab = 50257;
+    // GPT-2's 50257-token vocabulary padded to 50304, a multiple of 64 (as nanoGPT and llm.c
+    // do), so the head's matmuls have tensor-core-friendly sizes and 16-byte aligned rows;
+    // the padding ids are never targets, so training drives their logits down. The 124M
+    // model's sizes, with an untied head (163M parameters, 124M of them in matmuls).
+    c.vocab = 50304;
     return c;
   }
   if (name == "mlp") {

@@ -47,8 +47,9 @@ struct ModelConfig {
   absl::Status Validate() const;
 };
 
-// "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M's sizes, untied head), "gpt" and "mlp"
-// (sizes from flags, starting from gpt-tiny's and mlp's defaults: depth 4, width 512).
+// "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M's sizes, vocabulary padded to 50304,
+// untied head), "gpt" and "mlp" (sizes from flags, starting from gpt-tiny's and mlp's
+// defaults: depth 4, width 512).
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name);
 // The preset with each size that is not 0 put in its place (as flags set them); not validated.
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name, int n_layer, int d_model,

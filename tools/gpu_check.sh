@@ -271,7 +271,7 @@ elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   train TANDEM_FLASH --attention=flash
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     timeout 240 python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
-        --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50257 --batch 8 \
+        --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50304 --batch 8 \
         --steps "$steps" 2>&1 | tail -n 1 | sed 's/^/PYTORCH /'
   else
     echo "PYTORCH skipped: no PyTorch with CUDA here"

@@ -1,134 +1,36 @@
 // The FlashAttention tensor-core kernels (runtime/cuda/flash_attention_kernels.cuh), compiled
-// for the host and run with CUDA's execution model emulated: one std::thread per CUDA thread,
-// barriers for __syncthreads and __syncwarp, shuffles through memory, and WMMA fragments as
-// 16 x 16 matrices with the documented load, store and multiply semantics (checking each
-// pointer's 32-byte alignment, ldm, and that it stays inside shared memory). Shared memory
-// and outputs start as NaN, so an element read before it is written, or never written, shows.
-// The results are compared with attention computed in double from its definition. This
-// checks the kernels' indexing, masking, tiling and synchronization on every machine; the
-// hardware itself (and the compiler's code) is checked by cuda_ops_test on a GPU.
+// for the host and run with CUDA's execution model emulated (runtime/cuda_emulation.h: one
+// std::thread per CUDA thread, barriers for __syncthreads and __syncwarp, shuffles through
+// memory), with WMMA fragments emulated here as 16 x 16 matrices with the documented load,
+// store and multiply semantics (checking each pointer's 32-byte alignment, ldm, and that it
+// stays inside shared memory). Shared memory and outputs start as NaN, so an element read
+// before it is written, or never written, shows. The results are compared with attention
+// computed in double from its definition. This checks the kernels' indexing, masking,
+// tiling and synchronization on every machine; the hardware itself (and the compiler's
+// code) is checked by cuda_ops_test on a GPU.
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <cstring>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
+#include "runtime/cuda_emulation.h"  // last: it defines CUDA's qualifiers
 
 namespace tandem {
 namespace ops {
 namespace cuda {
 namespace {
 
-// ---- the emulated device ------------------------------------------------------------------
+using cuda_emulation::DynamicShared;
+using cuda_emulation::Fail;
 
-constexpr int kWarpSize = 32;
+#include "runtime/cuda/device_functions.cuh"
 
-// A reusable barrier for n threads.
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int64_t generation = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const int n_;
-  int arrived_ = 0;
-  int64_t generation_ = 0;
-};
-
-struct Dim3 {
-  unsigned int x = 0, y = 0, z = 0;
-};
-thread_local Dim3 threadIdx;
-thread_local Dim3 blockIdx;
-Dim3 blockDim;
-
-// The block being run (blocks run one after another).
-struct Block {
-  std::vector<unsigned char> memory;
-  unsigned char* shared = nullptr;  // 128-byte aligned, inside memory
-  size_t shared_bytes = 0;
-  std::unique_ptr<Barrier> all;
-  std::vector<std::unique_ptr<Barrier>> warps;
-  std::vector<float> shuffle;  // one slot per thread
-};
-Block* g_block = nullptr;
-
-std::mutex g_error_mu;
-std::string g_error;  // the first rule a kernel broke
-void Fail(const std::string& what) {
-  std::lock_guard<std::mutex> lock(g_error_mu);
-  if (g_error.empty()) g_error = what;
-}
-
-unsigned char* DynamicShared() { return g_block->shared; }
-void __syncthreads() { g_block->all->Wait(); }
-void __syncwarp(unsigned int = 0xffffffffu) { g_block->warps[threadIdx.x / kWarpSize]->Wait(); }
-float __shfl_xor_sync(unsigned int, float v, int mask) {
-  g_block->shuffle[threadIdx.x] = v;
-  __syncwarp();
-  const int lane = threadIdx.x % kWarpSize;
-  const float r = g_block->shuffle[threadIdx.x - lane + (lane ^ mask)];
-  __syncwarp();
-  return r;
-}
-float WarpSum(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-struct int4 {
-  int x, y, z, w;
-};
-int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
-
-// 16-bit storage types with the host's rounding (runtime/dtype.h).
-struct Bf16 {
-  uint16_t bits;
-};
-struct F16 {
-  uint16_t bits;
-};
-template <typename T>
-float ToF32(T x);
-template <>
-float ToF32<Bf16>(Bf16 x) {
-  return Bf16ToFloat(x.bits);
-}
-template <>
-float ToF32<F16>(F16 x) {
-  return HalfToFloat(x.bits);
-}
-template <typename T>
-T FromF32(float x);
-template <>
-Bf16 FromF32<Bf16>(float x) {
-  return {FloatToBf16(x)};
-}
-template <>
-F16 FromF32<F16>(float x) {
-  return {FloatToHalf(x)};
-}
+using Bf16 = __nv_bfloat16;
+using F16 = __half;
 
 // WMMA's 16 x 16 x 16 fragments: the whole matrix in every lane.
 namespace wmma {
@@ -146,10 +48,10 @@ using Acc = fragment<accumulator, 16, 16, 16, float>;
 
 void CheckPointer(const void* p, unsigned int ldm, size_t element, unsigned int ldm_multiple) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t base = reinterpret_cast<uintptr_t>(g_block->shared);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(DynamicShared());
   if (at % 32 != 0) Fail("WMMA pointer not 32-byte aligned");
   if (ldm % ldm_multiple != 0) Fail("WMMA ldm " + std::to_string(ldm) + " not allowed");
-  if (at < base || at + (15 * ldm + 16) * element > base + g_block->shared_bytes) {
+  if (at < base || at + (15 * ldm + 16) * element > base + cuda_emulation::DynamicSharedBytes()) {
     Fail("WMMA access outside shared memory");
   }
 }
@@ -196,47 +98,7 @@ void mma_sync(Acc& d, const A& a, const B& b, const Acc& c) {
 }
 }  // namespace wmma
 
-#define __global__
-#define __device__
-#define __forceinline__
-#define __launch_bounds__(n)
 #include "runtime/cuda/flash_attention_kernels.cuh"
-#undef __global__
-#undef __device__
-#undef __forceinline__
-#undef __launch_bounds__
-
-// Runs kernel() as a grid of (gx, gy) blocks of `threads` threads with `shared` bytes of
-// dynamic shared memory, which starts as NaN.
-void Launch(unsigned int gx, unsigned int gy, int threads, size_t shared,
-            const std::function<void()>& kernel) {
-  blockDim = {static_cast<unsigned int>(threads), 1, 1};
-  for (unsigned int y = 0; y < gy; ++y) {
-    for (unsigned int x = 0; x < gx; ++x) {
-      Block b;
-      b.memory.assign(shared + 128, 0xff);
-      const uintptr_t at = reinterpret_cast<uintptr_t>(b.memory.data());
-      b.shared = b.memory.data() + (128 - at % 128) % 128;
-      b.shared_bytes = shared;
-      b.all = std::make_unique<Barrier>(threads);
-      for (int w = 0; w < threads / kWarpSize; ++w) {
-        b.warps.push_back(std::make_unique<Barrier>(kWarpSize));
-      }
-      b.shuffle.resize(threads);
-      g_block = &b;
-      std::vector<std::thread> ts;
-      for (int t = 0; t < threads; ++t) {
-        ts.emplace_back([&, t] {
-          threadIdx = {static_cast<unsigned int>(t), 0, 0};
-          blockIdx = {x, y, 0};
-          kernel();
-        });
-      }
-      for (std::thread& t : ts) t.join();
-      g_block = nullptr;
-    }
-  }
-}
 
 // ---- the check ------------------------------------------------------------------------------
 
@@ -271,21 +133,24 @@ void Check(int B, int T, int NH, double tol, double grad_tol) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const unsigned int tiles = (T + kTile - 1) / kTile;
   const size_t bytes = Smem<E, HS>::kBytes;
-  g_error.clear();
-  Launch(B * NH, tiles, kFlashThreads, bytes,
-         [&] { FlashForwardKernel<E, HS>(out.data(), lse.data(), qkv.data(), T, NH, scale); });
+  cuda_emulation::TakeError();
+  const dim3 grid{static_cast<unsigned int>(B * NH), tiles, 1};
+  cuda_emulation::Launch(grid, kFlashThreads, bytes, [&] {
+    FlashForwardKernel<E, HS>(out.data(), lse.data(), qkv.data(), T, NH, scale);
+  });
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
-  Launch(static_cast<unsigned int>((rows + 7) / 8), 1, 8 * kWarpSize, 0,
-         [&] { RowDotKernel<E>(rowdot.data(), dout.data(), out.data(), T, NH, HS, rows); });
-  Launch(B * NH, tiles, kFlashThreads, bytes, [&] {
+  cuda_emulation::Launch(
+      dim3{static_cast<unsigned int>((rows + 7) / 8), 1, 1}, 8 * kWarpSize, 0,
+      [&] { RowDotKernel<E>(rowdot.data(), dout.data(), out.data(), T, NH, HS, rows); });
+  cuda_emulation::Launch(grid, kFlashThreads, bytes, [&] {
     FlashBackwardKvKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(), T,
                                  NH, scale);
   });
-  Launch(B * NH, tiles, kFlashThreads, bytes, [&] {
+  cuda_emulation::Launch(grid, kFlashThreads, bytes, [&] {
     FlashBackwardQKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(), T,
                                 NH, scale);
   });
-  EXPECT_EQ(g_error, "");
+  EXPECT_EQ(cuda_emulation::TakeError(), "");
 
   // Attention by its definition, in double, from the same rounded inputs.
   std::vector<double> want_out(out.size()), want_lse(lse.size()), want_d(dqkv.size());

@@ -15,12 +15,6 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-// The block's dynamic shared memory (Smem below), which Run requests at launch.
-__device__ __forceinline__ unsigned char* DynamicShared() {
-  extern __shared__ __align__(128) unsigned char bytes[];
-  return bytes;
-}
-
 #include "runtime/cuda/flash_attention_kernels.cuh"
 
 // ---- launchers --------------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+// The kernels of embedding.cu, whose launchers stay there: text included inside
+// tandem::ops::cuda by embedding.cu and, on the host with CUDA's execution model emulated
+// (runtime/cuda_emulation.h), by runtime/cuda_kernels_emulation_test.cc, so the same
+// source is checked without a GPU. The includer provides device_functions.cuh first.
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+// out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :] (wpe may be null); a token outside [0, V)
+// gives a zero row. P elements per step, C % P == 0.
+// out: (B * T, C); tokens: (B * T) i32; wte: (V, C); wpe: (maxT, C)
+template <typename T, int P>
+__global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const T* wte, const T* wpe,
+                                       int64_t rows, int seq, int C, int V) {
+  using Vec = Pack<T, P>;
+  const int64_t packs = rows * C / P;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += stride) {
+    const int64_t i = p * P;
+    const int64_t row = i / C;
+    const int c = static_cast<int>(i % C);
+    const int token = tokens[row];
+    Vec o;
+    if (token >= 0 && token < V) {
+      const Vec w = Vec::Load(wte + static_cast<int64_t>(token) * C + c);
+      Vec pe;
+      if (wpe != nullptr) pe = Vec::Load(wpe + (row % seq) * C + c);
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        o[j] = FromF32<T>(ToF32(w[j]) + (wpe != nullptr ? ToF32(pe[j]) : 0.0f));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < P; ++j) o[j] = FromF32<T>(0.0f);
+    }
+    o.Store(out + i);
+  }
+}
+
+// dwte[tokens[r], c] += dout[r, c], by atomicAdd (tokens repeat).
+// dwte: (V, C) f32; dout: (rows, C); tokens: (rows) i32
+template <typename T, int P>
+__global__ void WteBackwardKernel(float* dwte, const T* dout, const int32_t* tokens, int64_t rows,
+                                  int C, int V) {
+  using Vec = Pack<T, P>;
+  const int64_t packs = rows * C / P;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += stride) {
+    const int64_t i = p * P;
+    const int64_t row = i / C;
+    const int c = static_cast<int>(i % C);
+    const int token = tokens[row];
+    if (token < 0 || token >= V) continue;
+    const Vec g = Vec::Load(dout + i);
+    float* dst = dwte + static_cast<int64_t>(token) * C + c;
+#pragma unroll
+    for (int j = 0; j < P; ++j) atomicAdd(dst + j, ToF32(g[j]));
+  }
+}
+
+// dwpe[t, c] += sum over b of dout[b, t, c]; one thread per (t, c).
+// dwpe: (maxT, C) f32; dout: (B, T, C)
+template <typename T>
+__global__ void WpeBackwardKernel(float* dwpe, const T* dout, int B, int seq, int C) {
+  const int64_t n = static_cast<int64_t>(seq) * C;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    float sum = 0.0f;
+    for (int b = 0; b < B; ++b) sum += ToF32(dout[b * n + i]);
+    dwpe[i] += sum;
+  }
+}

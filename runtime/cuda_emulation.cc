@@ -1,0 +1,174 @@
+#include "runtime/cuda_emulation.h"
+
+thread_local dim3 threadIdx;
+thread_local dim3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+namespace tandem {
+namespace cuda_emulation {
+namespace {
+
+constexpr int kWarp = 32;
+
+// A reusable barrier whose threads may leave (exit) while others wait.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void Wait(const char* what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t generation = generation_;
+    if (++arrived_ >= n_) {
+      Release();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return generation_ != generation; })) {
+      std::fprintf(stderr,
+                   "CUDA emulation: %s waited 60 s in block (%u, %u, %u): threads diverge "
+                   "around it\n",
+                   what, blockIdx.x, blockIdx.y, blockIdx.z);
+      std::abort();
+    }
+  }
+  void Leave() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --n_;
+    if (n_ > 0 && arrived_ >= n_) Release();
+  }
+  int participants() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return n_;
+  }
+
+ private:
+  void Release() {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+// A block's state.
+struct Block {
+  std::vector<unsigned char> memory;
+  unsigned char* shared = nullptr;  // 128-byte aligned, inside memory
+  size_t shared_bytes = 0;
+  std::unique_ptr<Barrier> all;
+  std::vector<std::unique_ptr<Barrier>> warps;
+  std::vector<int> warp_size;  // threads each warp started with
+  std::vector<float> shuffle;  // one slot per thread
+};
+thread_local Block* g_block = nullptr;  // the block this thread runs
+
+std::mutex g_error_mu;
+std::string g_error;
+std::mutex g_atomic_mu;
+
+// The thread's linear id in its block (x fastest).
+int LinearId() {
+  return static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+
+Barrier& MyWarp() { return *g_block->warps[LinearId() / kWarp]; }
+
+}  // namespace
+
+unsigned char* DynamicShared() { return g_block->shared; }
+size_t DynamicSharedBytes() { return g_block->shared_bytes; }
+
+void Fail(const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_error_mu);
+  if (g_error.empty()) g_error = what;
+}
+
+std::string TakeError() {
+  std::lock_guard<std::mutex> lock(g_error_mu);
+  std::string e;
+  e.swap(g_error);
+  return e;
+}
+
+void Launch(dim3 grid, dim3 block_dim, size_t shared, const std::function<void()>& kernel) {
+  gridDim = grid;
+  blockDim = block_dim;
+  const unsigned int block = block_dim.x * block_dim.y * block_dim.z;
+  const size_t count = size_t{grid.x} * grid.y * grid.z;
+  std::vector<std::unique_ptr<Block>> blocks;
+  for (size_t i = 0; i < count; ++i) {
+    auto b = std::make_unique<Block>();
+    b->memory.assign(shared + 128, 0xff);  // 0xff bytes: NaN in f32, bf16 and f16
+    const uintptr_t at = reinterpret_cast<uintptr_t>(b->memory.data());
+    b->shared = b->memory.data() + (128 - at % 128) % 128;
+    b->shared_bytes = shared;
+    b->all = std::make_unique<Barrier>(static_cast<int>(block));
+    for (unsigned int w = 0; w < block; w += kWarp) {
+      b->warp_size.push_back(static_cast<int>(std::min<unsigned int>(kWarp, block - w)));
+      b->warps.push_back(std::make_unique<Barrier>(b->warp_size.back()));
+    }
+    b->shuffle.resize(block);
+    blocks.push_back(std::move(b));
+  }
+  // One thread per CUDA thread runs the blocks in turn; a block starts when every thread has
+  // finished the one before (their `__shared__` statics are one copy).
+  Barrier between(static_cast<int>(block));
+  std::vector<std::thread> threads;
+  threads.reserve(block);
+  for (unsigned int t = 0; t < block; ++t) {
+    threads.emplace_back([&, t] {
+      threadIdx =
+          dim3(t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y));
+      for (size_t i = 0; i < count; ++i) {
+        blockIdx = dim3(static_cast<unsigned int>(i % grid.x),
+                        static_cast<unsigned int>(i / grid.x % grid.y),
+                        static_cast<unsigned int>(i / (size_t{grid.x} * grid.y)));
+        g_block = blocks[i].get();
+        kernel();
+        MyWarp().Leave();  // an exited thread no longer holds a barrier back
+        g_block->all->Leave();
+        between.Wait("the end of a block");
+      }
+      g_block = nullptr;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace cuda_emulation
+}  // namespace tandem
+
+using tandem::cuda_emulation::Fail;
+
+void __syncthreads() { tandem::cuda_emulation::g_block->all->Wait("__syncthreads"); }
+
+void __syncwarp(unsigned int) { tandem::cuda_emulation::MyWarp().Wait("__syncwarp"); }
+
+float __shfl_xor_sync(unsigned int, float v, int lane_mask) {
+  using tandem::cuda_emulation::g_block;
+  using tandem::cuda_emulation::kWarp;
+  const int id = tandem::cuda_emulation::LinearId();
+  const int warp = id / kWarp;
+  const int lane = id % kWarp;
+  const int partner = lane ^ lane_mask;
+  if (tandem::cuda_emulation::MyWarp().participants() != g_block->warp_size[warp] ||
+      partner >= g_block->warp_size[warp]) {
+    Fail("__shfl_xor_sync in a warp with an exited or missing lane");
+    return v;
+  }
+  g_block->shuffle[id] = v;
+  __syncwarp();
+  const float r = g_block->shuffle[id - lane + partner];
+  __syncwarp();
+  return r;
+}
+
+float atomicAdd(float* address, float v) {
+  std::lock_guard<std::mutex> lock(tandem::cuda_emulation::g_atomic_mu);
+  const float old = *address;
+  *address = old + v;
+  return old;
+}

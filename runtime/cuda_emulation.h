@@ -1,0 +1,98 @@
+// CUDA's execution model emulated on the host, so that the backend's kernels (the
+// runtime/cuda/*_kernels.cuh files, compiled as C++) run and are checked without a GPU.
+//
+// A grid's blocks run one after another on one std::thread per CUDA thread.
+// __syncthreads and __syncwarp are barriers; a thread that returns leaves them, as an exited
+// thread does on the hardware, and a shuffle in a warp with an exited lane is reported (its
+// result is undefined on the hardware). Shared memory: `__shared__` arrays become statics
+// (one block runs at a time) and the dynamic part starts as NaN bytes, so a value read
+// before it was written shows. atomicAdd is atomic; bf16 and f16 round as the host's
+// dtype.h does. A barrier that waits over 60 s (threads that diverge around __syncthreads)
+// ends the process with a message. Test-only (cuda_kernels_emulation_test.cc,
+// flash_attention_emulation_test.cc).
+#ifndef TANDEM_RUNTIME_CUDA_EMULATION_H_
+#define TANDEM_RUNTIME_CUDA_EMULATION_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/dtype.h"
+
+// ---- CUDA's names, in the global namespace as CUDA declares them -----------------------------
+
+struct dim3 {
+  dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+  unsigned int x, y, z;
+};
+extern thread_local dim3 threadIdx;
+extern thread_local dim3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+
+struct int4 {
+  int x, y, z, w;
+};
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+struct uint2 {
+  unsigned int x, y;
+};
+
+// 16-bit storage types, rounded to nearest even like the device's conversions.
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+struct __half {
+  uint16_t bits;
+};
+inline float __bfloat162float(__nv_bfloat16 x) { return tandem::Bf16ToFloat(x.bits); }
+inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {tandem::FloatToBf16(x)}; }
+inline float __half2float(__half x) { return tandem::HalfToFloat(x.bits); }
+inline __half __float2half_rn(float x) { return {tandem::FloatToHalf(x)}; }
+
+void __syncthreads();
+void __syncwarp(unsigned int mask = 0xffffffffu);
+float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
+float atomicAdd(float* address, float v);
+using std::max;
+using std::min;
+
+namespace tandem {
+namespace cuda_emulation {
+
+// The dynamic shared memory of the running block (128-byte aligned, `bytes` long).
+unsigned char* DynamicShared();
+size_t DynamicSharedBytes();
+
+// Runs kernel() on a grid of `grid` blocks of `block` threads with `shared` bytes of dynamic
+// shared memory. Warps are made of consecutive linear thread ids (x fastest), as on the GPU.
+void Launch(dim3 grid, dim3 block, size_t shared, const std::function<void()>& kernel);
+
+// The first rule a kernel broke since the last call (and clears it); "" if none.
+std::string TakeError();
+// Records a broken rule (the first one is kept).
+void Fail(const std::string& what);
+
+}  // namespace cuda_emulation
+}  // namespace tandem
+
+// CUDA's qualifiers. Include this header after every other one: `__shared__` becomes
+// `static`.
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+
+#endif  // TANDEM_RUNTIME_CUDA_EMULATION_H_

@@ -271,6 +271,28 @@ TEST_P(CudaOpsDTypeTest, LinearGeluForwardKeepsPreActivation) {
   }
 }
 
+// A bias one element past an aligned address (a view into a flat parameter buffer): the
+// matmul's bias epilogue is not used for it, the plain matmul and bias kernels are.
+TEST_P(CudaOpsDTypeTest, LinearWithUnalignedBias) {
+  const DType t = GetParam();
+  const int64_t n = 64, c = 48, oc = 32;
+  Pair inp = Random({n, c}, t);
+  Pair weight = Random({oc, c}, t, -0.1f, 0.1f);
+  Pair bias = View(Random({oc + 1}, t), 1, {oc});
+  Pair out = Output({n, oc}, t);
+  ASSERT_TRUE(Both([&](Stream& s, auto at) {
+    return LinearForward(s, at(out), at(inp), at(weight), at(bias));
+  }));
+  EXPECT_TRUE(Close(out, Tol(t)));
+  Pair gelu = Output({n, oc}, t);
+  Pair pre = Output({n, oc}, t);
+  ASSERT_TRUE(Both([&](Stream& s, auto at) {
+    return LinearGeluForward(s, at(gelu), at(pre), at(inp), at(weight), at(bias));
+  }));
+  EXPECT_TRUE(Close(pre, Tol(t)));
+  EXPECT_TRUE(Close(gelu, std::max(Tol(t), 1e-3)));
+}
+
 TEST_P(CudaOpsDTypeTest, LinearBackwardAccumulatesParameterGradients) {
   const DType t = GetParam();
   // OC = 0: dinp is written with zeros, from an empty product.

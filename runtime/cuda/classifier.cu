@@ -28,7 +28,8 @@ absl::Status LaunchCrossEntropy(cudaStream_t stream, const Tensor& losses, const
   int threads = kWarpSize;
   while (threads < (V + P - 1) / P && threads < 1024) threads *= 2;
   auto kernel = vec ? CrossEntropyKernel<T, kVec> : CrossEntropyKernel<T, 1>;
-  kernel<<<static_cast<unsigned int>(N), threads, 0, stream>>>(
+  ASSIGN_OR_RETURN(const unsigned int blocks, BlockPerRowGrid("SoftmaxCrossEntropy", N));
+  kernel<<<blocks, threads, 0, stream>>>(
       MutPtr<float>(losses), MutPtr<T>(dlogits), Ptr<T>(logits), Ptr<int32_t>(targets), V,
       dloss_scale);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());

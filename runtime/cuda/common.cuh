@@ -51,6 +51,15 @@ inline int SmCount() {
   return sms;
 }
 
+// The grid of a kernel that takes one block per row: an error past CUDA's 2^31 - 1 blocks.
+inline absl::StatusOr<unsigned int> BlockPerRowGrid(const char* op, int64_t rows) {
+  if (rows > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d rows exceed the 2^31 - 1 blocks of a CUDA grid", op, rows));
+  }
+  return static_cast<unsigned int>(rows);
+}
+
 // Makes the stream's device current and returns its cudaStream_t.
 inline absl::StatusOr<cudaStream_t> Begin(Stream& s) {
   RETURN_IF_ERROR(SetCurrentDevice(s.device()));

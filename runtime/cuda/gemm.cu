@@ -324,6 +324,12 @@ absl::Status RunGemm(Stream& s, const RowMajorGemm& g) {
     if (g.pre != nullptr && (g.ldpre % 8 != 0 || g.ldpre < g.n || !(AlignmentOf(g.pre, 0) >= 16))) {
       return absl::UnimplementedError("gemm: GELU aux matrix not 8-element/16-byte aligned");
     }
+    // cuBLASLt takes no alignment preference for the bias vector, and its epilogue kernels
+    // may load it 16 bytes at a time: a less aligned bias (a view into a flat buffer) goes to
+    // the fallback, a plain gemm then the bias kernels.
+    if (g.bias != nullptr && !(AlignmentOf(g.bias, 0) >= 16)) {
+      return absl::UnimplementedError("gemm: bias not 16-byte aligned");
+    }
   }
   RETURN_IF_ERROR(SetCurrentDevice(s.device()));
   const int device = s.device().index();

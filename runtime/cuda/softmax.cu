@@ -31,7 +31,8 @@ absl::Status LaunchSoftmax(cudaStream_t stream, bool backward, const Tensor& out
                    (!in1.defined() || IsAligned(in1.raw(), 16));
   const int P = vec ? V : 1;
   const int threads = RowThreads((C + P - 1) / P);
-  const unsigned int blocks = static_cast<unsigned int>(N);
+  ASSIGN_OR_RETURN(const unsigned int blocks,
+                   BlockPerRowGrid(backward ? "SoftmaxBackward" : "SoftmaxForward", N));
   if (backward) {
     auto kernel = vec ? SoftmaxBackwardKernel<T, V> : SoftmaxBackwardKernel<T, 1>;
     kernel<<<blocks, threads, 0, stream>>>(MutPtr<T>(out), Ptr<T>(in0), Ptr<T>(in1), C);

@@ -71,7 +71,8 @@ using std::min;
 namespace tandem {
 namespace cuda_emulation {
 
-// The dynamic shared memory of the running block (128-byte aligned, `bytes` long).
+// The dynamic shared memory of the calling thread's block: 128-byte aligned, as many bytes
+// as its launch asked for.
 unsigned char* DynamicShared();
 size_t DynamicSharedBytes();
 

@@ -1,16 +1,15 @@
 #include "model/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "model/rng.h"
+#include "runtime/files.h"
 
 namespace tandem {
 namespace {
@@ -22,11 +21,6 @@ constexpr uint32_t kVersion = 1;
 template <typename T>
 void Put(std::string* out, T v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-absl::Status SysError(const std::string& what, const std::string& path) {
-  return absl::InternalError(
-      absl::StrFormat("checkpoint %s: %s failed: %s", path, what, std::strerror(errno)));
 }
 
 // Reads from a buffer with bounds checks; any overrun marks the file corrupt.
@@ -96,40 +90,9 @@ absl::Status WriteCheckpoint(const std::string& path, const CheckpointData& data
   Put<uint64_t>(&buf, checksum);
   buf.append(kEnd, 9);
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return SysError("open " + tmp, path);
-  size_t done = 0;
-  while (done < buf.size()) {
-    const ssize_t n = ::write(fd, buf.data() + done, buf.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = SysError("write", path);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += n;
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = SysError("fsync", path);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = SysError("rename", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  // Make the rename itself durable.
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  const absl::Status written = WriteFileAtomically(path, buf);
+  if (!written.ok()) {
+    return absl::Status(written.code(), absl::StrCat("checkpoint: ", written.message()));
   }
   if (info != nullptr) {
     info->bytes = static_cast<int64_t>(buf.size());

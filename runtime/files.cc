@@ -30,13 +30,26 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
     }
     done += static_cast<size_t>(n);
   }
-  ::fsync(fd);
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrFormat("cannot sync %s: %s", tmp, std::strerror(e)));
+  }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
     return absl::InternalError(
         absl::StrFormat("cannot rename %s to %s: %s", tmp, path, std::strerror(e)));
+  }
+  // Make the rename itself durable.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,4 @@
-// Small file helpers shared by the programs (launcher, worker, tools).
+// Small file helpers shared by the programs (launcher, worker, tools) and the checkpoints.
 #ifndef TANDEM_RUNTIME_FILES_H_
 #define TANDEM_RUNTIME_FILES_H_
 
@@ -8,8 +8,9 @@
 
 namespace tandem {
 
-// Writes `content` to `path` through a temporary file beside it (fsync, then rename), so a
-// reader sees the old file or the whole new one, never part of it.
+// Writes `content` to `path` through a temporary file beside it (fsync, rename, fsync of the
+// directory), so a reader sees the old file or the whole new one, never part of it, and the
+// new one survives a crash once this returns.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
 }  // namespace tandem

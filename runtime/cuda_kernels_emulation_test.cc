@@ -132,13 +132,6 @@ void LaunchAndCheck(dim3 grid, dim3 block, size_t shared, F&& kernel) {
                        << block.y;
 }
 
-// Threads of a one-block-per-row kernel: a power of two from 32 to 1024 covering `units`.
-int RowThreadsFor(int64_t units) {
-  int threads = kWarpSize;
-  while (threads < units && threads < 1024) threads *= 2;
-  return threads;
-}
-
 template <typename T>
 class KernelTest : public ::testing::Test {};
 using StorageTypes = ::testing::Types<float, __nv_bfloat16, __half>;
@@ -166,13 +159,11 @@ void LayerNormForwardCase(int64_t N, int C) {
   std::vector<float> mean(N, NAN), rstd(N, NAN);
   const std::vector<T> a_s = Stored<T>(a), b_s = Stored<T>(b), w_s = Stored<T>(w),
                        bias_s = Stored<T>(bias);
-  LaunchAndCheck(
-      static_cast<unsigned int>((N + layernorm::kRowsPerBlock - 1) / layernorm::kRowsPerBlock),
-      kThreads, 0, [&] {
-        layernorm::LayerNormForwardKernel<T, P, kResidual>(
-            out.data(), mean.data(), rstd.data(), kResidual ? residual.data() : nullptr, a_s.data(),
-            kResidual ? b_s.data() : nullptr, w_s.data(), bias_s.data(), N, C);
-      });
+  LaunchAndCheck(RowBlocks(N), kThreads, 0, [&] {
+    layernorm::LayerNormForwardKernel<T, P, kResidual>(
+        out.data(), mean.data(), rstd.data(), kResidual ? residual.data() : nullptr, a_s.data(),
+        kResidual ? b_s.data() : nullptr, w_s.data(), bias_s.data(), N, C);
+  });
   // The CPU's LayerNorm of what the kernel normalized: the input, or the rounded residual.
   std::vector<float> x = a;
   if (kResidual) {
@@ -266,7 +257,7 @@ void CrossEntropyCase(int V, bool in_place) {
   std::vector<T> separate(N * V, FromF32<T>(NAN));
   T* dlogits = in_place ? x.data() : separate.data();
   std::vector<float> losses(N, NAN);
-  LaunchAndCheck(N, RowThreadsFor((V + P - 1) / P), 0, [&] {
+  LaunchAndCheck(N, RowThreads((V + P - 1) / P), 0, [&] {
     classifier::CrossEntropyKernel<T, P>(losses.data(), dlogits, x.data(), targets.data(), V,
                                          0.25f);
   });
@@ -311,7 +302,7 @@ void SoftmaxCase(int64_t N, int C) {
   const std::vector<float> g = Rounded<T>(Random(N * C, 13));
   const std::vector<T> x_s = Stored<T>(x);
   std::vector<T> y(N * C, FromF32<T>(NAN));
-  const int threads = RowThreadsFor((C + P - 1) / P);
+  const int threads = RowThreads((C + P - 1) / P);
   LaunchAndCheck(static_cast<unsigned int>(N), threads, 0,
                  [&] { softmax::SoftmaxForwardKernel<T, P>(y.data(), x_s.data(), C); });
   Tensor want_y = F32(std::vector<float>(N * C), {N, C});
@@ -349,7 +340,7 @@ void CausalSoftmaxCase(int T, int64_t rows) {
   const std::vector<float> scores = Random(rows * T, 14, 4.0f);
   std::vector<float> att = scores, lse(rows, NAN);
   std::vector<E> low(rows * T, FromF32<E>(NAN));
-  LaunchAndCheck(attention::RowBlocks(rows), kThreads, 0, [&] {
+  LaunchAndCheck(RowBlocks(rows), kThreads, 0, [&] {
     attention::CausalSoftmaxKernel<E>(att.data(), low.data(), lse.data(), T, rows, scale);
   });
   // Reference: row r is query position t = r % T.
@@ -370,14 +361,14 @@ void CausalSoftmaxCase(int T, int64_t rows) {
 
   // The probabilities again, from the raw scores and lse.
   std::vector<float> again = scores;
-  LaunchAndCheck(attention::RowBlocks(rows), kThreads, 0,
+  LaunchAndCheck(RowBlocks(rows), kThreads, 0,
                  [&] { attention::ProbsFromLseKernel(again.data(), lse.data(), T, rows, scale); });
   EXPECT_TRUE(Close("probabilities from lse", again, want, 1e-5));
 
   // Backward: dpre = scale * att * (datt - sum(datt * att)) on j <= t, 0 above.
   const std::vector<float> datt = Random(rows * T, 15);
   std::vector<E> dpre(rows * T, FromF32<E>(NAN)), low2(rows * T, FromF32<E>(NAN));
-  LaunchAndCheck(attention::RowBlocks(rows), kThreads, 0, [&] {
+  LaunchAndCheck(RowBlocks(rows), kThreads, 0, [&] {
     attention::CausalSoftmaxBackwardKernel<E>(dpre.data(), low2.data(), datt.data(), att.data(), T,
                                               rows, scale);
   });

@@ -139,9 +139,9 @@ void Check(int B, int T, int NH, double tol, double grad_tol) {
     FlashForwardKernel<E, HS>(out.data(), lse.data(), qkv.data(), T, NH, scale);
   });
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
-  cuda_emulation::Launch(
-      dim3{static_cast<unsigned int>((rows + 7) / 8), 1, 1}, 8 * kWarpSize, 0,
-      [&] { RowDotKernel<E>(rowdot.data(), dout.data(), out.data(), T, NH, HS, rows); });
+  cuda_emulation::Launch(RowBlocks(rows), kThreads, 0, [&] {
+    RowDotKernel<E>(rowdot.data(), dout.data(), out.data(), T, NH, HS, rows);
+  });
   cuda_emulation::Launch(grid, kFlashThreads, bytes, [&] {
     FlashBackwardKvKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(), T,
                                  NH, scale);

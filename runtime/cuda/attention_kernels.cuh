@@ -3,8 +3,6 @@
 // (runtime/cuda_emulation.h), by runtime/cuda_kernels_emulation_test.cc, so the same
 // source is checked without a GPU. The includer provides device_functions.cuh first.
 
-constexpr int kRowsPerBlock = kThreads / kWarpSize;
-
 // ---- kernels ----------------------------------------------------------------------------------
 
 // Moves S sections between the token-major layout rows (B, T, S * C), section s at columns
@@ -37,16 +35,6 @@ __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T,
       }
     }
   }
-}
-
-// The score row (b, h, t) a warp of the row kernels below owns, kRowsPerBlock per block.
-__device__ __forceinline__ int64_t WarpRow() {
-  return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
-}
-
-// Blocks of the row kernels for `rows` score rows (one warp each, no grid-stride loop).
-inline unsigned int RowBlocks(int64_t rows) {
-  return static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 // In place on raw scores att[row, :] (row = (b, h, t)): att[j] = softmax_j(scale * att[j])

@@ -25,8 +25,7 @@ absl::Status LaunchCrossEntropy(cudaStream_t stream, const Tensor& losses, const
   const bool vec = V % kVec == 0 && IsAligned(logits.raw(), 16) &&
                    (!dlogits.defined() || IsAligned(dlogits.raw(), 16));
   const int P = vec ? kVec : 1;
-  int threads = kWarpSize;
-  while (threads < (V + P - 1) / P && threads < 1024) threads *= 2;
+  const int threads = RowThreads((V + P - 1) / P);
   auto kernel = vec ? CrossEntropyKernel<T, kVec> : CrossEntropyKernel<T, 1>;
   ASSIGN_OR_RETURN(const unsigned int blocks, BlockPerRowGrid("SoftmaxCrossEntropy", N));
   kernel<<<blocks, threads, 0, stream>>>(

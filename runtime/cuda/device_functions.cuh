@@ -174,3 +174,24 @@ inline unsigned int BlocksFor(int64_t work_items, int threads = kThreads) {
   const int64_t blocks = (work_items + threads - 1) / threads;
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, kMaxBlocks)));
 }
+
+// Kernels that give each row to one warp run kThreads per block, kRowsPerBlock rows each.
+constexpr int kRowsPerBlock = kThreads / kWarpSize;
+
+// The row the calling warp owns.
+__device__ __forceinline__ int64_t WarpRow() {
+  return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+}
+
+// Blocks for `rows` rows, one warp each (no grid-stride loop).
+inline unsigned int RowBlocks(int64_t rows) {
+  return static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+// Threads of a kernel that gives each row a block walking `units` packs: a power of two in
+// [32, 1024].
+inline int RowThreads(int64_t units) {
+  int t = kWarpSize;
+  while (t < units && t < 1024) t *= 2;
+  return t;
+}

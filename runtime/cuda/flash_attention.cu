@@ -117,10 +117,8 @@ absl::Status FlashBackwardTensorCores(Stream& s, cudaStream_t stream, const Tens
   return DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) -> absl::Status {
     using E = decltype(tag);
     constexpr int HS = decltype(hs)::value;
-    constexpr int kRowsPerBlock = kThreads / kWarpSize;
-    RowDotKernel<E>
-        <<<static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
-           stream>>>(MutPtr<float>(rowdot), Ptr<E>(dout), Ptr<E>(out), l.T, l.NH, l.HS, rows);
+    RowDotKernel<E><<<RowBlocks(rows), kThreads, 0, stream>>>(
+        MutPtr<float>(rowdot), Ptr<E>(dout), Ptr<E>(out), l.T, l.NH, l.HS, rows);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     const absl::Status kv =
         Run<E, HS>(stream, l, FlashBackwardKvKernel<E, HS>, MutPtr<E>(dqkv), Ptr<E>(qkv),

@@ -251,8 +251,7 @@ template <typename E>
 __global__ void RowDotKernel(float* rowdot, const E* dout, const E* out, int T, int NH, int HS,
                              int64_t rows) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  const int64_t row = WarpRow();
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
   const HeadIndex hi{T, NH, HS, static_cast<int64_t>(NH) * HS, static_cast<int>(row / T)};

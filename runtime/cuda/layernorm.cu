@@ -28,7 +28,7 @@ absl::Status LaunchForward(cudaStream_t stream, const Tensor& out, const Tensor&
   for (const Tensor* t : {&out, &residual, &inp, &inp2, &weight, &bias}) {
     if (t->defined()) vec = vec && IsAligned(t->raw(), 16);
   }
-  const unsigned int blocks = static_cast<unsigned int>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  const unsigned int blocks = RowBlocks(N);
   auto launch = [&](auto kernel) {
     kernel<<<blocks, kThreads, 0, stream>>>(MutPtr<T>(out), MutPtr<float>(mean),
                                             MutPtr<float>(rstd), MutPtr<T>(residual),
@@ -78,7 +78,7 @@ absl::Status LaunchBackward(Stream& s, cudaStream_t stream, const Tensor& dinp,
   CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const bool shared = smem <= std::max<size_t>(48 << 10, optin);
-  const int64_t row_blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t row_blocks = RowBlocks(N);
   const unsigned int blocks =
       static_cast<unsigned int>(std::min<int64_t>(row_blocks, 2 * static_cast<int64_t>(SmCount())));
   auto launch = [&](auto kernel, bool use_smem) -> absl::Status {

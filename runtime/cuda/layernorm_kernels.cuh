@@ -4,7 +4,6 @@
 // source is checked without a GPU. The includer provides device_functions.cuh first.
 
 constexpr float kEps = 1e-5f;
-constexpr int kRowsPerBlock = kThreads / kWarpSize;
 
 // ---- kernels ----------------------------------------------------------------------------------
 
@@ -18,7 +17,7 @@ __global__ void LayerNormForwardKernel(T* out, float* mean, float* rstd, T* resi
                                        const T* bias, int64_t N, int C) {
   using Vec = Pack<T, P>;
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int64_t row = WarpRow();
   if (row >= N) return;  // whole warps leave together; no block-level sync below
   const int64_t base = row * C;
   // The row being normalized: the input, or the residual this warp writes in pass 1.

@@ -13,13 +13,6 @@ namespace {
 
 // ---- launchers --------------------------------------------------------------------------------
 
-// Threads for a block that walks `units` packs: a power of two in [32, 1024].
-int RowThreads(int64_t units) {
-  int t = kWarpSize;
-  while (t < units && t < 1024) t *= 2;
-  return t;
-}
-
 template <typename T>
 absl::Status LaunchSoftmax(cudaStream_t stream, bool backward, const Tensor& out,
                            const Tensor& in0, const Tensor& in1) {

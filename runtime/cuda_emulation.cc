@@ -1,5 +1,14 @@
 #include "runtime/cuda_emulation.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
 thread_local dim3 threadIdx;
 thread_local dim3 blockIdx;
 dim3 blockDim;

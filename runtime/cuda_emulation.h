@@ -14,19 +14,11 @@
 #define TANDEM_RUNTIME_CUDA_EMULATION_H_
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "runtime/dtype.h"
 

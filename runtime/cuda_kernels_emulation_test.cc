@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
 #include "runtime/ops.h"
+#include "runtime/status_testing.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
 #include "runtime/cuda_emulation.h"  // last: it defines CUDA's qualifiers
@@ -137,14 +138,6 @@ class KernelTest : public ::testing::Test {};
 using StorageTypes = ::testing::Types<float, __nv_bfloat16, __half>;
 TYPED_TEST_SUITE(KernelTest, StorageTypes);
 
-// The pack width a kernel's vector path moves (16 bytes), and the widths worth trying for C.
-template <typename T>
-std::vector<int> PackWidths(int C) {
-  constexpr int V = Packed128<T>::size;
-  if (C % V == 0) return {1, V};
-  return {1};
-}
-
 // ---- layernorm -----------------------------------------------------------------------------
 
 template <typename T, int P, bool kResidual>
@@ -173,9 +166,8 @@ void LayerNormForwardCase(int64_t N, int C) {
   }
   Tensor want = F32(std::vector<float>(N * C), {N, C});
   Tensor want_mean = F32(std::vector<float>(N), {N}), want_rstd = F32(std::vector<float>(N), {N});
-  ASSERT_TRUE(LayerNormForward(Cpu(), want, want_mean, want_rstd, F32(x, {N, C}), F32(w, {C}),
-                               F32(bias, {C}))
-                  .ok());
+  ASSERT_OK(LayerNormForward(Cpu(), want, want_mean, want_rstd, F32(x, {N, C}), F32(w, {C}),
+                             F32(bias, {C})));
   EXPECT_TRUE(Close("out", Floats(out), Values(want), Tol<T>()));
   EXPECT_TRUE(Close("mean", mean, Values(want_mean), 1e-5));
   EXPECT_TRUE(Close("rstd", rstd, Values(want_rstd), 1e-5));
@@ -205,9 +197,8 @@ void LayerNormBackwardCase(int64_t N, int C, unsigned int blocks) {
   // mean and rstd from the CPU forward.
   Tensor mean = F32(std::vector<float>(N), {N}), rstd = F32(std::vector<float>(N), {N});
   Tensor y = F32(std::vector<float>(N * C), {N, C});
-  ASSERT_TRUE(LayerNormForward(Cpu(), y, mean, rstd, F32(x, {N, C}), F32(w, {C}),
-                               F32(std::vector<float>(C), {C}))
-                  .ok());
+  ASSERT_OK(LayerNormForward(Cpu(), y, mean, rstd, F32(x, {N, C}), F32(w, {C}),
+                             F32(std::vector<float>(C), {C})));
   const std::vector<float> mean_v = Values(mean), rstd_v = Values(rstd);
   // Accumulators start non-zero: the kernel adds.
   const std::vector<float> dw0 = Random(C, 8), db0 = Random(C, 9);
@@ -221,9 +212,8 @@ void LayerNormBackwardCase(int64_t N, int C, unsigned int blocks) {
   });
   Tensor want_dinp = F32(std::vector<float>(N * C), {N, C});
   Tensor want_dw = F32(dw0, {C}), want_db = F32(db0, {C});
-  ASSERT_TRUE(LayerNormBackward(Cpu(), want_dinp, want_dw, want_db, F32(g, {N, C}), F32(x, {N, C}),
-                                F32(w, {C}), mean, rstd)
-                  .ok());
+  ASSERT_OK(LayerNormBackward(Cpu(), want_dinp, want_dw, want_db, F32(g, {N, C}), F32(x, {N, C}),
+                              F32(w, {C}), mean, rstd));
   EXPECT_TRUE(Close("dinp", Floats(dinp), Values(want_dinp), 4 * Tol<T>()));
   EXPECT_TRUE(Close("dweight", dw, Values(want_dw), 1e-4));
   EXPECT_TRUE(Close("dbias", db, Values(want_db), 1e-4));
@@ -263,9 +253,8 @@ void CrossEntropyCase(int V, bool in_place) {
   });
   Tensor want_losses = F32(std::vector<float>(N), {N});
   Tensor want_d = F32(std::vector<float>(N * V), {N, V});
-  ASSERT_TRUE(
-      SoftmaxCrossEntropy(Cpu(), want_losses, want_d, F32(logits, {N, V}), I32(targets, {N}), 0.25f)
-          .ok());
+  ASSERT_OK(SoftmaxCrossEntropy(Cpu(), want_losses, want_d, F32(logits, {N, V}), I32(targets, {N}),
+                                0.25f));
   EXPECT_TRUE(Close("losses", losses, Values(want_losses), 1e-5));
   EXPECT_TRUE(Close("dlogits", Floats(in_place ? x : separate), Values(want_d), Tol<T>()));
 }
@@ -306,7 +295,7 @@ void SoftmaxCase(int64_t N, int C) {
   LaunchAndCheck(static_cast<unsigned int>(N), threads, 0,
                  [&] { softmax::SoftmaxForwardKernel<T, P>(y.data(), x_s.data(), C); });
   Tensor want_y = F32(std::vector<float>(N * C), {N, C});
-  ASSERT_TRUE(SoftmaxForward(Cpu(), want_y, F32(x, {N, C})).ok());
+  ASSERT_OK(SoftmaxForward(Cpu(), want_y, F32(x, {N, C})));
   EXPECT_TRUE(Close("out", Floats(y), Values(want_y), Tol<T>()));
   // Backward in place (dinp = dout), from the kernel's own stored output.
   const std::vector<float> y_f = Floats(y);
@@ -314,20 +303,15 @@ void SoftmaxCase(int64_t N, int C) {
   LaunchAndCheck(static_cast<unsigned int>(N), threads, 0,
                  [&] { softmax::SoftmaxBackwardKernel<T, P>(d.data(), y.data(), d.data(), C); });
   Tensor want_d = F32(std::vector<float>(N * C), {N, C});
-  ASSERT_TRUE(SoftmaxBackward(Cpu(), want_d, F32(y_f, {N, C}), F32(g, {N, C})).ok());
+  ASSERT_OK(SoftmaxBackward(Cpu(), want_d, F32(y_f, {N, C}), F32(g, {N, C})));
   EXPECT_TRUE(Close("dinp", Floats(d), Values(want_d), 2 * Tol<T>()));
 }
 
 TYPED_TEST(KernelTest, Softmax) {
   using T = TypeParam;
   for (int C : {1, 5, 64, 2056}) {
-    for (int P : PackWidths<T>(C)) {
-      if (P == 1) {
-        SoftmaxCase<T, 1>(3, C);
-      } else {
-        SoftmaxCase<T, Packed128<T>::size>(3, C);
-      }
-    }
+    SoftmaxCase<T, 1>(3, C);
+    if (C % Packed128<T>::size == 0) SoftmaxCase<T, Packed128<T>::size>(3, C);
   }
 }
 
@@ -451,9 +435,8 @@ void EmbeddingCase(int B, int seq, int C, int V) {
                                             rows, seq, C, V);
   });
   Tensor want = F32(std::vector<float>(rows * C), {B, seq, C});
-  ASSERT_TRUE(
-      EmbeddingForward(Cpu(), want, I32(tokens, {B, seq}), F32(wte, {V, C}), F32(wpe, {seq + 2, C}))
-          .ok());
+  ASSERT_OK(EmbeddingForward(Cpu(), want, I32(tokens, {B, seq}), F32(wte, {V, C}),
+                             F32(wpe, {seq + 2, C})));
   EXPECT_TRUE(Close("out", Floats(out), Values(want), Tol<T>()));
 
   const std::vector<float> g = Rounded<T>(Random(rows * C, 19));
@@ -466,9 +449,8 @@ void EmbeddingCase(int B, int seq, int C, int V) {
   LaunchAndCheck(BlocksFor(int64_t{seq} * C), kThreads, 0,
                  [&] { embedding::WpeBackwardKernel<T>(dwpe.data(), g_s.data(), B, seq, C); });
   Tensor want_dwte = F32(dwte0, {V, C}), want_dwpe = F32(dwpe0, {seq + 2, C});
-  ASSERT_TRUE(
-      EmbeddingBackward(Cpu(), want_dwte, want_dwpe, F32(g, {B, seq, C}), I32(tokens, {B, seq}))
-          .ok());
+  ASSERT_OK(
+      EmbeddingBackward(Cpu(), want_dwte, want_dwpe, F32(g, {B, seq, C}), I32(tokens, {B, seq})));
   EXPECT_TRUE(Close("dwte", dwte, Values(want_dwte), 1e-5));
   EXPECT_TRUE(Close("dwpe", dwpe, Values(want_dwpe), 1e-5));
 }
@@ -508,8 +490,8 @@ void ElementwiseCase(int64_t N, int64_t C) {
                                                                 vec, elementwise::GeluBackwardOp{});
     });
     Tensor want_y = F32(std::vector<float>(n), {N, C}), want_d = F32(std::vector<float>(n), {N, C});
-    ASSERT_TRUE(GeluForward(Cpu(), want_y, F32(x, {N, C})).ok());
-    ASSERT_TRUE(GeluBackward(Cpu(), want_d, F32(x, {N, C}), F32(g, {N, C})).ok());
+    ASSERT_OK(GeluForward(Cpu(), want_y, F32(x, {N, C})));
+    ASSERT_OK(GeluBackward(Cpu(), want_d, F32(x, {N, C}), F32(g, {N, C})));
     EXPECT_TRUE(Close("gelu", Floats(y), Values(want_y), Tol<T>()));
     EXPECT_TRUE(Close("gelu backward", Floats(d), Values(want_d), Tol<T>()));
 
@@ -518,7 +500,7 @@ void ElementwiseCase(int64_t N, int64_t C) {
     LaunchAndCheck(blocks, kThreads, 0,
                    [&] { elementwise::BiasAddKernel<T>(xb.data(), bias_s.data(), n, C, vec); });
     Tensor want_xb = F32(x, {N, C});
-    ASSERT_TRUE(BiasAdd(Cpu(), want_xb, F32(bias, {C})).ok());
+    ASSERT_OK(BiasAdd(Cpu(), want_xb, F32(bias, {C})));
     EXPECT_TRUE(Close("bias add", Floats(xb), Values(want_xb), Tol<T>()));
     std::vector<T> out(n, FromF32<T>(NAN)), pre(n, FromF32<T>(NAN));
     LaunchAndCheck(blocks, kThreads, 0, [&] {
@@ -526,7 +508,7 @@ void ElementwiseCase(int64_t N, int64_t C) {
     });
     Tensor want_out = F32(std::vector<float>(n), {N, C}),
            want_pre = F32(std::vector<float>(n), {N, C});
-    ASSERT_TRUE(BiasGeluForward(Cpu(), want_out, want_pre, F32(x, {N, C}), F32(bias, {C})).ok());
+    ASSERT_OK(BiasGeluForward(Cpu(), want_out, want_pre, F32(x, {N, C}), F32(bias, {C})));
     EXPECT_TRUE(Close("bias gelu", Floats(out), Values(want_out), Tol<T>()));
     EXPECT_TRUE(Close("bias gelu pre", Floats(pre), Values(want_pre), Tol<T>()));
   }
@@ -646,7 +628,7 @@ void OptimizerCase(int64_t n) {
     optimizer::AdamWKernel<L, kVector>(p.data(), g.data(), m.data(), v.data(), low.data(), n, a);
   });
   Tensor want_p = F32(p0, {n}), want_m = F32(m0, {n}), want_v = F32(v0, {n});
-  ASSERT_TRUE(AdamWUpdate(Cpu(), want_p, F32(g, {n}), want_m, want_v, c).ok());
+  ASSERT_OK(AdamWUpdate(Cpu(), want_p, F32(g, {n}), want_m, want_v, c));
   EXPECT_TRUE(Close("adamw params", p, Values(want_p), 1e-6));
   EXPECT_TRUE(Close("adamw m", m, Values(want_m), 1e-6));
   EXPECT_TRUE(Close("adamw v", v, Values(want_v), 1e-6));
@@ -662,7 +644,7 @@ void OptimizerCase(int64_t n) {
     optimizer::SgdKernel<L, kVector>(q.data(), g.data(), buf.data(), low.data(), n, sa);
   });
   Tensor want_q = F32(p0, {n}), want_buf = F32(m0, {n});
-  ASSERT_TRUE(SgdMomentumUpdate(Cpu(), want_q, F32(g, {n}), want_buf, sc).ok());
+  ASSERT_OK(SgdMomentumUpdate(Cpu(), want_q, F32(g, {n}), want_buf, sc));
   EXPECT_TRUE(Close("sgd params", q, Values(want_q), 1e-6));
   EXPECT_TRUE(Close("sgd momentum", buf, Values(want_buf), 1e-6));
   EXPECT_TRUE(Close("sgd low copy", Floats(low), Rounded<L>(q), 0.0));

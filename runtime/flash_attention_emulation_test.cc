@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/dtype.h"
 #include "runtime/cuda_emulation.h"  // last: it defines CUDA's qualifiers
 
 namespace tandem {

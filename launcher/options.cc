@@ -57,7 +57,8 @@ ABSL_FLAG(int, micro_batches, 0,
           "micro-batches per step (0: the strategy's default; pipeline: up to 4 x workers)");
 ABSL_FLAG(std::string, schedule, "gpipe", "pipeline schedule: gpipe or 1f1b");
 ABSL_FLAG(std::string, balance, "params",
-          "pipeline stage split: params (balanced by parameters) or block counts like 3,3,2");
+          "pipeline stage split: params (balanced by parameters), time (balanced by each "
+          "block's measured forward and backward time) or block counts like 3,3,2");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
 ABSL_FLAG(int, warmup, 20, "linear learning-rate warmup steps");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");

@@ -262,7 +262,7 @@ train() {  # label, then flags for the trainer
     failed=$((failed + 1))
   fi
 }
-if ! nvidia-smi -L >/dev/null 2>&1; then
+if [ "$gpu_visible" != 1 ]; then
   echo "# training skipped: no GPU visible (nvidia-smi -L failed)"
 elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   steps="${GPU_CHECK_TRAIN_STEPS:-30}"

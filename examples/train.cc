@@ -47,15 +47,11 @@ namespace {
 
 absl::StatusOr<TrainConfig> ConfigFromFlags() {
   TrainConfig c;
-  auto model =
-      ModelPreset(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_n_layer),
-                  absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_head),
-                  absl::GetFlag(FLAGS_seq_len));
+  auto model = ModelPreset(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_n_layer),
+                           absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_head),
+                           absl::GetFlag(FLAGS_seq_len), absl::GetFlag(FLAGS_attention));
   if (!model.ok()) return model.status();
   c.model = *model;
-  auto attention = ParseAttention(absl::GetFlag(FLAGS_attention));
-  if (!attention.ok()) return attention.status();
-  c.model.attention = *attention;
   c.steps = absl::GetFlag(FLAGS_steps);
   c.batch = absl::GetFlag(FLAGS_batch);
   c.micro_batches = absl::GetFlag(FLAGS_micro_batches);

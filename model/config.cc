@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include "absl/strings/str_format.h"
+#include "runtime/status.h"
 
 namespace tandem {
 
@@ -58,13 +59,13 @@ absl::Status ModelConfig::Validate() const {
 }
 
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name, int n_layer, int d_model,
-                                        int n_head, int seq_len) {
-  absl::StatusOr<ModelConfig> m = ModelPreset(name);
-  if (!m.ok()) return m.status();
-  if (n_layer) m->n_layer = n_layer;
-  if (d_model) m->d_model = d_model;
-  if (n_head) m->n_head = n_head;
-  if (seq_len) m->seq_len = seq_len;
+                                        int n_head, int seq_len, absl::string_view attention) {
+  ASSIGN_OR_RETURN(ModelConfig m, ModelPreset(name));
+  if (n_layer) m.n_layer = n_layer;
+  if (d_model) m.d_model = d_model;
+  if (n_head) m.n_head = n_head;
+  if (seq_len) m.seq_len = seq_len;
+  ASSIGN_OR_RETURN(m.attention, ParseAttention(attention));
   return m;
 }
 

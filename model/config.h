@@ -51,9 +51,10 @@ struct ModelConfig {
 // untied head), "gpt" and "mlp" (sizes from flags, starting from gpt-tiny's and mlp's
 // defaults: depth 4, width 512).
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name);
-// The preset with each size that is not 0 put in its place (as flags set them); not validated.
+// The preset with each size that is not 0 put in its place and the attention parsed (as flags
+// set them); the sizes are not validated.
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name, int n_layer, int d_model,
-                                        int n_head, int seq_len);
+                                        int n_head, int seq_len, absl::string_view attention);
 
 }  // namespace tandem
 

@@ -112,11 +112,9 @@ absl::StatusOr<JobConfig> JobConfig::FromText(const std::string& text) {
 }
 
 absl::StatusOr<ModelConfig> JobConfig::Model() const {
-  absl::StatusOr<ModelConfig> m = ModelPreset(model, n_layer, d_model, n_head, seq_len);
+  absl::StatusOr<ModelConfig> m =
+      ModelPreset(model, n_layer, d_model, n_head, seq_len, attention);
   if (!m.ok()) return m.status();
-  absl::StatusOr<Attention> a = ParseAttention(attention);
-  if (!a.ok()) return a.status();
-  m->attention = *a;
   absl::Status s = m->Validate();
   if (!s.ok()) return s;
   return m;

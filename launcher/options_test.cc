@@ -22,6 +22,7 @@
 #include "launcher/paths.h"
 #include "model/checkpoint.h"
 #include "model/sharded_checkpoint.h"
+#include "runtime/files.h"
 #include "runtime/test_files.h"
 
 namespace tandem {

@@ -15,9 +15,6 @@ std::string AbsolutePath(const std::string& base, const std::string& path);
 // The folder part of `path`: "a/b" for "a/b/c", "." for "c".
 std::string DirOf(const std::string& path);
 
-// Whether anything exists at `path` (stat succeeds).
-bool PathExists(const std::string& path);
-
 // Whether `path` is a regular file this process may execute.
 bool IsExecutable(const std::string& path);
 

@@ -4,7 +4,6 @@
 #include "model/sharded_checkpoint.h"
 
 #include <dirent.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <map>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "runtime/files.h"
 #include "runtime/status.h"
 
 namespace tandem {
@@ -30,11 +30,6 @@ std::string BaseOf(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-bool FileExists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
 bool ParseBlocks(const std::string& text, int* begin, int* end) {
   std::vector<std::string> parts = absl::StrSplit(text, '-');
   return parts.size() == 2 && absl::SimpleAtoi(parts[0], begin) &&
@@ -48,7 +43,7 @@ constexpr char kFormat[] = "tandem-manifest-1";
 absl::StatusOr<CheckpointData> ReadShard(const std::string& dir, const ShardRecord& s,
                                          const std::string& manifest) {
   const std::string path = absl::StrCat(dir, "/", s.file);
-  if (!FileExists(path)) {
+  if (!PathExists(path)) {
     return absl::NotFoundError(absl::StrFormat(
         "checkpoint shard %s is missing (listed in %s); the checkpoint is incomplete: resume "
         "from an earlier checkpoint",
@@ -145,10 +140,10 @@ absl::Status WriteManifest(const std::string& prefix, const Manifest& m) {
 absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
   const std::string path = ManifestPath(prefix);
   Manifest m;
-  if (!FileExists(path)) {
+  if (!PathExists(path)) {
     // A lone file holding the whole model (one worker) is a checkpoint of one shard.
     const std::string lone = prefix + ".ckpt";
-    if (!FileExists(lone)) {
+    if (!PathExists(lone)) {
       return absl::NotFoundError(absl::StrFormat(
           "checkpoint %s does not exist (neither %s nor %s)", prefix, path, lone));
     }

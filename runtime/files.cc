@@ -1,6 +1,7 @@
 #include "runtime/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +53,11 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
     ::close(dfd);
   }
   return absl::OkStatus();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
 }
 
 }  // namespace tandem

@@ -13,6 +13,9 @@ namespace tandem {
 // new one survives a crash once this returns.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
+// Whether anything exists at `path` (stat succeeds).
+bool PathExists(const std::string& path);
+
 }  // namespace tandem
 
 #endif  // TANDEM_RUNTIME_FILES_H_

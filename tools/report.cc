@@ -15,7 +15,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "launcher/paths.h"
 #include "launcher/report.h"
 #include "runtime/files.h"
 
@@ -24,7 +23,6 @@ namespace tools {
 namespace {
 
 using launcher::JsonValue;
-using launcher::PathExists;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Losses further than this (relative) from one worker's are called out.

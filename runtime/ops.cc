@@ -484,11 +484,15 @@ absl::Status SoftmaxBackward(Stream& s, const Tensor& dinp, const Tensor& out, c
 
 namespace {
 
+// The name of what attention keeps for backward: att, the probabilities, or FlashAttention's
+// lse.
+const char* SavedName(bool probabilities) { return probabilities ? "att" : "lse"; }
+
 // qkv (B, T, 3C) with C divisible by num_heads, and `saved` f32: with `probabilities` att
 // (B, NH, T, T), else lse (B, NH, T). Sets b, t, c.
-absl::Status CheckAttention(const char* op, const Tensor& qkv, const char* saved_name,
-                            const Tensor& saved, int num_heads, bool probabilities, int64_t* b,
-                            int64_t* t, int64_t* c) {
+absl::Status CheckAttention(const char* op, const Tensor& qkv, const Tensor& saved, int num_heads,
+                            bool probabilities, int64_t* b, int64_t* t, int64_t* c) {
+  const char* saved_name = SavedName(probabilities);
   RETURN_IF_ERROR(CheckRank(op, "qkv", qkv, 3, "(B, T, 3C)"));
   if (qkv.dim(2) % 3 != 0) {
     return Invalid("%s: qkv %s: its last dimension must be 3C ([q | k | v])", op, qkv.ToString());
@@ -507,30 +511,31 @@ absl::Status CheckAttention(const char* op, const Tensor& qkv, const char* saved
 
 // The checks both attention forwards share: `saved` is att or lse.
 absl::Status CheckAttentionForward(const char* op, const Stream& s, const Tensor& out,
-                                   const char* saved_name, const Tensor& saved,
-                                   const Tensor& qkv, int num_heads, bool probabilities) {
+                                   const Tensor& saved, const Tensor& qkv, int num_heads,
+                                   bool probabilities) {
+  const char* saved_name = SavedName(probabilities);
   RETURN_IF_ERROR(CheckCommon(op, s, {{"out", out}, {saved_name, saved}, {"qkv", qkv}}));
   RETURN_IF_ERROR(CheckFloats(op, s.device(), {{"qkv", qkv}, {"out", out}}));
   int64_t b, t, c;
-  RETURN_IF_ERROR(
-      CheckAttention(op, qkv, saved_name, saved, num_heads, probabilities, &b, &t, &c));
+  RETURN_IF_ERROR(CheckAttention(op, qkv, saved, num_heads, probabilities, &b, &t, &c));
   RETURN_IF_ERROR(CheckDims(op, "out", out, {b, t, c}));
   RETURN_IF_ERROR(CheckNoOverlap(op, {"out", out}, {{"qkv", qkv}, {saved_name, saved}}));
   return CheckNoOverlap(op, {saved_name, saved}, {{"qkv", qkv}});
 }
 
-// The checks both attention backwards share; out (B, T, C) only for FlashAttention.
+// The checks both attention backwards share; out (B, T, C) only for FlashAttention, which
+// needs it.
 absl::Status CheckAttentionBackward(const char* op, const Stream& s, const Tensor& dqkv,
                                     const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                    const char* saved_name, const Tensor& saved, int num_heads,
-                                    bool probabilities) {
+                                    const Tensor& saved, int num_heads, bool probabilities) {
+  const char* saved_name = SavedName(probabilities);
+  if (!probabilities) RETURN_IF_ERROR(CheckDefined(op, {{"out", out}}));
   RETURN_IF_ERROR(CheckCommon(op, s, {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv},
                                       {saved_name, saved}}, {{"out", out}}));
   RETURN_IF_ERROR(CheckFloats(
       op, s.device(), {{"qkv", qkv}, {"dout", dout}, {"dqkv", dqkv}, {"out", out}}));
   int64_t b, t, c;
-  RETURN_IF_ERROR(
-      CheckAttention(op, qkv, saved_name, saved, num_heads, probabilities, &b, &t, &c));
+  RETURN_IF_ERROR(CheckAttention(op, qkv, saved, num_heads, probabilities, &b, &t, &c));
   RETURN_IF_ERROR(CheckDims(op, "dout", dout, {b, t, c}));
   RETURN_IF_ERROR(CheckOptionalDims(op, "out", out, {b, t, c}));
   RETURN_IF_ERROR(CheckShape(op, "dqkv", dqkv, qkv.shape()));
@@ -542,32 +547,29 @@ absl::Status CheckAttentionBackward(const char* op, const Stream& s, const Tenso
 
 absl::Status AttentionForward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv,
                               int num_heads) {
-  RETURN_IF_ERROR(
-      CheckAttentionForward("AttentionForward", s, out, "att", att, qkv, num_heads, true));
+  RETURN_IF_ERROR(CheckAttentionForward("AttentionForward", s, out, att, qkv, num_heads, true));
   TANDEM_OPS_DISPATCH(AttentionForward, s, out, att, qkv, num_heads);
 }
 
 absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                const Tensor& att, int num_heads) {
-  RETURN_IF_ERROR(CheckAttentionBackward("AttentionBackward", s, dqkv, dout, qkv, Tensor(),
-                                         "att", att, num_heads, true));
+  RETURN_IF_ERROR(CheckAttentionBackward("AttentionBackward", s, dqkv, dout, qkv, Tensor(), att,
+                                         num_heads, true));
   TANDEM_OPS_DISPATCH(AttentionBackward, s, dqkv, dout, qkv, att, num_heads);
 }
 
 absl::Status FlashAttentionForward(Stream& s, const Tensor& out, const Tensor& lse,
                                    const Tensor& qkv, int num_heads) {
   RETURN_IF_ERROR(
-      CheckAttentionForward("FlashAttentionForward", s, out, "lse", lse, qkv, num_heads, false));
+      CheckAttentionForward("FlashAttentionForward", s, out, lse, qkv, num_heads, false));
   TANDEM_OPS_DISPATCH(FlashAttentionForward, s, out, lse, qkv, num_heads);
 }
 
 absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout,
                                     const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                     int num_heads) {
-  constexpr const char* kOp = "FlashAttentionBackward";
-  RETURN_IF_ERROR(CheckDefined(kOp, {{"out", out}}));
-  RETURN_IF_ERROR(
-      CheckAttentionBackward(kOp, s, dqkv, dout, qkv, out, "lse", lse, num_heads, false));
+  RETURN_IF_ERROR(CheckAttentionBackward("FlashAttentionBackward", s, dqkv, dout, qkv, out, lse,
+                                         num_heads, false));
   TANDEM_OPS_DISPATCH(FlashAttentionBackward, s, dqkv, dout, qkv, out, lse, num_heads);
 }
 

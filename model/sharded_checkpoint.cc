@@ -70,8 +70,10 @@ absl::StatusOr<CheckpointData> ReadShard(const std::string& dir, const ShardReco
 
 }  // namespace
 
+std::string CheckpointName(int step) { return absl::StrFormat("step-%06d", step); }
+
 std::string CheckpointPrefixFor(const std::string& dir, int step) {
-  return absl::StrFormat("%s/step-%06d", dir, step);
+  return absl::StrCat(dir, "/", CheckpointName(step));
 }
 
 std::string ManifestPath(const std::string& prefix) { return prefix + ".manifest"; }

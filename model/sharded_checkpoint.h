@@ -28,6 +28,8 @@
 
 namespace tandem {
 
+// "step-NNNNNN": the name every file of one checkpoint starts with.
+std::string CheckpointName(int step);
 // "<dir>/step-NNNNNN": the prefix every file of one checkpoint starts with.
 std::string CheckpointPrefixFor(const std::string& dir, int step);
 // "<prefix>.manifest".

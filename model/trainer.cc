@@ -125,8 +125,7 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& report) 
     if (report) report(r);
     if (!c_.checkpoint_dir.empty() && c_.checkpoint_every > 0 &&
         (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {
-      RETURN_IF_ERROR(SaveCheckpoint(
-          absl::StrFormat("%s/step-%06d.ckpt", c_.checkpoint_dir, step_)));
+      RETURN_IF_ERROR(SaveCheckpoint(CheckpointPrefixFor(c_.checkpoint_dir, step_) + ".ckpt"));
     }
   }
   return absl::OkStatus();

@@ -464,7 +464,7 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
       const int32_t* f = v.data() + r * kFields;
       if (f[0] == 0) continue;
       ShardRecord s;
-      s.file = ShardName(absl::StrFormat("step-%06d", step_), r);
+      s.file = ShardName(CheckpointName(step_), r);
       std::tie(s.block_begin, s.block_end) = BlockRange(r);
       s.bytes = static_cast<int64_t>(static_cast<uint32_t>(f[1]) |
                                      (static_cast<uint64_t>(static_cast<uint32_t>(f[2])) << 32));

@@ -109,9 +109,10 @@ void AttentionBench() {
       peak[i] = std::max(peak[i], cpu->stats().peak_allocated_bytes - before);
     }
   }
-  std::printf("\nattention at seq 1024 (gpt, 2 layers, d_model 128, 4 heads, batch 4), median of "
+  std::printf("\nattention at seq %d (gpt, %d layers, d_model %d, %d heads, batch %d), median of "
               "5 alternating steps;\nstep MB: the allocator's peak during a step above what was "
-              "allocated before it;\nspeed and memory: against standard attention\n");
+              "allocated before it;\nspeed and memory: against standard attention\n",
+              c.model.seq_len, c.model.n_layer, c.model.d_model, c.model.n_head, c.batch);
   std::printf("%-10s %10s %12s %10s %12s\n", "attention", "step ms", "speed", "step MB",
               "memory");
   for (int i = 0; i < 2; ++i) {

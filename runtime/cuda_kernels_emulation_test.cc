@@ -18,6 +18,7 @@
 #include "runtime/status_testing.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "runtime/cuda_emulation_testing.h"
 #include "runtime/cuda_emulation.h"  // last: it defines CUDA's qualifiers
 
 namespace tandem {
@@ -25,6 +26,7 @@ namespace ops {
 namespace cuda {
 namespace {
 
+using cuda_emulation::Close;
 using cuda_emulation::DynamicShared;
 
 #include "runtime/cuda/device_functions.cuh"
@@ -102,27 +104,6 @@ Tensor I32(const std::vector<int32_t>& v, const Shape& shape) {
   return *Tensor::FromInts(v, shape, Device::Cpu());
 }
 std::vector<float> Values(const Tensor& t) { return *t.ToFloatVector(); }
-
-// Every element within tol * (|want| + rms(want)) of want; nan only where want is nan.
-::testing::AssertionResult Close(const char* what, const std::vector<float>& got,
-                                 const std::vector<float>& want, double tol) {
-  if (got.size() != want.size()) {
-    return ::testing::AssertionFailure()
-           << what << ": " << got.size() << " values, want " << want.size();
-  }
-  double sq = 0;
-  for (float w : want) sq += std::isfinite(w) ? double{w} * w : 0.0;
-  const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::isnan(want[i]) && std::isnan(got[i])) continue;
-    const double err = std::fabs(double{got[i]} - want[i]);
-    if (!(err <= tol * (std::fabs(want[i]) + rms))) {
-      return ::testing::AssertionFailure() << what << " element " << i << ": got " << got[i]
-                                           << ", want " << want[i] << " (rms " << rms << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // Runs a kernel launch and fails the test on any rule the kernel broke.
 template <typename F>

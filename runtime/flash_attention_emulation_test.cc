@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/cuda_emulation_testing.h"
 #include "runtime/cuda_emulation.h"  // last: it defines CUDA's qualifiers
 
 namespace tandem {
@@ -23,6 +24,7 @@ namespace ops {
 namespace cuda {
 namespace {
 
+using cuda_emulation::Close;
 using cuda_emulation::DynamicShared;
 using cuda_emulation::Fail;
 
@@ -100,22 +102,6 @@ void mma_sync(Acc& d, const A& a, const B& b, const Acc& c) {
 #include "runtime/cuda/flash_attention_kernels.cuh"
 
 // ---- the check ------------------------------------------------------------------------------
-
-// Every element within tol * (|want| + rms(want)) of attention computed in double.
-::testing::AssertionResult Close(const char* what, const std::vector<float>& got,
-                                 const std::vector<double>& want, double tol) {
-  double sq = 0;
-  for (double w : want) sq += w * w;
-  const double rms = std::sqrt(sq / want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(got[i] - want[i]);
-    if (!(err <= tol * (std::fabs(want[i]) + rms))) {  // a nan fails too
-      return ::testing::AssertionFailure() << what << " element " << i << ": got " << got[i]
-                                           << ", want " << want[i] << " (rms " << rms << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 template <typename E, int HS>
 void Check(int B, int T, int NH, double tol, double grad_tol) {

@@ -76,19 +76,19 @@ struct Smem {
 // qkv (B, T, 3C) or dqkv, and of out, dout (B, T, C).
 struct HeadIndex {
   int T, NH, HS;
-  int64_t C;
   int bh;
   // The (b, h) of this block of a FlashAttention grid: blockIdx.x.
   static __device__ HeadIndex OfBlock(int T, int NH, int HS) {
-    return {T, NH, HS, static_cast<int64_t>(NH) * HS, static_cast<int>(blockIdx.x)};
+    return {T, NH, HS, static_cast<int>(blockIdx.x)};
   }
+  __device__ int64_t C() const { return static_cast<int64_t>(NH) * HS; }
   __device__ int64_t Qkv(int sec, int t) const {
     const int b = bh / NH, h = bh % NH;
-    return (static_cast<int64_t>(b) * T + t) * 3 * C + sec * C + static_cast<int64_t>(h) * HS;
+    return (static_cast<int64_t>(b) * T + t) * 3 * C() + sec * C() + static_cast<int64_t>(h) * HS;
   }
   __device__ int64_t Out(int t) const {
     const int b = bh / NH, h = bh % NH;
-    return (static_cast<int64_t>(b) * T + t) * C + static_cast<int64_t>(h) * HS;
+    return (static_cast<int64_t>(b) * T + t) * C() + static_cast<int64_t>(h) * HS;
   }
 };
 
@@ -103,7 +103,7 @@ __device__ void LoadTile(E* dst, const E* src, At at, int r0, int T) {
     const int c = (i % kChunks) * kPer;
     int4 v = make_int4(0, 0, 0, 0);
     if (r0 + r < T) v = *reinterpret_cast<const int4*>(src + at(r0 + r) + c);
-    *reinterpret_cast<int4*>(dst + r * (HS + kPadE) + c) = v;
+    *reinterpret_cast<int4*>(dst + r * Smem<E, HS>::kLE + c) = v;
   }
 }
 
@@ -145,7 +145,7 @@ __device__ void AccumulateRowsTimesTile(FragAcc (&acc)[HS / 16], const E* p, con
 template <typename E, int HS, typename At>
 __device__ void StoreRows(E* dst, At at, int row0, int T, FragAcc (&acc)[HS / 16],
                           float* stage) {
-  constexpr int kLO = HS + kPadF;
+  constexpr int kLO = Smem<E, HS>::kLO;
   const int lane = threadIdx.x % kWarpSize;
   __syncwarp();
   for (int dt = 0; dt < HS / 16; ++dt) {
@@ -254,7 +254,7 @@ __global__ void RowDotKernel(float* rowdot, const E* dout, const E* out, int T, 
   const int64_t row = WarpRow();
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
-  const HeadIndex hi{T, NH, HS, static_cast<int64_t>(NH) * HS, static_cast<int>(row / T)};
+  const HeadIndex hi{T, NH, HS, static_cast<int>(row / T)};
   const E* d = dout + hi.Out(t);
   const E* o = out + hi.Out(t);
   float acc = 0.0f;

@@ -536,16 +536,11 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
     absl::Status fit_status = pc.status();
     // --balance=time is measured here, once, and handed to every worker as explicit stage
-    // sizes, so all ranks split the model the same way (an invalid config is left to
-    // PlanStages to report).
-    if (fit_status.ok() && pc->balance == "time" && pc->train.Validate().ok()) {
+    // sizes, so all ranks split the model the same way.
+    if (fit_status.ok()) {
       absl::StatusOr<std::string> sizes = ResolveBalance(*pc, o.job.workers);
-      if (sizes.ok()) {
-        pc->balance = *sizes;
-        job.balance = *sizes;
-      } else {
-        fit_status = sizes.status();
-      }
+      fit_status = sizes.status();
+      if (sizes.ok()) pc->balance = job.balance = *sizes;
     }
     if (fit_status.ok()) fit_status = PlanStages(*pc, o.job.workers).status();
     if (!fit_status.ok()) problem(std::string(fit_status.message()));

@@ -108,6 +108,7 @@ absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model
 absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world) {
   if (c.balance != "time" || c.strategy == StrategyKind::kData) return c.balance;
   const TrainConfig& t = c.train;
+  RETURN_IF_ERROR(t.Validate());
   ASSIGN_OR_RETURN(std::vector<double> cost,
                    MeasureBlockSeconds(t.model, t.device, t.batch / t.micro_batches, t.seed));
   ASSIGN_OR_RETURN(StageBounds b, BalancedPartition(cost, world));

@@ -71,7 +71,10 @@ struct Block {
   std::vector<std::unique_ptr<Barrier>> warps;
   std::vector<int> warp_size;  // threads each warp started with
   std::vector<float> shuffle;  // one slot per thread
+  // A warp's registers on their way to a warp-wide instruction: kExchange words per thread.
+  std::vector<uintptr_t> exchange;
 };
+constexpr int kExchange = 6;
 thread_local Block* g_block = nullptr;  // the block this thread runs
 
 std::mutex g_error_mu;
@@ -84,6 +87,21 @@ int LinearId() {
 }
 
 Barrier& MyWarp() { return *g_block->warps[LinearId() / kWarp]; }
+
+// Whether every lane of the calling thread's warp is there, as a warp-wide instruction
+// requires; else records `what` broke the rule.
+bool WholeWarp(const char* what) {
+  const int warp = LinearId() / kWarp;
+  if (MyWarp().participants() == kWarp && g_block->warp_size[warp] == kWarp) return true;
+  Fail(std::string(what) + " in a warp with an exited or missing lane");
+  return false;
+}
+
+// The 16-bit element `half` (0 low, 1 high) of a 32-bit register, as a float.
+float HalfOf(uintptr_t word, int half, bool bf16) {
+  const uint16_t bits = static_cast<uint16_t>(word >> (16 * half));
+  return bf16 ? Bf16ToFloat(bits) : HalfToFloat(bits);
+}
 
 }  // namespace
 
@@ -120,6 +138,7 @@ void Launch(dim3 grid, dim3 block_dim, size_t shared, const std::function<void()
       b->warps.push_back(std::make_unique<Barrier>(b->warp_size.back()));
     }
     b->shuffle.resize(block);
+    b->exchange.resize(size_t{block} * kExchange);
     blocks.push_back(std::move(b));
   }
   // One thread per CUDA thread runs the blocks in turn; a block starts when every thread has
@@ -145,6 +164,66 @@ void Launch(dim3 grid, dim3 block_dim, size_t shared, const std::function<void()
     });
   }
   for (std::thread& t : threads) t.join();
+}
+
+void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
+  if (!WholeWarp("ldmatrix")) return;
+  const int id = LinearId(), lane = id % kWarp, first = id - lane;
+  uintptr_t* x = g_block->exchange.data();
+  x[id * kExchange] = reinterpret_cast<uintptr_t>(row);
+  __syncwarp();
+  bool ok = true;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(g_block->shared);
+  for (int l = 0; l < kWarp; ++l) {
+    const uintptr_t at = x[(first + l) * kExchange];
+    ok = ok && at % 16 == 0 && at >= lo && at + 16 <= lo + g_block->shared_bytes;
+  }
+  if (!ok) {
+    Fail("ldmatrix row address not 16-byte aligned or outside shared memory");
+  } else {
+    // Element (i, c) of matrix j: column c of the row lane 8 j + i gave.
+    auto at = [&](int j, int i, int c) {
+      return reinterpret_cast<const uint16_t*>(x[(first + 8 * j + i) * kExchange])[c];
+    };
+    const int g = lane / 4, t = lane % 4;
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t e0 = trans ? at(j, 2 * t, g) : at(j, g, 2 * t);
+      const uint32_t e1 = trans ? at(j, 2 * t + 1, g) : at(j, g, 2 * t + 1);
+      r[j] = e0 | e1 << 16;
+    }
+  }
+  __syncwarp();
+}
+
+void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16) {
+  if (!WholeWarp("mma")) return;
+  const int id = LinearId(), lane = id % kWarp, first = id - lane;
+  uintptr_t* x = g_block->exchange.data();
+  for (int i = 0; i < 4; ++i) x[id * kExchange + i] = a[i];
+  x[id * kExchange + 4] = b0;
+  x[id * kExchange + 5] = b1;
+  __syncwarp();
+  // a (16 x 16): row r, column k sits in lane (r % 8) * 4 + (k % 8) / 2, register
+  // (r >= 8) + 2 (k >= 8), half k % 2. b (16 x 8): row k, column n in lane n * 4 + (k % 8) / 2,
+  // register b0 or b1 (k >= 8), half k % 2.
+  auto av = [&](int r, int k) {
+    const int l = (r % 8) * 4 + (k % 8) / 2;
+    return HalfOf(x[(first + l) * kExchange + (r >= 8) + 2 * (k >= 8)], k % 2, bf16);
+  };
+  auto bv = [&](int k, int n) {
+    const int l = n * 4 + (k % 8) / 2;
+    return HalfOf(x[(first + l) * kExchange + 4 + (k >= 8)], k % 2, bf16);
+  };
+  const int g = lane / 4, t = lane % 4;
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + 8 * (e / 2), n = 2 * t + e % 2;
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += av(r, k) * bv(k, n);
+    out[e] = sum;
+  }
+  __syncwarp();
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 
 }  // namespace cuda_emulation

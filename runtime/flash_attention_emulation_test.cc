@@ -1,10 +1,10 @@
 // The FlashAttention tensor-core kernels (runtime/cuda/flash_attention_kernels.cuh), compiled
 // for the host and run with CUDA's execution model emulated (runtime/cuda_emulation.h: one
 // std::thread per CUDA thread, barriers for __syncthreads and __syncwarp, shuffles through
-// memory), with WMMA fragments emulated here as 16 x 16 matrices with the documented load,
-// store and multiply semantics (checking each pointer's 32-byte alignment, ldm, and that it
-// stays inside shared memory). Shared memory and outputs start as NaN, so an element read
-// before it is written, or never written, shows. The results are compared with attention
+// memory, and ldmatrix and mma.m16n8k16 with the register layouts PTX documents, each
+// ldmatrix row address checked for alignment and for staying inside shared memory). Shared
+// memory and outputs start as NaN, so an element read before it is written, or never
+// written, shows. The results are compared with attention
 // computed in double from its definition. This checks the kernels' indexing, masking,
 // tiling and synchronization on every machine; the hardware itself (and the compiler's
 // code) is checked by cuda_ops_test on a GPU.
@@ -26,78 +26,11 @@ namespace {
 
 using cuda_emulation::Close;
 using cuda_emulation::DynamicShared;
-using cuda_emulation::Fail;
 
 #include "runtime/cuda/device_functions.cuh"
 
 using Bf16 = __nv_bfloat16;
 using F16 = __half;
-
-// WMMA's 16 x 16 x 16 fragments: the whole matrix in every lane.
-namespace wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-  float x[16][16];
-};
-using Acc = fragment<accumulator, 16, 16, 16, float>;
-
-void CheckPointer(const void* p, unsigned int ldm, size_t element, unsigned int ldm_multiple) {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t base = reinterpret_cast<uintptr_t>(DynamicShared());
-  if (at % 32 != 0) Fail("WMMA pointer not 32-byte aligned");
-  if (ldm % ldm_multiple != 0) Fail("WMMA ldm " + std::to_string(ldm) + " not allowed");
-  if (at < base || at + (15 * ldm + 16) * element > base + cuda_emulation::DynamicSharedBytes()) {
-    Fail("WMMA access outside shared memory");
-  }
-}
-template <typename Use, typename T, typename L>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, const T* p, unsigned int ldm) {
-  CheckPointer(p, ldm, sizeof(T), 8);
-  const bool rows = std::is_same<L, row_major>::value;
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) f.x[i][j] = ToF32(rows ? p[i * ldm + j] : p[j * ldm + i]);
-  }
-}
-void load_matrix_sync(Acc& f, const float* p, unsigned int ldm, layout_t l) {
-  CheckPointer(p, ldm, sizeof(float), 4);
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) f.x[i][j] = l == mem_row_major ? p[i * ldm + j] : p[j * ldm + i];
-  }
-}
-// Every lane arrives, then each stores its share of the elements, as on hardware.
-void store_matrix_sync(float* p, const Acc& f, unsigned int ldm, layout_t l) {
-  CheckPointer(p, ldm, sizeof(float), 4);
-  __syncwarp();
-  for (int e = threadIdx.x % kWarpSize; e < 256; e += kWarpSize) {
-    const int i = e / 16, j = e % 16;
-    (l == mem_row_major ? p[i * ldm + j] : p[j * ldm + i]) = f.x[i][j];
-  }
-}
-template <typename F>
-void fill_fragment(F& f, float v) {
-  for (auto& row : f.x) {
-    for (float& e : row) e = v;
-  }
-}
-template <typename A, typename B>
-void mma_sync(Acc& d, const A& a, const B& b, const Acc& c) {
-  Acc r;
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) {
-      float sum = c.x[i][j];
-      for (int k = 0; k < 16; ++k) sum += a.x[i][k] * b.x[k][j];
-      r.x[i][j] = sum;
-    }
-  }
-  d = r;
-}
-}  // namespace wmma
 
 #include "runtime/cuda/flash_attention_kernels.cuh"
 

@@ -1,19 +1,16 @@
 // FlashAttention on tensor cores (see flash_attention.cuh): the kernels, in
 // flash_attention_kernels.cuh, and their launchers.
-#include <mma.h>
-
 #include <cmath>
 #include <type_traits>
 
 #include "runtime/cuda/common.cuh"
 #include "runtime/cuda/flash_attention.cuh"
+#include "runtime/cuda/mma.cuh"
 
 namespace tandem {
 namespace ops {
 namespace cuda {
 namespace {
-
-namespace wmma = nvcuda::wmma;
 
 #include "runtime/cuda/flash_attention_kernels.cuh"
 
@@ -79,8 +76,8 @@ bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
   for (const Tensor* t : others) {
     if (!IsAligned(t->raw(), 16)) return false;
   }
-  // A kernel for the head size, and its shared memory per block (83 KB, 108 KB, 157 KB) within
-  // what the device gives a block (99 KB on sm_86 and sm_89, which take the cuBLAS path).
+  // A kernel for the head size, and its shared memory per block (21 KB, 37 KB, 69 KB) within
+  // what the device gives a block (at least 99 KB from sm_80 on).
   size_t bytes = 0;
   const absl::Status has_kernel = DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) {
     bytes = Smem<decltype(tag), decltype(hs)::value>::kBytes;
@@ -117,8 +114,8 @@ absl::Status FlashBackwardTensorCores(Stream& s, cudaStream_t stream, const Tens
   return DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) -> absl::Status {
     using E = decltype(tag);
     constexpr int HS = decltype(hs)::value;
-    RowDotKernel<E><<<RowBlocks(rows), kThreads, 0, stream>>>(
-        MutPtr<float>(rowdot), Ptr<E>(dout), Ptr<E>(out), l.T, l.NH, l.HS, rows);
+    RowDotKernel<E><<<RowBlocks(rows), kThreads, 0, stream>>>(MutPtr<float>(rowdot), Ptr<E>(dout),
+                                                              Ptr<E>(out), l.T, l.NH, l.HS, rows);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     const absl::Status kv =
         Run<E, HS>(stream, l, FlashBackwardKvKernel<E, HS>, MutPtr<E>(dqkv), Ptr<E>(qkv),

@@ -1,7 +1,8 @@
 // FlashAttention (Dao et al., FlashAttention-2's work split) on tensor cores for the CUDA
 // backend: causal self-attention over qkv (B, T, 3C) for bf16/f16 with head sizes 32, 64 and
-// 128. Scores and probabilities live in shared memory a 64 x 64 tile at a time and never
-// reach global memory; only the output and each row's log-sum-exp are written. Backward
+// 128, on sm_80 and later (mma.m16n8k16). Scores and probabilities stay in registers, 16
+// rows per warp, and never reach memory; only the output and each row's log-sum-exp are
+// written. Backward
 // recomputes the probabilities: one kernel per key tile accumulates dk and dv, one per query
 // tile dq, so no atomics and the same bits on every run.
 // Host-only declarations; attention.cu takes this path where it fits and its cuBLAS path

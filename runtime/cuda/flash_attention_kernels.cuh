@@ -1,75 +1,52 @@
 // The FlashAttention kernels of flash_attention.cu (see flash_attention.cuh), as text that
 // flash_attention.cu includes inside tandem::ops::cuda and that
-// runtime/flash_attention_emulation_test.cc includes on the host, where CUDA threads, warps
-// and WMMA are emulated: the same source is checked without a GPU. The includer provides
-// kWarpSize, ToF32 and FromF32, WarpSum, `wmma` (nvcuda::wmma or its emulation) and
-// DynamicShared() (the block's dynamic shared memory, 128-byte aligned).
-// A block takes 64 rows of one (batch, head) with 4 warps of 16 rows each; tiles of q, k, v
-// and dout sit in shared memory, and each warp multiplies 16 x 16 x 16 fragments with WMMA
-// (f32 accumulation). WMMA leaves the element layout of a fragment unspecified, so the
-// softmax and the masking work on a warp's own f32 copy of its scores in shared memory: lane
-// pairs own one row, each lane half of its columns.
+// runtime/flash_attention_emulation_test.cc includes on the host, where CUDA threads and warps
+// and the tensor-core instructions are emulated: the same source is checked without a GPU.
+// The includer provides kWarpSize, ToF32 and FromF32, DynamicShared() (the block's dynamic
+// shared memory, 128-byte aligned), and LdMatrixX4 and MmaM16N8K16 (runtime/cuda/mma.cuh).
+//
+// FlashAttention-2's design: a block takes 64 rows of one (batch, head) with 4 warps of 16
+// rows each. Tiles of q, k, v and dout are staged in shared memory; each warp multiplies with
+// mma.m16n8k16 and keeps its scores, probabilities and sums in registers, in the
+// accumulator layout below, so that the softmax never goes through memory. With g = lane / 4
+// and t = lane % 4, an f32 accumulator tile (16 rows x 8 columns) holds (g, 2t), (g, 2t + 1),
+// (g + 8, 2t), (g + 8, 2t + 1) in a lane's 4 registers; two tiles side by side (16 columns),
+// rounded to 16-bit pairs, are exactly the A operand of the next product (PackA).
 // Legend: B = batch, T = sequence, C = channels, NH = heads, HS = head size, bh = b * NH + h.
 
-constexpr int kTile = 64;   // rows of q (or keys) per block and per loaded tile
-constexpr int kWarps = 4;   // each owns kRows rows of the block's tile
-constexpr int kRows = 16;   // a WMMA fragment's rows
+constexpr int kTile = 64;  // rows of q (or keys) per block and per loaded tile
+constexpr int kWarps = 4;  // each owns kRows rows of the block's tile
+constexpr int kRows = 16;  // an mma's rows
 constexpr int kFlashThreads = kWarps * kWarpSize;
-constexpr int kPadE = 8;    // elements of padding after each row of a 16-bit tile
-constexpr int kPadF = 4;    // floats of padding after each row of an f32 tile
+constexpr int kPadE = 8;  // elements of padding after each row of a tile, so that the 8 rows
+                          // an ldmatrix reads start in 8 different 16-byte bank groups
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-// Row strides: of score and probability rows (kTile columns).
-constexpr int kLS = kTile + kPadF;
-constexpr int kLP = kTile + kPadE;
 
-template <typename E>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major>;
-template <typename E>
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major>;
-template <typename E>
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>;
-using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// Shared memory of both directions, in bytes from the start, every part 32-byte aligned as
-// WMMA loads require: four 16-bit (kTile, HS) tiles (q, k, v, dout), two rows of kTile floats
-// (lse and rowdot of the query rows), then per warp two f32 (kRows, kTile) tiles (scores and
-// their gradient), one f32 (kRows, HS) tile (the running output, or rows on their way out)
-// and two 16-bit (kRows, kTile) tiles (probabilities and score gradients for the tensor
-// cores).
+// Shared memory of both directions: four 16-bit (kTile, HS) tiles (q, k, v, dout in some
+// order), then two rows of kTile floats (lse in log2 units and rowdot of the query rows).
 template <typename E, int HS>
 struct Smem {
   static_assert(HS % 16 == 0, "HS must be a multiple of 16");
-  static constexpr int kLE = HS + kPadE;  // row stride of a (kTile, HS) tile
-  static constexpr int kLO = HS + kPadF;  // row stride of a warp's f32 (kRows, HS) tile
+  static constexpr int kLE = HS + kPadE;  // row stride of a tile, in elements
   static constexpr size_t kTileBytes = size_t{kTile} * kLE * sizeof(E);
-  static constexpr size_t kRowBytes = kTile * sizeof(float);
-  static constexpr size_t kWarpF32 = size_t{kRows} * kLS * sizeof(float);
-  static constexpr size_t kWarpOut = size_t{kRows} * kLO * sizeof(float);
-  static constexpr size_t kWarpE = size_t{kRows} * kLP * sizeof(E);
   static constexpr size_t kRowsAt = 4 * kTileBytes;
-  static constexpr size_t kF32At = kRowsAt + 2 * kRowBytes;
-  static constexpr size_t kOutAt = kF32At + 2 * kWarps * kWarpF32;
-  static constexpr size_t kEAt = kOutAt + kWarps * kWarpOut;
-  static constexpr size_t kBytes = kEAt + 2 * kWarps * kWarpE;
-  static_assert(kTileBytes % 32 == 0 && kRowBytes % 32 == 0 && kWarpF32 % 32 == 0 &&
-                    kWarpOut % 32 == 0 && kWarpE % 32 == 0,
-                "WMMA needs 32-byte alignment");
+  static constexpr size_t kBytes = kRowsAt + 2 * kTile * sizeof(float);
+  static_assert(kTileBytes % 16 == 0, "ldmatrix and 16-byte moves need 16-byte rows");
 
   unsigned char* base;
   __device__ E* tile(int i) const { return reinterpret_cast<E*>(base + i * kTileBytes); }
   __device__ float* row(int i) const {
-    return reinterpret_cast<float*>(base + kRowsAt + i * kRowBytes);
+    return reinterpret_cast<float*>(base + kRowsAt + i * kTile * sizeof(float));
   }
-  __device__ float* f32(int warp, int i) const {
-    return reinterpret_cast<float*>(base + kF32At + (2 * warp + i) * kWarpF32);
-  }
-  __device__ float* out(int warp) const {
-    return reinterpret_cast<float*>(base + kOutAt + warp * kWarpOut);
-  }
-  __device__ E* low(int warp, int i) const {
-    return reinterpret_cast<E*>(base + kEAt + (2 * warp + i) * kWarpE);
-  }
+};
+
+// Row t of one head of a token-major tensor: HS contiguous elements at base + t * stride.
+template <typename P>
+struct HeadRows {
+  P* base;
+  int64_t stride;
+  __device__ P* at(int t) const { return base + t * stride; }
 };
 
 // One (b, h) of the token-major tensors: row t of head h of section `sec` (0 q, 1 k, 2 v) of
@@ -90,86 +67,146 @@ struct HeadIndex {
     const int b = bh / NH, h = bh % NH;
     return (static_cast<int64_t>(b) * T + t) * C() + static_cast<int64_t>(h) * HS;
   }
+  template <typename P>
+  __device__ HeadRows<P> QkvRows(P* qkv, int sec) const {
+    return {qkv + Qkv(sec, 0), 3 * C()};
+  }
+  template <typename P>
+  __device__ HeadRows<P> OutRows(P* out) const {
+    return {out + Out(0), C()};
+  }
 };
 
-// Rows [r0, r0 + kTile) of a head matrix (row t at src + at(t), HS contiguous elements) into
-// a (kTile, HS) shared tile; rows at or past T become zeros (so masked products stay finite).
-template <typename E, int HS, typename At>
-__device__ void LoadTile(E* dst, const E* src, At at, int r0, int T) {
+// Rows [r0, r0 + kTile) of a head's rows into a (kTile, HS) shared tile, 16 bytes per thread and
+// move; rows at or past T become zeros (so products with them stay finite).
+template <typename E, int HS>
+__device__ void LoadTile(E* dst, HeadRows<const E> src, int r0, int T) {
   constexpr int kChunks = HS * sizeof(E) / 16;  // 16-byte moves per row
   constexpr int kPer = 16 / sizeof(E);
   for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
     const int r = i / kChunks;
     const int c = (i % kChunks) * kPer;
     int4 v = make_int4(0, 0, 0, 0);
-    if (r0 + r < T) v = *reinterpret_cast<const int4*>(src + at(r0 + r) + c);
+    if (r0 + r < T) v = *reinterpret_cast<const int4*>(src.at(r0 + r) + c);
     *reinterpret_cast<int4*>(dst + r * Smem<E, HS>::kLE + c) = v;
   }
 }
 
-// out_f32 (kRows, kTile) = a (kRows, HS) @ b (kTile, HS)^T, both shared 16-bit tiles with row
-// stride lda / ldb; out with row stride kLS.
-template <typename E, int HS>
-__device__ void RowsTimesTileT(float* out, const E* a, int lda, const E* b, int ldb) {
-  for (int nt = 0; nt < kTile / 16; ++nt) {
-    FragAcc acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int ks = 0; ks < HS / 16; ++ks) {
-      FragA<E> fa;
-      FragBCol<E> fb;  // b^T (HS, kTile) is b read column-major
-      wmma::load_matrix_sync(fa, a + ks * 16, lda);
-      wmma::load_matrix_sync(fb, b + nt * 16 * ldb + ks * 16, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(out + nt * 16, acc, kLS, wmma::mem_row_major);
-  }
+// Two f32 values as a 16-bit pair (lo in the low half), an mma operand register.
+template <typename E>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  const E e[2] = {FromF32<E>(lo), FromF32<E>(hi)};
+  uint32_t r;
+  memcpy(&r, e, sizeof(r));
+  return r;
 }
 
-// acc[dt] (kRows, 16 columns dt) += p (kRows, kTile, stride kLP) @ b (kTile, HS, stride ldb).
-template <typename E, int HS>
-__device__ void AccumulateRowsTimesTile(FragAcc (&acc)[HS / 16], const E* p, const E* b,
-                                        int ldb) {
-  for (int dt = 0; dt < HS / 16; ++dt) {
-    for (int ks = 0; ks < kTile / 16; ++ks) {
-      FragA<E> fa;
-      FragBRow<E> fb;
-      wmma::load_matrix_sync(fa, p + ks * 16, kLP);
-      wmma::load_matrix_sync(fb, b + ks * 16 * ldb + dt * 16, ldb);
-      wmma::mma_sync(acc[dt], fa, fb, acc[dt]);
-    }
-  }
+// The A operand (16 x 16) of columns 16 s .. 16 s + 15 of f32 accumulator tiles acc[2 s] and
+// acc[2 s + 1], rounded to E.
+template <typename E>
+__device__ __forceinline__ void PackA(uint32_t (&a)[4], const float (&lo)[4],
+                                      const float (&hi)[4]) {
+  a[0] = PackPair<E>(lo[0], lo[1]);
+  a[1] = PackPair<E>(lo[2], lo[3]);
+  a[2] = PackPair<E>(hi[0], hi[1]);
+  a[3] = PackPair<E>(hi[2], hi[3]);
 }
 
-// Writes a warp's (kRows, HS) fragments to rows row0.. of a head matrix (skipping rows at or
-// past T), through the warp's f32 staging tile.
-template <typename E, int HS, typename At>
-__device__ void StoreRows(E* dst, At at, int row0, int T, FragAcc (&acc)[HS / 16],
-                          float* stage) {
-  constexpr int kLO = Smem<E, HS>::kLO;
+// The A operand: rows r0.., columns c0.. (16 x 16) of a shared tile with row stride ld.
+template <typename E>
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const E* tile, int ld, int r0, int c0) {
   const int lane = threadIdx.x % kWarpSize;
-  __syncwarp();
-  for (int dt = 0; dt < HS / 16; ++dt) {
-    wmma::store_matrix_sync(stage + dt * 16, acc[dt], kLO, wmma::mem_row_major);
+  LdMatrixX4<false>(a, tile + (r0 + lane % 16) * ld + c0 + (lane / 16) * 8);
+}
+
+// The B operands of two 8-column tiles, b = tile^T: b[k][n] = tile[n0 + n][k0 + k] for
+// k < 16, n < 16 (scores against the keys of k_s, say). b[0], b[1] are columns n0..n0 + 7;
+// b[2], b[3] columns n0 + 8...
+template <typename E>
+__device__ __forceinline__ void LoadBTransposed(uint32_t (&b)[4], const E* tile, int ld, int n0,
+                                                int k0) {
+  const int lane = threadIdx.x % kWarpSize, m = lane / 8;
+  LdMatrixX4<false>(b, tile + (n0 + (m / 2) * 8 + lane % 8) * ld + k0 + (m % 2) * 8);
+}
+
+// The same, b = tile: b[k][n] = tile[k0 + k][n0 + n] (probabilities times v_s, say).
+template <typename E>
+__device__ __forceinline__ void LoadB(uint32_t (&b)[4], const E* tile, int ld, int k0, int n0) {
+  const int lane = threadIdx.x % kWarpSize, m = lane / 8;
+  LdMatrixX4<true>(b, tile + (k0 + (m % 2) * 8 + lane % 8) * ld + n0 + (m / 2) * 8);
+}
+
+// The accumulator tiles lo, hi (16 x 16) += a (16 x HS, HS / 16 A operands) @ tile^T where
+// `tile` holds the 16 rows n0.. of the other operand (scores and their gradients).
+template <typename E, int HS>
+__device__ __forceinline__ void RowsTimesRowsT(float (&lo)[4], float (&hi)[4],
+                                               const uint32_t (&a)[HS / 16][4], const E* tile,
+                                               int n0) {
+  for (int ks = 0; ks < HS / 16; ++ks) {
+    uint32_t b[4];
+    LoadBTransposed(b, tile, Smem<E, HS>::kLE, n0, ks * 16);
+    MmaM16N8K16<E>(lo, a[ks], b[0], b[1]);
+    MmaM16N8K16<E>(hi, a[ks], b[2], b[3]);
+  }
+}
+
+// acc (16 x HS, HS / 8 tiles) += a (16 x 16) @ rows k0..k0 + 15 of `tile` (16 x HS).
+template <typename E, int HS>
+__device__ __forceinline__ void AccumulateTimesRows(float (&acc)[HS / 8][4], const uint32_t (&a)[4],
+                                                    const E* tile, int k0) {
+  for (int n2 = 0; n2 < HS / 16; ++n2) {
+    uint32_t b[4];
+    LoadB(b, tile, Smem<E, HS>::kLE, k0, n2 * 16);
+    MmaM16N8K16<E>(acc[2 * n2], a, b[0], b[1]);
+    MmaM16N8K16<E>(acc[2 * n2 + 1], a, b[2], b[3]);
+  }
+}
+
+// Writes a warp's 16 x HS accumulators, times scale_g (rows g) and scale_g8 (rows g + 8), to
+// rows row0.. of a head (skipping rows at or past T): through `stage`, the
+// warp's 16 rows of a shared tile, so that the global stores are 16-byte moves.
+template <typename E, int HS>
+__device__ void StoreRows(HeadRows<E> dst, int row0, int T, const float (&acc)[HS / 8][4],
+                          float scale_g, float scale_g8, E* stage) {
+  constexpr int kLE = Smem<E, HS>::kLE;
+  constexpr int kChunks = HS * sizeof(E) / 16;
+  constexpr int kPer = 16 / sizeof(E);
+  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  __syncwarp();  // the warp is done reading its rows of the tile
+  for (int n = 0; n < HS / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(stage + g * kLE + 8 * n + 2 * t) =
+        PackPair<E>(acc[n][0] * scale_g, acc[n][1] * scale_g);
+    *reinterpret_cast<uint32_t*>(stage + (g + 8) * kLE + 8 * n + 2 * t) =
+        PackPair<E>(acc[n][2] * scale_g8, acc[n][3] * scale_g8);
   }
   __syncwarp();
-  const int r = lane / 2, half = lane % 2;
-  if (row0 + r < T) {
-    E* d = dst + at(row0 + r) + half * (HS / 2);
-    const float* src = stage + r * kLO + half * (HS / 2);
-    for (int c = 0; c < HS / 2; ++c) d[c] = FromF32<E>(src[c]);
+  for (int i = lane; i < kRows * kChunks; i += kWarpSize) {
+    const int r = i / kChunks, c = (i % kChunks) * kPer;
+    if (row0 + r < T) {
+      *reinterpret_cast<int4*>(dst.at(row0 + r) + c) =
+          *reinterpret_cast<const int4*>(stage + r * kLE + c);
+    }
   }
+}
+
+// Rows k0.. of the head's keys and values into k_s and v_s.
+template <typename E, int HS>
+__device__ void LoadKeyTile(E* k_s, E* v_s, const E* qkv, const HeadIndex& hi, int k0, int T) {
+  LoadTile<E, HS>(k_s, hi.QkvRows(qkv, 1), k0, T);
+  LoadTile<E, HS>(v_s, hi.QkvRows(qkv, 2), k0, T);
 }
 
 // ---- forward ----------------------------------------------------------------------------------
 
 // grid (B * NH, ceil(T / kTile)); block y = 0 takes the last query tile (the longest rows).
+// A lane's rows are query = q0 + 16 warp + g and query + 8.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashForwardKernel(E* out, float* lse, const E* qkv, int T, int NH, float scale) {
   const Smem<E, HS> sm{DynamicShared()};
   constexpr int kLE = Smem<E, HS>::kLE;
-  constexpr int kLO = Smem<E, HS>::kLO;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
   const HeadIndex hi = HeadIndex::OfBlock(T, NH, HS);
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - static_cast<int>(blockIdx.y);
@@ -177,70 +214,79 @@ __global__ void __launch_bounds__(kFlashThreads)
   E* q_s = sm.tile(0);
   E* k_s = sm.tile(1);
   E* v_s = sm.tile(2);
-  float* s_w = sm.f32(warp, 0);  // the warp's scores
-  E* p_w = sm.low(warp, 0);       // and probabilities
-  float* o = sm.out(warp);        // its running output (kRows, HS)
-  LoadTile<E, HS>(q_s, qkv, [&](int t) { return hi.Qkv(0, t); }, q0, T);
-  for (int i = lane; i < kRows * kLO; i += kWarpSize) o[i] = 0.0f;
+  LoadTile<E, HS>(q_s, hi.QkvRows(qkv, 0), q0, T);
+  __syncthreads();
+  uint32_t qa[HS / 16][4];  // the warp's 16 query rows as A operands
+  for (int ks = 0; ks < HS / 16; ++ks) LoadA(qa[ks], q_s, kLE, warp * kRows, ks * 16);
 
   const float scale_log2 = scale * kLog2e;  // scores in log2 units: exp2 is one instruction
-  const int r = lane / 2, half = lane % 2;
-  const int tq = q0 + warp * kRows + r;  // this lane's query row
-  float m = -INFINITY;                   // running max of the row (log2 units)
-  float l = 0.0f;                        // running sum of exp2(score - m)
+  const int query = q0 + warp * kRows + g;
+  float o[HS / 8][4] = {};              // the running output, unnormalized
+  float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8 (log2 units)
+  float l[2] = {0.0f, 0.0f};            // this lane's part of the running sum of exp2(s - m)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
+    // On the diagonal tile, key chunks past the warp's rows are masked whole: skipped.
+    const bool diagonal = kt == qt;
+    const int chunks = diagonal ? warp + 1 : kTile / 16;
     __syncthreads();  // every warp is done with the previous k and v tiles
-    LoadTile<E, HS>(k_s, qkv, [&](int t) { return hi.Qkv(1, t); }, k0, T);
-    LoadTile<E, HS>(v_s, qkv, [&](int t) { return hi.Qkv(2, t); }, k0, T);
+    LoadKeyTile<E, HS>(k_s, v_s, qkv, hi, k0, T);
     __syncthreads();
-    RowsTimesTileT<E, HS>(s_w, q_s + warp * kRows * kLE, kLE, k_s, kLE);
-    __syncwarp();
-    float* srow = s_w + r * kLS + half * (kTile / 2);
-    float mx = -INFINITY;
-    for (int c = 0; c < kTile / 2; ++c) {
-      const int key = k0 + half * (kTile / 2) + c;
-      const float x = key <= tq && key < T ? srow[c] * scale_log2 : -INFINITY;
-      srow[c] = x;
-      mx = fmaxf(mx, x);
+    float s[kTile / 8][4] = {};
+    // (Constant bounds, with the chunk count as a condition, keep s in registers.)
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c) {
+      if (c < chunks) RowsTimesRowsT<E, HS>(s[2 * c], s[2 * c + 1], qa, k_s, c * 16);
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    const float corr = m == -INFINITY ? 0.0f : exp2f(m - m_new);
-    E* prow = p_w + r * kLP + half * (kTile / 2);
-    float sum = 0.0f;
-    for (int c = 0; c < kTile / 2; ++c) {
-      const float p = srow[c] == -INFINITY ? 0.0f : exp2f(srow[c] - m_new);
-      prow[c] = FromF32<E>(p);
-      sum += p;
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * corr + sum;
-    m = m_new;
-    float* orow = o + r * kLO + half * (HS / 2);
-    for (int c = 0; c < HS / 2; ++c) orow[c] *= corr;
-    __syncwarp();
-    for (int dt = 0; dt < HS / 16; ++dt) {
-      FragAcc acc;
-      wmma::load_matrix_sync(acc, o + dt * 16, kLO, wmma::mem_row_major);
-      for (int ks = 0; ks < kTile / 16; ++ks) {
-        FragA<E> fa;
-        FragBRow<E> fb;
-        wmma::load_matrix_sync(fa, p_w + ks * 16, kLP);
-        wmma::load_matrix_sync(fb, v_s + ks * 16 * kLE + dt * 16, kLE);
-        wmma::mma_sync(acc, fa, fb, acc);
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < kTile / 8; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * n + 2 * t + e % 2;
+        float x = s[n][e] * scale_log2;
+        if (diagonal && key > query + 8 * (e / 2)) x = -INFINITY;  // keys past T are too
+        s[n][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
       }
-      wmma::store_matrix_sync(o + dt * 16, acc, kLO, wmma::mem_row_major);
     }
-    __syncwarp();
+    float corr[2];
+    for (int h = 0; h < 2; ++h) {
+      // The quad (4 lanes) that shares a row; key k0 <= query is in every row, so m_new is
+      // finite and exp2(-inf) = 0 rescales the empty start.
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      corr[h] = exp2f(m[h] - m_new);
+      m[h] = m_new;
+      l[h] *= corr[h];
+    }
+    for (int n = 0; n < kTile / 8; ++n) {
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - m[e / 2]);
+        l[e / 2] += s[n][e];
+      }
+    }
+    for (int n = 0; n < HS / 8; ++n) {
+      for (int e = 0; e < 4; ++e) o[n][e] *= corr[e / 2];
+    }
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c) {  // o += p @ v
+      if (c >= chunks) continue;
+      uint32_t pa[4];
+      PackA<E>(pa, s[2 * c], s[2 * c + 1]);
+      AccumulateTimesRows<E, HS>(o, pa, v_s, c * 16);
+    }
   }
-  if (tq < T) {
-    const float inv = 1.0f / l;
-    E* dst = out + hi.Out(tq) + half * (HS / 2);
-    const float* src = o + r * kLO + half * (HS / 2);
-    for (int c = 0; c < HS / 2; ++c) dst[c] = FromF32<E>(src[c] * inv);
-    if (half == 0) lse[static_cast<int64_t>(hi.bh) * T + tq] = (m + log2f(l)) * kLn2;
+  float inv[2];
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    inv[h] = 1.0f / l[h];
+    if (t == 0 && query + 8 * h < T) {
+      lse[static_cast<int64_t>(hi.bh) * T + query + 8 * h] = (m[h] + log2f(l[h])) * kLn2;
+    }
   }
+  StoreRows<E, HS>(hi.OutRows(out), q0 + warp * kRows, T, o, inv[0], inv[1],
+                   q_s + warp * kRows * kLE);
 }
 
 // ---- backward --------------------------------------------------------------------------------
@@ -263,28 +309,36 @@ __global__ void RowDotKernel(float* rowdot, const E* dout, const E* out, int T, 
   if (lane == 0) rowdot[row] = acc;
 }
 
-// Loads lse and rowdot of query rows q0.. into the block's two shared rows (0 past T).
-__device__ void LoadRowStats(float* lse_s, float* dot_s, const float* lse, const float* rowdot,
-                             int64_t bh, int q0, int T) {
+// Query rows q0.. of the head for backward: q and dout into q_s and do_s, and lse (in log2
+// units) and rowdot into the block's two shared rows. Rows at or past T get lse = +inf, so
+// that their probabilities are exp2(-inf) = 0.
+template <typename E, int HS>
+__device__ void LoadQueryTile(const Smem<E, HS>& sm, E* q_s, E* do_s, const E* qkv, const E* dout,
+                              const float* lse, const float* rowdot, const HeadIndex& hi, int q0,
+                              int T) {
+  LoadTile<E, HS>(q_s, hi.QkvRows(qkv, 0), q0, T);
+  LoadTile<E, HS>(do_s, hi.OutRows(dout), q0, T);
+  const int64_t first = static_cast<int64_t>(hi.bh) * T + q0;
   for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
     const bool in = q0 + i < T;
-    lse_s[i] = in ? lse[bh * T + q0 + i] : 0.0f;
-    dot_s[i] = in ? rowdot[bh * T + q0 + i] : 0.0f;
+    sm.row(0)[i] = in ? lse[first + i] * kLog2e : INFINITY;
+    sm.row(1)[i] = in ? rowdot[first + i] : 0.0f;
   }
 }
 
-// The score gradient of one element: p = exp(scale * s - lse) where `in` (causal and inside
-// T), ds = p * (dp - rowdot) * scale. Returns p; ds through *ds.
-__device__ __forceinline__ float ProbAndGrad(bool in, float s, float dp, float lse, float dot,
-                                             float scale, float* ds) {
-  const float p = in ? exp2f((s * scale - lse) * kLog2e) : 0.0f;
+// The probability and score gradient of one element from its score s and probability
+// gradient dp: p = exp2(s scale log2(e) - lse2) (0 where masked), ds = p (dp - rowdot) scale.
+__device__ __forceinline__ float ProbAndGrad(bool masked, float s, float dp, float lse2, float dot,
+                                             float scale_log2, float scale, float* ds) {
+  const float p = masked ? 0.0f : exp2f(s * scale_log2 - lse2);
   *ds = p * (dp - dot) * scale;
   return p;
 }
 
 // dk and dv of one key tile: grid (B * NH, ceil(T / kTile)); block y = 0 takes key tile 0
-// (which every query tile sees: the most work). Each warp owns 16 keys and walks the query
-// tiles from the diagonal on, with scores and probabilities transposed (keys as rows).
+// (which every query tile sees: the most work). Each warp owns 16 keys (its lanes' rows key
+// and key + 8) and walks the query tiles from the diagonal on, 16 queries at a time, with
+// scores and probabilities transposed (keys as rows).
 template <typename E, int HS>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashBackwardKvKernel(E* dqkv, const E* qkv, const E* dout, const float* lse,
@@ -292,6 +346,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   const Smem<E, HS> sm{DynamicShared()};
   constexpr int kLE = Smem<E, HS>::kLE;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
   const HeadIndex hi = HeadIndex::OfBlock(T, NH, HS);
   const int tiles = (T + kTile - 1) / kTile;
   const int kt = static_cast<int>(blockIdx.y);
@@ -300,50 +355,53 @@ __global__ void __launch_bounds__(kFlashThreads)
   E* v_s = sm.tile(1);
   E* q_s = sm.tile(2);
   E* do_s = sm.tile(3);
-  float* lse_s = sm.row(0);
-  float* dot_s = sm.row(1);
-  float* st_w = sm.f32(warp, 0);   // scores^T (keys, queries)
-  float* dpt_w = sm.f32(warp, 1);  // d(probabilities)^T
-  E* pt_w = sm.low(warp, 0);
-  E* dst_w = sm.low(warp, 1);
-  LoadTile<E, HS>(k_s, qkv, [&](int t) { return hi.Qkv(1, t); }, k0, T);
-  LoadTile<E, HS>(v_s, qkv, [&](int t) { return hi.Qkv(2, t); }, k0, T);
-  FragAcc dk[HS / 16], dv[HS / 16];
-  for (int dt = 0; dt < HS / 16; ++dt) {
-    wmma::fill_fragment(dk[dt], 0.0f);
-    wmma::fill_fragment(dv[dt], 0.0f);
+  const float* lse_s = sm.row(0);
+  const float* dot_s = sm.row(1);
+  LoadKeyTile<E, HS>(k_s, v_s, qkv, hi, k0, T);
+  __syncthreads();
+  uint32_t ka[HS / 16][4], va[HS / 16][4];  // the warp's 16 keys (and values) as A operands
+  for (int ks = 0; ks < HS / 16; ++ks) {
+    LoadA(ka[ks], k_s, kLE, warp * kRows, ks * 16);
+    LoadA(va[ks], v_s, kLE, warp * kRows, ks * 16);
   }
-  const int r = lane / 2, half = lane % 2;
-  const int key = k0 + warp * kRows + r;  // this lane's key row
+  const float scale_log2 = scale * kLog2e;
+  const int key = k0 + warp * kRows + g;
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
+    const bool diagonal = qt == kt;
     __syncthreads();  // every warp is done with the previous q, dout and row tiles
-    LoadTile<E, HS>(q_s, qkv, [&](int t) { return hi.Qkv(0, t); }, q0, T);
-    LoadTile<E, HS>(do_s, dout, [&](int t) { return hi.Out(t); }, q0, T);
-    LoadRowStats(lse_s, dot_s, lse, rowdot, hi.bh, q0, T);
+    LoadQueryTile(sm, q_s, do_s, qkv, dout, lse, rowdot, hi, q0, T);
     __syncthreads();
-    RowsTimesTileT<E, HS>(st_w, k_s + warp * kRows * kLE, kLE, q_s, kLE);
-    RowsTimesTileT<E, HS>(dpt_w, v_s + warp * kRows * kLE, kLE, do_s, kLE);
-    __syncwarp();
-    for (int c = half * (kTile / 2); c < (half + 1) * (kTile / 2); ++c) {
-      const int query = q0 + c;
-      float ds;
-      const float p = ProbAndGrad(query >= key && query < T, st_w[r * kLS + c],
-                                  dpt_w[r * kLS + c], lse_s[c], dot_s[c], scale, &ds);
-      pt_w[r * kLP + c] = FromF32<E>(p);
-      dst_w[r * kLP + c] = FromF32<E>(ds);
+    // On the diagonal tile, query chunks before the warp's keys are masked whole: skipped.
+    for (int c = diagonal ? warp : 0; c < kTile / 16; ++c) {
+      float st[2][4] = {}, dpt[2][4] = {};  // scores^T and d(probabilities)^T, 16 x 16
+      RowsTimesRowsT<E, HS>(st[0], st[1], ka, q_s, c * 16);
+      RowsTimesRowsT<E, HS>(dpt[0], dpt[1], va, do_s, c * 16);
+      float pt[2][4], dst[2][4];
+      for (int n = 0; n < 2; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          const int col = c * 16 + 8 * n + 2 * t + e % 2;  // the query's row in the tile
+          const bool masked = diagonal && q0 + col < key + 8 * (e / 2);
+          pt[n][e] = ProbAndGrad(masked, st[n][e], dpt[n][e], lse_s[col], dot_s[col], scale_log2,
+                                 scale, &dst[n][e]);
+        }
+      }
+      uint32_t a[4];
+      PackA<E>(a, pt[0], pt[1]);
+      AccumulateTimesRows<E, HS>(dv, a, do_s, c * 16);  // dv += p^T @ dout
+      PackA<E>(a, dst[0], dst[1]);
+      AccumulateTimesRows<E, HS>(dk, a, q_s, c * 16);  // dk += ds^T @ q
     }
-    __syncwarp();
-    AccumulateRowsTimesTile<E, HS>(dv, pt_w, do_s, kLE);  // dv += p^T @ dout
-    AccumulateRowsTimesTile<E, HS>(dk, dst_w, q_s, kLE);  // dk += ds^T @ q
   }
   const int row0 = k0 + warp * kRows;
-  StoreRows<E, HS>(dqkv, [&](int t) { return hi.Qkv(1, t); }, row0, T, dk, sm.out(warp));
-  StoreRows<E, HS>(dqkv, [&](int t) { return hi.Qkv(2, t); }, row0, T, dv, sm.out(warp));
+  StoreRows<E, HS>(hi.QkvRows(dqkv, 1), row0, T, dk, 1.0f, 1.0f, k_s + warp * kRows * kLE);
+  StoreRows<E, HS>(hi.QkvRows(dqkv, 2), row0, T, dv, 1.0f, 1.0f, v_s + warp * kRows * kLE);
 }
 
 // dq of one query tile: grid (B * NH, ceil(T / kTile)); block y = 0 takes the last query
-// tile. Each warp owns 16 query rows and walks the key tiles up to the diagonal.
+// tile. Each warp owns 16 query rows (its lanes' rows query and query + 8) and walks the key
+// tiles up to the diagonal, 16 keys at a time.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashBackwardQKernel(E* dqkv, const E* qkv, const E* dout, const float* lse,
@@ -351,6 +409,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   const Smem<E, HS> sm{DynamicShared()};
   constexpr int kLE = Smem<E, HS>::kLE;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
   const HeadIndex hi = HeadIndex::OfBlock(T, NH, HS);
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - static_cast<int>(blockIdx.y);
@@ -359,39 +418,45 @@ __global__ void __launch_bounds__(kFlashThreads)
   E* do_s = sm.tile(1);
   E* k_s = sm.tile(2);
   E* v_s = sm.tile(3);
-  float* lse_s = sm.row(0);
-  float* dot_s = sm.row(1);
-  float* s_w = sm.f32(warp, 0);
-  float* dp_w = sm.f32(warp, 1);
-  E* ds_w = sm.low(warp, 0);
-  LoadTile<E, HS>(q_s, qkv, [&](int t) { return hi.Qkv(0, t); }, q0, T);
-  LoadTile<E, HS>(do_s, dout, [&](int t) { return hi.Out(t); }, q0, T);
-  LoadRowStats(lse_s, dot_s, lse, rowdot, hi.bh, q0, T);
-  FragAcc dq[HS / 16];
-  for (int dt = 0; dt < HS / 16; ++dt) wmma::fill_fragment(dq[dt], 0.0f);
-  const int r = lane / 2, half = lane % 2;
-  const int rr = warp * kRows + r;  // this lane's row within the tile
+  LoadQueryTile(sm, q_s, do_s, qkv, dout, lse, rowdot, hi, q0, T);
+  __syncthreads();
+  uint32_t qa[HS / 16][4], doa[HS / 16][4];  // the warp's 16 rows of q and dout
+  for (int ks = 0; ks < HS / 16; ++ks) {
+    LoadA(qa[ks], q_s, kLE, warp * kRows, ks * 16);
+    LoadA(doa[ks], do_s, kLE, warp * kRows, ks * 16);
+  }
+  const int rr = warp * kRows + g;  // the lane's first row in the tile
+  const float lse2[2] = {sm.row(0)[rr], sm.row(0)[rr + 8]};
+  const float dot[2] = {sm.row(1)[rr], sm.row(1)[rr + 8]};
+  const float scale_log2 = scale * kLog2e;
   const int query = q0 + rr;
+  float dq[HS / 8][4] = {};
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous k and v tiles (and, the first
-                      // time, the q, dout and row tiles are complete)
-    LoadTile<E, HS>(k_s, qkv, [&](int t) { return hi.Qkv(1, t); }, k0, T);
-    LoadTile<E, HS>(v_s, qkv, [&](int t) { return hi.Qkv(2, t); }, k0, T);
+    const bool diagonal = kt == qt;
+    __syncthreads();  // every warp is done with the previous k and v tiles
+    LoadKeyTile<E, HS>(k_s, v_s, qkv, hi, k0, T);
     __syncthreads();
-    RowsTimesTileT<E, HS>(s_w, q_s + warp * kRows * kLE, kLE, k_s, kLE);
-    RowsTimesTileT<E, HS>(dp_w, do_s + warp * kRows * kLE, kLE, v_s, kLE);
-    __syncwarp();
-    for (int c = half * (kTile / 2); c < (half + 1) * (kTile / 2); ++c) {
-      const int key = k0 + c;
-      float ds;
-      ProbAndGrad(key <= query && query < T, s_w[r * kLS + c], dp_w[r * kLS + c], lse_s[rr],
-                  dot_s[rr], scale, &ds);
-      ds_w[r * kLP + c] = FromF32<E>(ds);
+    // On the diagonal tile, key chunks past the warp's rows are masked whole: skipped.
+    const int chunks = diagonal ? warp + 1 : kTile / 16;
+    for (int c = 0; c < chunks; ++c) {
+      float s[2][4] = {}, dp[2][4] = {};
+      RowsTimesRowsT<E, HS>(s[0], s[1], qa, k_s, c * 16);
+      RowsTimesRowsT<E, HS>(dp[0], dp[1], doa, v_s, c * 16);
+      float ds[2][4];
+      for (int n = 0; n < 2; ++n) {
+        for (int e = 0; e < 4; ++e) {
+          const int k = k0 + c * 16 + 8 * n + 2 * t + e % 2;
+          const bool masked = diagonal && k > query + 8 * (e / 2);
+          ProbAndGrad(masked, s[n][e], dp[n][e], lse2[e / 2], dot[e / 2], scale_log2, scale,
+                      &ds[n][e]);
+        }
+      }
+      uint32_t a[4];
+      PackA<E>(a, ds[0], ds[1]);
+      AccumulateTimesRows<E, HS>(dq, a, k_s, c * 16);  // dq += ds @ k
     }
-    __syncwarp();
-    AccumulateRowsTimesTile<E, HS>(dq, ds_w, k_s, kLE);  // dq += ds @ k
   }
-  StoreRows<E, HS>(dqkv, [&](int t) { return hi.Qkv(0, t); }, q0 + warp * kRows, T, dq,
-                   sm.out(warp));
+  StoreRows<E, HS>(hi.QkvRows(dqkv, 0), q0 + warp * kRows, T, dq, 1.0f, 1.0f,
+                   q_s + warp * kRows * kLE);
 }

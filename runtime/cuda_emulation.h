@@ -9,8 +9,8 @@
 // before it was written shows. atomicAdd is atomic; bf16 and f16 round as the host's
 // dtype.h does. A barrier that waits over 60 s (threads that diverge around __syncthreads)
 // ends the process with a message. The tensor-core instructions of runtime/cuda/mma.cuh
-// (ldmatrix, mma.m16n8k16) gather the warp's registers and compute what PTX documents. Test-only
-// (cuda_kernels_emulation_test.cc, flash_attention_emulation_test.cc).
+// (ldmatrix, mma.m16n8k16) gather the warp's registers and compute what PTX documents.
+// Test-only (cuda_kernels_emulation_test.cc, flash_attention_emulation_test.cc).
 #ifndef TANDEM_RUNTIME_CUDA_EMULATION_H_
 #define TANDEM_RUNTIME_CUDA_EMULATION_H_
 

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -76,6 +77,15 @@ struct Block {
 };
 constexpr int kExchange = 6;
 thread_local Block* g_block = nullptr;  // the block this thread runs
+
+// The calling thread's cp.async copies: committed groups, oldest first, and the open one.
+struct Copy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+thread_local std::deque<std::vector<Copy>> g_committed;
+thread_local std::vector<Copy> g_open;
 
 std::mutex g_error_mu;
 std::string g_error;
@@ -156,6 +166,11 @@ void Launch(dim3 grid, dim3 block_dim, size_t shared, const std::function<void()
                         static_cast<unsigned int>(i / (size_t{grid.x} * grid.y)));
         g_block = blocks[i].get();
         kernel();
+        for (const std::vector<Copy>& group : g_committed) {
+          if (!group.empty()) Fail("a thread exited with cp.async copies not waited for");
+        }
+        g_open.clear();
+        g_committed.clear();
         MyWarp().Leave();  // an exited thread no longer holds a barrier back
         g_block->all->Leave();
         between.Wait("the end of a block");
@@ -224,6 +239,38 @@ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1
   }
   __syncwarp();
   for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+void CpAsync16(void* dst, const void* src, bool valid) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(dst);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(g_block->shared);
+  if (at % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 || at < lo ||
+      at + 16 > lo + g_block->shared_bytes) {
+    Fail("cp.async: an address not 16-byte aligned, or a destination outside shared memory");
+    return;
+  }
+  g_open.push_back({dst, src, valid});
+  // Until the copy is waited for, its bytes are undefined: NaN, so that a thread still reading
+  // the old contents (a barrier missing before the copy) or reading early shows.
+  std::memset(dst, 0xff, 16);
+}
+
+void CpAsyncCommit() {
+  g_committed.push_back(std::move(g_open));
+  g_open.clear();
+}
+
+void CpAsyncWait(int pending) {
+  while (static_cast<int>(g_committed.size()) > pending) {
+    for (const Copy& c : g_committed.front()) {
+      if (c.valid) {
+        std::memcpy(c.dst, c.src, 16);
+      } else {
+        std::memset(c.dst, 0, 16);
+      }
+    }
+    g_committed.pop_front();
+  }
 }
 
 }  // namespace cuda_emulation

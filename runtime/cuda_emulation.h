@@ -8,9 +8,12 @@
 // (one block runs at a time) and the dynamic part starts as NaN bytes, so a value read
 // before it was written shows. atomicAdd is atomic; bf16 and f16 round as the host's
 // dtype.h does. A barrier that waits over 60 s (threads that diverge around __syncthreads)
-// ends the process with a message. The tensor-core instructions of runtime/cuda/mma.cuh
-// (ldmatrix, mma.m16n8k16) gather the warp's registers and compute what PTX documents.
-// Test-only (cuda_kernels_emulation_test.cc, flash_attention_emulation_test.cc).
+// ends the process with a message. The sm_80 instructions of runtime/cuda/sm80.cuh: ldmatrix
+// and mma.m16n8k16 gather the warp's registers and compute what PTX documents; cp.async
+// fills its destination with NaN bytes at once and copies only when cp.async.wait_group lets
+// the copy be complete, so that a tile read before its wait, or overwritten while another
+// warp still reads it, shows; a thread that exits with copies outstanding is reported. Test-only (cuda_kernels_emulation_test.cc,
+// flash_attention_emulation_test.cc).
 #ifndef TANDEM_RUNTIME_CUDA_EMULATION_H_
 #define TANDEM_RUNTIME_CUDA_EMULATION_H_
 
@@ -79,14 +82,18 @@ std::string TakeError();
 // Records a broken rule (the first one is kept).
 void Fail(const std::string& what);
 
-// ldmatrix .x4 (.trans) and mma.m16n8k16 with f32 accumulation, for runtime/cuda/mma.cuh.
+// ldmatrix .x4 (.trans), mma.m16n8k16 with f32 accumulation and cp.async, for
+// runtime/cuda/sm80.cuh.
 void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans);
 void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16);
+void CpAsync16(void* dst, const void* src, bool valid);
+void CpAsyncCommit();
+void CpAsyncWait(int pending);
 
 }  // namespace cuda_emulation
 }  // namespace tandem
 
-// runtime/cuda/mma.cuh's functions.
+// runtime/cuda/sm80.cuh's functions.
 template <bool kTrans>
 void LdMatrixX4(uint32_t (&r)[4], const void* row) {
   tandem::cuda_emulation::LdMatrixX4(r, row, kTrans);
@@ -96,6 +103,14 @@ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1
   static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value,
                 "mma.m16n8k16 takes bf16 or f16");
   tandem::cuda_emulation::MmaM16N8K16(d, a, b0, b1, std::is_same<E, __nv_bfloat16>::value);
+}
+inline void CpAsync16(void* dst, const void* src, bool valid) {
+  tandem::cuda_emulation::CpAsync16(dst, src, valid);
+}
+inline void CpAsyncCommit() { tandem::cuda_emulation::CpAsyncCommit(); }
+template <int kPending>
+void CpAsyncWait() {
+  tandem::cuda_emulation::CpAsyncWait(kPending);
 }
 
 // CUDA's qualifiers. Include this header after every other one: `__shared__` becomes

@@ -50,21 +50,20 @@ void Check(int B, int T, int NH, double tol, double grad_tol) {
   std::vector<float> lse(B * NH * T, NAN), rowdot(B * NH * T, NAN);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const unsigned int tiles = (T + kTile - 1) / kTile;
-  const size_t bytes = Smem<E, HS>::kBytes;
   cuda_emulation::TakeError();
   const dim3 grid{static_cast<unsigned int>(B * NH), tiles, 1};
-  cuda_emulation::Launch(grid, kFlashThreads, bytes, [&] {
+  cuda_emulation::Launch(grid, kFlashThreads, ForwardSmem<E, HS>::kBytes, [&] {
     FlashForwardKernel<E, HS>(out.data(), lse.data(), qkv.data(), T, NH, scale);
   });
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
   cuda_emulation::Launch(RowBlocks(rows), kThreads, 0, [&] {
     RowDotKernel<E>(rowdot.data(), dout.data(), out.data(), T, NH, HS, rows);
   });
-  cuda_emulation::Launch(grid, kFlashThreads, bytes, [&] {
+  cuda_emulation::Launch(grid, kFlashThreads, BackwardSmem<E, HS>::kBytes, [&] {
     FlashBackwardKvKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(), T,
                                  NH, scale);
   });
-  cuda_emulation::Launch(grid, kFlashThreads, bytes, [&] {
+  cuda_emulation::Launch(grid, kFlashThreads, BackwardSmem<E, HS>::kBytes, [&] {
     FlashBackwardQKernel<E, HS>(dqkv.data(), qkv.data(), dout.data(), lse.data(), rowdot.data(), T,
                                 NH, scale);
   });

@@ -5,7 +5,7 @@
 
 #include "runtime/cuda/common.cuh"
 #include "runtime/cuda/flash_attention.cuh"
-#include "runtime/cuda/mma.cuh"
+#include "runtime/cuda/sm80.cuh"
 
 namespace tandem {
 namespace ops {
@@ -30,11 +30,10 @@ Launch LaunchOf(const Tensor& qkv, int num_heads) {
   return {static_cast<int>(qkv.dim(0)), static_cast<int>(qkv.dim(1)), num_heads, C / num_heads};
 }
 
-// Runs kernel on `grid` with the dynamic shared memory Smem<E, HS> needs (above the default
-// 48 KB, so the kernel opts in first).
-template <typename E, int HS, typename Kernel, typename... Args>
+// Runs kernel on `grid` with kBytes of dynamic shared memory (its Smem's; above the default
+// 48 KB the kernel must opt in first).
+template <size_t kBytes, typename Kernel, typename... Args>
 absl::Status Run(cudaStream_t stream, const Launch& l, Kernel kernel, Args... args) {
-  constexpr size_t kBytes = Smem<E, HS>::kBytes;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(kBytes)));
   kernel<<<l.grid(), kFlashThreads, kBytes, stream>>>(args...);
@@ -76,11 +75,12 @@ bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
   for (const Tensor* t : others) {
     if (!IsAligned(t->raw(), 16)) return false;
   }
-  // A kernel for the head size, and its shared memory per block (21 KB, 37 KB, 69 KB) within
-  // what the device gives a block (at least 99 KB from sm_80 on).
+  // A kernel for the head size, and the backward's shared memory per block (the larger: 31 KB,
+  // 55 KB, 103 KB for head sizes 32, 64, 128) within what the device gives a block (99 KB on
+  // sm_86 and sm_89, which then take the cuBLAS path at head size 128; more on sm_80, sm_90).
   size_t bytes = 0;
   const absl::Status has_kernel = DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) {
-    bytes = Smem<decltype(tag), decltype(hs)::value>::kBytes;
+    bytes = BackwardSmem<decltype(tag), decltype(hs)::value>::kBytes;
     return absl::OkStatus();
   });
   if (!has_kernel.ok()) return false;
@@ -100,8 +100,8 @@ absl::Status FlashForwardTensorCores(cudaStream_t stream, const Tensor& out, con
   return DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) {
     using E = decltype(tag);
     constexpr int HS = decltype(hs)::value;
-    return Run<E, HS>(stream, l, FlashForwardKernel<E, HS>, MutPtr<E>(out), MutPtr<float>(lse),
-                      Ptr<E>(qkv), l.T, l.NH, l.scale());
+    return Run<ForwardSmem<E, HS>::kBytes>(stream, l, FlashForwardKernel<E, HS>, MutPtr<E>(out),
+                                           MutPtr<float>(lse), Ptr<E>(qkv), l.T, l.NH, l.scale());
   });
 }
 
@@ -117,12 +117,13 @@ absl::Status FlashBackwardTensorCores(Stream& s, cudaStream_t stream, const Tens
     RowDotKernel<E><<<RowBlocks(rows), kThreads, 0, stream>>>(MutPtr<float>(rowdot), Ptr<E>(dout),
                                                               Ptr<E>(out), l.T, l.NH, l.HS, rows);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    const absl::Status kv =
-        Run<E, HS>(stream, l, FlashBackwardKvKernel<E, HS>, MutPtr<E>(dqkv), Ptr<E>(qkv),
-                   Ptr<E>(dout), Ptr<float>(lse), Ptr<float>(rowdot), l.T, l.NH, l.scale());
+    const absl::Status kv = Run<BackwardSmem<E, HS>::kBytes>(
+        stream, l, FlashBackwardKvKernel<E, HS>, MutPtr<E>(dqkv), Ptr<E>(qkv), Ptr<E>(dout),
+        Ptr<float>(lse), Ptr<float>(rowdot), l.T, l.NH, l.scale());
     if (!kv.ok()) return kv;
-    return Run<E, HS>(stream, l, FlashBackwardQKernel<E, HS>, MutPtr<E>(dqkv), Ptr<E>(qkv),
-                      Ptr<E>(dout), Ptr<float>(lse), Ptr<float>(rowdot), l.T, l.NH, l.scale());
+    return Run<BackwardSmem<E, HS>::kBytes>(stream, l, FlashBackwardQKernel<E, HS>, MutPtr<E>(dqkv),
+                                            Ptr<E>(qkv), Ptr<E>(dout), Ptr<float>(lse),
+                                            Ptr<float>(rowdot), l.T, l.NH, l.scale());
   });
 }
 

@@ -1,8 +1,9 @@
 // FlashAttention (Dao et al., FlashAttention-2's work split) on tensor cores for the CUDA
 // backend: causal self-attention over qkv (B, T, 3C) for bf16/f16 with head sizes 32, 64 and
-// 128, on sm_80 and later (mma.m16n8k16). Scores and probabilities stay in registers, 16
-// rows per warp, and never reach memory; only the output and each row's log-sum-exp are
-// written. Backward
+// 128, on sm_80 and later (mma.m16n8k16, ldmatrix, cp.async). Scores and probabilities stay
+// in registers, 16 rows per warp, and never reach memory; tiles of q, k, v and dout stream
+// through shared memory, the next loading while the block computes; only the output and each
+// row's log-sum-exp are written. Backward
 // recomputes the probabilities: one kernel per key tile accumulates dk and dv, one per query
 // tile dq, so no atomics and the same bits on every run.
 // Host-only declarations; attention.cu takes this path where it fits and its cuBLAS path

@@ -3,10 +3,12 @@
 // runtime/flash_attention_emulation_test.cc includes on the host, where CUDA threads and warps
 // and the tensor-core instructions are emulated: the same source is checked without a GPU.
 // The includer provides kWarpSize, ToF32 and FromF32, DynamicShared() (the block's dynamic
-// shared memory, 128-byte aligned), and LdMatrixX4 and MmaM16N8K16 (runtime/cuda/mma.cuh).
+// shared memory, 128-byte aligned), and LdMatrixX4, MmaM16N8K16 and the CpAsync functions
+// (runtime/cuda/sm80.cuh).
 //
 // FlashAttention-2's design: a block takes 64 rows of one (batch, head) with 4 warps of 16
-// rows each. Tiles of q, k, v and dout are staged in shared memory; each warp multiplies with
+// rows each. Tiles of q, k, v and dout are staged in shared memory by cp.async, the next tile
+// loading while the block computes on the one before; each warp multiplies with
 // mma.m16n8k16 and keeps its scores, probabilities and sums in registers, in the
 // accumulator layout below, so that the softmax never goes through memory. With g = lane / 4
 // and t = lane % 4, an f32 accumulator tile (16 rows x 8 columns) holds (g, 2t), (g, 2t + 1),
@@ -23,16 +25,19 @@ constexpr int kPadE = 8;  // elements of padding after each row of a tile, so th
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Shared memory of both directions: four 16-bit (kTile, HS) tiles (q, k, v, dout in some
-// order), then two rows of kTile floats (lse in log2 units and rowdot of the query rows).
-template <typename E, int HS>
+// The row stride of a shared (kTile, HS) tile, in elements.
+template <int HS>
+constexpr int kRowStride = HS + kPadE;
+
+// A block's shared memory: kTiles 16-bit (kTile, HS) tiles (q, k, v, dout, some double
+// buffered), then four rows of kTile floats (lse in log2 units and rowdot of query rows).
+template <typename E, int HS, int kTiles>
 struct Smem {
   static_assert(HS % 16 == 0, "HS must be a multiple of 16");
-  static constexpr int kLE = HS + kPadE;  // row stride of a tile, in elements
-  static constexpr size_t kTileBytes = size_t{kTile} * kLE * sizeof(E);
-  static constexpr size_t kRowsAt = 4 * kTileBytes;
-  static constexpr size_t kBytes = kRowsAt + 2 * kTile * sizeof(float);
-  static_assert(kTileBytes % 16 == 0, "ldmatrix and 16-byte moves need 16-byte rows");
+  static constexpr size_t kTileBytes = size_t{kTile} * kRowStride<HS> * sizeof(E);
+  static constexpr size_t kRowsAt = kTiles * kTileBytes;
+  static constexpr size_t kBytes = kRowsAt + 4 * kTile * sizeof(float);
+  static_assert(kTileBytes % 16 == 0, "ldmatrix and cp.async need 16-byte rows");
 
   unsigned char* base;
   __device__ E* tile(int i) const { return reinterpret_cast<E*>(base + i * kTileBytes); }
@@ -40,6 +45,11 @@ struct Smem {
     return reinterpret_cast<float*>(base + kRowsAt + i * kTile * sizeof(float));
   }
 };
+// Forward: q, k, v. Backward: the block's own two tiles, and two buffers of two others.
+template <typename E, int HS>
+using ForwardSmem = Smem<E, HS, 3>;
+template <typename E, int HS>
+using BackwardSmem = Smem<E, HS, 6>;
 
 // Row t of one head of a token-major tensor: HS contiguous elements at base + t * stride.
 template <typename P>
@@ -77,8 +87,9 @@ struct HeadIndex {
   }
 };
 
-// Rows [r0, r0 + kTile) of a head's rows into a (kTile, HS) shared tile, 16 bytes per thread and
-// move; rows at or past T become zeros (so products with them stay finite).
+// Starts copying rows [r0, r0 + kTile) of a head into a shared (kTile, HS) tile, 16 bytes per
+// thread and cp.async, in the calling threads' open groups; rows at or past T become zeros
+// (so products with them stay finite).
 template <typename E, int HS>
 __device__ void LoadTile(E* dst, HeadRows<const E> src, int r0, int T) {
   constexpr int kChunks = HS * sizeof(E) / 16;  // 16-byte moves per row
@@ -86,9 +97,8 @@ __device__ void LoadTile(E* dst, HeadRows<const E> src, int r0, int T) {
   for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
     const int r = i / kChunks;
     const int c = (i % kChunks) * kPer;
-    int4 v = make_int4(0, 0, 0, 0);
-    if (r0 + r < T) v = *reinterpret_cast<const int4*>(src.at(r0 + r) + c);
-    *reinterpret_cast<int4*>(dst + r * Smem<E, HS>::kLE + c) = v;
+    const bool in = r0 + r < T;
+    CpAsync16(dst + r * kRowStride<HS> + c, (in ? src.at(r0 + r) : src.base) + c, in);
   }
 }
 
@@ -144,7 +154,7 @@ __device__ __forceinline__ void RowsTimesRowsT(float (&lo)[4], float (&hi)[4],
                                                int n0) {
   for (int ks = 0; ks < HS / 16; ++ks) {
     uint32_t b[4];
-    LoadBTransposed(b, tile, Smem<E, HS>::kLE, n0, ks * 16);
+    LoadBTransposed(b, tile, kRowStride<HS>, n0, ks * 16);
     MmaM16N8K16<E>(lo, a[ks], b[0], b[1]);
     MmaM16N8K16<E>(hi, a[ks], b[2], b[3]);
   }
@@ -156,7 +166,7 @@ __device__ __forceinline__ void AccumulateTimesRows(float (&acc)[HS / 8][4], con
                                                     const E* tile, int k0) {
   for (int n2 = 0; n2 < HS / 16; ++n2) {
     uint32_t b[4];
-    LoadB(b, tile, Smem<E, HS>::kLE, k0, n2 * 16);
+    LoadB(b, tile, kRowStride<HS>, k0, n2 * 16);
     MmaM16N8K16<E>(acc[2 * n2], a, b[0], b[1]);
     MmaM16N8K16<E>(acc[2 * n2 + 1], a, b[2], b[3]);
   }
@@ -168,7 +178,7 @@ __device__ __forceinline__ void AccumulateTimesRows(float (&acc)[HS / 8][4], con
 template <typename E, int HS>
 __device__ void StoreRows(HeadRows<E> dst, int row0, int T, const float (&acc)[HS / 8][4],
                           float scale_g, float scale_g8, E* stage) {
-  constexpr int kLE = Smem<E, HS>::kLE;
+  constexpr int kLE = kRowStride<HS>;
   constexpr int kChunks = HS * sizeof(E) / 16;
   constexpr int kPer = 16 / sizeof(E);
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
@@ -189,22 +199,17 @@ __device__ void StoreRows(HeadRows<E> dst, int row0, int T, const float (&acc)[H
   }
 }
 
-// Rows k0.. of the head's keys and values into k_s and v_s.
-template <typename E, int HS>
-__device__ void LoadKeyTile(E* k_s, E* v_s, const E* qkv, const HeadIndex& hi, int k0, int T) {
-  LoadTile<E, HS>(k_s, hi.QkvRows(qkv, 1), k0, T);
-  LoadTile<E, HS>(v_s, hi.QkvRows(qkv, 2), k0, T);
-}
-
 // ---- forward ----------------------------------------------------------------------------------
 
 // grid (B * NH, ceil(T / kTile)); block y = 0 takes the last query tile (the longest rows).
-// A lane's rows are query = q0 + 16 warp + g and query + 8.
+// A lane's rows are query = q0 + 16 warp + g and query + 8. As in FlashAttention-2, the values
+// of key tile kt load while the scores and softmax run, and key tile kt + 1 loads while the
+// probabilities meet the values, so that one tile each of k and v suffices.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashForwardKernel(E* out, float* lse, const E* qkv, int T, int NH, float scale) {
-  const Smem<E, HS> sm{DynamicShared()};
-  constexpr int kLE = Smem<E, HS>::kLE;
+  const ForwardSmem<E, HS> sm{DynamicShared()};
+  constexpr int kLE = kRowStride<HS>;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const HeadIndex hi = HeadIndex::OfBlock(T, NH, HS);
@@ -215,6 +220,9 @@ __global__ void __launch_bounds__(kFlashThreads)
   E* k_s = sm.tile(1);
   E* v_s = sm.tile(2);
   LoadTile<E, HS>(q_s, hi.QkvRows(qkv, 0), q0, T);
+  LoadTile<E, HS>(k_s, hi.QkvRows(qkv, 1), 0, T);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
   __syncthreads();
   uint32_t qa[HS / 16][4];  // the warp's 16 query rows as A operands
   for (int ks = 0; ks < HS / 16; ++ks) LoadA(qa[ks], q_s, kLE, warp * kRows, ks * 16);
@@ -229,9 +237,12 @@ __global__ void __launch_bounds__(kFlashThreads)
     // On the diagonal tile, key chunks past the warp's rows are masked whole: skipped.
     const bool diagonal = kt == qt;
     const int chunks = diagonal ? warp + 1 : kTile / 16;
-    __syncthreads();  // every warp is done with the previous k and v tiles
-    LoadKeyTile<E, HS>(k_s, v_s, qkv, hi, k0, T);
-    __syncthreads();
+    if (kt > 0) {
+      CpAsyncWait<0>();
+      __syncthreads();  // k tile kt is in, and every warp is done with value tile kt - 1
+    }
+    LoadTile<E, HS>(v_s, hi.QkvRows(qkv, 2), k0, T);
+    CpAsyncCommit();
     float s[kTile / 8][4] = {};
     // (Constant bounds, with the chunk count as a condition, keep s in registers.)
 #pragma unroll
@@ -267,6 +278,12 @@ __global__ void __launch_bounds__(kFlashThreads)
     }
     for (int n = 0; n < HS / 8; ++n) {
       for (int e = 0; e < 4; ++e) o[n][e] *= corr[e / 2];
+    }
+    CpAsyncWait<0>();
+    __syncthreads();  // value tile kt is in, and every warp is done with k tile kt
+    if (kt < qt) {
+      LoadTile<E, HS>(k_s, hi.QkvRows(qkv, 1), k0 + kTile, T);
+      CpAsyncCommit();
     }
 #pragma unroll
     for (int c = 0; c < kTile / 16; ++c) {  // o += p @ v
@@ -309,22 +326,30 @@ __global__ void RowDotKernel(float* rowdot, const E* dout, const E* out, int T, 
   if (lane == 0) rowdot[row] = acc;
 }
 
-// Query rows q0.. of the head for backward: q and dout into q_s and do_s, and lse (in log2
-// units) and rowdot into the block's two shared rows. Rows at or past T get lse = +inf, so
-// that their probabilities are exp2(-inf) = 0.
-template <typename E, int HS>
-__device__ void LoadQueryTile(const Smem<E, HS>& sm, E* q_s, E* do_s, const E* qkv, const E* dout,
-                              const float* lse, const float* rowdot, const HeadIndex& hi, int q0,
-                              int T) {
-  LoadTile<E, HS>(q_s, hi.QkvRows(qkv, 0), q0, T);
-  LoadTile<E, HS>(do_s, hi.OutRows(dout), q0, T);
-  const int64_t first = static_cast<int64_t>(hi.bh) * T + q0;
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    const bool in = q0 + i < T;
-    sm.row(0)[i] = in ? lse[first + i] * kLog2e : INFINITY;
-    sm.row(1)[i] = in ? rowdot[first + i] : 0.0f;
+// The lse (in log2 units) and rowdot of query row q0 + threadIdx.x, for threads below kTile:
+// read into registers ahead of time (Read), then stored in shared rows (Write). Rows at or
+// past T get lse = +inf, so that their probabilities are exp2(-inf) = 0.
+struct RowStats {
+  float lse2 = INFINITY, dot = 0.0f;
+  static __device__ RowStats Read(const float* lse, const float* rowdot, const HeadIndex& hi,
+                                  int q0, int T) {
+    RowStats r;
+    const int i = static_cast<int>(threadIdx.x);
+    if (i < kTile && q0 + i < T) {
+      const int64_t at = static_cast<int64_t>(hi.bh) * T + q0 + i;
+      r.lse2 = lse[at] * kLog2e;
+      r.dot = rowdot[at];
+    }
+    return r;
   }
-}
+  __device__ void Write(float* lse_s, float* dot_s) const {
+    if (threadIdx.x < kTile) {
+      lse_s[threadIdx.x] = lse2;
+      dot_s[threadIdx.x] = dot;
+    }
+  }
+};
+static_assert(kFlashThreads >= kTile, "a thread per row of statistics");
 
 // The probability and score gradient of one element from its score s and probability
 // gradient dp: p = exp2(s scale log2(e) - lse2) (0 where masked), ds = p (dp - rowdot) scale.
@@ -338,13 +363,14 @@ __device__ __forceinline__ float ProbAndGrad(bool masked, float s, float dp, flo
 // dk and dv of one key tile: grid (B * NH, ceil(T / kTile)); block y = 0 takes key tile 0
 // (which every query tile sees: the most work). Each warp owns 16 keys (its lanes' rows key
 // and key + 8) and walks the query tiles from the diagonal on, 16 queries at a time, with
-// scores and probabilities transposed (keys as rows).
+// scores and probabilities transposed (keys as rows). The q and dout tiles are double
+// buffered: the next pair loads while the block computes on this one.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashBackwardKvKernel(E* dqkv, const E* qkv, const E* dout, const float* lse,
                           const float* rowdot, int T, int NH, float scale) {
-  const Smem<E, HS> sm{DynamicShared()};
-  constexpr int kLE = Smem<E, HS>::kLE;
+  const BackwardSmem<E, HS> sm{DynamicShared()};
+  constexpr int kLE = kRowStride<HS>;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const HeadIndex hi = HeadIndex::OfBlock(T, NH, HS);
@@ -353,11 +379,15 @@ __global__ void __launch_bounds__(kFlashThreads)
   const int k0 = kt * kTile;
   E* k_s = sm.tile(0);
   E* v_s = sm.tile(1);
-  E* q_s = sm.tile(2);
-  E* do_s = sm.tile(3);
-  const float* lse_s = sm.row(0);
-  const float* dot_s = sm.row(1);
-  LoadKeyTile<E, HS>(k_s, v_s, qkv, hi, k0, T);
+  auto q_s = [&](int buf) { return sm.tile(2 + buf); };
+  auto do_s = [&](int buf) { return sm.tile(4 + buf); };
+  LoadTile<E, HS>(k_s, hi.QkvRows(qkv, 1), k0, T);
+  LoadTile<E, HS>(v_s, hi.QkvRows(qkv, 2), k0, T);
+  LoadTile<E, HS>(q_s(0), hi.QkvRows(qkv, 0), k0, T);  // the first query tile is the diagonal
+  LoadTile<E, HS>(do_s(0), hi.OutRows(dout), k0, T);
+  CpAsyncCommit();
+  RowStats::Read(lse, rowdot, hi, k0, T).Write(sm.row(0), sm.row(2));
+  CpAsyncWait<0>();
   __syncthreads();
   uint32_t ka[HS / 16][4], va[HS / 16][4];  // the warp's 16 keys (and values) as A operands
   for (int ks = 0; ks < HS / 16; ++ks) {
@@ -370,14 +400,25 @@ __global__ void __launch_bounds__(kFlashThreads)
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
     const bool diagonal = qt == kt;
-    __syncthreads();  // every warp is done with the previous q, dout and row tiles
-    LoadQueryTile(sm, q_s, do_s, qkv, dout, lse, rowdot, hi, q0, T);
-    __syncthreads();
+    const int buf = (qt - kt) % 2;
+    const bool next = qt + 1 < tiles;
+    if (next) {  // into the other buffers, which every warp left at the end of the last turn
+      LoadTile<E, HS>(q_s(1 - buf), hi.QkvRows(qkv, 0), q0 + kTile, T);
+      LoadTile<E, HS>(do_s(1 - buf), hi.OutRows(dout), q0 + kTile, T);
+    }
+    CpAsyncCommit();
+    const RowStats stats = next ? RowStats::Read(lse, rowdot, hi, q0 + kTile, T) : RowStats{};
+    CpAsyncWait<1>();
+    __syncthreads();  // this turn's tiles and row statistics are in
+    const E* qb = q_s(buf);
+    const E* dob = do_s(buf);
+    const float* lse_s = sm.row(buf);
+    const float* dot_s = sm.row(2 + buf);
     // On the diagonal tile, query chunks before the warp's keys are masked whole: skipped.
     for (int c = diagonal ? warp : 0; c < kTile / 16; ++c) {
       float st[2][4] = {}, dpt[2][4] = {};  // scores^T and d(probabilities)^T, 16 x 16
-      RowsTimesRowsT<E, HS>(st[0], st[1], ka, q_s, c * 16);
-      RowsTimesRowsT<E, HS>(dpt[0], dpt[1], va, do_s, c * 16);
+      RowsTimesRowsT<E, HS>(st[0], st[1], ka, qb, c * 16);
+      RowsTimesRowsT<E, HS>(dpt[0], dpt[1], va, dob, c * 16);
       float pt[2][4], dst[2][4];
       for (int n = 0; n < 2; ++n) {
         for (int e = 0; e < 4; ++e) {
@@ -389,10 +430,12 @@ __global__ void __launch_bounds__(kFlashThreads)
       }
       uint32_t a[4];
       PackA<E>(a, pt[0], pt[1]);
-      AccumulateTimesRows<E, HS>(dv, a, do_s, c * 16);  // dv += p^T @ dout
+      AccumulateTimesRows<E, HS>(dv, a, dob, c * 16);  // dv += p^T @ dout
       PackA<E>(a, dst[0], dst[1]);
-      AccumulateTimesRows<E, HS>(dk, a, q_s, c * 16);  // dk += ds^T @ q
+      AccumulateTimesRows<E, HS>(dk, a, qb, c * 16);  // dk += ds^T @ q
     }
+    if (next) stats.Write(sm.row(1 - buf), sm.row(3 - buf));
+    __syncthreads();  // every warp is done with this turn's buffers before the next refills them
   }
   const int row0 = k0 + warp * kRows;
   StoreRows<E, HS>(hi.QkvRows(dqkv, 1), row0, T, dk, 1.0f, 1.0f, k_s + warp * kRows * kLE);
@@ -401,13 +444,14 @@ __global__ void __launch_bounds__(kFlashThreads)
 
 // dq of one query tile: grid (B * NH, ceil(T / kTile)); block y = 0 takes the last query
 // tile. Each warp owns 16 query rows (its lanes' rows query and query + 8) and walks the key
-// tiles up to the diagonal, 16 keys at a time.
+// tiles up to the diagonal, 16 keys at a time. The k and v tiles are double buffered: the
+// next pair loads while the block computes on this one.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashBackwardQKernel(E* dqkv, const E* qkv, const E* dout, const float* lse,
                          const float* rowdot, int T, int NH, float scale) {
-  const Smem<E, HS> sm{DynamicShared()};
-  constexpr int kLE = Smem<E, HS>::kLE;
+  const BackwardSmem<E, HS> sm{DynamicShared()};
+  constexpr int kLE = kRowStride<HS>;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const HeadIndex hi = HeadIndex::OfBlock(T, NH, HS);
@@ -416,9 +460,15 @@ __global__ void __launch_bounds__(kFlashThreads)
   const int q0 = qt * kTile;
   E* q_s = sm.tile(0);
   E* do_s = sm.tile(1);
-  E* k_s = sm.tile(2);
-  E* v_s = sm.tile(3);
-  LoadQueryTile(sm, q_s, do_s, qkv, dout, lse, rowdot, hi, q0, T);
+  auto k_s = [&](int buf) { return sm.tile(2 + buf); };
+  auto v_s = [&](int buf) { return sm.tile(4 + buf); };
+  LoadTile<E, HS>(q_s, hi.QkvRows(qkv, 0), q0, T);
+  LoadTile<E, HS>(do_s, hi.OutRows(dout), q0, T);
+  LoadTile<E, HS>(k_s(0), hi.QkvRows(qkv, 1), 0, T);
+  LoadTile<E, HS>(v_s(0), hi.QkvRows(qkv, 2), 0, T);
+  CpAsyncCommit();
+  RowStats::Read(lse, rowdot, hi, q0, T).Write(sm.row(0), sm.row(1));
+  CpAsyncWait<0>();
   __syncthreads();
   uint32_t qa[HS / 16][4], doa[HS / 16][4];  // the warp's 16 rows of q and dout
   for (int ks = 0; ks < HS / 16; ++ks) {
@@ -434,15 +484,22 @@ __global__ void __launch_bounds__(kFlashThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     const bool diagonal = kt == qt;
-    __syncthreads();  // every warp is done with the previous k and v tiles
-    LoadKeyTile<E, HS>(k_s, v_s, qkv, hi, k0, T);
-    __syncthreads();
+    const int buf = kt % 2;
+    if (kt < qt) {  // into the other buffers, which every warp left at the end of the last turn
+      LoadTile<E, HS>(k_s(1 - buf), hi.QkvRows(qkv, 1), k0 + kTile, T);
+      LoadTile<E, HS>(v_s(1 - buf), hi.QkvRows(qkv, 2), k0 + kTile, T);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();  // this turn's k and v tiles are in
+    const E* kb = k_s(buf);
+    const E* vb = v_s(buf);
     // On the diagonal tile, key chunks past the warp's rows are masked whole: skipped.
     const int chunks = diagonal ? warp + 1 : kTile / 16;
     for (int c = 0; c < chunks; ++c) {
       float s[2][4] = {}, dp[2][4] = {};
-      RowsTimesRowsT<E, HS>(s[0], s[1], qa, k_s, c * 16);
-      RowsTimesRowsT<E, HS>(dp[0], dp[1], doa, v_s, c * 16);
+      RowsTimesRowsT<E, HS>(s[0], s[1], qa, kb, c * 16);
+      RowsTimesRowsT<E, HS>(dp[0], dp[1], doa, vb, c * 16);
       float ds[2][4];
       for (int n = 0; n < 2; ++n) {
         for (int e = 0; e < 4; ++e) {
@@ -454,8 +511,9 @@ __global__ void __launch_bounds__(kFlashThreads)
       }
       uint32_t a[4];
       PackA<E>(a, ds[0], ds[1]);
-      AccumulateTimesRows<E, HS>(dq, a, k_s, c * 16);  // dq += ds @ k
+      AccumulateTimesRows<E, HS>(dq, a, kb, c * 16);  // dq += ds @ k
     }
+    __syncthreads();  // every warp is done with this turn's buffers before the next refills them
   }
   StoreRows<E, HS>(hi.QkvRows(dqkv, 0), q0 + warp * kRows, T, dq, 1.0f, 1.0f,
                    q_s + warp * kRows * kLE);

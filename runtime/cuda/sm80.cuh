@@ -1,11 +1,12 @@
-// The warp-wide tensor-core instructions of sm_80 and later that the FlashAttention kernels
-// use, as PTX (PTX ISA, "Warp-level matrix instructions"): ldmatrix, which loads four 8 x 8
-// matrices of 16-bit elements from shared memory into the fragment layout, and
-// mma.m16n8k16 with f32 accumulation. runtime/cuda_emulation.h emulates both, with the same
-// signatures and the register layouts PTX documents, so the kernels run on the host too.
-// Device-only.
-#ifndef TANDEM_RUNTIME_CUDA_MMA_CUH_
-#define TANDEM_RUNTIME_CUDA_MMA_CUH_
+// The PTX instructions of sm_80 and later that the FlashAttention kernels use (PTX ISA,
+// "Warp-level matrix instructions" and "Data movement"): ldmatrix, which loads four 8 x 8
+// matrices of 16-bit elements from shared memory into the fragment layout; mma.m16n8k16 with
+// f32 accumulation; and cp.async, which copies global memory to shared memory without
+// passing through registers, so that a block computes while its next tile loads.
+// runtime/cuda_emulation.h emulates each, with the same signatures and the semantics PTX
+// documents, so the kernels run on the host too. Device-only.
+#ifndef TANDEM_RUNTIME_CUDA_SM80_CUH_
+#define TANDEM_RUNTIME_CUDA_SM80_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,4 +55,25 @@ __device__ __forceinline__ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4
 }
 #undef TANDEM_MMA_M16N8K16
 
-#endif  // TANDEM_RUNTIME_CUDA_MMA_CUH_
+// Starts copying 16 bytes from global `src` to shared `dst` (both 16-byte aligned) in the
+// calling thread's open group; where !valid nothing is read and dst gets zeros.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  const unsigned int at = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// Closes the calling thread's open group of copies (an empty group too).
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of the calling thread's newest groups are still copying. The
+// copies are the thread's own: other threads see them after a __syncthreads that follows.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+#endif  // TANDEM_RUNTIME_CUDA_SM80_CUH_

@@ -67,10 +67,13 @@ absl::Status DispatchTensorCores(DType dtype, int hs, Fn&& fn) {
 bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
                          std::initializer_list<const Tensor*> others) {
   if (qkv.dtype() != DType::kBF16 && qkv.dtype() != DType::kF16) return false;
+  // Grid x = B * NH, y = query or key tiles (at most 65535); RowDotKernel's blocks, a warp per
+  // row of B * NH * T, within a grid's x. Checked in int64 before Launch narrows to int.
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  if (T < 1 || B < 1 || num_heads < 1 || B * num_heads > INT32_MAX) return false;
+  if ((T + kTile - 1) / kTile > 65535 || qkv.dim(2) > INT32_MAX) return false;
+  if (B * num_heads * T / kRowsPerBlock >= INT32_MAX) return false;
   const Launch l = LaunchOf(qkv, num_heads);
-  // Grid x = B * NH, y = query or key tiles (at most 65535).
-  if (l.T < 1 || l.B < 1 || static_cast<int64_t>(l.B) * l.NH > INT32_MAX) return false;
-  if ((l.T + kTile - 1) / kTile > 65535) return false;
   if (!IsAligned(qkv.raw(), 16)) return false;
   for (const Tensor* t : others) {
     if (!IsAligned(t->raw(), 16)) return false;

@@ -59,8 +59,8 @@ __device__ __forceinline__ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4
 // calling thread's open group; where !valid nothing is read and dst gets zeros.
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
   const unsigned int at = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
-               "r"(valid ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
                : "memory");
 }
 

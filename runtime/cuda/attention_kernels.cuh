@@ -15,9 +15,7 @@ __global__ void PermuteKernel(E* rows, E* h0, E* h1, E* h2, int S, int B, int T,
   using Vec = Pack<E, P>;
   const int64_t C = static_cast<int64_t>(NH) * hs;
   const int64_t total = static_cast<int64_t>(B) * NH * T * hs;  // per section
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total / P;
-       p += stride) {
+  for (int64_t p = GridThread(); p < total / P; p += GridThreads()) {
     const int64_t idx = p * P;  // into heads[s], (b, h, t, d)
     const int d = static_cast<int>(idx % hs);
     int64_t r = idx / hs;

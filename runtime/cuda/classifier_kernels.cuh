@@ -15,16 +15,10 @@ __global__ void CrossEntropyKernel(float* losses, T* dlogits, const T* logits,
   const int64_t base = static_cast<int64_t>(blockIdx.x) * V;
   const int target = targets[blockIdx.x];
   const bool valid = target >= 0 && target < V;
-  // Read before the block synchronizes in BlockMaxSum, i.e. before any dlogits write.
+  // Read before the block synchronizes in BlockRowMaxSum, i.e. before any dlogits write.
   const float target_logit = valid ? ToF32(logits[base + target]) : 0.0f;
 
-  MaxSum ms = MaxSumEmpty();
-  for (int c = threadIdx.x * P; c < V; c += blockDim.x * P) {
-    const Vec v = Vec::Load(logits + base + c);
-#pragma unroll
-    for (int j = 0; j < P; ++j) ms = MaxSumAdd(ms, ToF32(v[j]));
-  }
-  ms = BlockMaxSum(ms);
+  const MaxSum ms = BlockRowMaxSum<T, P>(logits + base, V);
   if (threadIdx.x == 0) {
     losses[blockIdx.x] = valid ? logf(ms.s) + ms.m - target_logit : (target == -1 ? 0.0f : NAN);
   }

@@ -147,6 +147,18 @@ __device__ __forceinline__ MaxSum BlockMaxSum(MaxSum v) {
   v = lane < warps ? MaxSum{part_m[lane], part_s[lane]} : MaxSumEmpty();
   return WarpMaxSum(v);
 }
+// The max and sum of exp(x - max) of row[0, n), the block walking it P elements a thread and
+// step (n % P == 0, row aligned for Pack<T, P>); same calling rules as BlockSum.
+template <typename T, int P>
+__device__ __forceinline__ MaxSum BlockRowMaxSum(const T* row, int n) {
+  MaxSum ms = MaxSumEmpty();
+  for (int c = threadIdx.x * P; c < n; c += blockDim.x * P) {
+    const Pack<T, P> v = Pack<T, P>::Load(row + c);
+#pragma unroll
+    for (int j = 0; j < P; ++j) ms = MaxSumAdd(ms, ToF32(v[j]));
+  }
+  return BlockMaxSum(ms);
+}
 
 // ---- GELU, tanh approximation (GPT-2) ---------------------------------------------------------
 
@@ -173,6 +185,36 @@ constexpr int64_t kMaxBlocks = 1 << 16;
 inline unsigned int BlocksFor(int64_t work_items, int threads = kThreads) {
   const int64_t blocks = (work_items + threads - 1) / threads;
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, kMaxBlocks)));
+}
+
+// ---- grid-stride loops -----------------------------------------------------------------------
+
+// The calling thread's index in a 1-D grid, and the grid's threads: a grid-stride loop's start
+// and step.
+__device__ __forceinline__ int64_t GridThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// A pack width as a type, so that one body serves packs and single elements.
+template <int W>
+struct Width {
+  static constexpr int value = W;
+};
+
+// Calls fn(Width<W>{}, i) for elements [i, i + W) of [0, n) over the grid's threads: with vec,
+// packs of W = kVec up to n / kVec * kVec, then single elements (W = 1) for the rest; without,
+// single elements throughout.
+template <int kVec, typename Fn>
+__device__ __forceinline__ void ForEachPack(int64_t n, bool vec, Fn&& fn) {
+  int64_t tail = 0;
+  if (vec) {
+    for (int64_t p = GridThread(); p < n / kVec; p += GridThreads()) fn(Width<kVec>{}, p * kVec);
+    tail = n / kVec * kVec;
+  }
+  for (int64_t i = tail + GridThread(); i < n; i += GridThreads()) fn(Width<1>{}, i);
 }
 
 // Kernels that give each row to one warp run kThreads per block, kRowsPerBlock rows each.

@@ -37,56 +37,35 @@ struct FillOp {
 // out, in0, in1: (n)
 template <typename T, int kInputs, typename Op>
 __global__ void MapKernel(T* out, const T* in0, const T* in1, int64_t n, bool vec, Op op) {
-  using P = Packed128<T>;
-  constexpr int V = P::size;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t tail = 0;
-  if (vec) {
-    const int64_t packs = n / V;
-    for (int64_t p = tid; p < packs; p += stride) {
-      P a, b, o;
-      if constexpr (kInputs >= 1) a = P::Load(in0 + p * V);
-      if constexpr (kInputs >= 2) b = P::Load(in1 + p * V);
+  ForEachPack<Packed128<T>::size>(n, vec, [&](auto w, int64_t i) {
+    using P = Pack<T, decltype(w)::value>;
+    P a, b, o;
+    if constexpr (kInputs >= 1) a = P::Load(in0 + i);
+    if constexpr (kInputs >= 2) b = P::Load(in1 + i);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float x0 = 0.0f, x1 = 0.0f;
-        if constexpr (kInputs >= 1) x0 = ToF32(a[j]);
-        if constexpr (kInputs >= 2) x1 = ToF32(b[j]);
-        o[j] = FromF32<T>(op(x0, x1));
-      }
-      o.Store(out + p * V);
+    for (int j = 0; j < P::size; ++j) {
+      float x0 = 0.0f, x1 = 0.0f;
+      if constexpr (kInputs >= 1) x0 = ToF32(a[j]);
+      if constexpr (kInputs >= 2) x1 = ToF32(b[j]);
+      o[j] = FromF32<T>(op(x0, x1));
     }
-    tail = packs * V;
-  }
-  for (int64_t i = tail + tid; i < n; i += stride) {
-    float x0 = 0.0f, x1 = 0.0f;
-    if constexpr (kInputs >= 1) x0 = ToF32(in0[i]);
-    if constexpr (kInputs >= 2) x1 = ToF32(in1[i]);
-    out[i] = FromF32<T>(op(x0, x1));
-  }
+    o.Store(out + i);
+  });
 }
 
-// x[r, c] += bias[c]. With vec, C % V == 0, so a pack never crosses a row and its bias
-// slice starts at a multiple of V.
+// x[r, c] += bias[c]. With vec, C is a multiple of the 16-byte pack, so a pack never crosses a
+// row and its bias slice starts at a multiple of the pack.
 // x: (N, C) flattened to n = N * C; bias: (C)
 template <typename T>
 __global__ void BiasAddKernel(T* x, const T* bias, int64_t n, int64_t C, bool vec) {
-  using P = Packed128<T>;
-  constexpr int V = P::size;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (vec) {
-    for (int64_t p = tid; p < n / V; p += stride) {
-      P xs = P::Load(x + p * V);
-      const P bs = P::Load(bias + (p * V) % C);
+  ForEachPack<Packed128<T>::size>(n, vec, [&](auto w, int64_t i) {
+    using P = Pack<T, decltype(w)::value>;
+    P xs = P::Load(x + i);
+    const P bs = P::Load(bias + i % C);
 #pragma unroll
-      for (int j = 0; j < V; ++j) xs[j] = FromF32<T>(ToF32(xs[j]) + ToF32(bs[j]));
-      xs.Store(x + p * V);
-    }
-    return;  // n = N * C is a multiple of V: no tail
-  }
-  for (int64_t i = tid; i < n; i += stride) x[i] = FromF32<T>(ToF32(x[i]) + ToF32(bias[i % C]));
+    for (int j = 0; j < P::size; ++j) xs[j] = FromF32<T>(ToF32(xs[j]) + ToF32(bs[j]));
+    xs.Store(x + i);
+  });
 }
 
 // pre = x + bias (row-broadcast), out = GELU(pre); pre and bias may be null. The GELU is
@@ -95,51 +74,33 @@ __global__ void BiasAddKernel(T* x, const T* bias, int64_t n, int64_t C, bool ve
 template <typename T>
 __global__ void BiasGeluKernel(T* out, T* pre, const T* x, const T* bias, int64_t n, int64_t C,
                                bool vec) {
-  using P = Packed128<T>;
-  constexpr int V = P::size;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (vec) {
-    for (int64_t p = tid; p < n / V; p += stride) {
-      const P xs = P::Load(x + p * V);
-      P bs;
-      if (bias != nullptr) bs = P::Load(bias + (p * V) % C);
-      P ps, os;
+  ForEachPack<Packed128<T>::size>(n, vec, [&](auto w, int64_t i) {
+    using P = Pack<T, decltype(w)::value>;
+    const P xs = P::Load(x + i);
+    P bs;
+    if (bias != nullptr) bs = P::Load(bias + i % C);
+    P ps, os;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float v = ToF32(xs[j]) + (bias != nullptr ? ToF32(bs[j]) : 0.0f);
-        ps[j] = FromF32<T>(v);
-        os[j] = FromF32<T>(Gelu(v));
-      }
-      if (pre != nullptr) ps.Store(pre + p * V);
-      os.Store(out + p * V);
+    for (int j = 0; j < P::size; ++j) {
+      const float v = ToF32(xs[j]) + (bias != nullptr ? ToF32(bs[j]) : 0.0f);
+      ps[j] = FromF32<T>(v);
+      os[j] = FromF32<T>(Gelu(v));
     }
-    return;
-  }
-  for (int64_t i = tid; i < n; i += stride) {
-    const float v = ToF32(x[i]) + (bias != nullptr ? ToF32(bias[i % C]) : 0.0f);
-    if (pre != nullptr) pre[i] = FromF32<T>(v);
-    out[i] = FromF32<T>(Gelu(v));
-  }
+    if (pre != nullptr) ps.Store(pre + i);
+    os.Store(out + i);
+  });
 }
 
 // out[i] = convert(in[i]), four elements per step when both sides are aligned to 4 elements.
 // out, in: (n)
 template <typename In, typename Out>
 __global__ void CastKernel(Out* out, const In* in, int64_t n, bool vec) {
-  constexpr int V = 4;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t tail = 0;
-  if (vec) {
-    for (int64_t p = tid; p < n / V; p += stride) {
-      const Pack<In, V> a = Pack<In, V>::Load(in + p * V);
-      Pack<Out, V> o;
+  ForEachPack<4>(n, vec, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    const Pack<In, W> a = Pack<In, W>::Load(in + i);
+    Pack<Out, W> o;
 #pragma unroll
-      for (int j = 0; j < V; ++j) o[j] = FromF32<Out>(ToF32(a[j]));
-      o.Store(out + p * V);
-    }
-    tail = n / V * V;
-  }
-  for (int64_t i = tail + tid; i < n; i += stride) out[i] = FromF32<Out>(ToF32(in[i]));
+    for (int j = 0; j < W; ++j) o[j] = FromF32<Out>(ToF32(a[j]));
+    o.Store(out + i);
+  });
 }

@@ -13,9 +13,7 @@ __global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const T* w
                                        int64_t rows, int seq, int C, int V) {
   using Vec = Pack<T, P>;
   const int64_t packs = rows * C / P;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
-       p += stride) {
+  for (int64_t p = GridThread(); p < packs; p += GridThreads()) {
     const int64_t i = p * P;
     const int64_t row = i / C;
     const int c = static_cast<int>(i % C);
@@ -44,9 +42,7 @@ __global__ void WteBackwardKernel(float* dwte, const T* dout, const int32_t* tok
                                   int C, int V) {
   using Vec = Pack<T, P>;
   const int64_t packs = rows * C / P;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
-       p += stride) {
+  for (int64_t p = GridThread(); p < packs; p += GridThreads()) {
     const int64_t i = p * P;
     const int64_t row = i / C;
     const int c = static_cast<int>(i % C);
@@ -64,9 +60,7 @@ __global__ void WteBackwardKernel(float* dwte, const T* dout, const int32_t* tok
 template <typename T>
 __global__ void WpeBackwardKernel(float* dwpe, const T* dout, int B, int seq, int C) {
   const int64_t n = static_cast<int64_t>(seq) * C;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (int64_t i = GridThread(); i < n; i += GridThreads()) {
     float sum = 0.0f;
     for (int b = 0; b < B; ++b) sum += ToF32(dout[b * n + i]);
     dwpe[i] += sum;

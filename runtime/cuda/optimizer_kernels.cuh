@@ -60,71 +60,44 @@ __device__ __forceinline__ float SgdStep(const SgdArgs& a, float p, float g, flo
 template <typename L, bool kVector>
 __global__ void AdamWKernel(float* params, const float* grads, float* m, float* v, L* low,
                             int64_t n, AdamWArgs a) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t tail = 0;
-  if constexpr (kVector) {
-    using F = Pack<float, kVec>;
-    for (int64_t p = tid; p < n / kVec; p += stride) {
-      const int64_t i = p * kVec;
-      F ps = F::Load(params + i);
-      const F gs = F::Load(grads + i);
-      F ms = F::Load(m + i);
-      F vs = F::Load(v + i);
-      Pack<L, kVec> ls;
+  ForEachPack<kVec>(n, kVector, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    using F = Pack<float, W>;
+    F ps = F::Load(params + i);
+    const F gs = F::Load(grads + i);
+    F ms = F::Load(m + i);
+    F vs = F::Load(v + i);
+    Pack<L, W> ls;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        ps[j] = AdamWStep(a, ps[j], gs[j], &ms[j], &vs[j]);
-        ls[j] = FromF32<L>(ps[j]);
-      }
-      ps.Store(params + i);
-      ms.Store(m + i);
-      vs.Store(v + i);
-      if (low != nullptr) ls.Store(low + i);
+    for (int j = 0; j < W; ++j) {
+      ps[j] = AdamWStep(a, ps[j], gs[j], &ms[j], &vs[j]);
+      ls[j] = FromF32<L>(ps[j]);
     }
-    tail = n / kVec * kVec;
-  }
-  for (int64_t i = tail + tid; i < n; i += stride) {
-    float mi = m[i], vi = v[i];
-    const float p = AdamWStep(a, params[i], grads[i], &mi, &vi);
-    params[i] = p;
-    m[i] = mi;
-    v[i] = vi;
-    if (low != nullptr) low[i] = FromF32<L>(p);
-  }
+    ps.Store(params + i);
+    ms.Store(m + i);
+    vs.Store(v + i);
+    if (low != nullptr) ls.Store(low + i);
+  });
 }
 
 // params, grads, buf: (n) f32; low: (n) bf16/f16 or null
 template <typename L, bool kVector>
 __global__ void SgdKernel(float* params, const float* grads, float* buf, L* low, int64_t n,
                           SgdArgs a) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t tail = 0;
-  if constexpr (kVector) {
-    using F = Pack<float, kVec>;
-    for (int64_t p = tid; p < n / kVec; p += stride) {
-      const int64_t i = p * kVec;
-      F ps = F::Load(params + i);
-      const F gs = F::Load(grads + i);
-      F bs = F::Load(buf + i);
-      Pack<L, kVec> ls;
+  ForEachPack<kVec>(n, kVector, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    using F = Pack<float, W>;
+    F ps = F::Load(params + i);
+    const F gs = F::Load(grads + i);
+    F bs = F::Load(buf + i);
+    Pack<L, W> ls;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        ps[j] = SgdStep(a, ps[j], gs[j], &bs[j]);
-        ls[j] = FromF32<L>(ps[j]);
-      }
-      ps.Store(params + i);
-      bs.Store(buf + i);
-      if (low != nullptr) ls.Store(low + i);
+    for (int j = 0; j < W; ++j) {
+      ps[j] = SgdStep(a, ps[j], gs[j], &bs[j]);
+      ls[j] = FromF32<L>(ps[j]);
     }
-    tail = n / kVec * kVec;
-  }
-  for (int64_t i = tail + tid; i < n; i += stride) {
-    float bi = buf[i];
-    const float p = SgdStep(a, params[i], grads[i], &bi);
-    params[i] = p;
-    buf[i] = bi;
-    if (low != nullptr) low[i] = FromF32<L>(p);
-  }
+    ps.Store(params + i);
+    bs.Store(buf + i);
+    if (low != nullptr) ls.Store(low + i);
+  });
 }

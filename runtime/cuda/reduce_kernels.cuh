@@ -9,23 +9,16 @@
 // x: (n)
 template <typename T, int P, bool kSquares>
 __global__ void SumKernel(float* out, const T* x, int64_t n) {
-  using Vec = Pack<T, P>;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   float acc = 0.0f;
-  const int64_t packs = n / P;
-  for (int64_t p = tid; p < packs; p += stride) {
-    const Vec v = Vec::Load(x + p * P);
+  ForEachPack<P>(n, true, [&](auto w, int64_t i) {
+    using Vec = Pack<T, decltype(w)::value>;
+    const Vec v = Vec::Load(x + i);
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
+    for (int j = 0; j < Vec::size; ++j) {
       const float f = ToF32(v[j]);
       acc += kSquares ? f * f : f;
     }
-  }
-  for (int64_t i = packs * P + tid; i < n; i += stride) {
-    const float f = ToF32(x[i]);
-    acc += kSquares ? f * f : f;
-  }
+  });
   acc = BlockSum(acc);
   if (threadIdx.x == 0) atomicAdd(out, acc);
 }
@@ -34,9 +27,7 @@ __global__ void SumKernel(float* out, const T* x, int64_t n) {
 // dst, src: (n)
 template <typename G>
 __global__ void AccumulateKernel(G* dst, const float* src, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
+  for (int64_t i = GridThread(); i < n; i += GridThreads()) {
     dst[i] = FromF32<G>(ToF32(dst[i]) + src[i]);
   }
 }

@@ -11,13 +11,7 @@ template <typename T, int P>
 __global__ void SoftmaxForwardKernel(T* out, const T* inp, int C) {
   using Vec = Pack<T, P>;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * C;
-  MaxSum ms = MaxSumEmpty();
-  for (int c = threadIdx.x * P; c < C; c += blockDim.x * P) {
-    const Vec v = Vec::Load(inp + base + c);
-#pragma unroll
-    for (int j = 0; j < P; ++j) ms = MaxSumAdd(ms, ToF32(v[j]));
-  }
-  ms = BlockMaxSum(ms);
+  const MaxSum ms = BlockRowMaxSum<T, P>(inp + base, C);
   const float inv = 1.0f / ms.s;
   for (int c = threadIdx.x * P; c < C; c += blockDim.x * P) {
     const Vec v = Vec::Load(inp + base + c);

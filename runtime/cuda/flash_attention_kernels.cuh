@@ -129,6 +129,13 @@ __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const E* tile, int ld, i
   LdMatrixX4<false>(a, tile + (r0 + lane % 16) * ld + c0 + (lane / 16) * 8);
 }
 
+// The calling warp's 16 rows of a shared (kTile, HS) tile as HS / 16 A operands.
+template <typename E, int HS>
+__device__ __forceinline__ void LoadWarpRows(uint32_t (&a)[HS / 16][4], const E* tile) {
+  const int warp = threadIdx.x / kWarpSize;
+  for (int ks = 0; ks < HS / 16; ++ks) LoadA(a[ks], tile, kRowStride<HS>, warp * kRows, ks * 16);
+}
+
 // The B operands of two 8-column tiles, b = tile^T: b[k][n] = tile[n0 + n][k0 + k] for
 // k < 16, n < 16 (scores against the keys of k_s, say). b[0], b[1] are columns n0..n0 + 7;
 // b[2], b[3] columns n0 + 8...
@@ -225,7 +232,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   CpAsyncWait<0>();
   __syncthreads();
   uint32_t qa[HS / 16][4];  // the warp's 16 query rows as A operands
-  for (int ks = 0; ks < HS / 16; ++ks) LoadA(qa[ks], q_s, kLE, warp * kRows, ks * 16);
+  LoadWarpRows<E, HS>(qa, q_s);
 
   const float scale_log2 = scale * kLog2e;  // scores in log2 units: exp2 is one instruction
   const int query = q0 + warp * kRows + g;
@@ -390,10 +397,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   CpAsyncWait<0>();
   __syncthreads();
   uint32_t ka[HS / 16][4], va[HS / 16][4];  // the warp's 16 keys (and values) as A operands
-  for (int ks = 0; ks < HS / 16; ++ks) {
-    LoadA(ka[ks], k_s, kLE, warp * kRows, ks * 16);
-    LoadA(va[ks], v_s, kLE, warp * kRows, ks * 16);
-  }
+  LoadWarpRows<E, HS>(ka, k_s);
+  LoadWarpRows<E, HS>(va, v_s);
   const float scale_log2 = scale * kLog2e;
   const int key = k0 + warp * kRows + g;
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
@@ -471,10 +476,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   CpAsyncWait<0>();
   __syncthreads();
   uint32_t qa[HS / 16][4], doa[HS / 16][4];  // the warp's 16 rows of q and dout
-  for (int ks = 0; ks < HS / 16; ++ks) {
-    LoadA(qa[ks], q_s, kLE, warp * kRows, ks * 16);
-    LoadA(doa[ks], do_s, kLE, warp * kRows, ks * 16);
-  }
+  LoadWarpRows<E, HS>(qa, q_s);
+  LoadWarpRows<E, HS>(doa, do_s);
   const int rr = warp * kRows + g;  // the lane's first row in the tile
   const float lse2[2] = {sm.row(0)[rr], sm.row(0)[rr + 8]};
   const float dot[2] = {sm.row(1)[rr], sm.row(1)[rr + 8]};

@@ -62,13 +62,14 @@ const char* StrategyName(StrategyKind k) {
 }
 
 absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
-                                                        int rows, uint64_t seed) {
+                                                        DType compute, int rows, uint64_t seed) {
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
   const int n = model.num_blocks();
   // One single-block stage per block, chained, so each block is timed on its own.
   std::vector<std::unique_ptr<Stage>> stages;
   for (int b = 0; b < n; ++b) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Stage> st, Stage::Create(model, b, b + 1, device, seed));
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> st,
+                     Stage::Create(model, b, b + 1, device, seed, compute));
     stages.push_back(std::move(st));
   }
   const TokenDataset data = TokenDataset::Synthetic(int64_t{rows} * model.seq_len * 4 + 1,
@@ -109,8 +110,9 @@ absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world) {
   if (c.balance != "time" || c.strategy == StrategyKind::kData) return c.balance;
   const TrainConfig& t = c.train;
   RETURN_IF_ERROR(t.Validate());
-  ASSIGN_OR_RETURN(std::vector<double> cost,
-                   MeasureBlockSeconds(t.model, t.device, t.batch / t.micro_batches, t.seed));
+  ASSIGN_OR_RETURN(
+      std::vector<double> cost,
+      MeasureBlockSeconds(t.model, t.device, t.dtype, t.batch / t.micro_batches, t.seed));
   ASSIGN_OR_RETURN(StageBounds b, BalancedPartition(cost, world));
   std::string sizes;
   for (int s = 0; s < world; ++s) absl::StrAppend(&sizes, s ? "," : "", b[s + 1] - b[s]);

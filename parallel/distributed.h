@@ -46,10 +46,11 @@ struct ParallelConfig {
 // {0, num_blocks} (data parallel).
 absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world_size);
 
-// Forward + backward seconds of each block of `model` on `device` for one micro-batch of
-// `rows` samples (the median of a few runs after a warm-up): the cost --balance=time splits.
+// Forward + backward seconds of each block of `model` on `device`, computing in `compute`
+// (the run's --dtype), for one micro-batch of `rows` samples (the median of a few runs after
+// a warm-up): the cost --balance=time splits.
 absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
-                                                        int rows, uint64_t seed);
+                                                        DType compute, int rows, uint64_t seed);
 // The --balance a job hands its workers: "time" is measured here, once, and turned into
 // explicit stage sizes ("3,3,2") so every rank gets the same split; other values as given.
 absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_size);

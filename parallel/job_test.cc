@@ -82,7 +82,7 @@ TEST(JobTest, BalanceByTime) {
   c.balance = "time";
   auto p = c.ToParallelConfig(Device::Cpu());
   ASSERT_TRUE(p.ok());
-  auto seconds = MeasureBlockSeconds(p->train.model, Device::Cpu(), 4, 1);
+  auto seconds = MeasureBlockSeconds(p->train.model, Device::Cpu(), DType::kF32, 4, 1);
   ASSERT_TRUE(seconds.ok()) << seconds.status();
   ASSERT_EQ(seconds->size(), 5u);
   for (double s : *seconds) EXPECT_GT(s, 0);

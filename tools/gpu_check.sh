@@ -134,12 +134,21 @@ write_run_script() {
 # CUDA 13 in /usr/local/cuda; no Bazel, no network. One line per test: PASS, FAIL or SKIP and
 # its name; then "N passed, N failed, N skipped". Exit status 1 when any test failed or a
 # binary crashed, timed out or could not start. Environment: GPU_CHECK_TIMEOUT_S (per binary,
-# default 150), GPU_CHECK_FILTER (a --gtest_filter for every binary).
+# default 150), GPU_CHECK_FILTER (a --gtest_filter for every binary), GPU_CHECK_LOGS (a folder
+# that keeps each binary's whole output and each training run's log; by default they are
+# deleted and only failures are quoted), GPU_CHECK_TRAIN=0 (no training runs),
+# GPU_CHECK_TRAIN_STEPS (default 30).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+keep_logs() {
+  if [ -n "${GPU_CHECK_LOGS:-}" ]; then
+    mkdir -p "$GPU_CHECK_LOGS" && cp "$work"/*.log "$GPU_CHECK_LOGS"/ 2>/dev/null
+  fi
+  rm -rf "$work"
+}
+trap keep_logs EXIT
 timeout_s="${GPU_CHECK_TIMEOUT_S:-150}"
 
 # The large libraries travel compressed.
@@ -177,7 +186,7 @@ gpu_visible=0
 nvidia-smi -L >/dev/null 2>&1 && gpu_visible=1
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 for bin in "$here"/bin/*; do
-  nccl="$(ldd "$bin" 2>/dev/null | awk '/libnccl/ {print $3; exit}')"
+  nccl="$(ldd "$bin" 2>/dev/null | awk '$1 ~ /^libnccl\.so/ {print $3; exit}')"
   if [ -n "$nccl" ]; then
     echo "nccl: $nccl"
     break
@@ -249,16 +258,17 @@ done
 train() {  # label, then flags for the trainer
   local label="$1"
   shift
+  local log="$work/train-$label.log"
   timeout 240 env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$here/train/train" --model=gpt2-small \
       --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
-      --profile_steps=3 "$@" >"$work/train.log" 2>&1
+      --profile_steps=3 "$@" >"$log" 2>&1
   local rc=$?
   # Figures, then the op table of the last 3 steps (each op waited for: where the step goes).
-  grep -E '^(model|median|MFU|allocator)' "$work/train.log" | sed "s/^/$label /"
-  sed -n '/^op table/,/^allocator/p' "$work/train.log" | grep -v '^allocator' | sed "s/^/$label /"
+  grep -E '^(model|median|MFU|allocator)' "$log" | sed "s/^/$label /"
+  sed -n '/^op table/,/^allocator/p' "$log" | grep -v '^allocator' | sed "s/^/$label /"
   if [ "$rc" -ne 0 ]; then
     echo "FAIL training $label (exit status $rc)"
-    tail -n 20 "$work/train.log" | sed 's/^/    | /'
+    tail -n 20 "$log" | sed 's/^/    | /'
     failed=$((failed + 1))
   fi
 }
@@ -272,7 +282,8 @@ elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     timeout 240 python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
         --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50304 --batch 8 \
-        --steps "$steps" 2>&1 | tail -n 1 | sed 's/^/PYTORCH /'
+        --steps "$steps" >"$work/train-PYTORCH.log" 2>&1
+    tail -n 1 "$work/train-PYTORCH.log" | sed 's/^/PYTORCH /'
   else
     echo "PYTORCH skipped: no PyTorch with CUDA here"
   fi

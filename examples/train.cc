@@ -91,7 +91,8 @@ int Main() {
   }
   auto trainer = Trainer::Create(*config);
   if (!trainer.ok()) {
-    std::fprintf(stderr, "train: %s\n", std::string(trainer.status().message()).c_str());
+    const absl::Status e = ExplainOutOfMemory(trainer.status(), '_');
+    std::fprintf(stderr, "train: %s\n", std::string(e.message()).c_str());
     return 2;
   }
   const TrainConfig& c = *config;
@@ -100,6 +101,7 @@ int Main() {
               static_cast<long long>((*trainer)->data().num_tokens()),
               static_cast<long long>((*trainer)->data().num_samples()),
               c.device.ToString().c_str(), c.batch, c.model.seq_len);
+  std::fflush(stdout);  // before any error on stderr, in a log that takes both
   const int profile_steps = std::max(0, std::min(absl::GetFlag(FLAGS_profile_steps), c.steps));
   const int first_profiled = c.steps - profile_steps;
   if (first_profiled == 0 && profile_steps > 0) Profiler::Enable(true);
@@ -113,6 +115,7 @@ int Main() {
     std::fflush(stdout);
   });
   if (!s.ok()) {
+    s = ExplainOutOfMemory(s, '_');
     std::fprintf(stderr, "train: %s\n", std::string(s.message()).c_str());
     return 1;
   }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
@@ -30,6 +31,18 @@ absl::Status TrainConfig::Validate() const {
     return absl::InvalidArgumentError("--dtype=i32: use f32, bf16 or f16");
   }
   return absl::OkStatus();
+}
+
+absl::Status ExplainOutOfMemory(const absl::Status& s, char dash) {
+  if (s.code() != absl::StatusCode::kResourceExhausted ||
+      !(absl::StrContains(s.message(), "out of memory") ||
+        absl::StrContains(s.message(), "cudaErrorMemoryAllocation"))) {
+    return s;
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s. To need less memory: a smaller --batch or --seq%clen, more --micro%cbatches (the "
+      "same batch in smaller pieces), or --attention=flash (no T x T probabilities kept)",
+      s.message(), dash, dash));
 }
 
 absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {

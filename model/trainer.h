@@ -106,6 +106,11 @@ absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, St
 // Reads the dataset a config names (file, synthetic, or the default corpus).
 absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c);
 
+// `s` with what lowers a step's memory appended when it is a device or host allocation that
+// failed (the allocator's "out of memory", CUDA's cudaErrorMemoryAllocation); any other status
+// as it is. `dash` spells the binary's flags: '-' (launcher) or '_' (examples/train).
+absl::Status ExplainOutOfMemory(const absl::Status& s, char dash);
+
 }  // namespace tandem
 
 #endif  // TANDEM_MODEL_TRAINER_H_

@@ -35,6 +35,7 @@
 #include "comm/nccl_communicator.h"
 #include "comm/net_address.h"
 #include "model/sharded_checkpoint.h"
+#include "model/trainer.h"
 #include "parallel/distributed.h"
 #include "parallel/job.h"
 #include "runtime/files.h"
@@ -403,7 +404,7 @@ int main(int argc, char** argv) {
   }
   tandem::Progress progress;
   bool preempted = false;
-  s = Train(rank, world, &progress, &preempted);
+  s = tandem::ExplainOutOfMemory(Train(rank, world, &progress, &preempted), '-');
   if (!s.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(s.message()).c_str());
     std::fflush(stderr);

@@ -39,8 +39,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "directory for checkpoints (empty: no
 ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
 ABSL_FLAG(std::string, resume, "", "checkpoint file to resume from");
 ABSL_FLAG(int, profile_steps, 0,
-          "profile the last N steps: each op's time, waited for on its device, in a table at "
-          "the end (those steps are left out of the tokens/s)");
+          "profile the last N steps: each op's time, waited for on its device, and its achieved "
+          "GFLOP/s and GB/s, in a table at the end (those steps are left out of the tokens/s)");
 
 namespace tandem {
 namespace {

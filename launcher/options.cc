@@ -90,7 +90,8 @@ ABSL_FLAG(std::string, mpirun_args, "",
 ABSL_FLAG(bool, prepare, false,
           "validate, make the run directory, write <run-dir>/job.conf for workers started by "
           "srun (examples/slurm/train.sbatch) and exit");
-ABSL_FLAG(bool, profile, false, "record a trace of every step");
+ABSL_FLAG(bool, profile, false,
+          "record a trace of every step and each rank's op table (time, GFLOP/s and GB/s per op)");
 ABSL_FLAG(double, bucket_mb, 25, "data parallel: gradient bucket size in MB");
 ABSL_FLAG(bool, overlap, true,
           "data parallel: all-reduce gradients during backward (--no-overlap: after it)");

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -186,19 +187,49 @@ absl::Status NoCudaBackend(const char* op, Device d) {
 }
 #endif
 
+// ---- what each op costs, for the profiler's rates (OpCost) ----------------------------------
+
+// Bytes of the defined tensors, each read or written once.
+double Bytes(std::initializer_list<std::reference_wrapper<const Tensor>> tensors) {
+  double bytes = 0;
+  for (const Tensor& t : tensors) bytes += t.defined() ? static_cast<double>(t.bytes()) : 0;
+  return bytes;
+}
+
+// `rows` rows of the table (rows, C) that a lookup touches.
+double RowBytes(const Tensor& table, int64_t rows) {
+  return table.defined() ? static_cast<double>(rows) * table.dim(1) * DTypeSize(table.dtype()) : 0;
+}
+
+OpCost Cost(double flops, double bytes) { return OpCost{flops, bytes}; }
+OpCost Moves(double bytes) { return OpCost{0, bytes}; }
+
+// inp (N, C) @ weight (OC, C)^T.
+double LinearFlops(const Tensor& inp, const Tensor& weight) {
+  return 2.0 * inp.dim(0) * inp.dim(1) * weight.dim(0);
+}
+
+// Causal attention forward over qkv (B, T, 3C): q k^T and p v over the unmasked half,
+// 2 T^2 C per sample. The backward's four products are twice that (a recomputation, as
+// FlashAttention's, is not counted).
+double AttentionFlops(const Tensor& qkv) {
+  return 2.0 * qkv.dim(0) * qkv.dim(1) * qkv.dim(1) * (qkv.dim(2) / 3);
+}
+
 }  // namespace
 
-// Runs backend::op on the stream's device; every argument has been checked.
+// Runs backend::op on the stream's device; every argument has been checked. `cost` (an OpCost)
+// is evaluated only when the profiler is on.
 #if TANDEM_CUDA
 #define TANDEM_CUDA_OP(op, s, ...) cuda::op(s, __VA_ARGS__)
 #else
 #define TANDEM_CUDA_OP(op, s, ...) NoCudaBackend(#op, (s).device())
 #endif
-#define TANDEM_OPS_DISPATCH(op, s, ...)                                   \
-  do {                                                                    \
-    OpScope op_scope(#op, s);                                             \
+#define TANDEM_OPS_DISPATCH(op, cost, s, ...)                            \
+  do {                                                                   \
+    OpScope op_scope(#op, s, Profiler::enabled() ? (cost) : OpCost());   \
     if ((s).device().is_cpu()) return TANDEM_CPU_OP(op)(s, __VA_ARGS__); \
-    return TANDEM_CUDA_OP(op, s, __VA_ARGS__);                            \
+    return TANDEM_CUDA_OP(op, s, __VA_ARGS__);                           \
   } while (0)
 
 // ---- matmul -------------------------------------------------------------------------------
@@ -224,7 +255,9 @@ absl::Status Matmul(Stream& s, const Tensor& out, const Tensor& a, const Tensor&
   }
   RETURN_IF_ERROR(CheckDims(kOp, "out", out, {m, n}));
   RETURN_IF_ERROR(CheckNoOverlap(kOp, {"out", out}, {{"a", a}, {"b", b}}));
-  TANDEM_OPS_DISPATCH(Matmul, s, out, a, b, transpose_a, transpose_b, alpha, beta);
+  TANDEM_OPS_DISPATCH(Matmul,
+                      Cost(2.0 * m * n * k, Bytes({a, b, out}) + (beta != 0 ? Bytes({out}) : 0)), s,
+                      out, a, b, transpose_a, transpose_b, alpha, beta);
 }
 
 namespace {
@@ -260,7 +293,9 @@ absl::Status CheckLinear(const char* op, const Stream& s, const Tensor& out, con
 absl::Status LinearForward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& weight,
                            const Tensor& bias) {
   RETURN_IF_ERROR(CheckLinear("LinearForward", s, out, inp, weight, bias));
-  TANDEM_OPS_DISPATCH(LinearForward, s, out, inp, weight, bias);
+  TANDEM_OPS_DISPATCH(LinearForward,
+                      Cost(LinearFlops(inp, weight), Bytes({out, inp, weight, bias})), s, out, inp,
+                      weight, bias);
 }
 
 absl::Status LinearGeluForward(Stream& s, const Tensor& out, const Tensor& pre, const Tensor& inp,
@@ -274,7 +309,9 @@ absl::Status LinearGeluForward(Stream& s, const Tensor& out, const Tensor& pre, 
   // pre is kept for backward, so out may not overwrite it, nor the inputs.
   RETURN_IF_ERROR(CheckNoOverlap(kOp, {"out", out},
                                  {{"pre", pre}, {"inp", inp}, {"weight", weight}, {"bias", bias}}));
-  TANDEM_OPS_DISPATCH(LinearGeluForward, s, out, pre, inp, weight, bias);
+  TANDEM_OPS_DISPATCH(LinearGeluForward,
+                      Cost(LinearFlops(inp, weight), Bytes({out, pre, inp, weight, bias})), s, out,
+                      pre, inp, weight, bias);
 }
 
 absl::Status LinearBackward(Stream& s, const Tensor& dinp, const Tensor& dweight,
@@ -299,7 +336,11 @@ absl::Status LinearBackward(Stream& s, const Tensor& dinp, const Tensor& dweight
   RETURN_IF_ERROR(CheckNoOverlap(kOp, {"dinp", dinp}, inputs));
   RETURN_IF_ERROR(CheckNoOverlap(kOp, {"dweight", dweight}, inputs));
   RETURN_IF_ERROR(CheckNoOverlap(kOp, {"dbias", dbias}, inputs));
-  TANDEM_OPS_DISPATCH(LinearBackward, s, dinp, dweight, dbias, dout, inp, weight);
+  TANDEM_OPS_DISPATCH(LinearBackward,
+                      Cost(LinearFlops(inp, weight) * (dinp.defined() ? 2 : 1),
+                           Bytes({dout, inp}) + (dinp.defined() ? Bytes({dinp, weight}) : 0) +
+                               2 * Bytes({dweight, dbias})),
+                      s, dinp, dweight, dbias, dout, inp, weight);
 }
 
 // ---- elementwise ----------------------------------------------------------------------------
@@ -325,13 +366,13 @@ absl::Status CheckRowsAndBias(const char* op, const Tensor& x, const Tensor& bia
 
 absl::Status GeluForward(Stream& s, const Tensor& out, const Tensor& inp) {
   RETURN_IF_ERROR(CheckElementwise("GeluForward", s, {{"inp", inp}, {"out", out}}));
-  TANDEM_OPS_DISPATCH(GeluForward, s, out, inp);
+  TANDEM_OPS_DISPATCH(GeluForward, Moves(Bytes({out, inp})), s, out, inp);
 }
 
 absl::Status GeluBackward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   RETURN_IF_ERROR(
       CheckElementwise("GeluBackward", s, {{"inp", inp}, {"dout", dout}, {"dinp", dinp}}));
-  TANDEM_OPS_DISPATCH(GeluBackward, s, dinp, inp, dout);
+  TANDEM_OPS_DISPATCH(GeluBackward, Moves(Bytes({dinp, inp, dout})), s, dinp, inp, dout);
 }
 
 absl::Status BiasGeluForward(Stream& s, const Tensor& out, const Tensor& pre, const Tensor& x,
@@ -343,18 +384,18 @@ absl::Status BiasGeluForward(Stream& s, const Tensor& out, const Tensor& pre, co
   RETURN_IF_ERROR(CheckRowsAndBias(kOp, x, bias));
   RETURN_IF_ERROR(CheckShape(kOp, "out", out, x.shape()));
   RETURN_IF_ERROR(CheckOptionalShape(kOp, "pre", pre, x.shape()));
-  TANDEM_OPS_DISPATCH(BiasGeluForward, s, out, pre, x, bias);
+  TANDEM_OPS_DISPATCH(BiasGeluForward, Moves(Bytes({out, pre, x, bias})), s, out, pre, x, bias);
 }
 
 absl::Status ReluForward(Stream& s, const Tensor& out, const Tensor& inp) {
   RETURN_IF_ERROR(CheckElementwise("ReluForward", s, {{"inp", inp}, {"out", out}}));
-  TANDEM_OPS_DISPATCH(ReluForward, s, out, inp);
+  TANDEM_OPS_DISPATCH(ReluForward, Moves(Bytes({out, inp})), s, out, inp);
 }
 
 absl::Status ReluBackward(Stream& s, const Tensor& dinp, const Tensor& out, const Tensor& dout) {
   RETURN_IF_ERROR(
       CheckElementwise("ReluBackward", s, {{"out", out}, {"dout", dout}, {"dinp", dinp}}));
-  TANDEM_OPS_DISPATCH(ReluBackward, s, dinp, out, dout);
+  TANDEM_OPS_DISPATCH(ReluBackward, Moves(Bytes({dinp, out, dout})), s, dinp, out, dout);
 }
 
 absl::Status BiasAdd(Stream& s, const Tensor& x, const Tensor& bias) {
@@ -362,22 +403,22 @@ absl::Status BiasAdd(Stream& s, const Tensor& x, const Tensor& bias) {
   RETURN_IF_ERROR(CheckCommon(kOp, s, {{"x", x}, {"bias", bias}}));
   RETURN_IF_ERROR(CheckFloats(kOp, s.device(), {{"x", x}, {"bias", bias}}));
   RETURN_IF_ERROR(CheckRowsAndBias(kOp, x, bias));
-  TANDEM_OPS_DISPATCH(BiasAdd, s, x, bias);
+  TANDEM_OPS_DISPATCH(BiasAdd, Moves(2 * Bytes({x}) + Bytes({bias})), s, x, bias);
 }
 
 absl::Status Add(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) {
   RETURN_IF_ERROR(CheckElementwise("Add", s, {{"a", a}, {"b", b}, {"out", out}}));
-  TANDEM_OPS_DISPATCH(Add, s, out, a, b);
+  TANDEM_OPS_DISPATCH(Add, Moves(Bytes({out, a, b})), s, out, a, b);
 }
 
 absl::Status Axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x) {
   RETURN_IF_ERROR(CheckElementwise("Axpy", s, {{"x", x}, {"y", y}}));
-  TANDEM_OPS_DISPATCH(Axpy, s, y, alpha, x);
+  TANDEM_OPS_DISPATCH(Axpy, Moves(Bytes({x}) + 2 * Bytes({y})), s, y, alpha, x);
 }
 
 absl::Status Scale(Stream& s, const Tensor& x, float alpha) {
   RETURN_IF_ERROR(CheckElementwise("Scale", s, {{"x", x}}));
-  TANDEM_OPS_DISPATCH(Scale, s, x, alpha);
+  TANDEM_OPS_DISPATCH(Scale, Moves(2 * Bytes({x})), s, x, alpha);
 }
 
 absl::Status Cast(Stream& s, const Tensor& out, const Tensor& in) {
@@ -390,12 +431,12 @@ absl::Status Cast(Stream& s, const Tensor& out, const Tensor& in) {
     }
   }
   RETURN_IF_ERROR(CheckShape(kOp, "out", out, in.shape()));
-  TANDEM_OPS_DISPATCH(Cast, s, out, in);
+  TANDEM_OPS_DISPATCH(Cast, Moves(Bytes({out, in})), s, out, in);
 }
 
 absl::Status Fill(Stream& s, const Tensor& x, float value) {
   RETURN_IF_ERROR(CheckElementwise("Fill", s, {{"x", x}}));
-  TANDEM_OPS_DISPATCH(Fill, s, x, value);
+  TANDEM_OPS_DISPATCH(Fill, Moves(Bytes({x})), s, x, value);
 }
 
 // ---- normalization, softmax -----------------------------------------------------------------
@@ -425,7 +466,8 @@ absl::Status CheckLayerNorm(const char* op, const Stream& s, const Tensor& out, 
 absl::Status LayerNormForward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                               const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   RETURN_IF_ERROR(CheckLayerNorm("LayerNormForward", s, out, mean, rstd, inp, weight, bias));
-  TANDEM_OPS_DISPATCH(LayerNormForward, s, out, mean, rstd, inp, weight, bias);
+  TANDEM_OPS_DISPATCH(LayerNormForward, Moves(Bytes({out, mean, rstd, inp, weight, bias})), s, out,
+                      mean, rstd, inp, weight, bias);
 }
 
 absl::Status LayerNormBackward(Stream& s, const Tensor& dinp, const Tensor& dweight,
@@ -449,7 +491,10 @@ absl::Status LayerNormBackward(Stream& s, const Tensor& dinp, const Tensor& dwei
   RETURN_IF_ERROR(CheckDims(kOp, "dbias", dbias, {c}));
   RETURN_IF_ERROR(CheckDims(kOp, "mean", mean, {n}));
   RETURN_IF_ERROR(CheckDims(kOp, "rstd", rstd, {n}));
-  TANDEM_OPS_DISPATCH(LayerNormBackward, s, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+  TANDEM_OPS_DISPATCH(
+      LayerNormBackward,
+      Moves(Bytes({dinp, dout, inp, weight, mean, rstd}) + 2 * Bytes({dweight, dbias})), s, dinp,
+      dweight, dbias, dout, inp, weight, mean, rstd);
 }
 
 absl::Status ResidualLayerNormForward(Stream& s, const Tensor& residual, const Tensor& out,
@@ -463,21 +508,23 @@ absl::Status ResidualLayerNormForward(Stream& s, const Tensor& residual, const T
   RETURN_IF_ERROR(CheckLayerNorm(kOp, s, out, mean, rstd, residual, weight, bias));
   RETURN_IF_ERROR(CheckShape(kOp, "a", a, residual.shape()));
   RETURN_IF_ERROR(CheckShape(kOp, "b", b, residual.shape()));
-  TANDEM_OPS_DISPATCH(ResidualLayerNormForward, s, residual, out, mean, rstd, a, b, weight, bias);
+  TANDEM_OPS_DISPATCH(ResidualLayerNormForward,
+                      Moves(Bytes({residual, out, mean, rstd, a, b, weight, bias})), s, residual,
+                      out, mean, rstd, a, b, weight, bias);
 }
 
 absl::Status SoftmaxForward(Stream& s, const Tensor& out, const Tensor& inp) {
   constexpr const char* kOp = "SoftmaxForward";
   RETURN_IF_ERROR(CheckElementwise(kOp, s, {{"inp", inp}, {"out", out}}));
   RETURN_IF_ERROR(CheckRank(kOp, "inp", inp, 2, "(N, C)"));
-  TANDEM_OPS_DISPATCH(SoftmaxForward, s, out, inp);
+  TANDEM_OPS_DISPATCH(SoftmaxForward, Moves(Bytes({out, inp})), s, out, inp);
 }
 
 absl::Status SoftmaxBackward(Stream& s, const Tensor& dinp, const Tensor& out, const Tensor& dout) {
   constexpr const char* kOp = "SoftmaxBackward";
   RETURN_IF_ERROR(CheckElementwise(kOp, s, {{"out", out}, {"dout", dout}, {"dinp", dinp}}));
   RETURN_IF_ERROR(CheckRank(kOp, "out", out, 2, "(N, C)"));
-  TANDEM_OPS_DISPATCH(SoftmaxBackward, s, dinp, out, dout);
+  TANDEM_OPS_DISPATCH(SoftmaxBackward, Moves(Bytes({dinp, out, dout})), s, dinp, out, dout);
 }
 
 // ---- attention ------------------------------------------------------------------------------
@@ -548,21 +595,25 @@ absl::Status CheckAttentionBackward(const char* op, const Stream& s, const Tenso
 absl::Status AttentionForward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv,
                               int num_heads) {
   RETURN_IF_ERROR(CheckAttentionForward("AttentionForward", s, out, att, qkv, num_heads, true));
-  TANDEM_OPS_DISPATCH(AttentionForward, s, out, att, qkv, num_heads);
+  TANDEM_OPS_DISPATCH(AttentionForward, Cost(AttentionFlops(qkv), Bytes({out, att, qkv})), s, out,
+                      att, qkv, num_heads);
 }
 
 absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                const Tensor& att, int num_heads) {
   RETURN_IF_ERROR(CheckAttentionBackward("AttentionBackward", s, dqkv, dout, qkv, Tensor(), att,
                                          num_heads, true));
-  TANDEM_OPS_DISPATCH(AttentionBackward, s, dqkv, dout, qkv, att, num_heads);
+  TANDEM_OPS_DISPATCH(AttentionBackward,
+                      Cost(2 * AttentionFlops(qkv), Bytes({dqkv, dout, qkv, att})), s, dqkv, dout,
+                      qkv, att, num_heads);
 }
 
 absl::Status FlashAttentionForward(Stream& s, const Tensor& out, const Tensor& lse,
                                    const Tensor& qkv, int num_heads) {
   RETURN_IF_ERROR(
       CheckAttentionForward("FlashAttentionForward", s, out, lse, qkv, num_heads, false));
-  TANDEM_OPS_DISPATCH(FlashAttentionForward, s, out, lse, qkv, num_heads);
+  TANDEM_OPS_DISPATCH(FlashAttentionForward, Cost(AttentionFlops(qkv), Bytes({out, lse, qkv})), s,
+                      out, lse, qkv, num_heads);
 }
 
 absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout,
@@ -570,7 +621,9 @@ absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor&
                                     int num_heads) {
   RETURN_IF_ERROR(CheckAttentionBackward("FlashAttentionBackward", s, dqkv, dout, qkv, out, lse,
                                          num_heads, false));
-  TANDEM_OPS_DISPATCH(FlashAttentionBackward, s, dqkv, dout, qkv, out, lse, num_heads);
+  TANDEM_OPS_DISPATCH(FlashAttentionBackward,
+                      Cost(2 * AttentionFlops(qkv), Bytes({dqkv, dout, qkv, out, lse})), s, dqkv,
+                      dout, qkv, out, lse, num_heads);
 }
 
 // ---- embedding and loss ---------------------------------------------------------------------
@@ -602,7 +655,10 @@ absl::Status EmbeddingForward(Stream& s, const Tensor& out, const Tensor& tokens
   RETURN_IF_ERROR(CheckRank(kOp, "wte", wte, 2, "(V, C)"));
   RETURN_IF_ERROR(CheckTokensAndPositions(kOp, tokens, "wpe", wpe, wte.dim(1)));
   RETURN_IF_ERROR(CheckDims(kOp, "out", out, {tokens.dim(0), tokens.dim(1), wte.dim(1)}));
-  TANDEM_OPS_DISPATCH(EmbeddingForward, s, out, tokens, wte, wpe);
+  TANDEM_OPS_DISPATCH(
+      EmbeddingForward,
+      Moves(Bytes({out, tokens}) + RowBytes(wte, tokens.numel()) + RowBytes(wpe, tokens.dim(1))), s,
+      out, tokens, wte, wpe);
 }
 
 absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe,
@@ -615,7 +671,10 @@ absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe
   RETURN_IF_ERROR(CheckRank(kOp, "dwte", dwte, 2, "(V, C)"));
   RETURN_IF_ERROR(CheckTokensAndPositions(kOp, tokens, "dwpe", dwpe, dwte.dim(1)));
   RETURN_IF_ERROR(CheckDims(kOp, "dout", dout, {tokens.dim(0), tokens.dim(1), dwte.dim(1)}));
-  TANDEM_OPS_DISPATCH(EmbeddingBackward, s, dwte, dwpe, dout, tokens);
+  TANDEM_OPS_DISPATCH(EmbeddingBackward,
+                      Moves(Bytes({dout, tokens}) +
+                            2 * (RowBytes(dwte, tokens.numel()) + RowBytes(dwpe, tokens.dim(1)))),
+                      s, dwte, dwpe, dout, tokens);
 }
 
 absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& dlogits,
@@ -632,7 +691,8 @@ absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& 
   RETURN_IF_ERROR(CheckDims(kOp, "targets", targets, {n}));
   RETURN_IF_ERROR(CheckDims(kOp, "losses", losses, {n}));
   RETURN_IF_ERROR(CheckOptionalShape(kOp, "dlogits", dlogits, logits.shape()));
-  TANDEM_OPS_DISPATCH(SoftmaxCrossEntropy, s, losses, dlogits, logits, targets, dloss_scale);
+  TANDEM_OPS_DISPATCH(SoftmaxCrossEntropy, Moves(Bytes({losses, dlogits, logits, targets})), s,
+                      losses, dlogits, logits, targets, dloss_scale);
 }
 
 // ---- reductions -----------------------------------------------------------------------------
@@ -653,12 +713,12 @@ absl::Status CheckReduction(const char* op, const Stream& s, const Tensor& out, 
 
 absl::Status Sum(Stream& s, const Tensor& out, const Tensor& x) {
   RETURN_IF_ERROR(CheckReduction("Sum", s, out, x));
-  TANDEM_OPS_DISPATCH(Sum, s, out, x);
+  TANDEM_OPS_DISPATCH(Sum, Moves(Bytes({out, x})), s, out, x);
 }
 
 absl::Status SumSquaresAccumulate(Stream& s, const Tensor& out, const Tensor& x) {
   RETURN_IF_ERROR(CheckReduction("SumSquaresAccumulate", s, out, x));
-  TANDEM_OPS_DISPATCH(SumSquaresAccumulate, s, out, x);
+  TANDEM_OPS_DISPATCH(SumSquaresAccumulate, Moves(Bytes({x}) + 2 * Bytes({out})), s, out, x);
 }
 
 // ---- optimizers over flat f32 buffers -------------------------------------------------------
@@ -702,7 +762,8 @@ absl::Status AdamWUpdate(Stream& s, const Tensor& params, const Tensor& grads, c
         "in [0, 1) (params %s)",
         kOp, c.lr, c.eps, c.weight_decay, c.beta1, c.beta2, params.ToString());
   }
-  TANDEM_OPS_DISPATCH(AdamWUpdate, s, params, grads, m, v, c, params_low);
+  TANDEM_OPS_DISPATCH(AdamWUpdate, Moves(Bytes({grads, params_low}) + 2 * Bytes({params, m, v})), s,
+                      params, grads, m, v, c, params_low);
 }
 
 absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& grads,
@@ -717,7 +778,9 @@ absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& gr
         "(params %s)",
         kOp, c.lr, c.momentum, c.weight_decay, params.ToString());
   }
-  TANDEM_OPS_DISPATCH(SgdMomentumUpdate, s, params, grads, momentum_buf, c, params_low);
+  TANDEM_OPS_DISPATCH(SgdMomentumUpdate,
+                      Moves(Bytes({grads, params_low}) + 2 * Bytes({params, momentum_buf})), s,
+                      params, grads, momentum_buf, c, params_low);
 }
 
 #undef TANDEM_OPS_DISPATCH

@@ -45,12 +45,14 @@ double Profiler::NowUs() {
       .count();
 }
 
-void Profiler::RecordOp(const char* name, double seconds) {
+void Profiler::RecordOp(const char* name, double seconds, OpCost cost) {
   std::lock_guard<std::mutex> lock(S().mu);
   OpStat& st = S().ops[name];
   st.name = name;
   st.count++;
   st.total_seconds += seconds;
+  st.flops += cost.flops;
+  st.bytes += cost.bytes;
 }
 
 void Profiler::RecordEvent(TraceEvent e) {
@@ -77,12 +79,16 @@ std::vector<TraceEvent> Profiler::Events() {
 std::string Profiler::FormatOpTable(const std::vector<OpStat>& table) {
   double total = 0;
   for (const OpStat& o : table) total += o.total_seconds;
-  std::string out = absl::StrFormat("%-26s %8s %11s %10s %6s\n", "op", "count", "total ms",
-                                    "mean us", "share");
+  std::string out = absl::StrFormat("%-26s %8s %11s %10s %6s %10s %8s\n", "op", "count", "total ms",
+                                    "mean us", "share", "GFLOP/s", "GB/s");
+  const auto rate = [](double per_second) {
+    return per_second > 0 ? absl::StrFormat("%.1f", per_second * 1e-9) : std::string("-");
+  };
   for (const OpStat& o : table) {
-    out += absl::StrFormat("%-26s %8d %11.2f %10.1f %5.1f%%\n", o.name, o.count,
+    out += absl::StrFormat("%-26s %8d %11.2f %10.1f %5.1f%% %10s %8s\n", o.name, o.count,
                            o.total_seconds * 1e3, o.mean_seconds() * 1e6,
-                           total > 0 ? 100 * o.total_seconds / total : 0.0);
+                           total > 0 ? 100 * o.total_seconds / total : 0.0,
+                           rate(o.flops_per_second()), rate(o.bytes_per_second()));
   }
   return out;
 }
@@ -135,7 +141,7 @@ void OpScope::Begin() {
 
 void OpScope::End() {
   (void)stream_->Synchronize();  // a CUDA op's time is its completion's
-  Profiler::RecordOp(name_, (Profiler::NowUs() - start_) * 1e-6);
+  Profiler::RecordOp(name_, (Profiler::NowUs() - start_) * 1e-6, cost_);
 #if TANDEM_CUDA
   nvtxRangePop();
 #endif

@@ -17,11 +17,25 @@
 
 namespace tandem {
 
+// What one op call must do at the least: its floating-point operations (matmuls and
+// attention; 0 for memory-bound ops) and the bytes it must move through memory, each input
+// read once and each output written once (a read-modify-write counted twice). Over the op's
+// time these give its achieved rates, to hold against the machine's peak FLOP/s and memory
+// bandwidth.
+struct OpCost {
+  double flops = 0;
+  double bytes = 0;
+};
+
 struct OpStat {
   std::string name;
   int64_t count = 0;
   double total_seconds = 0;
+  double flops = 0;  // summed over the calls
+  double bytes = 0;
   double mean_seconds() const { return count ? total_seconds / count : 0; }
+  double flops_per_second() const { return total_seconds > 0 ? flops / total_seconds : 0; }
+  double bytes_per_second() const { return total_seconds > 0 ? bytes / total_seconds : 0; }
 };
 
 // One complete event of a Chrome trace ("ph": "X").
@@ -42,12 +56,13 @@ class Profiler {
   static void Reset();
   // Microseconds since the epoch every event is measured from.
   static double NowUs();
-  static void RecordOp(const char* name, double seconds);
+  static void RecordOp(const char* name, double seconds, OpCost cost = {});
   static void RecordEvent(TraceEvent e);
   // Ops sorted by total time, largest first.
   static std::vector<OpStat> OpTable();
   static std::vector<TraceEvent> Events();
-  // "op  count  total ms  mean us" lines.
+  // "op  count  total ms  mean us  share  GFLOP/s  GB/s" lines (the rates blank where the op
+  // recorded no cost).
   static std::string FormatOpTable(const std::vector<OpStat>& table);
   // A complete Chrome trace-event file ({"traceEvents": [...]}, loads in Perfetto and
   // chrome://tracing) of `events`, as process `pid` named `process_name`, with lanes
@@ -59,11 +74,11 @@ class Profiler {
   static std::atomic<bool> enabled_;
 };
 
-// Times one op into the table when profiling is on.
+// Times one op, with its cost, into the table when profiling is on.
 class OpScope {
  public:
-  OpScope(const char* name, Stream& s)
-      : name_(name), stream_(&s), on_(Profiler::enabled()) {
+  OpScope(const char* name, Stream& s, OpCost cost = {})
+      : name_(name), stream_(&s), on_(Profiler::enabled()), cost_(cost) {
     if (on_) Begin();  // out of line: the disabled path stays one load
   }
   ~OpScope() {
@@ -76,6 +91,7 @@ class OpScope {
   const char* name_;
   Stream* stream_;
   bool on_;
+  OpCost cost_;
   double start_ = 0;
 };
 

@@ -254,7 +254,8 @@ done
 
 # Training on the GPU: gpt2-small (124M GPT-2 configuration) in bf16, Tandem with standard
 # and with flash attention, then PyTorch eager on the same model, batch and precision;
-# tokens/s, MFU, the op table of the last steps and the allocator's statistics.
+# tokens/s, MFU, the op table of the last steps (with each op's achieved rates) and the
+# allocator's statistics.
 train() {  # label, then flags for the trainer
   local label="$1"
   shift
@@ -272,14 +273,48 @@ train() {  # label, then flags for the trainer
     failed=$((failed + 1))
   fi
 }
+# The device's ceilings, measured in this run through PyTorch, to read the op tables' GFLOP/s
+# and GB/s against: a 2 GiB device-to-device copy (bytes read plus written) and an 8192^3 bf16
+# matrix product on random data; each the mean of 10 runs after 3 warm-ups.
+ceilings() {
+  timeout 120 python3 - >"$work/ceilings.log" 2>&1 <<'PY'
+import torch
+
+def seconds(fn, reps=10):
+    for _ in range(3):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / 1e3 / reps
+
+src = torch.randint(0, 256, (1 << 31,), dtype=torch.uint8, device="cuda")
+dst = torch.empty_like(src)
+copy = 2 * src.numel() / seconds(lambda: dst.copy_(src))
+del src, dst
+n = 8192
+a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+matmul = 2 * n**3 / seconds(lambda: a @ b)
+print(f"copy {copy / 1e9:.0f} GB/s (read + written), bf16 matmul {n}^3 {matmul / 1e12:.0f} TFLOP/s")
+PY
+  tail -n 1 "$work/ceilings.log" | sed 's/^/CEILINGS /'
+}
 if [ "$gpu_visible" != 1 ]; then
   echo "# training skipped: no GPU visible (nvidia-smi -L failed)"
 elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   steps="${GPU_CHECK_TRAIN_STEPS:-30}"
+  have_torch=0
+  python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
+  [ "$have_torch" = 1 ] && ceilings
   echo "# training gpt2-small, bf16, batch 8 x 1024 tokens, $steps steps"
   train TANDEM --attention=standard
   train TANDEM_FLASH --attention=flash
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  if [ "$have_torch" = 1 ]; then
     timeout 240 python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
         --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50304 --batch 8 \
         --steps "$steps" >"$work/train-PYTORCH.log" 2>&1

@@ -103,6 +103,9 @@ class Runner {
     spec.worker = settings_.worker;
     spec.hostfile = plan_.hostfile;
     spec.cpu = cpu;
+    // Measured on 2 cores, gpt-tiny in 0.5 MB buckets: 1.13x tokens/s for data parallel. The
+    // pipeline's sends and receives wait on its critical path, where busy polling is faster.
+    spec.yield_when_idle = cpu && job.strategy == "data";
     spec.cores = settings_.slots;
     spec.extra_args = plan_.mpirun_args;
     std::vector<std::string> base_env;
@@ -115,7 +118,7 @@ class Runner {
     }
     const std::vector<std::string> argv = MpirunArgv(spec);
     const std::vector<std::string> env =
-        MpirunEnvironment(base_env, address, token, cpu, geteuid() == 0);
+        MpirunEnvironment(base_env, address, token, spec, geteuid() == 0);
     const std::string mpirun_log = absl::StrCat(run_dir, "/logs/mpirun.log");
     ASSIGN_OR_RETURN(std::unique_ptr<Process> mpirun, Process::Start(argv, env, mpirun_log));
 

@@ -95,10 +95,11 @@ std::vector<std::string> MpirunArgv(const MpirunSpec& spec) {
 
 std::vector<std::string> MpirunEnvironment(const std::vector<std::string>& base,
                                            const std::string& coordinator_address,
-                                           const std::string& token, bool cpu, bool as_root) {
+                                           const std::string& token, const MpirunSpec& spec,
+                                           bool as_root) {
   std::vector<std::pair<std::string, std::string>> set = {
       {kCoordinatorAddressEnv, coordinator_address}, {kJobTokenEnv, token}};
-  if (cpu) {
+  if (spec.cpu) {
     set.push_back({"OPENBLAS_NUM_THREADS", "1"});
     set.push_back({"OMP_NUM_THREADS", "1"});
   }
@@ -106,14 +107,22 @@ std::vector<std::string> MpirunEnvironment(const std::vector<std::string>& base,
     set.push_back({"OMPI_ALLOW_RUN_AS_ROOT", "1"});
     set.push_back({"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"});
   }
+  // Values kept where the user set their own.
+  std::vector<std::pair<std::string, std::string>> defaults;
+  if (spec.yield_when_idle) defaults.push_back({"OMPI_MCA_mpi_yield_when_idle", "1"});
   std::vector<std::string> env;
+  std::set<std::string> base_names;
   for (const std::string& e : base) {
     const std::string name = e.substr(0, e.find('='));
+    base_names.insert(name);
     bool replaced = false;
     for (const auto& kv : set) replaced = replaced || kv.first == name;
     if (!replaced) env.push_back(e);
   }
   for (const auto& kv : set) env.push_back(absl::StrCat(kv.first, "=", kv.second));
+  for (const auto& kv : defaults) {
+    if (base_names.count(kv.first) == 0) env.push_back(absl::StrCat(kv.first, "=", kv.second));
+  }
   return env;
 }
 

@@ -24,6 +24,10 @@ struct MpirunSpec {
   std::string worker;    // absolute path of the worker binary
   std::string hostfile;  // empty: this host only
   bool cpu = true;       // CPU workers: one BLAS thread each
+  // Open MPI yields the core while a worker waits in MPI (mpi_yield_when_idle) rather than
+  // polling busily: for CPU workers whose communication thread waits off the critical path
+  // (data parallel's overlapped all-reduce), so it does not take cores from backward.
+  bool yield_when_idle = false;
   int cores = 1;         // slots on this host; more workers need --oversubscribe
   // Further environment variables to hand to every worker, by name (-x NAME).
   std::vector<std::string> forward_env;
@@ -36,12 +40,14 @@ struct MpirunSpec {
 // environment. With a hostfile its slots decide where ranks go (no --oversubscribe).
 std::vector<std::string> MpirunArgv(const MpirunSpec& spec);
 
-// mpirun's environment: `base` ("NAME=value" entries) with the coordinator's address, the
-// job token, one BLAS thread per CPU worker, and Open MPI's permission to run as root when
-// `as_root`. Entries of `base` with the same names are replaced.
+// mpirun's environment for `spec`: `base` ("NAME=value" entries) with the coordinator's
+// address, the job token, one BLAS thread per CPU worker, and Open MPI's permission to run as
+// root when `as_root`. Entries of `base` with the same names are replaced, but for
+// OMPI_MCA_mpi_yield_when_idle (spec.yield_when_idle), where the user's own value stands.
 std::vector<std::string> MpirunEnvironment(const std::vector<std::string>& base,
                                            const std::string& coordinator_address,
-                                           const std::string& token, bool cpu, bool as_root);
+                                           const std::string& token, const MpirunSpec& spec,
+                                           bool as_root);
 
 // The cores Open MPI counts as slots on this host (physical cores this process may use).
 int SlotsOnThisHost();

@@ -77,8 +77,9 @@ TEST(MpirunArgv, HostfileAndCuda) {
 
 TEST(MpirunEnvironment, TokenOnlyInTheEnvironment) {
   const std::string token(64, 'f');
-  const std::vector<std::string> env = MpirunEnvironment(
-      {"PATH=/bin", "TANDEM_JOB_TOKEN=old", "HOME=/root"}, "127.0.0.1:5000", token, true, true);
+  const std::vector<std::string> env =
+      MpirunEnvironment({"PATH=/bin", "TANDEM_JOB_TOKEN=old", "HOME=/root"}, "127.0.0.1:5000",
+                        token, MpirunSpec(), true);
   EXPECT_THAT(env, Contains("PATH=/bin"));
   EXPECT_THAT(env, Contains("HOME=/root"));
   EXPECT_THAT(env, Contains("TANDEM_JOB_TOKEN=" + token));
@@ -91,9 +92,27 @@ TEST(MpirunEnvironment, TokenOnlyInTheEnvironment) {
   s.worker = "w";
   for (const std::string& a : MpirunArgv(s)) EXPECT_THAT(a, Not(HasSubstr(token)));
 
-  const std::vector<std::string> user = MpirunEnvironment({}, "a:1", token, false, false);
+  MpirunSpec gpu;
+  gpu.cpu = false;
+  const std::vector<std::string> user = MpirunEnvironment({}, "a:1", token, gpu, false);
   EXPECT_THAT(user, Not(Contains("OMPI_ALLOW_RUN_AS_ROOT=1")));
   EXPECT_THAT(user, Not(Contains("OPENBLAS_NUM_THREADS=1")));
+}
+
+TEST(MpirunEnvironment, YieldWhenIdleUnlessTheUserSaysOtherwise) {
+  const std::string token(64, 'f');
+  MpirunSpec s;
+  s.yield_when_idle = true;
+  EXPECT_THAT(MpirunEnvironment({}, "a:1", token, s, false),
+              Contains("OMPI_MCA_mpi_yield_when_idle=1"));
+  const std::vector<std::string> own =
+      MpirunEnvironment({"OMPI_MCA_mpi_yield_when_idle=0"}, "a:1", token, s, false);
+  EXPECT_THAT(own, Contains("OMPI_MCA_mpi_yield_when_idle=0"));
+  EXPECT_THAT(own, Not(Contains("OMPI_MCA_mpi_yield_when_idle=1")));
+  s.yield_when_idle = false;
+  for (const std::string& e : MpirunEnvironment({}, "a:1", token, s, false)) {
+    EXPECT_THAT(e, Not(HasSubstr("yield_when_idle")));
+  }
 }
 
 TEST(FindInPath, ShellAndMissing) {

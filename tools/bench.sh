@@ -23,8 +23,18 @@ step "ops: runtime matmul against raw sgemm, memory-bound ops against memcpy"
 step "one-worker training of gpt-tiny and a d_model 512 GPT"
 "$runfiles/model/train_bench" >"$out_dir/train.txt"
 step "data parallel on 1 and 2 workers"
+# As the launcher starts CPU data-parallel workers: Open MPI yields the core while the
+# communication thread waits (launcher/job_runner.cc).
 for np in 1 2; do
-  "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" data >>"$out_dir/strategy.jsonl"
+  OMPI_MCA_mpi_yield_when_idle=1 "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" data \
+    >>"$out_dir/strategy.jsonl"
+done
+step "data parallel on 2 workers, busy-polling (Open MPI's default) against yielding, 3 pairs"
+for pair in 1 2 3; do
+  for yield in 0 1; do
+    OMPI_MCA_mpi_yield_when_idle=$yield "${mpi[@]}" -np 2 "$runfiles/parallel/strategy_bench" \
+      data | sed "s/^{/{\"yield_when_idle\": $yield, /" >>"$out_dir/yield.jsonl"
+  done
 done
 step "pipeline bubble, 2 and 4 stages"
 for np in 2 4; do

@@ -58,7 +58,25 @@ def ops_tables(data):
     return "\n".join(out), {op: v for op, _, v in bw if v}
 
 
-def performance_work(variant, op_gain, train_text):
+def yield_gain(path):
+    """Median tokens/s of data parallel on 2 workers with 13 buckets overlapped, busy-polling
+    against yielding (tools/bench.sh's alternating pairs), and the same for the default bucket."""
+    if not os.path.exists(path):
+        return None
+    runs = lines(path)
+    def median(case, y):
+        v = sorted(r["tokens_per_second"] for r in runs
+                   if r["case"] == case and r["yield_when_idle"] == y)
+        return v[len(v) // 2] if v else None
+    out = {}
+    for case in ("13 buckets, overlap", "overlap"):
+        busy, yielding = median(case, 0), median(case, 1)
+        if busy and yielding:
+            out[case] = (busy, yielding, len([r for r in runs if r["case"] == case]) // 2)
+    return out
+
+
+def performance_work(variant, op_gain, train_text, yields):
     """The profile-driven changes: what the profile named, the change, its gain in this run."""
     step_gain = re.findall(r"^(\S+) \(batch \d+\).* ([\d.]+)x$", train_text, re.M)
     ops = ", ".join(f"{op} {op_gain[op]:.2f}x" for op in
@@ -91,6 +109,24 @@ def performance_work(variant, op_gain, train_text):
               "tiles and softmax rows of 64 or fewer.")
     else:
         print("3. Gain in this run: none to measure, the CPU runs the base variant only.")
+    print("4. Profile (2026-11-30, the data-parallel table): with gpt-tiny's gradients in 13 "
+          "buckets of 0.5 MB, overlapping the all-reduces with backward made the step slower "
+          "than `--no-overlap` (0.71 against 0.85 scaling efficiency). The communication thread "
+          "waits inside `MPI_Allreduce`, where Open MPI polls busily by default: on CPU workers "
+          "that share their cores with backward, the poll takes a core from compute exactly "
+          "while the all-reduce should hide behind it.")
+    print("5. Change: the launcher starts CPU data-parallel workers with Open MPI's "
+          "`mpi_yield_when_idle` (a value the user set stands), so a waiting thread yields its "
+          "core. The pipeline keeps busy polling: its receives wait on the critical path, where "
+          "yielding measured slower (`bazel run //launcher -- --strategy=pipeline --gpus=2 "
+          "--micro-batches=8 --steps=100`, 4 alternating runs each, 2026-11-30: measured bubble "
+          "0.19 with yielding against 0.125 without, tokens/s 0.98x).")
+    if yields:
+        parts = [f"{case}: {y:.0f} tokens/s yielding against {b:.0f} busy-polling, "
+                 f"{y / b:.2f}x" for case, (b, y, _) in yields.items()]
+        n = max(k for _, _, k in yields.values())
+        print(f"6. Gain in this run (2 workers, median of {n} alternating runs each): "
+              + "; ".join(parts) + ".")
     print()
 
 
@@ -156,8 +192,9 @@ def main():
               f"Communication is the "
               f"communicator's busy time, exposed is the time the step waited for it. On CPU "
               f"workers with one core each, the communication thread that hides the all-reduce "
-              f"runs on the same cores as backward, so hiding it does not make the step shorter "
-              f"here; on GPUs the all-reduce runs on the device beside the compute stream. At "
+              f"runs on the same cores as backward, so hiding it cannot make the step much "
+              f"shorter here (and, polling busily, it made it longer: performance work below); "
+              f"on GPUs the all-reduce runs on the device beside the compute stream. At "
               f"the default 25 MB, gpt-tiny's 6.6 MB of gradients are one bucket, all-reduced "
               f"after backward.\n")
     print("## Pipeline (gpt-tiny, global batch 32)\n")
@@ -191,7 +228,7 @@ def main():
     if torch and "framework" in torch[0]:
         print(f"\n({torch[0]['framework']})")
     print()
-    performance_work(variant, op_gain, train_text)
+    performance_work(variant, op_gain, train_text, yield_gain(os.path.join(d, "yield.jsonl")))
     print("## GPU\n")
     print("Not measured in this run: the machine has no GPU. The GPU figures (CUDA ops "
           "against the CPU, gpt2-small bf16 tokens/s and MFU with standard and with flash "

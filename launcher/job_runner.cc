@@ -103,8 +103,9 @@ class Runner {
     spec.worker = settings_.worker;
     spec.hostfile = plan_.hostfile;
     spec.cpu = cpu;
-    // Measured on 2 cores, gpt-tiny in 0.5 MB buckets: 1.13x tokens/s for data parallel. The
-    // pipeline's sends and receives wait on its critical path, where busy polling is faster.
+    // Data parallel on 2 cores, gpt-tiny in 0.5 MB buckets, 60-step runs: 1.13x to 1.16x
+    // tokens/s (BENCHMARKS.md, "Performance work"). The pipeline's sends and receives wait on
+    // its critical path, where busy polling measured faster.
     spec.yield_when_idle = cpu && job.strategy == "data";
     spec.cores = settings_.slots;
     spec.extra_args = plan_.mpirun_args;

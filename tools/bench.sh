@@ -29,8 +29,8 @@ for np in 1 2; do
   OMPI_MCA_mpi_yield_when_idle=1 "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" data \
     >>"$out_dir/strategy.jsonl"
 done
-step "data parallel on 2 workers, busy-polling (Open MPI's default) against yielding, 3 pairs"
-for pair in 1 2 3; do
+step "data parallel on 2 workers, busy-polling (Open MPI's default) against yielding, 7 pairs"
+for pair in 1 2 3 4 5 6 7; do
   for yield in 0 1; do
     OMPI_MCA_mpi_yield_when_idle=$yield "${mpi[@]}" -np 2 "$runfiles/parallel/strategy_bench" \
       data | sed "s/^{/{\"yield_when_idle\": $yield, /" >>"$out_dir/yield.jsonl"

@@ -107,22 +107,18 @@ std::vector<std::string> MpirunEnvironment(const std::vector<std::string>& base,
     set.push_back({"OMPI_ALLOW_RUN_AS_ROOT", "1"});
     set.push_back({"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"});
   }
-  // Values kept where the user set their own.
-  std::vector<std::pair<std::string, std::string>> defaults;
-  if (spec.yield_when_idle) defaults.push_back({"OMPI_MCA_mpi_yield_when_idle", "1"});
+  constexpr char kYield[] = "OMPI_MCA_mpi_yield_when_idle";
+  bool user_yield = false;  // the user's own value stands
   std::vector<std::string> env;
-  std::set<std::string> base_names;
   for (const std::string& e : base) {
     const std::string name = e.substr(0, e.find('='));
-    base_names.insert(name);
+    user_yield = user_yield || name == kYield;
     bool replaced = false;
     for (const auto& kv : set) replaced = replaced || kv.first == name;
     if (!replaced) env.push_back(e);
   }
   for (const auto& kv : set) env.push_back(absl::StrCat(kv.first, "=", kv.second));
-  for (const auto& kv : defaults) {
-    if (base_names.count(kv.first) == 0) env.push_back(absl::StrCat(kv.first, "=", kv.second));
-  }
+  if (spec.yield_when_idle && !user_yield) env.push_back(absl::StrCat(kYield, "=1"));
   return env;
 }
 

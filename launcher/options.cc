@@ -364,6 +364,7 @@ std::string HelpText() {
 HostInfo HostInfo::Detect(bool probe_cuda) {
   HostInfo h;
   if (probe_cuda) h.cuda_devices = CudaDeviceCount(&h.why_no_cuda);
+  h.available_memory = AvailableMemoryBytes(Device::Cpu());
   const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
   if (bwd != nullptr && *bwd != '\0') {
     h.user_dir = bwd;
@@ -522,7 +523,9 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   opt.warmup_steps = o.job.warmup;
   opt.weight_decay = static_cast<float>(o.job.weight_decay);
   opt.clip_norm = static_cast<float>(o.job.clip_norm);
-  if (absl::Status s = opt.Validate(); !s.ok()) problem(std::string(s.message()));
+  const absl::Status opt_status = opt.Validate();
+  const bool optimizer_ok = opt_status.ok();
+  if (!optimizer_ok) problem(std::string(opt_status.message()));
 
   // Strategy / model / world-size fit: batch divisibility, stages vs blocks, schedule.
   if (strategy_ok && gpus_ok && model.ok() && counts_ok) {
@@ -545,6 +548,25 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     }
     if (fit_status.ok()) fit_status = PlanStages(*pc, o.job.workers).status();
     if (!fit_status.ok()) problem(std::string(fit_status.message()));
+    // CPU workers on this host share its memory: what they keep together must fit in it
+    // (each worker checks its own device again before it allocates).
+    // (On the CPU the dtype is f32; an optimizer named wrongly was reported above.)
+    if (fit_status.ok() && device.is_cpu() && !multi_host) {
+      if (optimizer_ok) pc->train.optimizer.kind = o.job.optimizer;
+      MemoryNeed all;
+      for (int r = 0; r < o.job.workers && fit_status.ok(); ++r) {
+        absl::StatusOr<MemoryNeed> n = RankMemoryNeed(*pc, o.job.workers, r);
+        fit_status = n.status();
+        if (n.ok()) all += *n;
+      }
+      if (fit_status.ok()) {
+        fit_status = CheckMemory(
+            all, host.available_memory,
+            o.job.workers == 1 ? "the worker" : absl::StrFormat("the %d workers", o.job.workers),
+            "this host");
+      }
+      if (!fit_status.ok()) problem(std::string(ExplainOutOfMemory(fit_status, '-').message()));
+    }
   }
 
   // Data.

@@ -237,6 +237,34 @@ TEST(Validate, BalanceByTimeReachesTheWorkersAsSizes) {
   EXPECT_EQ(total, 4);
 }
 
+// CPU workers on this host share its memory: the job is refused before it starts when what
+// they keep together cannot fit.
+TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
+  Options o = Small();
+  HostInfo h = CpuHost(FreshTestPath("user"));
+  JobConfig j = o.job;
+  j.device = "cpu";
+  const ParallelConfig pc = *j.ToParallelConfig(Device::Cpu());
+  const int64_t one = RankMemoryNeed(pc, 2, 0)->total();
+  EXPECT_EQ(RankMemoryNeed(pc, 2, 1)->total(), one);  // replicas
+  h.available_memory = 2 * one;
+  EXPECT_TRUE(Validate(o, h).ok());
+  h.available_memory = -1;  // unknown
+  EXPECT_TRUE(Validate(o, h).ok());
+  h.available_memory = 2 * one - 1;
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("not enough memory for the 2 workers")));
+  // A sequence standard attention cannot hold: the figures, and what to change.
+  o.job.seq_len = 100000;
+  h.available_memory = int64_t{16} << 30;
+  const std::vector<std::string> lines = Problems(o, h);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr("TB is needed"));
+  EXPECT_THAT(lines[0], HasSubstr("this host has 16.0 GB available"));
+  EXPECT_THAT(lines[0], HasSubstr("--attention=flash"));
+  o.job.attention = "flash";
+  EXPECT_TRUE(Validate(o, h).ok());
+}
+
 TEST(Validate, EachBadInputGivesItsLine) {
   const HostInfo h = CpuHost(FreshTestPath("user"));
   struct Case {

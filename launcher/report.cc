@@ -259,14 +259,6 @@ std::string FormatThousands(double v) {
   return negative ? "-" + out : out;
 }
 
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 0) return "-";
-  const double mb = static_cast<double>(bytes) / (1 << 20);
-  if (mb >= 1024) return absl::StrFormat("%.1f GB", mb / 1024);
-  if (mb >= 10) return absl::StrFormat("%.0f MB", mb);
-  return absl::StrFormat("%.1f MB", mb);
-}
-
 std::string FormatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "-";
   const int64_t s = static_cast<int64_t>(std::llround(seconds));

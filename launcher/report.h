@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "model/memory.h"  // FormatBytes
 #include "parallel/job.h"
 
 namespace tandem {
@@ -122,8 +123,6 @@ std::string SummaryTable(const RunRecord& r);
 // Number formats shared by the progress line and the summary.
 // "48,000" (rounded to an integer).
 std::string FormatThousands(double v);
-// "512 MB", "3.4 MB", "1.5 GB" (binary units); "-" for a negative count.
-std::string FormatBytes(int64_t bytes);
 // "0:42", "12:05", "1:02:03"; "-" for a negative or non-finite time.
 std::string FormatDuration(double seconds);
 

@@ -50,6 +50,10 @@ class Block {
   virtual absl::Status Backward(Stream& s, const std::vector<Tensor>& params,
                                 const std::vector<Tensor>& grads, const MicroBatch& mb,
                                 const Tensor& dy, const Saved& saved, Tensor* dx) const = 0;
+  // The bytes Forward keeps for a micro-batch of B x T tokens computing in `compute`: its
+  // output and what it saves for backward, not its input (the block before counts that).
+  // Known from shapes alone, so a run's memory is checked before anything is allocated.
+  virtual int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const = 0;
 };
 
 // The blocks of a GPT or an MLP for `config`, embedding first and head last.

@@ -21,6 +21,8 @@ absl::StatusOr<Tensor> F32(const Tensor& t, const Shape& shape) {
   return Tensor::Empty(shape, DType::kF32, t.device());
 }
 
+int64_t ElemBytes(DType d) { return static_cast<int64_t>(DTypeSize(d)); }
+
 // Token embedding plus learned positions (GPT) or token embedding only (MLP).
 class EmbeddingBlock : public Block {
  public:
@@ -41,6 +43,9 @@ class EmbeddingBlock : public Block {
                         const MicroBatch& mb, const Tensor& dy, const Saved&,
                         Tensor*) const override {
     return ops::EmbeddingBackward(s, g[0], positions_ ? g[1] : Tensor(), dy, mb.tokens);
+  }
+  int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
+    return B * T * c_.d_model * ElemBytes(compute);  // y
   }
 
  private:
@@ -160,6 +165,13 @@ class TransformerBlock : public Block {
                                            v[kMean1], v[kRstd1]));
     return ops::Axpy(s, dx2, 1.0f, dres2);
   }
+  int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
+    const int64_t N = B * T, C = c_.d_model, NH = c_.n_head;
+    // ln1, qkv (3C), atty, res2, ln2, fc_pre (4C), fc_act (4C) and y in the compute dtype;
+    // four f32 statistics per row; the f32 probabilities or log-sum-exps.
+    const int64_t att = c_.attention == Attention::kFlash ? B * NH * T : B * NH * T * T;
+    return N * 16 * C * ElemBytes(compute) + (4 * N + att) * 4;
+  }
 
  private:
   ModelConfig c_;
@@ -200,6 +212,9 @@ class MlpLayerBlock : public Block {
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dx2, g[0], g[1], dh, saved.t[0], p[0]));
     return ops::Axpy(s, dx2, 1.0f, dy2);
+  }
+  int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
+    return 2 * B * T * c_.d_model * ElemBytes(compute);  // h, y
   }
 
  private:
@@ -259,6 +274,13 @@ class HeadBlock : public Block {
     ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dh, g[2], Tensor(), v[4], v[1], p[2]));
     return ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]);
+  }
+  int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
+    const int64_t N = B * T;
+    // The logits (holding their gradient) and the f32 losses; with the LayerNorm its output
+    // and two f32 statistics per row.
+    const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * N * 4 : 0;
+    return N * c_.vocab * ElemBytes(compute) + N * 4 + ln;
   }
 
  private:

@@ -3,11 +3,11 @@
 #include <chrono>
 #include <cmath>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
 #include "model/sharded_checkpoint.h"
+#include "runtime/allocator.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
 
@@ -33,18 +33,6 @@ absl::Status TrainConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::Status ExplainOutOfMemory(const absl::Status& s, char dash) {
-  if (s.code() != absl::StatusCode::kResourceExhausted ||
-      !(absl::StrContains(s.message(), "out of memory") ||
-        absl::StrContains(s.message(), "cudaErrorMemoryAllocation"))) {
-    return s;
-  }
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "%s. To need less memory: a smaller --batch or --seq%clen, more --micro%cbatches (the "
-      "same batch in smaller pieces), or --attention=flash (no T x T probabilities kept)",
-      s.message(), dash, dash));
-}
-
 absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {
   if (c.synthetic_data) {
     return TokenDataset::Synthetic(int64_t{1} << 20, c.model.seq_len, c.model.vocab, c.seed);
@@ -56,6 +44,12 @@ absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   RETURN_IF_ERROR(c.Validate());
   ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c));
+  // Micro-batches run one after another: one's activations are held at a time.
+  const MemoryNeed need = EstimateStageMemory(c.model, 0, c.model.num_blocks(),
+                                              c.batch / c.micro_batches, /*in_flight=*/1,
+                                              /*recompute=*/false, c.dtype, c.optimizer.kind);
+  RETURN_IF_ERROR(
+      CheckMemory(need, AllocatableBytes(c.device), "a training step", c.device.ToString()));
   std::unique_ptr<Trainer> t(new Trainer(c, std::move(data)));
   ASSIGN_OR_RETURN(t->stage_,
                    Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));

@@ -14,6 +14,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/data.h"
+#include "model/memory.h"
 #include "model/optimizer.h"
 #include "model/stage.h"
 
@@ -105,11 +106,6 @@ absl::Status LoadTrainingState(const std::string& path, const TrainConfig& c, St
 
 // Reads the dataset a config names (file, synthetic, or the default corpus).
 absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c);
-
-// `s` with what lowers a step's memory appended when it is a device or host allocation that
-// failed (the allocator's "out of memory", CUDA's cudaErrorMemoryAllocation); any other status
-// as it is. `dash` spells the binary's flags: '-' (launcher) or '_' (examples/train).
-absl::Status ExplainOutOfMemory(const absl::Status& s, char dash);
 
 }  // namespace tandem
 

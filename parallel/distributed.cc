@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "model/sharded_checkpoint.h"
+#include "runtime/allocator.h"
 #include "runtime/ops.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
@@ -161,6 +162,19 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
   return bounds;
 }
 
+absl::StatusOr<MemoryNeed> RankMemoryNeed(const ParallelConfig& c, int world_size, int rank) {
+  ASSIGN_OR_RETURN(StageBounds bounds, PlanStages(c, world_size));
+  const TrainConfig& t = c.train;
+  if (c.strategy == StrategyKind::kData) {
+    // The whole model; the rank's share of the batch, one micro-batch after another.
+    return EstimateStageMemory(t.model, 0, bounds.back(), t.batch / world_size / t.micro_batches,
+                               /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind);
+  }
+  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, world_size));
+  return EstimateStageMemory(t.model, bounds[rank], bounds[rank + 1], t.batch / t.micro_batches,
+                             PeakInFlight(s, rank), c.recompute, t.dtype, t.optimizer.kind);
+}
+
 absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     const ParallelConfig& c, Communicator* comm) {
   ASSIGN_OR_RETURN(StageBounds bounds, PlanStages(c, comm->world_size()));
@@ -169,11 +183,18 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
         "the communicator is on %s but training on %s", comm->device().ToString(),
         c.train.device.ToString()));
   }
+  const int rank = comm->rank();
+  ASSIGN_OR_RETURN(MemoryNeed need, RankMemoryNeed(c, comm->world_size(), rank));
+  const int64_t available = AllocatableBytes(c.train.device);
+  RETURN_IF_ERROR(CheckMemory(need, available, absl::StrFormat("rank %d's training step", rank),
+                              c.train.device.ToString()));
   ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c.train));
   std::unique_ptr<DistributedTrainer> t(new DistributedTrainer(c, comm, std::move(data)));
   t->bounds_ = bounds;
+  t->memory_need_ = need;
+  t->memory_available_ = available;
   const bool data_parallel = c.strategy == StrategyKind::kData;
-  const auto [begin, end] = t->BlockRange(comm->rank());
+  const auto [begin, end] = t->BlockRange(rank);
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
                                             c.train.seed, c.train.dtype));
   t->stage_->set_recompute(c.recompute);

@@ -55,6 +55,10 @@ absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model
 // explicit stage sizes ("3,3,2") so every rank gets the same split; other values as given.
 absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_size);
 
+// What rank `rank` of `world_size` must hold during a step (model/memory.h): its stage's
+// model state and the activations of as many micro-batches as its schedule holds at once.
+absl::StatusOr<MemoryNeed> RankMemoryNeed(const ParallelConfig& c, int world_size, int rank);
+
 // Per-step measurements of one rank.
 struct StepTiming {
   double compute_seconds = 0;        // forward and backward
@@ -83,6 +87,10 @@ class DistributedTrainer {
   bool stop_agreed() const { return stop_agreed_; }
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
+  // What this rank was checked to need before it allocated anything (RankMemoryNeed), and
+  // what its device had available then (-1: unknown).
+  const MemoryNeed& memory_need() const { return memory_need_; }
+  int64_t memory_available() const { return memory_available_; }
   // Collective: writes this rank's shard (data parallel: rank 0 only), gathers every
   // shard's size and checksum, and rank 0 writes the manifest last; returns on every rank
   // once the checkpoint is complete. An error on any rank fails it on every rank.
@@ -114,6 +122,8 @@ class DistributedTrainer {
   StageBounds bounds_;
   std::vector<Bucket> buckets_;
   PipelineSchedule schedule_;
+  MemoryNeed memory_need_;
+  int64_t memory_available_ = -1;
   int step_ = 0;
   bool stop_agreed_ = false;
 };

@@ -259,6 +259,13 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   ASSIGN_OR_RETURN(ParallelConfig pc, job.ToParallelConfig(device));
   pc.timeout = absl::Seconds(std::max(30.0, job.heartbeat_timeout_s * 2));
   ASSIGN_OR_RETURN(auto trainer, DistributedTrainer::Create(pc, comm.get()));
+  {
+    const MemoryNeed& n = trainer->memory_need();
+    std::printf("memory: needs at least %s (model state %s, activations %s); %s had %s available\n",
+                FormatBytes(n.total()).c_str(), FormatBytes(n.total() - n.activations).c_str(),
+                FormatBytes(n.activations).c_str(), device.ToString().c_str(),
+                FormatBytes(trainer->memory_available()).c_str());
+  }
   const std::string ckpt_dir = job.run_dir + "/checkpoints";
   if (!job.resume.empty()) {
     // --resume names a checkpoint prefix, <dir>/step-NNNNNN, written by any strategy and
@@ -280,13 +287,9 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   const std::string crash_once = EnvString("TANDEM_TEST_CRASH_ONCE_FILE");
   const int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
   // Memory the model state holds (the rest of the peak is activations and workspace).
-  const int64_t numel = trainer->stage().layout().numel();
-  const int64_t param_bytes =
-      numel * (4 + (pc.train.dtype == DType::kF32
-                        ? 0
-                        : static_cast<int64_t>(DTypeSize(pc.train.dtype))));
-  const int64_t grad_bytes = numel * 4;
-  const int64_t optimizer_bytes = numel * 4 * (pc.train.optimizer.kind == "adamw" ? 2 : 1);
+  const MemoryNeed& need = trainer->memory_need();
+  const int64_t param_bytes = need.params, grad_bytes = need.grads,
+                optimizer_bytes = need.optimizer;
   Profiler::Enable(job.profile);
   while (trainer->step() < job.steps) {
     if (rank == crash_rank && trainer->step() == crash_step) {

@@ -207,6 +207,15 @@ absl::StatusOr<Allocator*> GetAllocator(Device d) {
   return raw;
 }
 
+int64_t AllocatableBytes(Device d) {
+  const int64_t system = AvailableMemoryBytes(d);
+  if (system < 0) return -1;
+  absl::StatusOr<Allocator*> a = GetAllocator(d);
+  if (!a.ok()) return system;
+  const AllocatorStats st = (*a)->stats();
+  return system + st.reserved_bytes - st.allocated_bytes;
+}
+
 Allocator* GetPinnedHostAllocator() {
   // Page-locking needs a CUDA driver; without a device there is nothing to stage for, and
   // plain host memory serves.

@@ -93,6 +93,9 @@ class CachingAllocator : public Allocator {
 
 // The process-wide allocator of a device (CUDA device memory, or host memory for the CPU).
 absl::StatusOr<Allocator*> GetAllocator(Device d);
+// What allocations on `d` may still take, or -1 when unknown: the system's available memory
+// (AvailableMemoryBytes) and the free blocks d's allocator holds cached.
+int64_t AllocatableBytes(Device d);
 // Page-locked host memory for staging copies to and from CUDA devices; plain host memory
 // in a build without CUDA.
 Allocator* GetPinnedHostAllocator();

@@ -2,6 +2,7 @@
 // Compiles in every build; skips with the reason where no GPU is visible.
 
 #include "gtest/gtest.h"
+#include "runtime/allocator.h"
 #include "runtime/tensor.h"
 
 namespace tandem {
@@ -46,6 +47,24 @@ TEST_F(CudaRuntimeTest, AsyncCopiesThroughPinnedMemoryOnOwnStream) {
   EXPECT_TRUE(*stop->Query());
   EXPECT_GT(*stop->ElapsedMsSince(*start), 0.0f);
   EXPECT_EQ(back.data<float>()[12345], 3.0f);
+}
+
+// The free memory a run is checked against: a live block lowers it; a freed one stays with
+// the caching allocator and still counts as allocatable.
+TEST_F(CudaRuntimeTest, AvailableMemoryFollowsAllocations) {
+  const int64_t kBytes = int64_t{1} << 30;
+  const int64_t free_before = AvailableMemoryBytes(gpu_);
+  ASSERT_GT(free_before, kBytes * 2);
+  const int64_t allocatable_before = AllocatableBytes(gpu_);
+  {
+    Tensor t = *Tensor::Empty({kBytes / 4}, DType::kF32, gpu_);
+    EXPECT_LE(AvailableMemoryBytes(gpu_), free_before - kBytes);
+    EXPECT_LE(AllocatableBytes(gpu_), allocatable_before - kBytes);
+  }
+  EXPECT_LE(AvailableMemoryBytes(gpu_), free_before - kBytes);  // cached, not returned
+  // Other processes on the GPU may move its free memory a little between reads.
+  EXPECT_NEAR(static_cast<double>(AllocatableBytes(gpu_)), static_cast<double>(allocatable_before),
+              64 << 20);
 }
 
 TEST_F(CudaRuntimeTest, EventOrdersTwoStreams) {

@@ -1,5 +1,9 @@
 #include "runtime/device.h"
 
+#include <algorithm>
+#include <fstream>
+#include <string>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -55,6 +59,60 @@ absl::Status SetCurrentDevice(Device d) {
   return absl::OkStatus();
 #else
   return NoCudaBackendError(d);
+#endif
+}
+
+namespace {
+
+// The first whitespace-separated number in `path` (after `key`, when given), or -1.
+int64_t ReadNumber(const char* path, absl::string_view key = "") {
+  std::ifstream in(path);
+  std::string word;
+  while (in >> word) {
+    if (!key.empty() && word != key) continue;
+    if (!key.empty() && !(in >> word)) return -1;
+    int64_t v;
+    return absl::SimpleAtoi(word, &v) ? v : -1;
+  }
+  return -1;
+}
+
+// What the memory cgroup (v2, else v1) still lets this process allocate, or -1.
+int64_t CgroupHeadroom() {
+  int64_t limit = ReadNumber("/sys/fs/cgroup/memory.max");  // "max": no limit, -1
+  int64_t used = ReadNumber("/sys/fs/cgroup/memory.current");
+  if (limit < 0) {
+    limit = ReadNumber("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    used = ReadNumber("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+  }
+  // v1 says "no limit" with a huge number.
+  if (limit < 0 || used < 0 || limit >= (int64_t{1} << 60)) return -1;
+  return std::max<int64_t>(0, limit - used);
+}
+
+}  // namespace
+
+int64_t AvailableMemoryBytes(Device d) {
+  if (d.is_cpu()) {
+    const int64_t kb = ReadNumber("/proc/meminfo", "MemAvailable:");
+    const int64_t host = kb < 0 ? -1 : kb * 1024;
+    const int64_t cgroup = CgroupHeadroom();
+    if (host < 0 || cgroup < 0) return std::max(host, cgroup);
+    return std::min(host, cgroup);
+  }
+#if TANDEM_CUDA
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(d.index()) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  size_t free_bytes = 0, total = 0;
+  const bool ok = cudaMemGetInfo(&free_bytes, &total) == cudaSuccess;
+  if (!ok) cudaGetLastError();
+  cudaSetDevice(previous);
+  return ok ? static_cast<int64_t>(free_bytes) : -1;
+#else
+  return -1;
 #endif
 }
 

@@ -2,6 +2,7 @@
 #ifndef TANDEM_RUNTIME_DEVICE_H_
 #define TANDEM_RUNTIME_DEVICE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -45,6 +46,11 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text);
 
 // Makes `d` the calling thread's current device (a no-op for the CPU).
 absl::Status SetCurrentDevice(Device d);
+
+// Bytes that can still be allocated on `d`, or -1 when unknown. The CPU: MemAvailable of
+// /proc/meminfo, or less where a cgroup (a container, a batch job) limits this process;
+// CUDA: the device's free memory (cudaMemGetInfo).
+int64_t AvailableMemoryBytes(Device d);
 
 // Unavailable: "<d> requested but this build has no CUDA backend".
 absl::Status NoCudaBackendError(Device d);

@@ -1,0 +1,79 @@
+#include "model/memory.h"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "model/block.h"
+
+namespace tandem {
+
+MemoryNeed& MemoryNeed::operator+=(const MemoryNeed& o) {
+  params += o.params;
+  grads += o.grads;
+  optimizer += o.optimizer;
+  activations += o.activations;
+  in_flight = std::max(in_flight, o.in_flight);
+  return *this;
+}
+
+MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
+                               int in_flight, bool recompute, DType compute,
+                               absl::string_view optimizer) {
+  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
+  int64_t numel = 0, activations = 0;
+  for (int b = begin; b < end; ++b) {
+    for (const ParamSpec& p : blocks[b]->Params()) numel += p.shape.numel();
+    activations += blocks[b]->ActivationBytes(rows, model.seq_len, compute);
+  }
+  MemoryNeed n;
+  n.params =
+      numel * 4 + (compute == DType::kF32 ? 0 : numel * static_cast<int64_t>(DTypeSize(compute)));
+  n.grads = numel * 4;
+  n.optimizer = numel * 4 * (optimizer == "adamw" ? 2 : 1);
+  n.in_flight = recompute ? 1 : in_flight;
+  n.activations = activations * n.in_flight;
+  return n;
+}
+
+absl::Status CheckMemory(const MemoryNeed& need, int64_t available, absl::string_view who,
+                         absl::string_view where) {
+  if (available < 0 || need.total() <= available) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "not enough memory for %s: at least %s is needed (parameters %s, gradients %s, "
+      "optimizer state %s, activations %s for %d micro-batch%s held at once) and %s has %s "
+      "available",
+      who, FormatBytes(need.total()), FormatBytes(need.params), FormatBytes(need.grads),
+      FormatBytes(need.optimizer), FormatBytes(need.activations), need.in_flight,
+      need.in_flight == 1 ? "" : "es", where, FormatBytes(available)));
+}
+
+absl::Status ExplainOutOfMemory(const absl::Status& s, char dash) {
+  if (s.code() != absl::StatusCode::kResourceExhausted ||
+      !(absl::StrContains(s.message(), "out of memory") ||
+        absl::StartsWith(s.message(), "not enough memory") ||
+        absl::StrContains(s.message(), "cudaErrorMemoryAllocation"))) {
+    return s;
+  }
+  // The launcher's pipelines hold several micro-batches at once; examples/train, one.
+  const char* pipeline =
+      dash == '-' ? " (a GPipe pipeline holds them all: there --schedule=1f1b or --recompute)" : "";
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s. To need less memory: a smaller --batch or --seq%clen, more --micro%cbatches (the "
+      "same batch in smaller pieces)%s, or --attention=flash (no T x T probabilities kept)",
+      s.message(), dash, dash, pipeline));
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 0) return "-";
+  const double kb = static_cast<double>(bytes) / 1024, mb = kb / 1024, gb = mb / 1024;
+  if (gb >= 1024) return absl::StrFormat("%.1f TB", gb / 1024);
+  if (mb >= 1024) return absl::StrFormat("%.1f GB", gb);
+  if (mb >= 10) return absl::StrFormat("%.0f MB", mb);
+  if (mb >= 1) return absl::StrFormat("%.1f MB", mb);
+  return absl::StrFormat("%.0f KB", kb);
+}
+
+}  // namespace tandem

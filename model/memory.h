@@ -1,0 +1,53 @@
+// What a stage must hold during a training step, known from shapes before anything is
+// allocated, so that a run that cannot fit is refused with the figures instead of failing
+// (or being killed) part way into its first step.
+#ifndef TANDEM_MODEL_MEMORY_H_
+#define TANDEM_MODEL_MEMORY_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "model/config.h"
+#include "runtime/dtype.h"
+
+namespace tandem {
+
+// A lower bound: the model state and the activations kept for backward; the temporaries of
+// one op, communication buffers and the allocator's rounding come on top.
+struct MemoryNeed {
+  int64_t params = 0;       // f32 master weights, and their 16-bit copy under bf16/f16
+  int64_t grads = 0;        // f32
+  int64_t optimizer = 0;    // AdamW: two f32 moments; SGD: one f32 momentum
+  int64_t activations = 0;  // per micro-batch, times the micro-batches held at once
+  int in_flight = 1;        // micro-batches whose activations are held at once
+  int64_t total() const { return params + grads + optimizer + activations; }
+  // Adds another worker's need on the same memory (in_flight: the most of the two).
+  MemoryNeed& operator+=(const MemoryNeed& o);
+};
+
+// Blocks [begin, end) of `model` trained on micro-batches of `rows` samples computing in
+// `compute` with `optimizer` ("adamw" or "sgd"), `in_flight` micro-batches held at once
+// (with `recompute` one micro-batch's activations, whatever in_flight is).
+MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
+                               int in_flight, bool recompute, DType compute,
+                               absl::string_view optimizer);
+
+// OK when `need` fits in `available` bytes (or available is unknown, < 0); otherwise
+// ResourceExhausted, one line: "not enough memory for <who>: at least ... is needed (...) and
+// <where> has ... available".
+absl::Status CheckMemory(const MemoryNeed& need, int64_t available, absl::string_view who,
+                         absl::string_view where);
+
+// `s` with what lowers a step's memory appended when it says memory ran short (CheckMemory's
+// refusal, the allocator's "out of memory", CUDA's cudaErrorMemoryAllocation); any other
+// status as it is. `dash` spells the binary's flags: '-' (launcher) or '_' (examples/train).
+absl::Status ExplainOutOfMemory(const absl::Status& s, char dash);
+
+// "512 KB", "12.3 MB", "1.5 GB", "1.2 TB"; "-" when negative (unknown).
+std::string FormatBytes(int64_t bytes);
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_MEMORY_H_

@@ -1,0 +1,184 @@
+// The memory a run is checked against before it starts: each block's declared activation
+// bytes against what its Forward really keeps, a stage's estimate against the allocator, and
+// the refusal's message.
+#include "model/memory.h"
+
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/block.h"
+#include "model/data.h"
+#include "model/stage.h"
+#include "model/trainer.h"
+#include "runtime/allocator.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+ModelConfig Small(const char* preset, Attention attention = Attention::kStandard) {
+  ModelConfig c = *ModelPreset(preset);
+  c.n_layer = 2;
+  c.d_model = 16;
+  c.n_head = 2;
+  c.seq_len = 8;
+  c.vocab = 32;
+  c.attention = attention;
+  return c;
+}
+
+std::vector<ModelConfig> Configs() {
+  return {Small("gpt"), Small("gpt", Attention::kFlash), Small("mlp")};
+}
+
+MicroBatch Batch(const ModelConfig& c, int B) {
+  auto data = TokenDataset::Synthetic(4096, c.seq_len, c.vocab, 3);
+  DataOrder order(data.num_samples(), 3);
+  return *MakeMicroBatch(data, order, 0, 0, B, c.seq_len, Device::Cpu(), 1.0f / (B * c.seq_len));
+}
+
+// Every block's Forward, in order; the bytes of the distinct buffers it saved or returned,
+// not counting the one it was given.
+TEST(ActivationBytes, EqualWhatForwardKeeps) {
+  for (const ModelConfig& c : Configs()) {
+    SCOPED_TRACE(c.ToString() + " " + AttentionName(c.attention));
+    const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(c);
+    Stream& s = **Stream::Compute(Device::Cpu());
+    const int B = 3;
+    const MicroBatch mb = Batch(c, B);
+    Tensor x;
+    std::vector<Saved> saved(blocks.size());
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      SCOPED_TRACE(blocks[b]->name());
+      ParamLayout layout(blocks[b]->Params());
+      FlatBuffer params = *FlatBuffer::Create(layout, DType::kF32, Device::Cpu());
+      ASSERT_TRUE(InitializeParams(layout, params, 1).ok());
+      std::vector<Tensor> p;
+      for (size_t i = 0; i < params.size(); ++i) p.push_back(params.view(i));
+      Tensor y;
+      ASSERT_TRUE(blocks[b]->Forward(s, p, mb, x, &y, &saved[b]).ok());
+      std::set<const void*> seen;
+      if (x.defined()) seen.insert(x.storage().get());
+      int64_t kept = 0;
+      std::vector<Tensor> held = saved[b].t;
+      held.push_back(y);
+      for (const Tensor& t : held) {
+        if (t.defined() && seen.insert(t.storage().get()).second) kept += t.bytes();
+      }
+      EXPECT_EQ(blocks[b]->ActivationBytes(B, c.seq_len, DType::kF32), kept);
+      x = y;
+    }
+  }
+}
+
+// A stage holding M micro-batches' activations: the allocator's live bytes grow by the
+// estimate, up to its rounding of each buffer.
+TEST(EstimateStageMemory, MatchesTheAllocator) {
+  for (const ModelConfig& c : Configs()) {
+    SCOPED_TRACE(c.ToString() + " " + AttentionName(c.attention));
+    const int B = 2, M = 3;
+    auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 7);
+    Stream& s = **Stream::Compute(Device::Cpu());
+    Allocator& alloc = **GetAllocator(Device::Cpu());
+    std::vector<MicroBatch> mbs;
+    for (int m = 0; m < M; ++m) mbs.push_back(Batch(c, B));
+    const int64_t before = alloc.stats().allocated_bytes;
+    std::vector<Tensor> losses(M);
+    for (int m = 0; m < M; ++m) ASSERT_TRUE(st->Forward(s, m, mbs[m], Tensor(), &losses[m]).ok());
+    const int64_t held = alloc.stats().allocated_bytes - before;
+    const MemoryNeed n =
+        EstimateStageMemory(c, 0, c.num_blocks(), B, M, /*recompute=*/false, DType::kF32, "adamw");
+    EXPECT_EQ(n.in_flight, M);
+    EXPECT_GE(held, n.activations);
+    const int64_t buffers_per_block = 16;  // no block keeps more
+    EXPECT_LE(held, n.activations + int64_t{M} * c.num_blocks() * buffers_per_block *
+                                        static_cast<int64_t>(CachingAllocator::kRoundBytes));
+    // The model state: what the stage and an AdamW optimizer allocate.
+    const int64_t numel = st->layout().numel();
+    EXPECT_EQ(n.params, static_cast<int64_t>(st->params().flat().bytes()));
+    EXPECT_EQ(n.grads, static_cast<int64_t>(st->grads().flat().bytes()));
+    EXPECT_EQ(n.optimizer, 2 * numel * 4);
+    EXPECT_EQ(EstimateStageMemory(c, 0, c.num_blocks(), B, M, false, DType::kF32, "sgd").optimizer,
+              numel * 4);
+  }
+}
+
+TEST(EstimateStageMemory, StagesAddUpAndRecomputeKeepsOneMicroBatch) {
+  const ModelConfig c = Small("gpt");
+  const int n = c.num_blocks();
+  const MemoryNeed whole = EstimateStageMemory(c, 0, n, 4, 2, false, DType::kF32, "adamw");
+  const MemoryNeed a = EstimateStageMemory(c, 0, 2, 4, 2, false, DType::kF32, "adamw");
+  const MemoryNeed b = EstimateStageMemory(c, 2, n, 4, 2, false, DType::kF32, "adamw");
+  EXPECT_EQ(a.total() + b.total(), whole.total());
+  const MemoryNeed one = EstimateStageMemory(c, 0, n, 4, 1, false, DType::kF32, "adamw");
+  EXPECT_EQ(whole.activations, 2 * one.activations);
+  const MemoryNeed re = EstimateStageMemory(c, 0, n, 4, 2, true, DType::kF32, "adamw");
+  EXPECT_EQ(re.activations, one.activations);
+  EXPECT_EQ(re.in_flight, 1);
+  // bf16: a 16-bit copy of the weights, and 16-bit activations but for the f32 statistics,
+  // probabilities and losses.
+  const MemoryNeed half = EstimateStageMemory(c, 0, n, 4, 1, false, DType::kBF16, "adamw");
+  EXPECT_EQ(half.params, one.params * 3 / 2);
+  EXPECT_LT(half.activations, one.activations);
+  EXPECT_GT(half.activations, one.activations / 2);
+}
+
+TEST(EstimateStageMemory, StandardAttentionGrowsWithTheSquareOfTheSequence) {
+  ModelConfig c = *ModelPreset("gpt-tiny");
+  auto activations = [&](int seq_len, Attention a) {
+    c.seq_len = seq_len;
+    c.attention = a;
+    return EstimateStageMemory(c, 0, c.num_blocks(), 8, 1, false, DType::kF32, "adamw").activations;
+  };
+  // (B, NH, T, T) f32 probabilities in each of 8 layers: 8 * 4 * 1e10 * 4 bytes each.
+  EXPECT_GE(activations(100000, Attention::kStandard), 8 * int64_t{8 * 4} * 100000 * 100000 * 4);
+  EXPECT_GT(activations(100000, Attention::kStandard),
+            90 * activations(10000, Attention::kStandard));
+  EXPECT_EQ(activations(100000, Attention::kFlash), 10 * activations(10000, Attention::kFlash));
+}
+
+TEST(CheckMemory, RefusesWithTheFiguresAndTheFix) {
+  MemoryNeed n;
+  n.params = n.grads = 1 << 20;
+  n.optimizer = 2 << 20;
+  n.activations = int64_t{3} << 30;
+  n.in_flight = 4;
+  EXPECT_TRUE(CheckMemory(n, n.total(), "rank 0", "cpu").ok());
+  EXPECT_TRUE(CheckMemory(n, -1, "rank 0", "cpu").ok());  // unknown: not checked
+  const absl::Status s =
+      ExplainOutOfMemory(CheckMemory(n, int64_t{1} << 30, "rank 2", "cuda:2"), '_');
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("not enough memory for rank 2: at least 3.0 GB is needed"));
+  EXPECT_THAT(s.message(), HasSubstr("activations 3.0 GB for 4 micro-batches held at once"));
+  EXPECT_THAT(s.message(), HasSubstr("cuda:2 has 1.0 GB available"));
+  EXPECT_THAT(s.message(), HasSubstr("--seq_len"));
+  EXPECT_EQ(std::string(s.message()).find('\n'), std::string::npos);
+}
+
+TEST(FormatBytes, PicksTheUnit) {
+  EXPECT_EQ(FormatBytes(512 << 10), "512 KB");
+  EXPECT_EQ(FormatBytes(int64_t{3} << 19), "1.5 MB");
+  EXPECT_EQ(FormatBytes(512 << 20), "512 MB");
+  EXPECT_EQ(FormatBytes(int64_t{3} << 29), "1.5 GB");
+  EXPECT_EQ(FormatBytes(int64_t{5} << 39), "2.5 TB");
+  EXPECT_EQ(FormatBytes(-1), "-");
+}
+
+TEST(AllocatableBytes, CountTheAllocatorsCachedBlocks) {
+  EXPECT_GT(AvailableMemoryBytes(Device::Cpu()), int64_t{16} << 20);
+  // A freed block stays cached in the allocator, ready for the next allocation.
+  Allocator& alloc = **GetAllocator(Device::Cpu());
+  { Tensor t = *Tensor::Empty({int64_t{64} << 20}, DType::kF32, Device::Cpu()); }
+  const AllocatorStats st = alloc.stats();
+  const int64_t cached = st.reserved_bytes - st.allocated_bytes;
+  EXPECT_GE(cached, int64_t{256} << 20);
+  // Host memory moves under other processes: allow 64 MB between two reads.
+  const int64_t system = AvailableMemoryBytes(Device::Cpu());
+  EXPECT_NEAR(static_cast<double>(AllocatableBytes(Device::Cpu()) - system),
+              static_cast<double>(cached), 64 << 20);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -33,8 +33,14 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
       numel * 4 + (compute == DType::kF32 ? 0 : numel * static_cast<int64_t>(DTypeSize(compute)));
   n.grads = numel * 4;
   n.optimizer = numel * 4 * (optimizer == "adamw" ? 2 : 1);
-  n.in_flight = recompute ? 1 : in_flight;
-  n.activations = activations * n.in_flight;
+  // A stage after the first also holds the input it received for each micro-batch (its
+  // first block saves it; ActivationBytes counts it with the block before).
+  const int64_t input =
+      begin > 0 ? rows * model.seq_len * model.d_model * static_cast<int64_t>(DTypeSize(compute))
+                : 0;
+  n.in_flight = in_flight;
+  // Recomputing keeps only the inputs, and one micro-batch's activations during its backward.
+  n.activations = in_flight * input + (recompute ? 1 : in_flight) * activations;
   return n;
 }
 

@@ -20,7 +20,7 @@ struct MemoryNeed {
   int64_t params = 0;       // f32 master weights, and their 16-bit copy under bf16/f16
   int64_t grads = 0;        // f32
   int64_t optimizer = 0;    // AdamW: two f32 moments; SGD: one f32 momentum
-  int64_t activations = 0;  // per micro-batch, times the micro-batches held at once
+  int64_t activations = 0;  // kept for backward by the micro-batches held at once
   int in_flight = 1;        // micro-batches whose activations are held at once
   int64_t total() const { return params + grads + optimizer + activations; }
   // Adds another worker's need on the same memory (in_flight: the most of the two).
@@ -29,7 +29,7 @@ struct MemoryNeed {
 
 // Blocks [begin, end) of `model` trained on micro-batches of `rows` samples computing in
 // `compute` with `optimizer` ("adamw" or "sgd"), `in_flight` micro-batches held at once
-// (with `recompute` one micro-batch's activations, whatever in_flight is).
+// (with `recompute`, their inputs and one micro-batch's activations).
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
                                absl::string_view optimizer);

@@ -74,34 +74,47 @@ TEST(ActivationBytes, EqualWhatForwardKeeps) {
 }
 
 // A stage holding M micro-batches' activations: the allocator's live bytes grow by the
-// estimate, up to its rounding of each buffer.
+// estimate, up to its rounding of each buffer. The whole model, and a last stage that
+// receives its inputs.
 TEST(EstimateStageMemory, MatchesTheAllocator) {
   for (const ModelConfig& c : Configs()) {
-    SCOPED_TRACE(c.ToString() + " " + AttentionName(c.attention));
-    const int B = 2, M = 3;
-    auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 7);
-    Stream& s = **Stream::Compute(Device::Cpu());
-    Allocator& alloc = **GetAllocator(Device::Cpu());
-    std::vector<MicroBatch> mbs;
-    for (int m = 0; m < M; ++m) mbs.push_back(Batch(c, B));
-    const int64_t before = alloc.stats().allocated_bytes;
-    std::vector<Tensor> losses(M);
-    for (int m = 0; m < M; ++m) ASSERT_TRUE(st->Forward(s, m, mbs[m], Tensor(), &losses[m]).ok());
-    const int64_t held = alloc.stats().allocated_bytes - before;
-    const MemoryNeed n =
-        EstimateStageMemory(c, 0, c.num_blocks(), B, M, /*recompute=*/false, DType::kF32, "adamw");
-    EXPECT_EQ(n.in_flight, M);
-    EXPECT_GE(held, n.activations);
-    const int64_t buffers_per_block = 16;  // no block keeps more
-    EXPECT_LE(held, n.activations + int64_t{M} * c.num_blocks() * buffers_per_block *
-                                        static_cast<int64_t>(CachingAllocator::kRoundBytes));
-    // The model state: what the stage and an AdamW optimizer allocate.
-    const int64_t numel = st->layout().numel();
-    EXPECT_EQ(n.params, static_cast<int64_t>(st->params().flat().bytes()));
-    EXPECT_EQ(n.grads, static_cast<int64_t>(st->grads().flat().bytes()));
-    EXPECT_EQ(n.optimizer, 2 * numel * 4);
-    EXPECT_EQ(EstimateStageMemory(c, 0, c.num_blocks(), B, M, false, DType::kF32, "sgd").optimizer,
-              numel * 4);
+    for (int begin : {0, 2}) {
+      SCOPED_TRACE(c.ToString() + " " + AttentionName(c.attention) + " from block " +
+                   std::to_string(begin));
+      // B large enough that a stage's inputs (B x 8 x 16 f32 each) outweigh the rounding.
+      const int B = 64, M = 3, n_blocks = c.num_blocks() - begin;
+      auto st = *Stage::Create(c, begin, c.num_blocks(), Device::Cpu(), 7);
+      Stream& s = **Stream::Compute(Device::Cpu());
+      Allocator& alloc = **GetAllocator(Device::Cpu());
+      std::vector<MicroBatch> mbs;
+      for (int m = 0; m < M; ++m) mbs.push_back(Batch(c, B));
+      const int64_t before = alloc.stats().allocated_bytes;
+      std::vector<Tensor> losses(M);
+      for (int m = 0; m < M; ++m) {
+        // What the previous stage would send.
+        Tensor x = begin == 0
+                       ? Tensor()
+                       : *Tensor::FromVector(std::vector<float>(B * c.seq_len * c.d_model, 0.5f),
+                                             {B, c.seq_len, c.d_model});
+        ASSERT_TRUE(st->Forward(s, m, mbs[m], x, &losses[m]).ok());
+      }
+      const int64_t held = alloc.stats().allocated_bytes - before;
+      const MemoryNeed n = EstimateStageMemory(c, begin, c.num_blocks(), B, M,
+                                               /*recompute=*/false, DType::kF32, "adamw");
+      EXPECT_EQ(n.in_flight, M);
+      EXPECT_GE(held, n.activations);
+      const int64_t buffers_per_block = 16;  // no block keeps more
+      EXPECT_LE(held, n.activations + int64_t{M} * n_blocks * buffers_per_block *
+                                          static_cast<int64_t>(CachingAllocator::kRoundBytes));
+      // The model state: what the stage and an AdamW optimizer allocate.
+      const int64_t numel = st->layout().numel();
+      EXPECT_EQ(n.params, static_cast<int64_t>(st->params().flat().bytes()));
+      EXPECT_EQ(n.grads, static_cast<int64_t>(st->grads().flat().bytes()));
+      EXPECT_EQ(n.optimizer, 2 * numel * 4);
+      EXPECT_EQ(
+          EstimateStageMemory(c, begin, c.num_blocks(), B, M, false, DType::kF32, "sgd").optimizer,
+          numel * 4);
+    }
   }
 }
 
@@ -111,12 +124,16 @@ TEST(EstimateStageMemory, StagesAddUpAndRecomputeKeepsOneMicroBatch) {
   const MemoryNeed whole = EstimateStageMemory(c, 0, n, 4, 2, false, DType::kF32, "adamw");
   const MemoryNeed a = EstimateStageMemory(c, 0, 2, 4, 2, false, DType::kF32, "adamw");
   const MemoryNeed b = EstimateStageMemory(c, 2, n, 4, 2, false, DType::kF32, "adamw");
-  EXPECT_EQ(a.total() + b.total(), whole.total());
+  // The second stage also holds the (4, 8, 16) f32 input it received, per micro-batch.
+  const int64_t input = 4 * 8 * 16 * 4;
+  EXPECT_EQ(a.total() + b.total(), whole.total() + 2 * input);
   const MemoryNeed one = EstimateStageMemory(c, 0, n, 4, 1, false, DType::kF32, "adamw");
   EXPECT_EQ(whole.activations, 2 * one.activations);
   const MemoryNeed re = EstimateStageMemory(c, 0, n, 4, 2, true, DType::kF32, "adamw");
   EXPECT_EQ(re.activations, one.activations);
-  EXPECT_EQ(re.in_flight, 1);
+  EXPECT_EQ(re.in_flight, 2);
+  const MemoryNeed re_b = EstimateStageMemory(c, 2, n, 4, 2, true, DType::kF32, "adamw");
+  EXPECT_EQ(re_b.activations, 2 * input + (b.activations - 2 * input) / 2);
   // bf16: a 16-bit copy of the weights, and 16-bit activations but for the f32 statistics,
   // probabilities and losses.
   const MemoryNeed half = EstimateStageMemory(c, 0, n, 4, 1, false, DType::kBF16, "adamw");

@@ -56,6 +56,12 @@ absl::Status CheckMemory(const MemoryNeed& need, int64_t available, absl::string
       need.in_flight == 1 ? "" : "es", where, FormatBytes(available)));
 }
 
+std::string DescribeMemory(const MemoryNeed& need, int64_t available, absl::string_view where) {
+  return absl::StrFormat("at least %s (model state %s, activations %s); %s had %s available",
+                         FormatBytes(need.total()), FormatBytes(need.total() - need.activations),
+                         FormatBytes(need.activations), where, FormatBytes(available));
+}
+
 absl::Status ExplainOutOfMemory(const absl::Status& s, char dash) {
   if (s.code() != absl::StatusCode::kResourceExhausted ||
       !(absl::StrContains(s.message(), "out of memory") ||

@@ -40,6 +40,10 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
 absl::Status CheckMemory(const MemoryNeed& need, int64_t available, absl::string_view who,
                          absl::string_view where);
 
+// "at least 25 MB (model state 6.7 MB, activations 19 MB); cpu had 21.7 GB available", for
+// logs.
+std::string DescribeMemory(const MemoryNeed& need, int64_t available, absl::string_view where);
+
 // `s` with what lowers a step's memory appended when it says memory ran short (CheckMemory's
 // refusal, the allocator's "out of memory", CUDA's cudaErrorMemoryAllocation); any other
 // status as it is. `dash` spells the binary's flags: '-' (launcher) or '_' (examples/train).

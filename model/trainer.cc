@@ -48,9 +48,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   const MemoryNeed need = EstimateStageMemory(c.model, 0, c.model.num_blocks(),
                                               c.batch / c.micro_batches, /*in_flight=*/1,
                                               /*recompute=*/false, c.dtype, c.optimizer.kind);
-  RETURN_IF_ERROR(
-      CheckMemory(need, AllocatableBytes(c.device), "a training step", c.device.ToString()));
+  const int64_t available = AllocatableBytes(c.device);
+  RETURN_IF_ERROR(CheckMemory(need, available, "a training step", c.device.ToString()));
   std::unique_ptr<Trainer> t(new Trainer(c, std::move(data)));
+  t->memory_need_ = need;
+  t->memory_available_ = available;
   ASSIGN_OR_RETURN(t->stage_,
                    Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));
   ASSIGN_OR_RETURN(t->optimizer_,

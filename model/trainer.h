@@ -56,6 +56,10 @@ class Trainer {
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
   const TokenDataset& data() const { return data_; }
+  // What a step was checked to need before anything was allocated, and what the device had
+  // available then (-1: unknown).
+  const MemoryNeed& memory_need() const { return memory_need_; }
+  int64_t memory_available() const { return memory_available_; }
   absl::Status SaveCheckpoint(const std::string& path);
   absl::Status LoadCheckpoint(const std::string& path);
 
@@ -69,6 +73,8 @@ class Trainer {
   std::unique_ptr<Stage> stage_;
   Optimizer optimizer_;
   LossScaler scaler_;
+  MemoryNeed memory_need_;
+  int64_t memory_available_ = -1;
   int step_ = 0;
 };
 

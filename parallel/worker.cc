@@ -259,13 +259,9 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   ASSIGN_OR_RETURN(ParallelConfig pc, job.ToParallelConfig(device));
   pc.timeout = absl::Seconds(std::max(30.0, job.heartbeat_timeout_s * 2));
   ASSIGN_OR_RETURN(auto trainer, DistributedTrainer::Create(pc, comm.get()));
-  {
-    const MemoryNeed& n = trainer->memory_need();
-    std::printf("memory: needs at least %s (model state %s, activations %s); %s had %s available\n",
-                FormatBytes(n.total()).c_str(), FormatBytes(n.total() - n.activations).c_str(),
-                FormatBytes(n.activations).c_str(), device.ToString().c_str(),
-                FormatBytes(trainer->memory_available()).c_str());
-  }
+  std::printf("memory: %s\n",
+              DescribeMemory(trainer->memory_need(), trainer->memory_available(), device.ToString())
+                  .c_str());
   const std::string ckpt_dir = job.run_dir + "/checkpoints";
   if (!job.resume.empty()) {
     // --resume names a checkpoint prefix, <dir>/step-NNNNNN, written by any strategy and

@@ -254,8 +254,8 @@ done
 
 # Training on the GPU: gpt2-small (124M GPT-2 configuration) in bf16, Tandem with standard
 # and with flash attention, then PyTorch eager on the same model, batch and precision;
-# tokens/s, MFU, the op table of the last steps (with each op's achieved rates) and the
-# allocator's statistics.
+# tokens/s, MFU, the op table of the last steps (with each op's achieved rates), the memory
+# the run was checked to need against the allocator's statistics.
 train() {  # label, then flags for the trainer
   local label="$1"
   shift
@@ -264,8 +264,9 @@ train() {  # label, then flags for the trainer
       --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
       --profile_steps=3 "$@" >"$log" 2>&1
   local rc=$?
-  # Figures, then the op table of the last 3 steps (each op waited for: where the step goes).
-  grep -E '^(model|median|MFU|allocator)' "$log" | sed "s/^/$label /"
+  # Figures (the memory estimate, to hold against the allocator's peak), then the op table of
+  # the last 3 steps (each op waited for: where the step goes).
+  grep -E '^(model|memory|median|MFU|allocator)' "$log" | sed "s/^/$label /"
   sed -n '/^op table/,/^allocator/p' "$log" | grep -v '^allocator' | sed "s/^/$label /"
   if [ "$rc" -ne 0 ]; then
     echo "FAIL training $label (exit status $rc)"

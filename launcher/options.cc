@@ -33,6 +33,7 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/files.h"
+#include "runtime/status.h"
 
 // Names use underscores here; users write them with hyphens (RewriteFlagName).
 ABSL_FLAG(std::string, strategy, "data", "parallelism: data, model or pipeline");
@@ -194,6 +195,26 @@ absl::Status MakeDirs(const std::string& path) {
         absl::StrFormat("cannot create %s: %s", path, std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+// Workers on this host, before any starts: CPU workers share its memory, so what they keep
+// together must fit in what it has available; rank r's stage must fit in GPU r's whole
+// memory. (Each worker checks again, against what its device has free, before it allocates.)
+absl::Status CheckLocalMemory(const ParallelConfig& pc, int workers, const HostInfo& host) {
+  const bool gpus = pc.train.device.is_cuda();
+  MemoryNeed all;
+  for (int r = 0; r < workers; ++r) {
+    ASSIGN_OR_RETURN(MemoryNeed need, RankMemoryNeed(pc, workers, r));
+    all += need;
+    if (gpus && r < static_cast<int>(host.gpu_memory.size())) {
+      RETURN_IF_ERROR(CheckMemory(need, host.gpu_memory[r], absl::StrFormat("rank %d", r),
+                                  absl::StrFormat("cuda:%d (all of its memory)", r)));
+    }
+  }
+  if (gpus) return absl::OkStatus();
+  return CheckMemory(all, host.available_memory,
+                     workers == 1 ? "the worker" : absl::StrFormat("the %d workers", workers),
+                     "this host");
 }
 
 }  // namespace
@@ -364,6 +385,7 @@ std::string HelpText() {
 HostInfo HostInfo::Detect(bool probe_cuda) {
   HostInfo h;
   if (probe_cuda) h.cuda_devices = CudaDeviceCount(&h.why_no_cuda);
+  for (int i = 0; i < h.cuda_devices; ++i) h.gpu_memory.push_back(CudaDeviceTotalMemory(i));
   h.available_memory = AvailableMemoryBytes(Device::Cpu());
   const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
   if (bwd != nullptr && *bwd != '\0') {
@@ -480,6 +502,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
 
   // Dtype (against the resolved device).
   absl::StatusOr<DType> dtype = ParseDType(o.job.dtype);
+  bool dtype_ok = false;  // and valid on the device
   if (!dtype.ok()) {
     problem(absl::StrFormat("--dtype=%s: use f32, bf16 or f16", o.job.dtype));
   } else if (device_ok) {
@@ -487,6 +510,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     t.dtype = *dtype;
     t.device = device;
     absl::Status s = t.Validate();
+    dtype_ok = s.ok();
     if (!s.ok()) problem(std::string(s.message()));
   }
 
@@ -548,24 +572,11 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     }
     if (fit_status.ok()) fit_status = PlanStages(*pc, o.job.workers).status();
     if (!fit_status.ok()) problem(std::string(fit_status.message()));
-    // CPU workers on this host share its memory: what they keep together must fit in it
-    // (each worker checks its own device again before it allocates).
-    // (On the CPU the dtype is f32; an optimizer named wrongly was reported above.)
-    if (fit_status.ok() && device.is_cpu() && !multi_host) {
+    if (fit_status.ok() && !multi_host && dtype_ok) {
+      pc->train.dtype = *dtype;
       if (optimizer_ok) pc->train.optimizer.kind = o.job.optimizer;
-      MemoryNeed all;
-      for (int r = 0; r < o.job.workers && fit_status.ok(); ++r) {
-        absl::StatusOr<MemoryNeed> n = RankMemoryNeed(*pc, o.job.workers, r);
-        fit_status = n.status();
-        if (n.ok()) all += *n;
-      }
-      if (fit_status.ok()) {
-        fit_status = CheckMemory(
-            all, host.available_memory,
-            o.job.workers == 1 ? "the worker" : absl::StrFormat("the %d workers", o.job.workers),
-            "this host");
-      }
-      if (!fit_status.ok()) problem(std::string(ExplainOutOfMemory(fit_status, '-').message()));
+      const absl::Status fits = CheckLocalMemory(*pc, o.job.workers, host);
+      if (!fits.ok()) problem(std::string(ExplainOutOfMemory(fits, '-').message()));
     }
   }
 

@@ -55,7 +55,8 @@ struct HostInfo {
   std::string why_no_cuda;   // why none, when cuda_devices == 0
   std::string user_dir;      // where relative paths are resolved and runs/ is made
   absl::Time now = absl::UnixEpoch();
-  int64_t available_memory = -1;  // host memory this job may still take; -1: unknown
+  int64_t available_memory = -1;    // host memory this job may still take; -1: unknown
+  std::vector<int64_t> gpu_memory;  // each visible GPU's total memory
   // Looks at this machine; CUDA is probed only when `probe_cuda`.
   static HostInfo Detect(bool probe_cuda);
 };

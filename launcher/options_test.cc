@@ -265,6 +265,29 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   EXPECT_TRUE(Validate(o, h).ok());
 }
 
+// Each GPU worker's stage (here in bf16) must fit in its GPU, whatever the host has.
+TEST(Validate, EachGpuMustHoldItsStage) {
+  Options o = Small();
+  o.job.strategy = "pipeline";
+  o.job.dtype = "bf16";
+  HostInfo h = CpuHost(FreshTestPath("user"));
+  h.cuda_devices = 2;
+  h.available_memory = 1;
+  JobConfig j = o.job;
+  j.device = "cuda";
+  const ParallelConfig pc = *j.ToParallelConfig(Device::Cuda(0));
+  const int64_t need0 = RankMemoryNeed(pc, 2, 0)->total();
+  const int64_t need1 = RankMemoryNeed(pc, 2, 1)->total();
+  h.gpu_memory = {need0, need1};
+  EXPECT_TRUE(Validate(o, h).ok());
+  h.gpu_memory = {need0, need1 - 1};
+  EXPECT_THAT(Problems(o, h), ElementsAre(AllOf(HasSubstr("not enough memory for rank 1"),
+                                                HasSubstr("cuda:1 (all of its memory) has"),
+                                                HasSubstr("--schedule=1f1b or --recompute"))));
+  h.gpu_memory = {-1, -1};  // unknown
+  EXPECT_TRUE(Validate(o, h).ok());
+}
+
 TEST(Validate, EachBadInputGivesItsLine) {
   const HostInfo h = CpuHost(FreshTestPath("user"));
   struct Case {

@@ -116,6 +116,20 @@ int64_t AvailableMemoryBytes(Device d) {
 #endif
 }
 
+int64_t CudaDeviceTotalMemory(int index) {
+#if TANDEM_CUDA
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(p.totalGlobalMem);
+#else
+  (void)index;
+  return -1;
+#endif
+}
+
 absl::Status NoCudaBackendError(Device d) {
   return absl::UnavailableError(
       absl::StrCat(d.ToString(), " requested but this build has no CUDA backend"));

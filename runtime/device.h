@@ -52,6 +52,10 @@ absl::Status SetCurrentDevice(Device d);
 // CUDA: the device's free memory (cudaMemGetInfo).
 int64_t AvailableMemoryBytes(Device d);
 
+// The total memory of CUDA device `index` in bytes (a query that creates no context), or -1
+// when unknown.
+int64_t CudaDeviceTotalMemory(int index);
+
 // Unavailable: "<d> requested but this build has no CUDA backend".
 absl::Status NoCudaBackendError(Device d);
 

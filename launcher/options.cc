@@ -217,6 +217,25 @@ absl::Status CheckLocalMemory(const ParallelConfig& pc, int workers, const HostI
                      "this host");
 }
 
+// --balance=time runs each block's forward and backward alone on one micro-batch, on this
+// host's device (GPU 0, or the host): the block that needs most must fit there.
+absl::Status CheckBlockTiming(const ParallelConfig& pc, const HostInfo& host) {
+  const TrainConfig& t = pc.train;
+  const bool gpu = t.device.is_cuda();
+  const int64_t available = !gpu                      ? host.available_memory
+                            : host.gpu_memory.empty() ? -1
+                                                      : host.gpu_memory[0];
+  for (int b = 0; b < t.model.num_blocks(); ++b) {
+    MemoryNeed need = EstimateStageMemory(t.model, b, b + 1, t.batch / t.micro_batches, 1,
+                                          /*recompute=*/false, t.dtype, t.optimizer.kind);
+    need.optimizer = 0;  // no optimizer steps while timing
+    RETURN_IF_ERROR(CheckMemory(need, available,
+                                absl::StrFormat("timing block %d for --balance=time", b),
+                                gpu ? "cuda:0 (all of its memory)" : "this host"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string RewriteFlagName(absl::string_view arg) {
@@ -554,8 +573,10 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   // Strategy / model / world-size fit: batch divisibility, stages vs blocks, schedule.
   if (strategy_ok && gpus_ok && model.ok() && counts_ok) {
     JobConfig fit = job;
-    fit.dtype = "f32";  // dtype problems are reported above
-    fit.optimizer = "adamw";
+    // Problems with the dtype and the optimizer's settings are reported above; the memory
+    // checks and --balance=time need the run's own dtype and optimizer where they are valid.
+    if (!dtype_ok) fit.dtype = "f32";
+    if (!optimizer_ok) fit.optimizer = "adamw";
     fit.lr = 1e-3;
     fit.warmup = 0;
     fit.weight_decay = 0;
@@ -564,7 +585,12 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
     absl::Status fit_status = pc.status();
     // --balance=time is measured here, once, and handed to every worker as explicit stage
-    // sizes, so all ranks split the model the same way.
+    // sizes, so all ranks split the model the same way; each block is timed alone, and the
+    // largest must fit first.
+    if (fit_status.ok() && !multi_host && pc->balance == "time") {
+      fit_status = CheckBlockTiming(*pc, host);
+      if (!fit_status.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
+    }
     if (fit_status.ok()) {
       absl::StatusOr<std::string> sizes = ResolveBalance(*pc, o.job.workers);
       fit_status = sizes.status();
@@ -573,8 +599,6 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     if (fit_status.ok()) fit_status = PlanStages(*pc, o.job.workers).status();
     if (!fit_status.ok()) problem(std::string(fit_status.message()));
     if (fit_status.ok() && !multi_host && dtype_ok) {
-      pc->train.dtype = *dtype;
-      if (optimizer_ok) pc->train.optimizer.kind = o.job.optimizer;
       const absl::Status fits = CheckLocalMemory(*pc, o.job.workers, host);
       if (!fits.ok()) problem(std::string(ExplainOutOfMemory(fits, '-').message()));
     }

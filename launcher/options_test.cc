@@ -263,6 +263,12 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   EXPECT_THAT(lines[0], HasSubstr("--attention=flash"));
   o.job.attention = "flash";
   EXPECT_TRUE(Validate(o, h).ok());
+  // --balance=time would time each block here first: refused before it allocates.
+  o.job.attention = "standard";
+  o.job.strategy = "pipeline";
+  o.job.balance = "time";
+  EXPECT_THAT(Problems(o, h),
+              ElementsAre(HasSubstr("not enough memory for timing block 1 for --balance=time")));
 }
 
 // Each GPU worker's stage (here in bf16) must fit in its GPU, whatever the host has.

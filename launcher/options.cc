@@ -200,21 +200,34 @@ absl::Status MakeDirs(const std::string& path) {
 // Workers on this host, before any starts: CPU workers share its memory, so what they keep
 // together must fit in what it has available; rank r's stage must fit in GPU r's whole
 // memory. (Each worker checks again, against what its device has free, before it allocates.)
-absl::Status CheckLocalMemory(const ParallelConfig& pc, int workers, const HostInfo& host) {
+// Returns the notice of what they need against what there is ("" where that is unknown).
+absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, int workers,
+                                             const HostInfo& host) {
   const bool gpus = pc.train.device.is_cuda();
-  MemoryNeed all;
+  MemoryNeed all, most;
+  int most_rank = 0;
   for (int r = 0; r < workers; ++r) {
     ASSIGN_OR_RETURN(MemoryNeed need, RankMemoryNeed(pc, workers, r));
     all += need;
+    if (need.total() > most.total()) most = need, most_rank = r;
     if (gpus && r < static_cast<int>(host.gpu_memory.size())) {
       RETURN_IF_ERROR(CheckMemory(need, host.gpu_memory[r], absl::StrFormat("rank %d", r),
                                   absl::StrFormat("cuda:%d (all of its memory)", r)));
     }
   }
-  if (gpus) return absl::OkStatus();
-  return CheckMemory(all, host.available_memory,
-                     workers == 1 ? "the worker" : absl::StrFormat("the %d workers", workers),
-                     "this host");
+  if (gpus) {
+    const int64_t gpu =
+        most_rank < static_cast<int>(host.gpu_memory.size()) ? host.gpu_memory[most_rank] : -1;
+    if (gpu < 0) return std::string();
+    return absl::StrFormat("memory: rank %d needs the most, at least %s of cuda:%d's %s", most_rank,
+                           FormatBytes(most.total()), most_rank, FormatBytes(gpu));
+  }
+  const std::string who = workers == 1 ? "the worker" : absl::StrFormat("the %d workers", workers);
+  RETURN_IF_ERROR(CheckMemory(all, host.available_memory, who, "this host"));
+  if (host.available_memory < 0) return std::string();
+  return absl::StrFormat("memory: %s need%s at least %s of the %s this host has available", who,
+                         workers == 1 ? "s" : "", FormatBytes(all.total()),
+                         FormatBytes(host.available_memory));
 }
 
 // --balance=time runs each block's forward and backward alone on one micro-batch, on this
@@ -599,8 +612,12 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     if (fit_status.ok()) fit_status = PlanStages(*pc, o.job.workers).status();
     if (!fit_status.ok()) problem(std::string(fit_status.message()));
     if (fit_status.ok() && !multi_host && dtype_ok) {
-      const absl::Status fits = CheckLocalMemory(*pc, o.job.workers, host);
-      if (!fits.ok()) problem(std::string(ExplainOutOfMemory(fits, '-').message()));
+      const absl::StatusOr<std::string> fits = CheckLocalMemory(*pc, o.job.workers, host);
+      if (!fits.ok()) {
+        problem(std::string(ExplainOutOfMemory(fits.status(), '-').message()));
+      } else if (!fits->empty()) {
+        plan.notices.push_back(*fits);
+      }
     }
   }
 

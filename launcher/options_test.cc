@@ -30,6 +30,7 @@ namespace launcher {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -248,7 +249,12 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   const int64_t one = RankMemoryNeed(pc, 2, 0)->total();
   EXPECT_EQ(RankMemoryNeed(pc, 2, 1)->total(), one);  // replicas
   h.available_memory = 2 * one;
-  EXPECT_TRUE(Validate(o, h).ok());
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices, Contains(absl::StrFormat(
+                              "memory: the 2 workers need at least %s of the %s this host has "
+                              "available",
+                              FormatBytes(2 * one), FormatBytes(2 * one))));
   h.available_memory = -1;  // unknown
   EXPECT_TRUE(Validate(o, h).ok());
   h.available_memory = 2 * one - 1;
@@ -285,7 +291,13 @@ TEST(Validate, EachGpuMustHoldItsStage) {
   const int64_t need0 = RankMemoryNeed(pc, 2, 0)->total();
   const int64_t need1 = RankMemoryNeed(pc, 2, 1)->total();
   h.gpu_memory = {need0, need1};
-  EXPECT_TRUE(Validate(o, h).ok());
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const int most = need1 > need0 ? 1 : 0;
+  EXPECT_THAT(p->notices,
+              Contains(absl::StrFormat(
+                  "memory: rank %d needs the most, at least %s of cuda:%d's %s", most,
+                  FormatBytes(std::max(need0, need1)), most, FormatBytes(std::max(need0, need1)))));
   h.gpu_memory = {need0, need1 - 1};
   EXPECT_THAT(Problems(o, h), ElementsAre(AllOf(HasSubstr("not enough memory for rank 1"),
                                                 HasSubstr("cuda:1 (all of its memory) has"),

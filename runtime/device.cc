@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "runtime/status.h"
 
@@ -77,26 +78,57 @@ int64_t ReadNumber(const char* path, absl::string_view key = "") {
   return -1;
 }
 
-// What the memory cgroup (v2, else v1) still lets this process allocate, or -1.
-int64_t CgroupHeadroom() {
-  int64_t limit = ReadNumber("/sys/fs/cgroup/memory.max");  // "max": no limit, -1
-  int64_t used = ReadNumber("/sys/fs/cgroup/memory.current");
-  if (limit < 0) {
-    limit = ReadNumber("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-    used = ReadNumber("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+}  // namespace
+
+namespace internal {
+
+int64_t CgroupHeadroom(const std::string& cgroup_file, const std::string& root) {
+  // "hierarchy-id:controllers:path" lines: cgroup v1 names the memory controller; v2 has the
+  // one line "0::path".
+  std::ifstream in(cgroup_file);
+  std::string line, v1, v2;
+  while (std::getline(in, line)) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (line.compare(0, a, "0") == 0 && controllers.empty()) v2 = path;
+    for (absl::string_view c : absl::StrSplit(controllers, ',')) {
+      if (c == "memory") v1 = path;
+    }
   }
-  // v1 says "no limit" with a huge number.
-  if (limit < 0 || used < 0 || limit >= (int64_t{1} << 60)) return -1;
-  return std::max<int64_t>(0, limit - used);
+  if (v1.empty() && v2.empty()) return -1;
+  const bool is_v1 = !v1.empty();
+  const std::string base = is_v1 ? root + "/memory" : root;
+  // The tightest of this cgroup and every one above it, counting file cache as free (the
+  // kernel reclaims it before it fails an allocation); v1 says "no limit" with a huge
+  // number, v2 with "max".
+  int64_t headroom = -1;
+  for (std::string p = is_v1 ? v1 : v2;;) {
+    const std::string dir = base + (p == "/" ? "" : p);
+    const int64_t limit =
+        ReadNumber((dir + (is_v1 ? "/memory.limit_in_bytes" : "/memory.max")).c_str());
+    const int64_t usage =
+        ReadNumber((dir + (is_v1 ? "/memory.usage_in_bytes" : "/memory.current")).c_str());
+    const int64_t cache =
+        ReadNumber((dir + "/memory.stat").c_str(), is_v1 ? "total_cache" : "file");
+    if (limit >= 0 && limit < (int64_t{1} << 60) && usage >= 0) {
+      const int64_t h = std::max<int64_t>(0, limit - usage + std::max<int64_t>(0, cache));
+      headroom = headroom < 0 ? h : std::min(headroom, h);
+    }
+    if (p == "/" || p.empty()) break;
+    const size_t slash = p.rfind('/');
+    p = slash == 0 || slash == std::string::npos ? "/" : p.substr(0, slash);
+  }
+  return headroom;
 }
 
-}  // namespace
+}  // namespace internal
 
 int64_t AvailableMemoryBytes(Device d) {
   if (d.is_cpu()) {
     const int64_t kb = ReadNumber("/proc/meminfo", "MemAvailable:");
     const int64_t host = kb < 0 ? -1 : kb * 1024;
-    const int64_t cgroup = CgroupHeadroom();
+    const int64_t cgroup = internal::CgroupHeadroom("/proc/self/cgroup", "/sys/fs/cgroup");
     if (host < 0 || cgroup < 0) return std::max(host, cgroup);
     return std::min(host, cgroup);
   }

@@ -52,6 +52,14 @@ absl::Status SetCurrentDevice(Device d);
 // CUDA: the device's free memory (cudaMemGetInfo).
 int64_t AvailableMemoryBytes(Device d);
 
+namespace internal {
+// What the memory cgroups of this process still let it allocate, or -1 when none limits it:
+// the tightest of its cgroup (named in `cgroup_file`, /proc/self/cgroup) and those above it,
+// in the hierarchy mounted at `root` (/sys/fs/cgroup; v1's memory controller under
+// root/memory), counting their file cache as free.
+int64_t CgroupHeadroom(const std::string& cgroup_file, const std::string& root);
+}  // namespace internal
+
 // The total memory of CUDA device `index` in bytes (a query that creates no context), or -1
 // when unknown.
 int64_t CudaDeviceTotalMemory(int index);

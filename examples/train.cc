@@ -101,9 +101,7 @@ int Main() {
               static_cast<long long>((*trainer)->data().num_tokens()),
               static_cast<long long>((*trainer)->data().num_samples()),
               c.device.ToString().c_str(), c.batch, c.model.seq_len);
-  std::printf("memory %s\n", DescribeMemory((*trainer)->memory_need(),
-                                            (*trainer)->memory_available(), c.device.ToString())
-                                 .c_str());
+  std::printf("memory %s\n", DescribeMemory((*trainer)->memory()).c_str());
   std::fflush(stdout);  // before any error on stderr, in a log that takes both
   const int profile_steps = std::max(0, std::min(absl::GetFlag(FLAGS_profile_steps), c.steps));
   const int first_profiled = c.steps - profile_steps;

@@ -7,6 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "model/block.h"
+#include "runtime/allocator.h"
+#include "runtime/status.h"
 
 namespace tandem {
 
@@ -56,10 +58,18 @@ absl::Status CheckMemory(const MemoryNeed& need, int64_t available, absl::string
       need.in_flight == 1 ? "" : "es", where, FormatBytes(available)));
 }
 
-std::string DescribeMemory(const MemoryNeed& need, int64_t available, absl::string_view where) {
+absl::StatusOr<MemoryCheck> CheckDeviceMemory(const MemoryNeed& need, Device device,
+                                              absl::string_view who) {
+  const MemoryCheck m{need, device, AllocatableBytes(device)};
+  RETURN_IF_ERROR(CheckMemory(need, m.available, who, device.ToString()));
+  return m;
+}
+
+std::string DescribeMemory(const MemoryCheck& m) {
+  const MemoryNeed& n = m.need;
   return absl::StrFormat("at least %s (model state %s, activations %s); %s had %s available",
-                         FormatBytes(need.total()), FormatBytes(need.total() - need.activations),
-                         FormatBytes(need.activations), where, FormatBytes(available));
+                         FormatBytes(n.total()), FormatBytes(n.total() - n.activations),
+                         FormatBytes(n.activations), m.device.ToString(), FormatBytes(m.available));
 }
 
 absl::Status ExplainOutOfMemory(const absl::Status& s, char dash) {

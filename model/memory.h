@@ -8,8 +8,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "model/config.h"
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 
 namespace tandem {
@@ -40,9 +42,20 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
 absl::Status CheckMemory(const MemoryNeed& need, int64_t available, absl::string_view who,
                          absl::string_view where);
 
+// A step's need, checked against what its device had before anything was allocated.
+struct MemoryCheck {
+  MemoryNeed need;
+  Device device = Device::Cpu();
+  int64_t available = -1;  // -1: unknown
+};
+
+// CheckMemory against what `device` can still allocate (AllocatableBytes).
+absl::StatusOr<MemoryCheck> CheckDeviceMemory(const MemoryNeed& need, Device device,
+                                              absl::string_view who);
+
 // "at least 25 MB (model state 6.7 MB, activations 19 MB); cpu had 21.7 GB available", for
 // logs.
-std::string DescribeMemory(const MemoryNeed& need, int64_t available, absl::string_view where);
+std::string DescribeMemory(const MemoryCheck& m);
 
 // `s` with what lowers a step's memory appended when it says memory ran short (CheckMemory's
 // refusal, the allocator's "out of memory", CUDA's cudaErrorMemoryAllocation); any other

@@ -3,6 +3,7 @@
 // the refusal's message.
 #include "model/memory.h"
 
+#include <memory>
 #include <set>
 
 #include "gmock/gmock.h"
@@ -172,6 +173,39 @@ TEST(CheckMemory, RefusesWithTheFiguresAndTheFix) {
   EXPECT_THAT(s.message(), HasSubstr("cuda:2 has 1.0 GB available"));
   EXPECT_THAT(s.message(), HasSubstr("--seq_len"));
   EXPECT_EQ(std::string(s.message()).find('\n'), std::string::npos);
+}
+
+// System memory with nothing to give, so the allocator reports out of memory.
+class NoMemory : public SystemMemory {
+ public:
+  absl::StatusOr<void*> Allocate(size_t) override { return nullptr; }
+  void Free(void*, size_t) override {}
+  Device device() const override { return Device::Cpu(); }
+  std::string name() const override { return "none"; }
+};
+
+TEST(ExplainOutOfMemory, SaysWhatNeedsLess) {
+  CachingAllocator allocator(std::make_unique<NoMemory>(), {});
+  const absl::Status oom = allocator.Allocate(1 << 20).status();
+  ASSERT_EQ(oom.code(), absl::StatusCode::kResourceExhausted) << oom;
+
+  const absl::Status launcher = ExplainOutOfMemory(oom, '-');
+  EXPECT_EQ(launcher.code(), absl::StatusCode::kResourceExhausted);
+  const std::string m(launcher.message());
+  EXPECT_EQ(m.rfind(std::string(oom.message()), 0), 0u) << m;  // the allocator's words first
+  for (const char* flag : {"--batch", "--seq-len", "--micro-batches", "--attention=flash"}) {
+    EXPECT_NE(m.find(flag), std::string::npos) << flag << " in: " << m;
+  }
+  const std::string train(ExplainOutOfMemory(oom, '_').message());
+  EXPECT_NE(train.find("--seq_len"), std::string::npos) << train;
+  EXPECT_NE(train.find("--micro_batches"), std::string::npos) << train;
+
+  // Other failures, a refused oversized coordinator message among them, pass unchanged.
+  const absl::Status big = absl::ResourceExhaustedError("message of 3 MB over the 2 MB limit");
+  EXPECT_EQ(ExplainOutOfMemory(big, '-'), big);
+  const absl::Status other = absl::InternalError("out of memory? no: a kernel failed");
+  EXPECT_EQ(ExplainOutOfMemory(other, '-'), other);
+  EXPECT_TRUE(ExplainOutOfMemory(absl::OkStatus(), '-').ok());
 }
 
 TEST(FormatBytes, PicksTheUnit) {

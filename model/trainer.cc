@@ -7,7 +7,6 @@
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
 #include "model/sharded_checkpoint.h"
-#include "runtime/allocator.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
 
@@ -48,11 +47,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   const MemoryNeed need = EstimateStageMemory(c.model, 0, c.model.num_blocks(),
                                               c.batch / c.micro_batches, /*in_flight=*/1,
                                               /*recompute=*/false, c.dtype, c.optimizer.kind);
-  const int64_t available = AllocatableBytes(c.device);
-  RETURN_IF_ERROR(CheckMemory(need, available, "a training step", c.device.ToString()));
+  ASSIGN_OR_RETURN(MemoryCheck memory, CheckDeviceMemory(need, c.device, "a training step"));
   std::unique_ptr<Trainer> t(new Trainer(c, std::move(data)));
-  t->memory_need_ = need;
-  t->memory_available_ = available;
+  t->memory_ = memory;
   ASSIGN_OR_RETURN(t->stage_,
                    Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));
   ASSIGN_OR_RETURN(t->optimizer_,

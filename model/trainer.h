@@ -56,10 +56,8 @@ class Trainer {
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
   const TokenDataset& data() const { return data_; }
-  // What a step was checked to need before anything was allocated, and what the device had
-  // available then (-1: unknown).
-  const MemoryNeed& memory_need() const { return memory_need_; }
-  int64_t memory_available() const { return memory_available_; }
+  // What a step was checked to need before anything was allocated.
+  const MemoryCheck& memory() const { return memory_; }
   absl::Status SaveCheckpoint(const std::string& path);
   absl::Status LoadCheckpoint(const std::string& path);
 
@@ -73,8 +71,7 @@ class Trainer {
   std::unique_ptr<Stage> stage_;
   Optimizer optimizer_;
   LossScaler scaler_;
-  MemoryNeed memory_need_;
-  int64_t memory_available_ = -1;
+  MemoryCheck memory_;
   int step_ = 0;
 };
 

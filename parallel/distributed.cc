@@ -11,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "model/sharded_checkpoint.h"
-#include "runtime/allocator.h"
 #include "runtime/ops.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
@@ -185,14 +184,13 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   }
   const int rank = comm->rank();
   ASSIGN_OR_RETURN(MemoryNeed need, RankMemoryNeed(c, comm->world_size(), rank));
-  const int64_t available = AllocatableBytes(c.train.device);
-  RETURN_IF_ERROR(CheckMemory(need, available, absl::StrFormat("rank %d's training step", rank),
-                              c.train.device.ToString()));
+  ASSIGN_OR_RETURN(
+      MemoryCheck memory,
+      CheckDeviceMemory(need, c.train.device, absl::StrFormat("rank %d's training step", rank)));
   ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c.train));
   std::unique_ptr<DistributedTrainer> t(new DistributedTrainer(c, comm, std::move(data)));
   t->bounds_ = bounds;
-  t->memory_need_ = need;
-  t->memory_available_ = available;
+  t->memory_ = memory;
   const bool data_parallel = c.strategy == StrategyKind::kData;
   const auto [begin, end] = t->BlockRange(rank);
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,

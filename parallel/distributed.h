@@ -87,10 +87,8 @@ class DistributedTrainer {
   bool stop_agreed() const { return stop_agreed_; }
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
-  // What this rank was checked to need before it allocated anything (RankMemoryNeed), and
-  // what its device had available then (-1: unknown).
-  const MemoryNeed& memory_need() const { return memory_need_; }
-  int64_t memory_available() const { return memory_available_; }
+  // What this rank was checked to need before it allocated anything (RankMemoryNeed).
+  const MemoryCheck& memory() const { return memory_; }
   // Collective: writes this rank's shard (data parallel: rank 0 only), gathers every
   // shard's size and checksum, and rank 0 writes the manifest last; returns on every rank
   // once the checkpoint is complete. An error on any rank fails it on every rank.
@@ -122,8 +120,7 @@ class DistributedTrainer {
   StageBounds bounds_;
   std::vector<Bucket> buckets_;
   PipelineSchedule schedule_;
-  MemoryNeed memory_need_;
-  int64_t memory_available_ = -1;
+  MemoryCheck memory_;
   int step_ = 0;
   bool stop_agreed_ = false;
 };

@@ -259,9 +259,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   ASSIGN_OR_RETURN(ParallelConfig pc, job.ToParallelConfig(device));
   pc.timeout = absl::Seconds(std::max(30.0, job.heartbeat_timeout_s * 2));
   ASSIGN_OR_RETURN(auto trainer, DistributedTrainer::Create(pc, comm.get()));
-  std::printf("memory: %s\n",
-              DescribeMemory(trainer->memory_need(), trainer->memory_available(), device.ToString())
-                  .c_str());
+  std::printf("memory: %s\n", DescribeMemory(trainer->memory()).c_str());
   const std::string ckpt_dir = job.run_dir + "/checkpoints";
   if (!job.resume.empty()) {
     // --resume names a checkpoint prefix, <dir>/step-NNNNNN, written by any strategy and
@@ -283,7 +281,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   const std::string crash_once = EnvString("TANDEM_TEST_CRASH_ONCE_FILE");
   const int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
   // Memory the model state holds (the rest of the peak is activations and workspace).
-  const MemoryNeed& need = trainer->memory_need();
+  const MemoryNeed& need = trainer->memory().need;
   const int64_t param_bytes = need.params, grad_bytes = need.grads,
                 optimizer_bytes = need.optimizer;
   Profiler::Enable(job.profile);

@@ -201,13 +201,14 @@ absl::Status MakeDirs(const std::string& path) {
 // together must fit in what it has available; rank r's stage must fit in GPU r's whole
 // memory. (Each worker checks again, against what its device has free, before it allocates.)
 // Returns the notice of what they need against what there is ("" where that is unknown).
-absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, int workers,
-                                             const HostInfo& host) {
+absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, const StageBounds& bounds,
+                                             int workers, const HostInfo& host) {
   const bool gpus = pc.train.device.is_cuda();
+  ASSIGN_OR_RETURN(std::vector<MemoryNeed> needs, RankMemoryNeeds(pc, bounds, workers));
   MemoryNeed all, most;
   int most_rank = 0;
   for (int r = 0; r < workers; ++r) {
-    ASSIGN_OR_RETURN(MemoryNeed need, RankMemoryNeed(pc, workers, r));
+    const MemoryNeed& need = needs[r];
     all += need;
     if (need.total() > most.total()) most = need, most_rank = r;
     if (gpus && r < static_cast<int>(host.gpu_memory.size())) {
@@ -609,10 +610,15 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       fit_status = sizes.status();
       if (sizes.ok()) pc->balance = job.balance = *sizes;
     }
-    if (fit_status.ok()) fit_status = PlanStages(*pc, o.job.workers).status();
+    StageBounds bounds;
+    if (fit_status.ok()) {
+      absl::StatusOr<StageBounds> b = PlanStages(*pc, o.job.workers);
+      fit_status = b.status();
+      if (b.ok()) bounds = *b;
+    }
     if (!fit_status.ok()) problem(std::string(fit_status.message()));
     if (fit_status.ok() && !multi_host && dtype_ok) {
-      const absl::StatusOr<std::string> fits = CheckLocalMemory(*pc, o.job.workers, host);
+      const absl::StatusOr<std::string> fits = CheckLocalMemory(*pc, bounds, o.job.workers, host);
       if (!fits.ok()) {
         problem(std::string(ExplainOutOfMemory(fits.status(), '-').message()));
       } else if (!fits->empty()) {

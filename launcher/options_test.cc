@@ -246,8 +246,9 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   JobConfig j = o.job;
   j.device = "cpu";
   const ParallelConfig pc = *j.ToParallelConfig(Device::Cpu());
-  const int64_t one = RankMemoryNeed(pc, 2, 0)->total();
-  EXPECT_EQ(RankMemoryNeed(pc, 2, 1)->total(), one);  // replicas
+  const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, 2), 2);
+  const int64_t one = needs[0].total();
+  EXPECT_EQ(needs[1].total(), one);  // replicas
   h.available_memory = 2 * one;
   absl::StatusOr<LaunchPlan> p = Validate(o, h);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -288,8 +289,8 @@ TEST(Validate, EachGpuMustHoldItsStage) {
   JobConfig j = o.job;
   j.device = "cuda";
   const ParallelConfig pc = *j.ToParallelConfig(Device::Cuda(0));
-  const int64_t need0 = RankMemoryNeed(pc, 2, 0)->total();
-  const int64_t need1 = RankMemoryNeed(pc, 2, 1)->total();
+  const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, 2), 2);
+  const int64_t need0 = needs[0].total(), need1 = needs[1].total();
   h.gpu_memory = {need0, need1};
   absl::StatusOr<LaunchPlan> p = Validate(o, h);
   ASSERT_TRUE(p.ok()) << p.status();

@@ -161,17 +161,24 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
   return bounds;
 }
 
-absl::StatusOr<MemoryNeed> RankMemoryNeed(const ParallelConfig& c, int world_size, int rank) {
-  ASSIGN_OR_RETURN(StageBounds bounds, PlanStages(c, world_size));
+absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
+                                                        const StageBounds& bounds, int world_size) {
   const TrainConfig& t = c.train;
   if (c.strategy == StrategyKind::kData) {
-    // The whole model; the rank's share of the batch, one micro-batch after another.
-    return EstimateStageMemory(t.model, 0, bounds.back(), t.batch / world_size / t.micro_batches,
-                               /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind);
+    // Every rank: the whole model, its share of the batch, one micro-batch after another.
+    return std::vector<MemoryNeed>(
+        world_size,
+        EstimateStageMemory(t.model, 0, bounds.back(), t.batch / world_size / t.micro_batches,
+                            /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind));
   }
   ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, world_size));
-  return EstimateStageMemory(t.model, bounds[rank], bounds[rank + 1], t.batch / t.micro_batches,
-                             PeakInFlight(s, rank), c.recompute, t.dtype, t.optimizer.kind);
+  std::vector<MemoryNeed> needs;
+  for (int r = 0; r < world_size; ++r) {
+    needs.push_back(EstimateStageMemory(t.model, bounds[r], bounds[r + 1],
+                                        t.batch / t.micro_batches, PeakInFlight(s, r), c.recompute,
+                                        t.dtype, t.optimizer.kind));
+  }
+  return needs;
 }
 
 absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
@@ -183,10 +190,10 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
         c.train.device.ToString()));
   }
   const int rank = comm->rank();
-  ASSIGN_OR_RETURN(MemoryNeed need, RankMemoryNeed(c, comm->world_size(), rank));
-  ASSIGN_OR_RETURN(
-      MemoryCheck memory,
-      CheckDeviceMemory(need, c.train.device, absl::StrFormat("rank %d's training step", rank)));
+  ASSIGN_OR_RETURN(std::vector<MemoryNeed> needs, RankMemoryNeeds(c, bounds, comm->world_size()));
+  ASSIGN_OR_RETURN(MemoryCheck memory,
+                   CheckDeviceMemory(needs[rank], c.train.device,
+                                     absl::StrFormat("rank %d's training step", rank)));
   ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c.train));
   std::unique_ptr<DistributedTrainer> t(new DistributedTrainer(c, comm, std::move(data)));
   t->bounds_ = bounds;

@@ -55,9 +55,11 @@ absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model
 // explicit stage sizes ("3,3,2") so every rank gets the same split; other values as given.
 absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_size);
 
-// What rank `rank` of `world_size` must hold during a step (model/memory.h): its stage's
-// model state and the activations of as many micro-batches as its schedule holds at once.
-absl::StatusOr<MemoryNeed> RankMemoryNeed(const ParallelConfig& c, int world_size, int rank);
+// What each of `world_size` ranks must hold during a step (model/memory.h), given the stage
+// bounds PlanStages returned: its stage's model state and the activations of as many
+// micro-batches as its schedule holds at once.
+absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
+                                                        const StageBounds& bounds, int world_size);
 
 // Per-step measurements of one rank.
 struct StepTiming {

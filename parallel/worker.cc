@@ -281,9 +281,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   const std::string crash_once = EnvString("TANDEM_TEST_CRASH_ONCE_FILE");
   const int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
   // Memory the model state holds (the rest of the peak is activations and workspace).
-  const MemoryNeed& need = trainer->memory().need;
-  const int64_t param_bytes = need.params, grad_bytes = need.grads,
-                optimizer_bytes = need.optimizer;
+  const MemoryNeed& state = trainer->memory().need;
   Profiler::Enable(job.profile);
   while (trainer->step() < job.steps) {
     if (rank == crash_rank && trainer->step() == crash_step) {
@@ -315,10 +313,10 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
                    "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d, "
                    "\"param_bytes\": %d, \"grad_bytes\": %d, \"optimizer_bytes\": %d}",
                    r.step, r.loss, r.seconds, t.compute_seconds, t.comm_seconds,
-                   t.exposed_comm_seconds, t.bubble_seconds, t.optimizer_seconds,
-                   t.peak_in_flight, t.comm_bytes, t.last_sequence, r.lr,
-                   r.grad_norm, r.skipped ? "true" : "false", mem.allocated_bytes,
-                   mem.peak_allocated_bytes, param_bytes, grad_bytes, optimizer_bytes)
+                   t.exposed_comm_seconds, t.bubble_seconds, t.optimizer_seconds, t.peak_in_flight,
+                   t.comm_bytes, t.last_sequence, r.lr, r.grad_norm, r.skipped ? "true" : "false",
+                   mem.allocated_bytes, mem.peak_allocated_bytes, state.params, state.grads,
+                   state.optimizer)
             << std::endl;
     {
       std::lock_guard<std::mutex> lock(progress->mu);

@@ -79,10 +79,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // Sum over the block; every thread gets the result. blockDim.x must be a multiple of 32
 // (at most 1024), and every thread of the block must call it (it synchronizes).

@@ -611,9 +611,10 @@ struct AttentionDims {
 };
 
 TEST(AttentionTest, ForwardAgainstReference) {
-  const std::vector<AttentionDims> dims = {{1, 1, 4, 1}, {2, 7, 12, 3},  {1, 13, 8, 2},
-                                           {2, 5, 6, 6}, {1, 33, 16, 4}, {0, 3, 4, 2},
-                                           {2, 0, 4, 2}, {2, 3, 0, 1}};
+  // Up to 33 positions: one row tile; 64, 65 and 150: tiles of 64 rows, whole and partial.
+  const std::vector<AttentionDims> dims = {
+      {1, 1, 4, 1},  {2, 7, 12, 3},  {1, 13, 8, 2}, {2, 5, 6, 6}, {1, 33, 16, 4}, {1, 64, 8, 2},
+      {1, 65, 8, 2}, {2, 150, 8, 2}, {0, 3, 4, 2},  {2, 0, 4, 2}, {2, 3, 0, 1}};
   for (const AttentionDims& d : dims) {
     Tensor qkv = Rand({d.b, d.t, 3 * d.c}, -2.0f, 2.0f);
     Tensor out = Rand({d.b, d.t, d.c}), att = Rand({d.b, d.nh, d.t, d.t});
@@ -673,8 +674,8 @@ TEST(AttentionTest, IsCausal) {
 }
 
 TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
-  for (const AttentionDims& d :
-       {AttentionDims{2, 5, 6, 2}, AttentionDims{1, 7, 9, 3}, AttentionDims{1, 4, 4, 4}}) {
+  for (const AttentionDims& d : {AttentionDims{2, 5, 6, 2}, AttentionDims{1, 7, 9, 3},
+                                 AttentionDims{1, 4, 4, 4}, AttentionDims{1, 70, 4, 2}}) {
     Tensor qkv = Rand({d.b, d.t, 3 * d.c});
     Tensor out = Zeros({d.b, d.t, d.c}), att = Zeros({d.b, d.nh, d.t, d.t});
     const Vec r = RandVec(d.b * d.t * d.c);
@@ -699,9 +700,10 @@ TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
 // FlashAttention keeps lse instead of att; its out is AttentionForward's, bit for bit (one
 // code path on the CPU), and its gradients match finite differences and AttentionBackward.
 TEST(FlashAttentionTest, ForwardMatchesAttentionAndReference) {
-  const std::vector<AttentionDims> dims = {{1, 1, 4, 1}, {2, 7, 12, 3},  {1, 13, 8, 2},
-                                           {2, 5, 6, 6}, {1, 33, 16, 4}, {0, 3, 4, 2},
-                                           {2, 0, 4, 2}, {2, 3, 0, 1}};
+  // Up to 33 positions: one row tile; 64, 65 and 150: tiles of 64 rows, whole and partial.
+  const std::vector<AttentionDims> dims = {
+      {1, 1, 4, 1},  {2, 7, 12, 3},  {1, 13, 8, 2}, {2, 5, 6, 6}, {1, 33, 16, 4}, {1, 64, 8, 2},
+      {1, 65, 8, 2}, {2, 150, 8, 2}, {0, 3, 4, 2},  {2, 0, 4, 2}, {2, 3, 0, 1}};
   for (const AttentionDims& d : dims) {
     Tensor qkv = Rand({d.b, d.t, 3 * d.c}, -2.0f, 2.0f);
     Tensor out = Rand({d.b, d.t, d.c}), lse = Rand({d.b, d.nh, d.t});
@@ -719,8 +721,9 @@ TEST(FlashAttentionTest, ForwardMatchesAttentionAndReference) {
 }
 
 TEST(FlashAttentionTest, BackwardMatchesFiniteDifferencesAndAttention) {
-  for (const AttentionDims& d : {AttentionDims{2, 5, 6, 2}, AttentionDims{1, 7, 9, 3},
-                                 AttentionDims{1, 4, 4, 4}, AttentionDims{1, 1, 4, 2}}) {
+  for (const AttentionDims& d :
+       {AttentionDims{2, 5, 6, 2}, AttentionDims{1, 7, 9, 3}, AttentionDims{1, 4, 4, 4},
+        AttentionDims{1, 1, 4, 2}, AttentionDims{1, 130, 4, 2}}) {
     Tensor qkv = Rand({d.b, d.t, 3 * d.c});
     Tensor out = Zeros({d.b, d.t, d.c}), lse = Zeros({d.b, d.nh, d.t});
     const Vec r = RandVec(d.b * d.t * d.c);

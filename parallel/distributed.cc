@@ -18,6 +18,10 @@
 namespace tandem {
 namespace {
 
+// How long ranks wait for the others to write their checkpoint shards (at least): the
+// default timeout of torch.distributed's process groups.
+constexpr absl::Duration kCheckpointWriteTimeout = absl::Minutes(30);
+
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -223,8 +227,8 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   return t;
 }
 
-absl::Status DistributedTrainer::Wait(Work& w, const char* what) {
-  absl::Status s = w.Wait(c_.timeout);
+absl::Status DistributedTrainer::Wait(Work& w, const char* what, absl::Duration timeout) {
+  absl::Status s = w.Wait(timeout);
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrFormat("rank %d, step %d, waiting for %s: %s",
                                                 comm_->rank(), step_, what, s.message()));
@@ -473,8 +477,11 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
   ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({int64_t{kFields} * world}, DType::kI32,
                                              c_.train.device));
   {
+    // Ranks that write nothing wait here while the others write: as long as writing takes
+    // (a large model on a network file system can take minutes), not one collective's timeout.
     ASSIGN_OR_RETURN(auto w, comm_->AllGather(all, in));
-    RETURN_IF_ERROR(Wait(*w, "every rank's checkpoint shard"));
+    RETURN_IF_ERROR(
+        Wait(*w, "every rank's checkpoint shard", std::max(c_.timeout, kCheckpointWriteTimeout)));
   }
   if (!saved.ok()) return saved;
   ASSIGN_OR_RETURN(std::vector<int32_t> v, all.ToIntVector());

@@ -106,7 +106,9 @@ class DistributedTrainer {
   absl::StatusOr<MicroBatch> LoadMicroBatch(int64_t row_begin, int64_t rows);
   absl::Status DataParallelPass(Stream& s, Tensor* loss_sum, StepTiming* t);
   absl::Status PipelinePass(Stream& s, Tensor* loss_sum, StepTiming* t);
-  absl::Status Wait(Work& w, const char* what);
+  // Waits up to c_.timeout, or up to `timeout`.
+  absl::Status Wait(Work& w, const char* what) { return Wait(w, what, c_.timeout); }
+  absl::Status Wait(Work& w, const char* what, absl::Duration timeout);
   // The model blocks rank `rank` holds, [begin, end): all of them under data parallelism.
   std::pair<int, int> BlockRange(int rank) const;
   // Rank `rank`'s shard file under checkpoint `prefix` (data parallel: the one file).

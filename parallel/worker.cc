@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -255,6 +256,8 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
         return progress->report;
       },
       [raw_comm](const std::string& reason) { raw_comm->Abort(reason); }));
+  // On every return the heartbeat thread stops before `comm`, which it may abort, is destroyed.
+  absl::Cleanup stop_heartbeats = [&client] { (void)client->StopHeartbeats(/*finished=*/false); };
 
   ASSIGN_OR_RETURN(ParallelConfig pc, job.ToParallelConfig(device));
   pc.timeout = absl::Seconds(std::max(30.0, job.heartbeat_timeout_s * 2));
@@ -360,6 +363,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     progress->report.phase = *preempted ? "preempted" : "done";
   }
   RETURN_IF_ERROR(client->Barrier("done", absl::Minutes(5)));
+  std::move(stop_heartbeats).Cancel();
   return client->StopHeartbeats(/*finished=*/true);
 }
 

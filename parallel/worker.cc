@@ -39,6 +39,7 @@
 #include "model/trainer.h"
 #include "parallel/distributed.h"
 #include "parallel/job.h"
+#include "runtime/device.h"
 #include "runtime/files.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
@@ -225,7 +226,12 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   id.device = "pending";
   ASSIGN_OR_RETURN(JobInfo info, client->Register(id, absl::Minutes(2)));
   ASSIGN_OR_RETURN(JobConfig job, JobConfig::FromText(info.job_config));
-  const Device device = job.device == "cuda" ? Device::Cuda(local_rank) : Device::Cpu();
+  // One GPU per local rank. Where each task sees only its own GPUs (Slurm's --gpus-per-task
+  // or --gpu-bind set CUDA_VISIBLE_DEVICES per task), the local rank wraps around them.
+  const int gpus = job.device == "cuda" ? CudaDeviceCount() : 0;
+  const Device device = job.device == "cuda"
+                            ? Device::Cuda(gpus > 0 ? local_rank % gpus : local_rank)
+                            : Device::Cpu();
   if (device.is_cpu()) openblas_set_num_threads(1);  // one BLAS thread per worker slot
   RETURN_IF_ERROR(SetCurrentDevice(device));
 

@@ -247,18 +247,19 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   j.device = "cpu";
   const ParallelConfig pc = *j.ToParallelConfig(Device::Cpu());
   const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, 2), 2);
-  const int64_t one = needs[0].total();
-  EXPECT_EQ(needs[1].total(), one);  // replicas
-  h.available_memory = 2 * one;
+  EXPECT_EQ(needs[1].total(), needs[0].total());  // replicas
+  // Both workers' model state and activations, and the temporaries of one at a time.
+  const int64_t both = 2 * needs[0].total() - needs[0].workspace;
+  h.available_memory = both;
   absl::StatusOr<LaunchPlan> p = Validate(o, h);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_THAT(p->notices, Contains(absl::StrFormat(
                               "memory: the 2 workers need at least %s of the %s this host has "
                               "available",
-                              FormatBytes(2 * one), FormatBytes(2 * one))));
+                              FormatBytes(both), FormatBytes(both))));
   h.available_memory = -1;  // unknown
   EXPECT_TRUE(Validate(o, h).ok());
-  h.available_memory = 2 * one - 1;
+  h.available_memory = both - 1;
   EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("not enough memory for the 2 workers")));
   // A sequence standard attention cannot hold: the figures, and what to change.
   o.job.seq_len = 100000;

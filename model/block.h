@@ -54,6 +54,12 @@ class Block {
   // output and what it saves for backward, not its input (the block before counts that).
   // Known from shapes alone, so a run's memory is checked before anything is allocated.
   virtual int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const = 0;
+  // The most Forward or Backward holds at once on top of the activations of the blocks up to
+  // this one: the temporaries the block allocates, its input gradient included, and in
+  // Backward the gradient it is given, less its output (which the next block's Backward freed
+  // with the activations it saved; the head's output, the losses, stays). Scratch inside an op
+  // is not counted (it differs by backend): with ActivationBytes, a lower bound of the peak.
+  virtual int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const = 0;
 };
 
 // The blocks of a GPT or an MLP for `config`, embedding first and head last.

@@ -47,6 +47,9 @@ class EmbeddingBlock : public Block {
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return B * T * c_.d_model * ElemBytes(compute);  // y
   }
+  int64_t WorkspaceBytes(int64_t, int64_t, DType) const override {
+    return 0;  // Backward: dy, in place of y
+  }
 
  private:
   ModelConfig c_;
@@ -172,6 +175,12 @@ class TransformerBlock : public Block {
     const int64_t att = c_.attention == Attention::kFlash ? B * NH * T : B * NH * T * T;
     return N * 16 * C * ElemBytes(compute) + (4 * N + att) * 4;
   }
+  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const override {
+    // Backward (Forward holds 2C per row: proj and fc_out): dy in place of y, then dfc_act and
+    // dfc_pre (4C each), dln2, dres2, datty, dqkv (3C), dln1 and dx, all live until it
+    // returns.
+    return B * T * 16 * c_.d_model * ElemBytes(compute);
+  }
 
  private:
   ModelConfig c_;
@@ -215,6 +224,9 @@ class MlpLayerBlock : public Block {
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return 2 * B * T * c_.d_model * ElemBytes(compute);  // h, y
+  }
+  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const override {
+    return 2 * B * T * c_.d_model * ElemBytes(compute);  // dy in place of y; dh, dx
   }
 
  private:
@@ -281,6 +293,10 @@ class HeadBlock : public Block {
     // and two f32 statistics per row.
     const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * N * 4 : 0;
     return N * c_.vocab * ElemBytes(compute) + N * 4 + ln;
+  }
+  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const override {
+    // Backward: dx, and with the LayerNorm the gradient of its output.
+    return (layernorm_ ? 2 : 1) * B * T * c_.d_model * ElemBytes(compute);
   }
 
  private:

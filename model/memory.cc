@@ -17,6 +17,7 @@ MemoryNeed& MemoryNeed::operator+=(const MemoryNeed& o) {
   grads += o.grads;
   optimizer += o.optimizer;
   activations += o.activations;
+  workspace = std::max(workspace, o.workspace);  // short-lived: peaks need not meet
   in_flight = std::max(in_flight, o.in_flight);
   return *this;
 }
@@ -25,10 +26,27 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
                                int in_flight, bool recompute, DType compute,
                                absl::string_view optimizer) {
   const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
-  int64_t numel = 0, activations = 0;
+  // What crosses a stage boundary for a micro-batch: (rows, T, C) in the compute dtype.
+  const int64_t boundary =
+      rows * model.seq_len * model.d_model * static_cast<int64_t>(DTypeSize(compute));
+  // A stage that ends before the head sends its output on and keeps none of it; in backward
+  // its last block is given the gradient of that output (so nothing is replaced by it).
+  const bool sends = end < model.num_blocks();
+  int64_t numel = 0, activations = 0, workspace = 0, after = 0;
+  // Backward frees each block's activations once it ran, and forward has not made the later
+  // blocks' yet: a block's temporaries come on top of the activations of the blocks up to it.
+  for (int b = end - 1; b >= begin; --b) {
+    const bool last_sent = sends && b == end - 1;
+    const int64_t kept =
+        blocks[b]->ActivationBytes(rows, model.seq_len, compute) - (last_sent ? boundary : 0);
+    const int64_t temporaries =
+        blocks[b]->WorkspaceBytes(rows, model.seq_len, compute) + (last_sent ? boundary : 0);
+    workspace = std::max(workspace, temporaries - after);
+    after += kept;
+    activations += kept;
+  }
   for (int b = begin; b < end; ++b) {
     for (const ParamSpec& p : blocks[b]->Params()) numel += p.shape.numel();
-    activations += blocks[b]->ActivationBytes(rows, model.seq_len, compute);
   }
   MemoryNeed n;
   n.params =
@@ -37,12 +55,11 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
   n.optimizer = numel * 4 * (optimizer == "adamw" ? 2 : 1);
   // A stage after the first also holds the input it received for each micro-batch (its
   // first block saves it; ActivationBytes counts it with the block before).
-  const int64_t input =
-      begin > 0 ? rows * model.seq_len * model.d_model * static_cast<int64_t>(DTypeSize(compute))
-                : 0;
+  const int64_t input = begin > 0 ? boundary : 0;
   n.in_flight = in_flight;
   // Recomputing keeps only the inputs, and one micro-batch's activations during its backward.
   n.activations = in_flight * input + (recompute ? 1 : in_flight) * activations;
+  n.workspace = workspace;
   return n;
 }
 
@@ -51,11 +68,11 @@ absl::Status CheckMemory(const MemoryNeed& need, int64_t available, absl::string
   if (available < 0 || need.total() <= available) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
       "not enough memory for %s: at least %s is needed (parameters %s, gradients %s, "
-      "optimizer state %s, activations %s for %d micro-batch%s held at once) and %s has %s "
-      "available",
+      "optimizer state %s, activations %s for %d micro-batch%s held at once, temporaries %s) "
+      "and %s has %s available",
       who, FormatBytes(need.total()), FormatBytes(need.params), FormatBytes(need.grads),
       FormatBytes(need.optimizer), FormatBytes(need.activations), need.in_flight,
-      need.in_flight == 1 ? "" : "es", where, FormatBytes(available)));
+      need.in_flight == 1 ? "" : "es", FormatBytes(need.workspace), where, FormatBytes(available)));
 }
 
 absl::StatusOr<MemoryCheck> CheckDeviceMemory(const MemoryNeed& need, Device device,
@@ -67,9 +84,11 @@ absl::StatusOr<MemoryCheck> CheckDeviceMemory(const MemoryNeed& need, Device dev
 
 std::string DescribeMemory(const MemoryCheck& m) {
   const MemoryNeed& n = m.need;
-  return absl::StrFormat("at least %s (model state %s, activations %s); %s had %s available",
-                         FormatBytes(n.total()), FormatBytes(n.total() - n.activations),
-                         FormatBytes(n.activations), m.device.ToString(), FormatBytes(m.available));
+  return absl::StrFormat(
+      "at least %s (model state %s, activations %s, temporaries %s); %s had %s available",
+      FormatBytes(n.total()), FormatBytes(n.params + n.grads + n.optimizer),
+      FormatBytes(n.activations), FormatBytes(n.workspace), m.device.ToString(),
+      FormatBytes(m.available));
 }
 
 absl::Status ExplainOutOfMemory(const absl::Status& s, char dash) {

@@ -16,16 +16,19 @@
 
 namespace tandem {
 
-// A lower bound: the model state and the activations kept for backward; the temporaries of
-// one op, communication buffers and the allocator's rounding come on top.
+// A lower bound: the model state, the activations kept for backward and the most the blocks'
+// temporaries add to them at any moment; scratch inside ops, communication buffers and the
+// allocator's rounding come on top.
 struct MemoryNeed {
   int64_t params = 0;       // f32 master weights, and their 16-bit copy under bf16/f16
   int64_t grads = 0;        // f32
   int64_t optimizer = 0;    // AdamW: two f32 moments; SGD: one f32 momentum
   int64_t activations = 0;  // kept for backward by the micro-batches held at once
+  int64_t workspace = 0;    // temporaries on top of the activations, at their peak
   int in_flight = 1;        // micro-batches whose activations are held at once
-  int64_t total() const { return params + grads + optimizer + activations; }
-  // Adds another worker's need on the same memory (in_flight: the most of the two).
+  int64_t total() const { return params + grads + optimizer + activations + workspace; }
+  // Adds another worker's need on the same memory (in_flight and workspace: the most of the
+  // two; two workers' temporaries need not peak at once).
   MemoryNeed& operator+=(const MemoryNeed& o);
 };
 

@@ -42,6 +42,9 @@ absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   RETURN_IF_ERROR(c.Validate());
+  // The trainer's GPU is the calling thread's from here on, before any CUDA call that would
+  // otherwise start a context on GPU 0 as well.
+  RETURN_IF_ERROR(SetCurrentDevice(c.device));
   ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c));
   // Micro-batches run one after another: one's activations are held at a time.
   const MemoryNeed need = EstimateStageMemory(c.model, 0, c.model.num_blocks(),

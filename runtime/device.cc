@@ -141,7 +141,8 @@ int64_t AvailableMemoryBytes(Device d) {
   size_t free_bytes = 0, total = 0;
   const bool ok = cudaMemGetInfo(&free_bytes, &total) == cudaSuccess;
   if (!ok) cudaGetLastError();
-  cudaSetDevice(previous);
+  // Back to the caller's device only if it differs: setting a device starts its context.
+  if (previous != d.index()) cudaSetDevice(previous);
   return ok ? static_cast<int64_t>(free_bytes) : -1;
 #else
   return -1;

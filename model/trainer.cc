@@ -116,10 +116,9 @@ absl::StatusOr<MicroBatch> MakeMicroBatch(const TokenDataset& data, const DataOr
   std::vector<int32_t> tokens, targets;
   FillBatch(data, order, batch_start, row_begin, rows, &tokens, &targets);
   // Tokens then targets in one buffer. On a GPU it goes over in one copy queued on the
-  // compute stream, the stream every op on the micro-batch runs on, without waiting for it:
-  // a copy from pageable host memory returns once the driver holds the bytes, so the host
-  // buffer may be reused at once, and the host need not drain the GPU before each
-  // micro-batch.
+  // compute stream, the stream every op on the micro-batch runs on, and nothing waits for it
+  // to finish: a copy from pageable host memory returns once the driver holds the bytes (it
+  // may stage them first, which can wait for the stream), so the buffer may be reused at once.
   tokens.insert(tokens.end(), targets.begin(), targets.end());
   ASSIGN_OR_RETURN(Tensor both, Tensor::FromInts(tokens, {2, rows, seq_len}));
   if (device.is_cuda()) {

@@ -5,7 +5,8 @@
 # (SIGINT to the launcher), bad_flags (nothing starts, nothing is created), preempt_launcher
 # and preempt_worker (SIGTERM: every worker checkpoints, exit 75; --resume=auto continues bit
 # for bit), restart (--max-restarts after an injected crash), reshard (checkpoints moved
-# between strategies and worker counts), bad_checkpoint (missing or corrupt shards refused).
+# between strategies and worker counts), bad_checkpoint (missing or corrupt shards refused),
+# slow_start (workers slow to set up are not taken for hung).
 set -u
 case_name="$1"
 launcher="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
@@ -212,6 +213,22 @@ case "$case_name" in
     [ "$losses" -eq 24 ] || fail "run.json has $losses losses, not 24"
     no_worker_left
     echo "PASSED: $case_name: stopped at step $stopped within $((end - start)) s, exit 75; resumed bit for bit"
+    ;;
+
+  slow_start)
+    # Every worker takes 5 s to set up its communicator (as CUDA and NCCL can on a cold
+    # machine) against a 2 s heartbeat timeout: it reports while it sets up, so the watchdog
+    # lets it be.
+    dir="$tmp/run-slow-start"
+    out="$tmp/out-slow-start.txt"
+    TANDEM_TEST_INIT_SLEEP_MS=5000 timeout 60 "$launcher" --strategy=data --gpus=2 \
+      "${small[@]}" --steps=3 --heartbeat-timeout=2 --run-dir="$dir" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ "$rc" -eq 0 ] || fail "a slow start exited $rc"
+    grep -q '"exit": "ok"' "$dir/run.json" || fail "run.json's exit is not ok"
+    no_worker_left
+    echo "PASSED: workers 5 s in setting up, under a 2 s heartbeat timeout"
     ;;
 
   restart)

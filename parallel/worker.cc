@@ -251,7 +251,30 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   std::printf("rank %d of %d on %s, %s, pid %d, coordinator %s\n", rank, world, host,
               device.ToString().c_str(), static_cast<int>(getpid()), options.address.c_str());
 
+  // Heartbeats from here on, while CUDA and NCCL start (which can take a while on a cold
+  // machine): a rank setting up is alive, not hung. An abort that comes before the
+  // communicator exists is seen once it does.
+  std::atomic<Communicator*> live{nullptr};
   std::unique_ptr<Communicator> comm;
+  {
+    std::lock_guard<std::mutex> lock(progress->mu);
+    progress->report.phase = "init";
+  }
+  RETURN_IF_ERROR(client->StartHeartbeats(
+      [progress] {
+        std::lock_guard<std::mutex> lock(progress->mu);
+        return progress->report;
+      },
+      [&live](const std::string& reason) {
+        if (Communicator* c = live.load()) c->Abort(reason);
+      }));
+  // On every return the heartbeat thread stops before `comm`, which it may abort, is destroyed.
+  absl::Cleanup stop_heartbeats = [&client] { (void)client->StopHeartbeats(/*finished=*/false); };
+  // For tests only (launcher/e2e_test.sh): TANDEM_TEST_INIT_SLEEP_MS=n: setting up takes n ms
+  // longer, as a slow CUDA and NCCL start would.
+  if (const int ms = EnvInt("TANDEM_TEST_INIT_SLEEP_MS", 0); ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
   if (device.is_cuda()) {
     NcclCommunicatorOptions o;
     o.rank = rank;
@@ -263,14 +286,8 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     ASSIGN_OR_RETURN(comm, CreateMpiCommunicator());
   }
   Communicator* raw_comm = comm.get();
-  RETURN_IF_ERROR(client->StartHeartbeats(
-      [progress] {
-        std::lock_guard<std::mutex> lock(progress->mu);
-        return progress->report;
-      },
-      [raw_comm](const std::string& reason) { raw_comm->Abort(reason); }));
-  // On every return the heartbeat thread stops before `comm`, which it may abort, is destroyed.
-  absl::Cleanup stop_heartbeats = [&client] { (void)client->StopHeartbeats(/*finished=*/false); };
+  live.store(raw_comm);
+  if (client->aborted()) return absl::AbortedError(client->abort_reason());
 
   ASSIGN_OR_RETURN(ParallelConfig pc, job.ToParallelConfig(device));
   pc.timeout = absl::Seconds(std::max(30.0, job.heartbeat_timeout_s * 2));

@@ -110,13 +110,8 @@ class Runner {
     spec.cores = settings_.slots;
     spec.extra_args = plan_.mpirun_args;
     std::vector<std::string> base_env;
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-      base_env.push_back(*e);
-      // Test-only fault-injection settings (parallel/worker.cc) reach workers on every host.
-      if (absl::StartsWith(*e, "TANDEM_TEST_")) {
-        spec.forward_env.push_back(base_env.back().substr(0, base_env.back().find('=')));
-      }
-    }
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) base_env.push_back(*e);
+    spec.forward_env = ForwardedEnvironment(base_env);
     const std::vector<std::string> argv = MpirunArgv(spec);
     const std::vector<std::string> env =
         MpirunEnvironment(base_env, address, token, spec, geteuid() == 0);

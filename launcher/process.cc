@@ -93,6 +93,19 @@ std::vector<std::string> MpirunArgv(const MpirunSpec& spec) {
   return a;
 }
 
+std::vector<std::string> ForwardedEnvironment(const std::vector<std::string>& env) {
+  std::vector<std::string> names;
+  for (const std::string& e : env) {
+    const size_t eq = e.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    const std::string name = e.substr(0, eq);
+    if (absl::StartsWith(name, "NCCL_") || absl::StartsWith(name, "TANDEM_TEST_")) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
 std::vector<std::string> MpirunEnvironment(const std::vector<std::string>& base,
                                            const std::string& coordinator_address,
                                            const std::string& token, const MpirunSpec& spec,

@@ -40,6 +40,12 @@ struct MpirunSpec {
 // environment. With a hostfile its slots decide where ranks go (no --oversubscribe).
 std::vector<std::string> MpirunArgv(const MpirunSpec& spec);
 
+// The names of the variables in `env` ("NAME=value" entries) that mpirun hands to workers on
+// every host (-x NAME; Open MPI exports nothing else to other hosts): NCCL's settings
+// (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_DEBUG, ...) and the workers' test-only
+// fault-injection settings (TANDEM_TEST_*).
+std::vector<std::string> ForwardedEnvironment(const std::vector<std::string>& env);
+
 // mpirun's environment for `spec`: `base` ("NAME=value" entries) with the coordinator's
 // address, the job token, one BLAS thread per CPU worker, and Open MPI's permission to run as
 // root when `as_root`. Entries of `base` with the same names are replaced, but for

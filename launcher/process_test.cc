@@ -75,6 +75,14 @@ TEST(MpirunArgv, HostfileAndCuda) {
               ElementsAre("--mca", "btl", "self,tcp", "w"));
 }
 
+TEST(ForwardedEnvironment, NcclSettingsAndTestHooksReachEveryHost) {
+  EXPECT_THAT(
+      ForwardedEnvironment({"PATH=/bin", "NCCL_SOCKET_IFNAME=eth0", "HOME=/root", "NCCL_DEBUG=INFO",
+                            "TANDEM_TEST_CRASH_RANK=1", "MY_NCCL_X=1", "NCCL_BAD", "=x"}),
+      ElementsAre("NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "TANDEM_TEST_CRASH_RANK"));
+  EXPECT_THAT(ForwardedEnvironment({}), ElementsAre());
+}
+
 TEST(MpirunEnvironment, TokenOnlyInTheEnvironment) {
   const std::string token(64, 'f');
   const std::vector<std::string> env =

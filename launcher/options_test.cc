@@ -276,7 +276,8 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   o.job.strategy = "pipeline";
   o.job.balance = "time";
   EXPECT_THAT(Problems(o, h),
-              ElementsAre(HasSubstr("not enough memory for timing block 1 for --balance=time")));
+              ElementsAre(HasSubstr("not enough memory for --balance=time, which times every "
+                                    "block on one device")));
 }
 
 // Each GPU worker's stage (here in bf16) must fit in its GPU, whatever the host has.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "model/sharded_checkpoint.h"
+#include "runtime/allocator.h"
 #include "runtime/ops.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
@@ -117,6 +118,10 @@ absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world) {
   ASSIGN_OR_RETURN(
       std::vector<double> cost,
       MeasureBlockSeconds(t.model, t.device, t.dtype, t.batch / t.micro_batches, t.seed));
+  // The timing's memory goes back to the device: the process that timed (the launcher) lives
+  // on beside the workers, and would otherwise keep it cached.
+  ASSIGN_OR_RETURN(Allocator * allocator, GetAllocator(t.device));
+  allocator->EmptyCache();
   ASSIGN_OR_RETURN(StageBounds b, BalancedPartition(cost, world));
   std::string sizes;
   for (int s = 0; s < world; ++s) absl::StrAppend(&sizes, s ? "," : "", b[s + 1] - b[s]);

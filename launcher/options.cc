@@ -505,10 +505,13 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     } else {
       device = Device::Cpu();
       if (gpus_ok) {
+        // With other hosts this one cannot see their GPUs: say how to ask for them.
         plan.notices.push_back(absl::StrFormat(
-            "no GPU visible (%s): running %d CPU worker%s",
+            "no GPU visible (%s): running %d CPU worker%s%s",
             host.why_no_cuda.empty() ? "none found" : host.why_no_cuda, o.job.workers,
-            o.job.workers == 1 ? "" : "s"));
+            o.job.workers == 1 ? "" : "s",
+            multi_host ? " (this host decides for every host: --device=cuda if theirs have GPUs)"
+                       : ""));
       }
     }
   } else {

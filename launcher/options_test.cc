@@ -583,6 +583,8 @@ TEST(Validate, HostfileCoordinatorAndRestarts) {
   EXPECT_EQ(p->hostfile, user + "/hosts");
   EXPECT_EQ(p->coordinator_host, "127.0.0.1");  // every host is this one
   EXPECT_FALSE(p->coordinator_remote);
+  // --device=auto decides by this host's GPUs for all: the notice says how to ask for theirs.
+  EXPECT_THAT(p->notices, Contains(HasSubstr("--device=cuda if theirs have GPUs")));
   o.job.workers = 4;
   o.job.batch = 8;
   EXPECT_THAT(Problems(o, CpuHost(user)),

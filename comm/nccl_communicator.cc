@@ -224,14 +224,22 @@ class NcclCommunicator : public Communicator {
 
   ~NcclCommunicator() override {
     NcclState* s = state_.get();
+    (void)SetCurrentDevice(s->id.device);  // the event queries below go to this rank's GPU
     absl::MutexLock lock(&s->mu);
     if (s->comm != nullptr && !s->aborted) {
-      // Let issued operations finish (bounded), then free; abort what does not finish.
-      const ncclResult_t r = ncclCommFinalize(s->comm);
-      absl::Status finalized =
-          (r == ncclSuccess || r == ncclInProgress)
-              ? s->WaitAcceptedLocked(kFinalizeTimeout, "ncclCommFinalize")
-              : NcclErrorStatus(r, "ncclCommFinalize", __FILE__, __LINE__);
+      s->RetireLocked();
+      absl::Status finalized;
+      if (!s->in_flight.empty() || !s->AsyncErrorLocked().ok()) {
+        // A rank leaving on an error, with operations unfinished or NCCL failed: abort at once,
+        // as the MPI communicator does, rather than wait for peers that may be gone.
+        finalized = absl::AbortedError("operations in flight");
+      } else {
+        // Let NCCL finish its own work (bounded), then free; abort what does not finish.
+        const ncclResult_t r = ncclCommFinalize(s->comm);
+        finalized = (r == ncclSuccess || r == ncclInProgress)
+                        ? s->WaitAcceptedLocked(kFinalizeTimeout, "ncclCommFinalize")
+                        : NcclErrorStatus(r, "ncclCommFinalize", __FILE__, __LINE__);
+      }
       if (finalized.ok()) {
         ncclCommDestroy(s->comm);
       } else if (!s->aborted) {  // else Abort came during the wait and freed it

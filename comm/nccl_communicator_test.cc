@@ -201,6 +201,20 @@ TEST_F(NcclCommunicatorTest, AbortFailsWorkAndRefusesMore) {
   ASSERT_TRUE(Stream::Compute(Device::Cuda(0)).value()->Synchronize().ok());
 }
 
+// A rank leaving on an error destroys its communicator with work unfinished: it aborts at once
+// instead of finalizing (which waits for peers that may be gone).
+TEST_F(NcclCommunicatorTest, DestroyedWithWorkInFlightAbortsAtOnce) {
+  Tensor t = OnGpu(Values(kBig));
+  Tensor busy_src, busy_dst;
+  BusyComputeStream(&busy_src, &busy_dst);  // the all-reduce is still queued behind it
+  auto w = comm_->AllReduce(t);
+  ASSERT_TRUE(w.ok());
+  const absl::Time start = absl::Now();
+  comm_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_TRUE(Stream::Compute(Device::Cuda(0)).value()->Synchronize().ok());
+}
+
 TEST_F(NcclCommunicatorTest, BadArgumentsAreRefused) {
   auto cpu = Tensor::FromVector({1, 2}, Shape{2});
   ASSERT_TRUE(cpu.ok());

@@ -187,14 +187,22 @@ TEST_F(NcclCommunicatorTest, OperationsWaitForTheComputeStream) {
   ExpectValues(t, v, "all_reduce after an asynchronous copy on the compute stream");
 }
 
+// An all-reduce of `t` queued behind BusyComputeStream's copy, so unfinished when the caller
+// next acts on the communicator.
+std::unique_ptr<Work> UnfinishedAllReduce(Communicator& comm, const Tensor& t, Tensor* busy_src,
+                                          Tensor* busy_dst) {
+  BusyComputeStream(busy_src, busy_dst);
+  auto w = comm.AllReduce(t);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? std::move(*w) : nullptr;
+}
+
 TEST_F(NcclCommunicatorTest, AbortFailsWorkAndRefusesMore) {
-  Tensor t = OnGpu(Values(kBig));
-  Tensor busy_src, busy_dst;
-  BusyComputeStream(&busy_src, &busy_dst);  // the all-reduce cannot finish before the abort
-  auto w = comm_->AllReduce(t);
-  ASSERT_TRUE(w.ok());
+  Tensor t = OnGpu(Values(kBig)), busy_src, busy_dst;
+  std::unique_ptr<Work> w = UnfinishedAllReduce(*comm_, t, &busy_src, &busy_dst);
+  ASSERT_NE(w, nullptr);
   comm_->Abort("the coordinator aborted the job");
-  absl::Status s = (*w)->Wait(kTimeout);
+  absl::Status s = w->Wait(kTimeout);
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_NE(s.message().find("the coordinator aborted the job"), std::string::npos) << s;
   EXPECT_EQ(comm_->AllReduce(t).status().code(), absl::StatusCode::kAborted);
@@ -204,11 +212,9 @@ TEST_F(NcclCommunicatorTest, AbortFailsWorkAndRefusesMore) {
 // A rank leaving on an error destroys its communicator with work unfinished: it aborts at once
 // instead of finalizing (which waits for peers that may be gone).
 TEST_F(NcclCommunicatorTest, DestroyedWithWorkInFlightAbortsAtOnce) {
-  Tensor t = OnGpu(Values(kBig));
-  Tensor busy_src, busy_dst;
-  BusyComputeStream(&busy_src, &busy_dst);  // the all-reduce is still queued behind it
-  auto w = comm_->AllReduce(t);
-  ASSERT_TRUE(w.ok());
+  Tensor t = OnGpu(Values(kBig)), busy_src, busy_dst;
+  std::unique_ptr<Work> w = UnfinishedAllReduce(*comm_, t, &busy_src, &busy_dst);
+  ASSERT_NE(w, nullptr);
   const absl::Time start = absl::Now();
   comm_.reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));

@@ -162,4 +162,16 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   return p;
 }
 
+absl::StatusOr<Device> JobConfig::WorkerDevice(int local_rank, int visible_gpus,
+                                               const std::string& host) const {
+  if (device != "cuda") return Device::Cpu();
+  if (visible_gpus > 1 && local_rank >= visible_gpus) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "local rank %d on %s, which has %d GPUs visible: start at most %d workers on it (its "
+        "slots in the hostfile, or Slurm's tasks per node)",
+        local_rank, host, visible_gpus, visible_gpus));
+  }
+  return Device::Cuda(visible_gpus == 1 ? 0 : local_rank);
+}
+
 }  // namespace tandem

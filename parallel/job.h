@@ -60,6 +60,12 @@ struct JobConfig {
   int EffectiveMicroBatches() const;
   // Everything a worker needs, for the device it runs on.
   absl::StatusOr<ParallelConfig> ToParallelConfig(Device device) const;
+  // The device of the worker with `local_rank` on `host`, where `visible_gpus` GPUs are
+  // visible: one GPU per local rank; the one GPU where each task sees only its own (Slurm's
+  // --gpus-per-task=1 or --gpu-bind set CUDA_VISIBLE_DEVICES per task). A local rank beyond
+  // several visible GPUs is refused: two ranks on one GPU is NCCL's duplicate-GPU error.
+  absl::StatusOr<Device> WorkerDevice(int local_rank, int visible_gpus,
+                                      const std::string& host) const;
 };
 
 }  // namespace tandem

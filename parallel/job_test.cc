@@ -69,6 +69,21 @@ namespace {
 
 // --balance=time measures every block once and turns the split into explicit sizes, so every
 // rank gets the same stages.
+TEST(JobTest, WorkerDevice) {
+  JobConfig j;
+  j.device = "cpu";
+  EXPECT_EQ(*j.WorkerDevice(3, 8, "h"), Device::Cpu());
+  j.device = "cuda";
+  EXPECT_EQ(*j.WorkerDevice(3, 8, "h"), Device::Cuda(3));  // one GPU per local rank
+  EXPECT_EQ(*j.WorkerDevice(7, 8, "h"), Device::Cuda(7));
+  EXPECT_EQ(*j.WorkerDevice(3, 1, "h"), Device::Cuda(0));  // each task sees its own GPU
+  const absl::StatusOr<Device> beyond = j.WorkerDevice(2, 2, "node7");
+  EXPECT_EQ(beyond.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(beyond.status().message().find("local rank 2 on node7, which has 2 GPUs visible"),
+            std::string::npos)
+      << beyond.status();
+}
+
 TEST(JobTest, BalanceByTime) {
   JobConfig c;
   c.strategy = "pipeline";

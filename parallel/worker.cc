@@ -226,19 +226,9 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   id.device = "pending";
   ASSIGN_OR_RETURN(JobInfo info, client->Register(id, absl::Minutes(2)));
   ASSIGN_OR_RETURN(JobConfig job, JobConfig::FromText(info.job_config));
-  // One GPU per local rank; where each task sees only its own GPU (Slurm's --gpus-per-task=1
-  // or --gpu-bind set CUDA_VISIBLE_DEVICES per task), that one.
-  Device device = Device::Cpu();
-  if (job.device == "cuda") {
-    const int gpus = CudaDeviceCount();
-    if (gpus > 1 && local_rank >= gpus) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "local rank %d on %s, which has %d GPUs visible: start at most %d workers on it (its "
-          "slots in the hostfile, or Slurm's tasks per node)",
-          local_rank, host, gpus, gpus));
-    }
-    device = Device::Cuda(gpus == 1 ? 0 : local_rank);
-  }
+  ASSIGN_OR_RETURN(
+      const Device device,
+      job.WorkerDevice(local_rank, job.device == "cuda" ? CudaDeviceCount() : 0, host));
   if (device.is_cpu()) openblas_set_num_threads(1);  // one BLAS thread per worker slot
   RETURN_IF_ERROR(SetCurrentDevice(device));
 

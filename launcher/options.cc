@@ -600,8 +600,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
     absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
     absl::Status fit_status = pc.status();
     // --balance=time is measured here, once, and handed to every worker as explicit stage
-    // sizes, so all ranks split the model the same way; each block is timed alone, and the
-    // largest must fit first.
+    // sizes, so all ranks split the model the same way; the model must fit here first.
     if (fit_status.ok() && !multi_host && pc->balance == "time") {
       fit_status = CheckBlockTiming(*pc, host);
       if (!fit_status.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');

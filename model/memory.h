@@ -56,8 +56,8 @@ struct MemoryCheck {
 absl::StatusOr<MemoryCheck> CheckDeviceMemory(const MemoryNeed& need, Device device,
                                               absl::string_view who);
 
-// "at least 25 MB (model state 6.7 MB, activations 19 MB); cpu had 21.7 GB available", for
-// logs.
+// "at least 26 MB (model state 6.7 MB, activations 18 MB, temporaries 1.1 MB); cpu had 22.1 GB
+// available", for logs.
 std::string DescribeMemory(const MemoryCheck& m);
 
 // `s` with what lowers a step's memory appended when it says memory ran short (CheckMemory's

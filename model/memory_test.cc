@@ -40,6 +40,13 @@ MicroBatch Batch(const ModelConfig& c, int B) {
   return *MakeMicroBatch(data, order, 0, 0, B, c.seq_len, Device::Cpu(), 1.0f / (B * c.seq_len));
 }
 
+// What crosses a stage boundary for a micro-batch of B samples: (B, T, C) f32, as the
+// previous stage sends its output or the next its gradient.
+Tensor Boundary(const ModelConfig& c, int B) {
+  return *Tensor::FromVector(std::vector<float>(B * c.seq_len * c.d_model, 0.5f),
+                             {B, c.seq_len, c.d_model});
+}
+
 // Every block's Forward, in order; the bytes of the distinct buffers it saved or returned,
 // not counting the one it was given.
 TEST(ActivationBytes, EqualWhatForwardKeeps) {
@@ -93,10 +100,7 @@ TEST(EstimateStageMemory, MatchesTheAllocator) {
       std::vector<Tensor> losses(M);
       for (int m = 0; m < M; ++m) {
         // What the previous stage would send.
-        Tensor x = begin == 0
-                       ? Tensor()
-                       : *Tensor::FromVector(std::vector<float>(B * c.seq_len * c.d_model, 0.5f),
-                                             {B, c.seq_len, c.d_model});
+        Tensor x = begin == 0 ? Tensor() : Boundary(c, B);
         ASSERT_TRUE(st->Forward(s, m, mbs[m], x, &losses[m]).ok());
       }
       const int64_t held = alloc.stats().allocated_bytes - before;
@@ -140,8 +144,6 @@ TEST(EstimateStageMemory, PeakOfAStepMatchesTheAllocator) {
         Allocator& alloc = **GetAllocator(Device::Cpu());
         std::vector<MicroBatch> mbs;
         for (int m = 0; m < M; ++m) mbs.push_back(Batch(c, B));
-        const std::vector<float> boundary(B * c.seq_len * c.d_model, 0.5f);
-        const Shape boundary_shape = {B, c.seq_len, c.d_model};
         alloc.EmptyCache();  // fresh blocks, each of its request's size
         const int64_t before = alloc.stats().allocated_bytes;
         alloc.ResetPeak();
@@ -149,14 +151,14 @@ TEST(EstimateStageMemory, PeakOfAStepMatchesTheAllocator) {
           std::vector<Tensor> losses(M);
           for (int m = 0; m < M; ++m) {
             // What the previous stage sent.
-            Tensor x = begin == 0 ? Tensor() : *Tensor::FromVector(boundary, boundary_shape);
+            Tensor x = begin == 0 ? Tensor() : Boundary(c, B);
             Tensor y;
             ASSERT_TRUE(st->Forward(s, m, mbs[m], x, &y).ok());
             if (end == n) losses[m] = y;  // else sent on
           }
           for (int m = 0; m < M; ++m) {
             // The gradient the next stage sent; dx goes to the previous one.
-            Tensor dy = end == n ? Tensor() : *Tensor::FromVector(boundary, boundary_shape);
+            Tensor dy = end == n ? Tensor() : Boundary(c, B);
             Tensor dx;
             ASSERT_TRUE(st->Backward(s, m, mbs[m], dy, &dx).ok());
           }

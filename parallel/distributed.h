@@ -89,7 +89,7 @@ class DistributedTrainer {
   bool stop_agreed() const { return stop_agreed_; }
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
-  // What this rank was checked to need before it allocated anything (RankMemoryNeed).
+  // What this rank was checked to need before it allocated anything (RankMemoryNeeds).
   const MemoryCheck& memory() const { return memory_; }
   // Collective: writes this rank's shard (data parallel: rank 0 only), gathers every
   // shard's size and checksum, and rank 0 writes the manifest last; returns on every rank

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/ops.h"
@@ -680,6 +682,57 @@ TEST_P(CudaOpsDTypeTest, FlashAttentionBackward) {
     }));
     EXPECT_TRUE(Close(dqkv, 3 * Tol(t)));
   }
+}
+
+// Each attention op's scratch on the GPU, measured as on the CPU (ops_test): the allocator's
+// peak during the call above what was live before it, against AttentionScratchBytes, within
+// the rounding of the op's requests (at most 4). Each op runs once first, so that what the
+// matmuls allocate once (cuBLASLt's workspace, algorithm trials) is behind it. Head size 64
+// (tensor cores for bf16/f16) and 24 (the cuBLAS path for every dtype).
+TEST_P(CudaOpsDTypeTest, AttentionScratchIsWhatTheOpsAllocate) {
+  const DType t = GetParam();
+  Allocator& alloc = **GetAllocator(Gpu());
+  auto scratch_of = [&](const std::function<absl::Status()>& op) {
+    EXPECT_TRUE(op().ok());
+    EXPECT_TRUE(GpuStream().Synchronize().ok());
+    alloc.EmptyCache();
+    const int64_t before = alloc.stats().allocated_bytes;
+    alloc.ResetPeak();
+    EXPECT_TRUE(op().ok());
+    EXPECT_TRUE(GpuStream().Synchronize().ok());
+    return alloc.stats().peak_allocated_bytes - before;
+  };
+  auto expect_near = [](int64_t measured, int64_t want) {
+    EXPECT_GE(measured, want);
+    EXPECT_LE(measured, want + 4 * static_cast<int64_t>(CachingAllocator::kRoundBytes));
+  };
+  for (const AttentionCase& c : {AttentionCase{2, 64, 128, 2}, AttentionCase{2, 40, 96, 4}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "B=" << c.b << " T=" << c.t << " C=" << c.c << " NH=" << c.nh);
+    const int nh = static_cast<int>(c.nh);
+    Pair qkv = Random({c.b, c.t, 3 * c.c}, t), out = Output({c.b, c.t, c.c}, t);
+    Pair dqkv = Output(qkv.gpu.shape(), t), dout = Random({c.b, c.t, c.c}, t);
+    Pair att = Output({c.b, c.nh, c.t, c.t}, DType::kF32),
+         lse = Output({c.b, c.nh, c.t}, DType::kF32);
+    const AttentionScratch standard = AttentionScratchBytes(Gpu(), t, c.b, c.t, c.c, nh, false);
+    const AttentionScratch flash = AttentionScratchBytes(Gpu(), t, c.b, c.t, c.c, nh, true);
+    EXPECT_GT(standard.forward, 0);
+    EXPECT_GT(flash.backward, 0);
+    Stream& s = GpuStream();
+    expect_near(scratch_of([&] { return AttentionForward(s, out.gpu, att.gpu, qkv.gpu, nh); }),
+                standard.forward);
+    expect_near(
+        scratch_of([&] { return AttentionBackward(s, dqkv.gpu, dout.gpu, qkv.gpu, att.gpu, nh); }),
+        standard.backward);
+    expect_near(scratch_of([&] { return FlashAttentionForward(s, out.gpu, lse.gpu, qkv.gpu, nh); }),
+                flash.forward);
+    expect_near(scratch_of([&] {
+                  return FlashAttentionBackward(s, dqkv.gpu, dout.gpu, qkv.gpu, out.gpu, lse.gpu,
+                                                nh);
+                }),
+                flash.backward);
+  }
+  EXPECT_GT(MatmulWorkspaceBytes(Gpu()), 0);
 }
 
 // ---- embedding and loss ---------------------------------------------------------------------

@@ -260,6 +260,15 @@ absl::Status Matmul(Stream& s, const Tensor& out, const Tensor& a, const Tensor&
                       out, a, b, transpose_a, transpose_b, alpha, beta);
 }
 
+int64_t MatmulWorkspaceBytes(Device device) {
+  if (device.is_cpu()) return TANDEM_CPU_OP(MatmulWorkspaceBytes)();
+#if TANDEM_CUDA
+  return cuda::MatmulWorkspaceBytes();
+#else
+  return 0;   // no CUDA device runs in this build
+#endif
+}
+
 namespace {
 
 // inp (N, C) and weight (OC, C) are matrices that agree on C.
@@ -624,6 +633,17 @@ absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor&
   TANDEM_OPS_DISPATCH(FlashAttentionBackward,
                       Cost(2 * AttentionFlops(qkv), Bytes({dqkv, dout, qkv, out, lse})), s, dqkv,
                       dout, qkv, out, lse, num_heads);
+}
+
+AttentionScratch AttentionScratchBytes(Device device, DType dtype, int64_t B, int64_t T, int64_t C,
+                                       int num_heads, bool flash) {
+  if (device.is_cpu())
+    return TANDEM_CPU_OP(AttentionScratchBytes)(dtype, B, T, C, num_heads, flash);
+#if TANDEM_CUDA
+  return cuda::AttentionScratchBytes(dtype, B, T, C, num_heads, flash);
+#else
+  return {};  // no CUDA device runs in this build
+#endif
 }
 
 // ---- embedding and loss ---------------------------------------------------------------------

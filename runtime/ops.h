@@ -42,6 +42,9 @@ namespace ops {
 // memory with a or b.
 absl::Status Matmul(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b,
                     bool transpose_a, bool transpose_b, float alpha = 1.0f, float beta = 0.0f);
+// What the matmuls keep allocated on `device`'s backend once they have run, for the memory
+// check: on CUDA cuBLASLt's workspace (one for each stream that runs matmuls); on the CPU none.
+int64_t MatmulWorkspaceBytes(Device device);
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC) (bias may be undefined).
 // Any float on CUDA (inp, weight, bias and out one dtype); on CUDA the bias is added in the
@@ -132,6 +135,17 @@ absl::Status FlashAttentionForward(Stream& s, const Tensor& out, const Tensor& l
 absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout,
                                     const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                     int num_heads);
+
+// The most the attention ops above allocate for their own use (beyond their arguments) on
+// `device`'s backend, for qkv (B, T, 3C) in `dtype` with `num_heads` heads: in forward and in
+// backward, of standard attention or of FlashAttention (`flash`). The sum of the sizes each
+// requests, before the allocator's rounding; known from shapes, for the memory check.
+struct AttentionScratch {
+  int64_t forward = 0;
+  int64_t backward = 0;
+};
+AttentionScratch AttentionScratchBytes(Device device, DType dtype, int64_t B, int64_t T, int64_t C,
+                                       int num_heads, bool flash);
 
 // ---- embedding and loss ---------------------------------------------------------------------
 

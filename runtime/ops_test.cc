@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/allocator.h"
 #include "runtime/dtype.h"
 #include "runtime/status_testing.h"
 #include "runtime/stream.h"
@@ -749,6 +750,48 @@ TEST(FlashAttentionTest, BackwardMatchesFiniteDifferencesAndAttention) {
                                    Zeros({0, 3, 4}), Zeros({0, 2, 3}), 2));
   ASSERT_OK(FlashAttentionBackward(Cpu(), Zeros({2, 3, 0}), Zeros({2, 3, 0}), Zeros({2, 3, 0}),
                                    Zeros({2, 3, 0}), Zeros({2, 1, 3}), 1));
+}
+
+// Each attention op's scratch, measured: the allocator's peak during the call above what was
+// live before it (its arguments), against AttentionScratchBytes, within the rounding of its one
+// request. From an empty cache, so that the request gets a block of its own size.
+TEST(AttentionScratchBytes, IsWhatTheOpsAllocate) {
+  Allocator& alloc = **GetAllocator(Device::Cpu());
+  auto scratch_of = [&](const std::function<absl::Status()>& op) {
+    alloc.EmptyCache();
+    const int64_t before = alloc.stats().allocated_bytes;
+    alloc.ResetPeak();
+    EXPECT_TRUE(op().ok());
+    return alloc.stats().peak_allocated_bytes - before;
+  };
+  auto expect_near = [](int64_t measured, int64_t want) {
+    EXPECT_GE(measured, want);
+    EXPECT_LE(measured, want + static_cast<int64_t>(CachingAllocator::kRoundBytes));
+  };
+  for (const AttentionDims& d :
+       {AttentionDims{2, 7, 12, 3}, AttentionDims{1, 64, 8, 2}, AttentionDims{2, 150, 8, 2}}) {
+    SCOPED_TRACE(::testing::Message() << d.b << " " << d.t << " " << d.c << " " << d.nh);
+    Tensor qkv = Rand({d.b, d.t, 3 * d.c}), out = Zeros({d.b, d.t, d.c});
+    Tensor dqkv = Zeros(qkv.shape()), dout = Rand(out.shape());
+    Tensor att = Zeros({d.b, d.nh, d.t, d.t}), lse = Zeros({d.b, d.nh, d.t});
+    const AttentionScratch standard =
+        AttentionScratchBytes(Device::Cpu(), DType::kF32, d.b, d.t, d.c, d.nh, false);
+    const AttentionScratch flash =
+        AttentionScratchBytes(Device::Cpu(), DType::kF32, d.b, d.t, d.c, d.nh, true);
+    EXPECT_GT(standard.backward, 0);
+    EXPECT_GT(flash.forward, 0);
+    expect_near(scratch_of([&] { return AttentionForward(Cpu(), out, att, qkv, d.nh); }),
+                standard.forward);
+    expect_near(scratch_of([&] { return AttentionBackward(Cpu(), dqkv, dout, qkv, att, d.nh); }),
+                standard.backward);
+    expect_near(scratch_of([&] { return FlashAttentionForward(Cpu(), out, lse, qkv, d.nh); }),
+                flash.forward);
+    expect_near(
+        scratch_of([&] { return FlashAttentionBackward(Cpu(), dqkv, dout, qkv, out, lse, d.nh); }),
+        flash.backward);
+  }
+  EXPECT_EQ(AttentionScratchBytes(Device::Cpu(), DType::kF32, 0, 7, 12, 3, true).backward, 0);
+  EXPECT_EQ(MatmulWorkspaceBytes(Device::Cpu()), 0);
 }
 
 // ---- embedding and loss ---------------------------------------------------------------------

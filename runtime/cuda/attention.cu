@@ -29,14 +29,29 @@ struct Dims {
   int64_t att_elems() const { return heads() * T * T; }
 };
 
-Dims DimsOf(const Tensor& qkv, int num_heads) {
+Dims DimsOf(int64_t B, int64_t T, int64_t C, int num_heads) {
   Dims d;
-  d.B = static_cast<int>(qkv.dim(0));
-  d.T = static_cast<int>(qkv.dim(1));
-  d.C = static_cast<int>(qkv.dim(2) / 3);
+  d.B = static_cast<int>(B);
+  d.T = static_cast<int>(T);
+  d.C = static_cast<int>(C);
   d.NH = num_heads;
   d.hs = num_heads > 0 ? d.C / num_heads : 0;
   return d;
+}
+
+Dims DimsOf(const Tensor& qkv, int num_heads) {
+  return DimsOf(qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, num_heads);
+}
+
+// What Forward and Backward below allocate: the (B, NH, T, hs) head buffers (3 and 7), and
+// with 16-bit activations the probabilities rounded to them (forward) or those and dpre
+// (backward); backward's datt is f32.
+AttentionScratch StandardScratch(DType dtype, const Dims& d) {
+  if (d.heads() == 0 || d.T == 0 || d.hs == 0) return {};
+  const int64_t e = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t low = dtype == DType::kF32 ? 0 : e;
+  return {3 * d.head_elems() * e + d.att_elems() * low,
+          7 * d.head_elems() * e + d.att_elems() * (4 + 2 * low)};
 }
 
 template <typename E>
@@ -208,6 +223,20 @@ absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout
   return DispatchFloat("AttentionBackward", qkv.dtype(), [&](auto tag) {
     return Backward<decltype(tag)>(s, stream, dqkv, dout, qkv, att, nullptr, d);
   });
+}
+
+// The scratch of the ops below: FlashAttention's follows from the path it takes.
+AttentionScratch AttentionScratchBytes(DType dtype, int64_t B, int64_t T, int64_t C, int num_heads,
+                                       bool flash) {
+  const Dims d = DimsOf(B, T, C, num_heads);
+  if (!flash) return StandardScratch(dtype, d);
+  // The tensor cores' backward keeps a row dot per query row; the cuBLAS path gets the
+  // probabilities in an f32 temporary.
+  if (FlashTensorCoresFitShape(dtype, B, T, C, num_heads)) return {0, d.heads() * d.T * 4};
+  AttentionScratch s = StandardScratch(dtype, d);
+  s.forward += d.att_elems() * 4;
+  s.backward += d.att_elems() * 4;
+  return s;
 }
 
 // FlashAttention: on tensor cores where the kernels fit (flash_attention.cu); elsewhere (f32,

@@ -64,29 +64,23 @@ absl::Status DispatchTensorCores(DType dtype, int hs, Fn&& fn) {
 
 }  // namespace
 
-bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
-                         std::initializer_list<const Tensor*> others) {
-  if (qkv.dtype() != DType::kBF16 && qkv.dtype() != DType::kF16) return false;
+bool FlashTensorCoresFitShape(DType dtype, int64_t B, int64_t T, int64_t C, int num_heads) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   // Grid x = B * NH, y = query or key tiles (at most 65535); RowDotKernel's blocks, a warp per
   // row of B * NH * T, within a grid's x. Checked in int64 before Launch narrows to int.
-  const int64_t B = qkv.dim(0), T = qkv.dim(1);
   if (T < 1 || B < 1 || num_heads < 1 || B * num_heads > INT32_MAX) return false;
-  if ((T + kTile - 1) / kTile > 65535 || qkv.dim(2) > INT32_MAX) return false;
+  if ((T + kTile - 1) / kTile > 65535 || 3 * C > INT32_MAX) return false;
   if (B * num_heads * T / kRowsPerBlock >= INT32_MAX) return false;
-  const Launch l = LaunchOf(qkv, num_heads);
-  if (!IsAligned(qkv.raw(), 16)) return false;
-  for (const Tensor* t : others) {
-    if (!IsAligned(t->raw(), 16)) return false;
-  }
   // A kernel for the head size, and the backward's shared memory per block (the larger: 31 KB,
   // 55 KB, 103 KB for head sizes 32, 64, 128) within what the device gives a block (99 KB on
   // sm_86 and sm_89, which then take the cuBLAS path at head size 128; more on sm_80, sm_90).
   size_t bytes = 0;
-  const absl::Status has_kernel = DispatchTensorCores(qkv.dtype(), l.HS, [&](auto tag, auto hs) {
-    bytes = BackwardSmem<decltype(tag), decltype(hs)::value>::kBytes;
+  const int hs = static_cast<int>(C / num_heads);
+  const absl::Status has_kernel = DispatchTensorCores(dtype, hs, [&](auto tag, auto size) {
+    bytes = BackwardSmem<decltype(tag), decltype(size)::value>::kBytes;
     return absl::OkStatus();
   });
-  if (!has_kernel.ok()) return false;
+  if (!has_kernel.ok() || int64_t{hs} * num_heads != C) return false;
   int device = 0, optin = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
@@ -95,6 +89,15 @@ bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
     return false;
   }
   return bytes <= static_cast<size_t>(optin);
+}
+
+bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
+                         std::initializer_list<const Tensor*> others) {
+  if (!IsAligned(qkv.raw(), 16)) return false;
+  for (const Tensor* t : others) {
+    if (!IsAligned(t->raw(), 16)) return false;
+  }
+  return FlashTensorCoresFitShape(qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, num_heads);
 }
 
 absl::Status FlashForwardTensorCores(cudaStream_t stream, const Tensor& out, const Tensor& lse,

@@ -21,8 +21,11 @@ namespace tandem {
 namespace ops {
 namespace cuda {
 
-// Whether the tensor-core kernels take these arguments: dtype bf16 or f16, head size 32, 64
-// or 128, every tensor 16-byte aligned, and T >= 1, B * NH >= 1.
+// Whether the tensor-core kernels take qkv (B, T, 3C) in `dtype` with `num_heads` heads on the
+// current device: dtype bf16 or f16, head size 32, 64 or 128 (with shared memory for it), and
+// T >= 1, B * NH >= 1, within the grid's limits.
+bool FlashTensorCoresFitShape(DType dtype, int64_t B, int64_t T, int64_t C, int num_heads);
+// The same for these tensors, each also 16-byte aligned.
 bool FlashTensorCoresFit(const Tensor& qkv, int num_heads,
                          std::initializer_list<const Tensor*> others);
 

@@ -40,7 +40,6 @@ namespace ops {
 namespace cuda {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kMaxCandidates = 8;
 constexpr int kTimedRuns = 2;
 
@@ -146,7 +145,7 @@ absl::StatusOr<void*> Workspace(int device, cudaStream_t stream) {
   auto it = st.workspaces.find(key);
   if (it != st.workspaces.end()) return it->second;
   ASSIGN_OR_RETURN(Allocator * allocator, GetAllocator(Device::Cuda(device)));
-  ASSIGN_OR_RETURN(void* ws, allocator->Allocate(kWorkspaceBytes));
+  ASSIGN_OR_RETURN(void* ws, allocator->Allocate(kGemmWorkspaceBytes));
   st.workspaces[key] = ws;
   return ws;
 }
@@ -213,7 +212,7 @@ absl::Status MakeDescs(const ColMajorGemm& p, LtDescs* d) {
   }
 
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&d->pref));
-  const uint64_t ws = kWorkspaceBytes;
+  const uint64_t ws = kGemmWorkspaceBytes;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       d->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   // The heuristic assumes 256-byte aligned matrices unless told: views into flat buffers
@@ -238,8 +237,8 @@ cublasStatus_t LtCall(cublasLtHandle_t h, const ColMajorGemm& p, const LtDescs& 
                       const cublasLtMatmulAlgo_t& algo, void* out, void* ws,
                       cudaStream_t stream) {
   // C is read (beta != 0) from the real output; D may be a scratch copy while timing.
-  return cublasLtMatmul(h, d.op, &p.alpha, p.a, d.a, p.b, d.b, &p.beta, p.d, d.d, out, d.d,
-                        &algo, ws, kWorkspaceBytes, stream);
+  return cublasLtMatmul(h, d.op, &p.alpha, p.a, d.a, p.b, d.b, &p.beta, p.d, d.d, out, d.d, &algo,
+                        ws, kGemmWorkspaceBytes, stream);
 }
 
 // Holds what timing borrowed (events, scratch output) and gives it back on every path.
@@ -398,7 +397,7 @@ absl::Status RunGemm(Stream& s, const RowMajorGemm& g) {
     if (hs == CUBLAS_STATUS_SUCCESS) {
       for (int i = 0; i < count; ++i) {
         if (results[i].state == CUBLAS_STATUS_SUCCESS &&
-            results[i].workspaceSize <= kWorkspaceBytes) {
+            results[i].workspaceSize <= kGemmWorkspaceBytes) {
           cands.push_back(results[i]);
         }
       }

@@ -17,6 +17,10 @@ namespace tandem {
 namespace ops {
 namespace cuda {
 
+// cuBLASLt's workspace, allocated once per device and stream (from the device's allocator)
+// and kept.
+constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
 // out (m, n) = alpha * op(a) @ op(b) + beta * out for each of `batch` matrices, all
 // row-major: op(a) is (m, k), stored as (m, k) or, with transpose_a, (k, m); op(b) is (k, n),
 // stored as (k, n) or (n, k). ld* are row strides in elements, stride_* batch strides.

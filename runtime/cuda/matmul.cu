@@ -106,6 +106,8 @@ absl::Status LinearImpl(Stream& s, const Tensor& out, const Tensor& pre, const T
 
 }  // namespace
 
+int64_t MatmulWorkspaceBytes() { return static_cast<int64_t>(kGemmWorkspaceBytes); }
+
 absl::Status Matmul(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b,
                     bool transpose_a, bool transpose_b, float alpha, float beta) {
   RETURN_IF_ERROR(SetCurrentDevice(s.device()));

@@ -239,8 +239,9 @@ absl::Status CheckBlockTiming(const ParallelConfig& pc, const HostInfo& host) {
   const int64_t available = !gpu                      ? host.available_memory
                             : host.gpu_memory.empty() ? -1
                                                       : host.gpu_memory[0];
-  MemoryNeed need = EstimateStageMemory(t.model, 0, t.model.num_blocks(), t.batch / t.micro_batches,
-                                        1, /*recompute=*/false, t.dtype, t.optimizer.kind);
+  MemoryNeed need =
+      EstimateStageMemory(t.model, 0, t.model.num_blocks(), t.batch / t.micro_batches, 1,
+                          /*recompute=*/false, t.dtype, t.optimizer.kind, t.device);
   need.optimizer = 0;  // no optimizer steps while timing
   return CheckMemory(need, available,
                      "--balance=time, which times every block on one device (--balance=params "

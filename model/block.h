@@ -57,9 +57,9 @@ class Block {
   // The most Forward or Backward holds at once on top of the activations of the blocks up to
   // this one: the temporaries the block allocates, its input gradient included, and in
   // Backward the gradient it is given, less its output (which the next block's Backward freed
-  // with the activations it saved; the head's output, the losses, stays). Scratch inside an op
-  // is not counted (it differs by backend): with ActivationBytes, a lower bound of the peak.
-  virtual int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const = 0;
+  // with the activations it saved; the head's output, the losses, stays), and the scratch its
+  // ops allocate on `device`'s backend. With ActivationBytes, a lower bound of the peak.
+  virtual int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device device) const = 0;
 };
 
 // The blocks of a GPT or an MLP for `config`, embedding first and head last.

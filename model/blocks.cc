@@ -1,6 +1,7 @@
 // The GPT (GPT-2 style, pre-LayerNorm) and MLP blocks.
 // Legend: B = micro-batch, T = sequence, C = channels (d_model), V = vocabulary,
 // NH = heads, N = B * T rows.
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,7 @@ class EmbeddingBlock : public Block {
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return B * T * c_.d_model * ElemBytes(compute);  // y
   }
-  int64_t WorkspaceBytes(int64_t, int64_t, DType) const override {
+  int64_t WorkspaceBytes(int64_t, int64_t, DType, Device) const override {
     return 0;  // Backward: dy, in place of y
   }
 
@@ -175,11 +176,15 @@ class TransformerBlock : public Block {
     const int64_t att = c_.attention == Attention::kFlash ? B * NH * T : B * NH * T * T;
     return N * 16 * C * ElemBytes(compute) + (4 * N + att) * 4;
   }
-  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const override {
+  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device device) const override {
     // Backward (Forward holds 2C per row: proj and fc_out): dy in place of y, then dfc_act and
     // dfc_pre (4C each), dln2, dres2, datty, dqkv (3C), dln1 and dx, all live until it
-    // returns.
-    return B * T * 16 * c_.d_model * ElemBytes(compute);
+    // returns; the attention's scratch comes on top of the 14C before dln1 and dx. (Its
+    // forward's scratch is smaller, at a moment that holds none of these.)
+    const int64_t row = B * T * c_.d_model * ElemBytes(compute);
+    const ops::AttentionScratch att = ops::AttentionScratchBytes(
+        device, compute, B, T, c_.d_model, c_.n_head, c_.attention == Attention::kFlash);
+    return std::max(16 * row, 14 * row + att.backward);
   }
 
  private:
@@ -225,7 +230,7 @@ class MlpLayerBlock : public Block {
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return 2 * B * T * c_.d_model * ElemBytes(compute);  // h, y
   }
-  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const override {
+  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     return 2 * B * T * c_.d_model * ElemBytes(compute);  // dy in place of y; dh, dx
   }
 
@@ -294,7 +299,7 @@ class HeadBlock : public Block {
     const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * N * 4 : 0;
     return N * c_.vocab * ElemBytes(compute) + N * 4 + ln;
   }
-  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute) const override {
+  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     // Backward: dx, and with the LayerNorm the gradient of its output.
     return (layernorm_ ? 2 : 1) * B * T * c_.d_model * ElemBytes(compute);
   }

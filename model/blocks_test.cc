@@ -5,30 +5,15 @@
 #include "gtest/gtest.h"
 #include "model/data.h"
 #include "model/stage.h"
+#include "model/test_configs.h"
 #include "model/trainer.h"
 #include "runtime/ops.h"
 
 namespace tandem {
 namespace {
 
-ModelConfig SmallGpt() {
-  ModelConfig c = *ModelPreset("gpt");
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 2;
-  c.seq_len = 8;
-  c.vocab = 32;
-  return c;
-}
-
-ModelConfig SmallMlp() {
-  ModelConfig c = *ModelPreset("mlp");
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.seq_len = 8;
-  c.vocab = 32;
-  return c;
-}
+ModelConfig SmallGpt() { return TwoLayerModel("gpt", 16, 2, 8, 32); }
+ModelConfig SmallMlp() { return TwoLayerModel("mlp", 16, 2, 8, 32); }
 
 MicroBatch Batch(const ModelConfig& c, int B, uint64_t seed) {
   auto data = TokenDataset::Synthetic(4096, c.seq_len, c.vocab, seed);

@@ -1,9 +1,14 @@
 // Training on a CUDA device: the same model and batch in f32 on the GPU, f32 on the CPU, and
-// mixed precision (bf16, and f16 with the dynamic loss scaler) on the GPU. Skips with the
-// reason where no GPU is visible.
+// mixed precision (bf16, and f16 with the dynamic loss scaler) on the GPU; and the memory
+// check, a step's peak on the GPU's allocator against the estimate. Skips with the reason
+// where no GPU is visible.
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "model/memory_testing.h"
 #include "model/test_configs.h"
 #include "model/trainer.h"
 
@@ -65,6 +70,28 @@ TEST_F(CudaTrainTest, FlashAttentionTracksStandard) {
   EXPECT_NEAR(flash.front(), standard.front(), 0.01 * standard.front());
   EXPECT_NEAR(flash.back(), standard.back(), 0.05 * standard.back());
   EXPECT_LT(flash.back(), flash.front() - 0.5f) << "flash attention did not learn";
+}
+
+// The memory check on the GPU: a step's peak on the device's allocator against the estimate,
+// as memory_test checks it on the CPU, with the CUDA ops' scratch: standard and flash attention
+// in f32 and bf16 (head size 64: the tensor cores in bf16, the cuBLAS path in f32), the whole
+// model and a middle stage, one micro-batch and two.
+TEST_F(CudaTrainTest, PeakOfAStepMatchesTheEstimate) {
+  ModelConfig c = TwoLayerModel("gpt", 128, 2, 64, 256);
+  const int n = c.num_blocks();
+  for (Attention a : {Attention::kStandard, Attention::kFlash}) {
+    c.attention = a;
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      for (const auto& [begin, end] : std::vector<std::pair<int, int>>{{0, n}, {1, 3}}) {
+        for (int M : {1, 2}) {
+          SCOPED_TRACE(std::string(AttentionName(a)) + " " + DTypeName(t) + " blocks " +
+                       std::to_string(begin) + " to " + std::to_string(end) + ", " +
+                       std::to_string(M) + " micro-batches");
+          ExpectPeakOfAStepMatchesTheEstimate(c, begin, end, /*B=*/8, M, Device::Cuda(0), t);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "model/block.h"
 #include "runtime/allocator.h"
+#include "runtime/ops.h"
 #include "runtime/status.h"
 
 namespace tandem {
@@ -24,7 +25,7 @@ MemoryNeed& MemoryNeed::operator+=(const MemoryNeed& o) {
 
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
-                               absl::string_view optimizer) {
+                               absl::string_view optimizer, Device device) {
   const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
   // What crosses a stage boundary for a micro-batch: (rows, T, C) in the compute dtype.
   const int64_t boundary =
@@ -39,8 +40,8 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
     const bool last_sent = sends && b == end - 1;
     const int64_t kept =
         blocks[b]->ActivationBytes(rows, model.seq_len, compute) - (last_sent ? boundary : 0);
-    const int64_t temporaries =
-        blocks[b]->WorkspaceBytes(rows, model.seq_len, compute) + (last_sent ? boundary : 0);
+    const int64_t temporaries = blocks[b]->WorkspaceBytes(rows, model.seq_len, compute, device) +
+                                (last_sent ? boundary : 0);
     workspace = std::max(workspace, temporaries - after);
     after += kept;
     activations += kept;
@@ -59,7 +60,8 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
   n.in_flight = in_flight;
   // Recomputing keeps only the inputs, and one micro-batch's activations during its backward.
   n.activations = in_flight * input + (recompute ? 1 : in_flight) * activations;
-  n.workspace = workspace;
+  // The matmuls' workspace stays allocated from the first step on.
+  n.workspace = workspace + ops::MatmulWorkspaceBytes(device);
   return n;
 }
 

@@ -17,14 +17,14 @@
 namespace tandem {
 
 // A lower bound: the model state, the activations kept for backward and the most the blocks'
-// temporaries add to them at any moment; scratch inside ops, communication buffers and the
-// allocator's rounding come on top.
+// temporaries and their ops' scratch add to them at any moment; communication buffers, the
+// first step's matmul algorithm trials and the allocator's rounding come on top.
 struct MemoryNeed {
   int64_t params = 0;       // f32 master weights, and their 16-bit copy under bf16/f16
   int64_t grads = 0;        // f32
   int64_t optimizer = 0;    // AdamW: two f32 moments; SGD: one f32 momentum
   int64_t activations = 0;  // kept for backward by the micro-batches held at once
-  int64_t workspace = 0;    // temporaries on top of the activations, at their peak
+  int64_t workspace = 0;    // temporaries and op scratch on top of the activations, at peak
   int in_flight = 1;        // micro-batches whose activations are held at once
   int64_t total() const { return params + grads + optimizer + activations + workspace; }
   // Adds another worker's need on the same memory (in_flight and workspace: the most of the
@@ -32,12 +32,13 @@ struct MemoryNeed {
   MemoryNeed& operator+=(const MemoryNeed& o);
 };
 
-// Blocks [begin, end) of `model` trained on micro-batches of `rows` samples computing in
-// `compute` with `optimizer` ("adamw" or "sgd"), `in_flight` micro-batches held at once
-// (with `recompute`, their inputs and one micro-batch's activations).
+// Blocks [begin, end) of `model` trained on `device` on micro-batches of `rows` samples
+// computing in `compute` with `optimizer` ("adamw" or "sgd"), `in_flight` micro-batches held
+// at once (with `recompute`, their inputs and one micro-batch's activations). The device
+// decides the ops' scratch.
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
-                               absl::string_view optimizer);
+                               absl::string_view optimizer, Device device);
 
 // OK when `need` fits in `available` bytes (or available is unknown, < 0); otherwise
 // ResourceExhausted, one line: "not enough memory for <who>: at least ... is needed (...) and

@@ -6,6 +6,19 @@
 
 namespace tandem {
 
+// A 2-layer `preset` ("gpt" or "mlp") of width d_model (n_head heads in a GPT), sequence
+// seq_len and vocabulary vocab: small enough for tests that run every block.
+inline ModelConfig TwoLayerModel(const char* preset, int d_model, int n_head, int seq_len,
+                                 int vocab) {
+  ModelConfig c = *ModelPreset(preset);
+  c.n_layer = 2;
+  c.d_model = d_model;
+  c.n_head = n_head;
+  c.seq_len = seq_len;
+  c.vocab = vocab;
+  return c;
+}
+
 // A 2-layer GPT (d_model 32, 2 heads, seq 16: 4 blocks, embed, h0, h1, head), batch 4 in 2
 // micro-batches, 6 AdamW steps with warmup and weight decay, seed 11: for checkpoint, resume
 // and resharding tests, where every part of the training state must come back.

@@ -47,9 +47,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   RETURN_IF_ERROR(SetCurrentDevice(c.device));
   ASSIGN_OR_RETURN(TokenDataset data, LoadDataset(c));
   // Micro-batches run one after another: one's activations are held at a time.
-  const MemoryNeed need = EstimateStageMemory(c.model, 0, c.model.num_blocks(),
-                                              c.batch / c.micro_batches, /*in_flight=*/1,
-                                              /*recompute=*/false, c.dtype, c.optimizer.kind);
+  const MemoryNeed need = EstimateStageMemory(
+      c.model, 0, c.model.num_blocks(), c.batch / c.micro_batches, /*in_flight=*/1,
+      /*recompute=*/false, c.dtype, c.optimizer.kind, c.device);
   ASSIGN_OR_RETURN(MemoryCheck memory, CheckDeviceMemory(need, c.device, "a training step"));
   std::unique_ptr<Trainer> t(new Trainer(c, std::move(data)));
   t->memory_ = memory;

@@ -178,14 +178,14 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
     return std::vector<MemoryNeed>(
         world_size,
         EstimateStageMemory(t.model, 0, bounds.back(), t.batch / world_size / t.micro_batches,
-                            /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind));
+                            /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind, t.device));
   }
   ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, world_size));
   std::vector<MemoryNeed> needs;
   for (int r = 0; r < world_size; ++r) {
     needs.push_back(EstimateStageMemory(t.model, bounds[r], bounds[r + 1],
                                         t.batch / t.micro_batches, PeakInFlight(s, r), c.recompute,
-                                        t.dtype, t.optimizer.kind));
+                                        t.dtype, t.optimizer.kind, t.device));
   }
   return needs;
 }

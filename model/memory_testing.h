@@ -49,23 +49,23 @@ inline int64_t PeakOfAStep(const ModelConfig& c, int begin, int end, int B, int 
     EXPECT_TRUE(st->Forward(s, 0, mbs[0], input(), &y).ok());
     EXPECT_TRUE(st->Backward(s, 0, mbs[0], gradient(), &dx).ok());
   }
-  alloc.EmptyCache();
-  const int64_t before = alloc.stats().allocated_bytes;
-  alloc.ResetPeak();
-  {
-    std::vector<Tensor> losses(M);
-    for (int m = 0; m < M; ++m) {
-      Tensor y;
-      EXPECT_TRUE(st->Forward(s, m, mbs[m], input(), &y).ok());
-      if (end == n) losses[m] = y;  // else sent on
-    }
-    for (int m = 0; m < M; ++m) {
-      Tensor dx;  // sent to the previous stage
-      EXPECT_TRUE(st->Backward(s, m, mbs[m], gradient(), &dx).ok());
-    }
-  }
+  const int64_t peak = PeakAllocatedDuring(
+      alloc,
+      [&] {
+        std::vector<Tensor> losses(M);
+        for (int m = 0; m < M; ++m) {
+          Tensor y;
+          EXPECT_TRUE(st->Forward(s, m, mbs[m], input(), &y).ok());
+          if (end == n) losses[m] = y;  // else sent on
+        }
+        for (int m = 0; m < M; ++m) {
+          Tensor dx;  // sent to the previous stage
+          EXPECT_TRUE(st->Backward(s, m, mbs[m], gradient(), &dx).ok());
+        }
+      },
+      /*fresh=*/true);
   EXPECT_TRUE(s.Synchronize().ok());
-  return alloc.stats().peak_allocated_bytes - before;
+  return peak;
 }
 
 // How far PeakOfAStep may lie above the estimate's activations and temporaries: the losses of

@@ -110,6 +110,14 @@ void CachingAllocator::ResetPeak() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
+int64_t PeakAllocatedDuring(Allocator& allocator, const std::function<void()>& work, bool fresh) {
+  if (fresh) allocator.EmptyCache();
+  const int64_t before = allocator.stats().allocated_bytes;
+  allocator.ResetPeak();
+  work();
+  return allocator.stats().peak_allocated_bytes - before;
+}
+
 void CachingAllocator::EmptyCache() {
   absl::MutexLock lock(&mu_);
   EmptyCacheLocked();

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -90,6 +91,12 @@ class CachingAllocator : public Allocator {
   std::unordered_map<void*, size_t> live_blocks_ ABSL_GUARDED_BY(mu_);   // block -> size
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
 };
+
+// Runs `work` and returns the most `allocator` held during it above what it held before: what
+// `work` allocated at its peak. With `fresh`, the cache is emptied first, so that each request
+// gets a block of its own size.
+int64_t PeakAllocatedDuring(Allocator& allocator, const std::function<void()>& work,
+                            bool fresh = false);
 
 // The process-wide allocator of a device (CUDA device memory, or host memory for the CPU).
 absl::StatusOr<Allocator*> GetAllocator(Device d);

@@ -153,5 +153,20 @@ TEST(AllocatorTest, MissingCudaDeviceIsAClearError) {
       << r.status();
 }
 
+TEST(PeakAllocatedDuring, IsWhatTheWorkHeldAtMostAboveWhatWasLive) {
+  int system = 0;
+  CachingAllocator a(std::make_unique<CountingMemory>(&system), {});
+  void* held = *a.Allocate(4096);
+  const int64_t peak = PeakAllocatedDuring(a, [&] {
+    void* p = *a.Allocate(1024);
+    void* q = *a.Allocate(2048);
+    a.Free(p);
+    a.Free(q);
+    a.Free(*a.Allocate(512));
+  });
+  EXPECT_EQ(peak, 1024 + 2048);
+  a.Free(held);
+}
+
 }  // namespace
 }  // namespace tandem

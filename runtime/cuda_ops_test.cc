@@ -693,14 +693,12 @@ TEST_P(CudaOpsDTypeTest, AttentionScratchIsWhatTheOpsAllocate) {
   const DType t = GetParam();
   Allocator& alloc = **GetAllocator(Gpu());
   auto scratch_of = [&](const std::function<absl::Status()>& op) {
-    EXPECT_TRUE(op().ok());
-    EXPECT_TRUE(GpuStream().Synchronize().ok());
-    alloc.EmptyCache();
-    const int64_t before = alloc.stats().allocated_bytes;
-    alloc.ResetPeak();
-    EXPECT_TRUE(op().ok());
-    EXPECT_TRUE(GpuStream().Synchronize().ok());
-    return alloc.stats().peak_allocated_bytes - before;
+    auto run = [&] {
+      EXPECT_TRUE(op().ok());
+      EXPECT_TRUE(GpuStream().Synchronize().ok());
+    };
+    run();
+    return PeakAllocatedDuring(alloc, run, /*fresh=*/true);
   };
   auto expect_near = [](int64_t measured, int64_t want) {
     EXPECT_GE(measured, want);

@@ -758,11 +758,8 @@ TEST(FlashAttentionTest, BackwardMatchesFiniteDifferencesAndAttention) {
 TEST(AttentionScratchBytes, IsWhatTheOpsAllocate) {
   Allocator& alloc = **GetAllocator(Device::Cpu());
   auto scratch_of = [&](const std::function<absl::Status()>& op) {
-    alloc.EmptyCache();
-    const int64_t before = alloc.stats().allocated_bytes;
-    alloc.ResetPeak();
-    EXPECT_TRUE(op().ok());
-    return alloc.stats().peak_allocated_bytes - before;
+    return PeakAllocatedDuring(
+        alloc, [&] { EXPECT_TRUE(op().ok()); }, /*fresh=*/true);
   };
   auto expect_near = [](int64_t measured, int64_t want) {
     EXPECT_GE(measured, want);

@@ -2,11 +2,11 @@
 # End-to-end tests of the launcher: the real binary starting real workers through mpirun on
 # this host (CPU workers where no GPU is visible). Usage: e2e_test.sh CASE LAUNCHER, CASE one
 # of data, pipeline, model (a small job trains), crash (a worker killed mid-run), interrupt
-# (SIGINT to the launcher), bad_flags (nothing starts, nothing is created), preempt_launcher
-# and preempt_worker (SIGTERM: every worker checkpoints, exit 75; --resume=auto continues bit
-# for bit), restart (--max-restarts after an injected crash), reshard (checkpoints moved
-# between strategies and worker counts), bad_checkpoint (missing or corrupt shards refused),
-# slow_start (workers slow to set up are not taken for hung).
+# (SIGINT to the launcher), bad_flags (nothing starts, nothing is created; nor with --check),
+# preempt_launcher and preempt_worker (SIGTERM: every worker checkpoints, exit 75;
+# --resume=auto continues bit for bit), restart (--max-restarts after an injected crash),
+# reshard (checkpoints moved between strategies and worker counts), bad_checkpoint (missing
+# or corrupt shards refused), slow_start (workers slow to set up are not taken for hung).
 set -u
 case_name="$1"
 launcher="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
@@ -369,6 +369,17 @@ case "$case_name" in
     grep -qF "launcher: --steps=0: need at least 1" "$tmp/bad.txt" || fail "no --steps line"
     grep -qF "launcher: --dtype=f8: use f32, bf16 or f16" "$tmp/bad.txt" || fail "no --dtype line"
     [ "$(grep -c '^launcher: ' "$tmp/bad.txt")" -eq 3 ] || fail "not one line per problem"
+    # --check: the same problems refused, with --check's exit codes; a valid job passes
+    # without starting a worker or making a run directory.
+    expect_refused "launcher: --strategy=banana: use data, model or pipeline" --check \
+      --strategy=banana
+    BUILD_WORKING_DIRECTORY="$user" timeout 30 "$launcher" --check --strategy=pipeline --gpus=2 \
+      "${small[@]}" >"$tmp/check.txt" 2>&1 || fail "--check of a valid job did not exit 0"
+    cat "$tmp/check.txt"
+    grep -qF "launcher: check passed, nothing started: 2 " "$tmp/check.txt" ||
+      fail "--check did not say what would run"
+    [ -z "$(ls -A "$user")" ] || fail "--check created $(ls -A "$user")"
+    no_worker_left
     # --help lists the flags and exits 0.
     "$launcher" --help >"$tmp/help.txt" 2>&1 || fail "--help did not exit 0"
     grep -q -- "--micro-batches" "$tmp/help.txt" || fail "--help lacks --micro-batches"

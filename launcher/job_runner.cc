@@ -240,20 +240,25 @@ class Runner {
 
 }  // namespace
 
+absl::StatusOr<std::string> DescribeJob(const JobConfig& job) {
+  ASSIGN_OR_RETURN(ModelConfig model, job.Model());
+  const int n = job.workers;
+  return absl::StrFormat("%d %s worker%s, %s, %s; batch %d x %d steps; run dir %s", n,
+                         job.device == "cpu" ? "CPU" : "CUDA", n == 1 ? "" : "s",
+                         StrategyWords(job.strategy), model.ToString(), job.batch, job.steps,
+                         job.run_dir);
+}
+
 absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settings) {
   JobConfig job = plan.job;
   ASSIGN_OR_RETURN(ModelConfig model, job.Model());
+  ASSIGN_OR_RETURN(std::string description, DescribeJob(job));
   const int64_t tokens_per_step = int64_t{job.batch} * model.seq_len;
-  const bool cpu = job.device == "cpu";
-  const int n = job.workers;
 
   RETURN_IF_ERROR(CreateRunDirectory(job.run_dir));
   ProgressDisplay display(stdout, settings.terminal);
   Runner runner(plan, settings, &display, tokens_per_step);
-  runner.Say(absl::StrFormat("%d %s worker%s, %s, %s; batch %d x %d steps; run dir %s", n,
-                             cpu ? "CPU" : "CUDA", n == 1 ? "" : "s",
-                             StrategyWords(job.strategy), model.ToString(), job.batch,
-                             job.steps, job.run_dir));
+  runner.Say(description);
   if (!plan.hostfile.empty()) {
     runner.Say(absl::StrFormat("hosts from %s; coordinator at %s", plan.hostfile,
                                plan.coordinator_host));
@@ -289,7 +294,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
   rec.seq_len = model.seq_len;
   rec.wall_seconds = wall;
   rec.restarts = restarts;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < job.workers; ++r) {
     rec.ranks.push_back(
         ReadMetricsFile(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, r)));
   }

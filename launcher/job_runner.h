@@ -35,6 +35,10 @@ inline constexpr int kPreemptGraceSeconds = 60;
 // launcher or to a worker); the launcher exits with kPreemptedExitCode (parallel/job.h).
 enum class Outcome { kSucceeded, kFailed, kInterrupted, kPreempted };
 
+// One line on what the job runs: "2 CPU workers, pipeline, gpt-tiny: ...; batch 16 x 100
+// steps; run dir /runs/x" (the first thing a run says, and what --check says would run).
+absl::StatusOr<std::string> DescribeJob(const JobConfig& job);
+
 // Runs the job to its end. An error means the job could not be started (or run.json not
 // written); a job that ran and failed is Outcome::kFailed.
 absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settings);

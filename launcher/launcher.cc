@@ -1,7 +1,8 @@
 // The launcher: `bazel run //launcher -- --strategy=data --gpus=N`. Validates every flag,
-// then runs the job (coordinator, workers through mpirun, progress, run.json, summary).
-// Exit codes: 0 every worker succeeded, 1 the job failed, 2 bad flags, 75 preempted (SIGTERM:
-// every worker checkpointed; continue with --resume=auto), 130 interrupted (SIGINT).
+// then runs the job (coordinator, workers through mpirun, progress, run.json, summary);
+// --check stops after validating. Exit codes: 0 every worker succeeded (--check: the run
+// would start), 1 the job failed, 2 bad flags, 75 preempted (SIGTERM: every worker
+// checkpointed; continue with --resume=auto), 130 interrupted (SIGINT).
 #include <signal.h>
 #include <unistd.h>
 
@@ -63,6 +64,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const std::string& notice : plan->notices) std::fprintf(stderr, "launcher: %s\n", notice.c_str());
+
+  if (options.check) {
+    // Everything a run checks before it starts has passed; nothing is started or written.
+    const absl::StatusOr<std::string> description = DescribeJob(plan->job);
+    if (!description.ok()) {
+      PrintProblems(std::string(description.status().message()));
+      return 2;
+    }
+    std::fprintf(stderr, "launcher: check passed, nothing started: %s%s\n", description->c_str(),
+                 options.prepare ? " (--prepare would write job.conf there)" : "");
+    return 0;
+  }
 
   if (options.prepare) {
     // Workers started by srun: the job description every task reads; rank 0 hosts the

@@ -91,6 +91,9 @@ ABSL_FLAG(std::string, mpirun_args, "",
 ABSL_FLAG(bool, prepare, false,
           "validate, make the run directory, write <run-dir>/job.conf for workers started by "
           "srun (examples/slurm/train.sbatch) and exit");
+ABSL_FLAG(bool, check, false,
+          "validate every flag and the memory fit, say what the run would be, and exit: "
+          "nothing is started or written (exit 0: it would start, 2: it would not)");
 ABSL_FLAG(bool, profile, false,
           "record a trace of every step and each rank's op table (time, GFLOP/s and GB/s per op)");
 ABSL_FLAG(double, bucket_mb, 25, "data parallel: gradient bucket size in MB");
@@ -277,13 +280,43 @@ std::vector<std::string> RewriteArgs(const std::vector<std::string>& args) {
 }
 
 const std::vector<std::string>& FlagNames() {
-  static const auto* names = new std::vector<std::string>{
-      "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
-      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
-      "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
-      "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
-      "mpirun_args", "prepare", "profile", "bucket_mb", "overlap", "recompute",
-      "heartbeat_timeout"};
+  static const auto* names = new std::vector<std::string>{"strategy",
+                                                          "gpus",
+                                                          "device",
+                                                          "model",
+                                                          "n_layer",
+                                                          "d_model",
+                                                          "n_head",
+                                                          "seq_len",
+                                                          "attention",
+                                                          "dtype",
+                                                          "steps",
+                                                          "batch",
+                                                          "micro_batches",
+                                                          "schedule",
+                                                          "balance",
+                                                          "lr",
+                                                          "warmup",
+                                                          "optimizer",
+                                                          "weight_decay",
+                                                          "clip_norm",
+                                                          "seed",
+                                                          "data",
+                                                          "synthetic",
+                                                          "run_dir",
+                                                          "checkpoint_every",
+                                                          "resume",
+                                                          "max_restarts",
+                                                          "hostfile",
+                                                          "coordinator_address",
+                                                          "mpirun_args",
+                                                          "prepare",
+                                                          "check",
+                                                          "profile",
+                                                          "bucket_mb",
+                                                          "overlap",
+                                                          "recompute",
+                                                          "heartbeat_timeout"};
   return *names;
 }
 
@@ -382,6 +415,7 @@ Options OptionsFromFlags() {
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.mpirun_args = absl::GetFlag(FLAGS_mpirun_args);
   o.prepare = absl::GetFlag(FLAGS_prepare);
+  o.check = absl::GetFlag(FLAGS_check);
   o.job.profile = absl::GetFlag(FLAGS_profile);
   o.job.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
   o.job.overlap = absl::GetFlag(FLAGS_overlap);

@@ -28,6 +28,7 @@ struct Options {
   std::string coordinator_address;  // host[:port]
   std::string mpirun_args;
   bool prepare = false;
+  bool check = false;  // validate, say what would run, start and write nothing
 };
 
 // Rewrites one command-line word's flag name for Abseil: hyphens in the name become

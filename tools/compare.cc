@@ -8,11 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -103,24 +105,16 @@ int HostCores() {
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-// Runs `argv` with output to `log`; returns its exit status (128 + signal when killed).
-absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
-                              const std::vector<std::string>& env) {
+// Starts `argv` with `env`, stdin from /dev/null and stdout and stderr to `fd`.
+absl::StatusOr<pid_t> Start(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env, int fd) {
   std::vector<char*> args, envp;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("cannot write %s: %s", log, std::strerror(errno)));
-  }
   const pid_t pid = fork();
-  if (pid < 0) {
-    close(fd);
-    return absl::InternalError(absl::StrFormat("fork: %s", std::strerror(errno)));
-  }
+  if (pid < 0) return absl::InternalError(absl::StrFormat("fork: %s", std::strerror(errno)));
   if (pid == 0) {
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
@@ -131,7 +125,11 @@ absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::s
     std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
-  close(fd);
+  return pid;
+}
+
+// Waits for `pid`; its exit status (128 + signal when killed).
+absl::StatusOr<int> Wait(pid_t pid) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR)
@@ -141,19 +139,52 @@ absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::s
   return WEXITSTATUS(status);
 }
 
+// Runs `argv` with output to `log`; returns its exit status.
+absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
+                              const std::vector<std::string>& env) {
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", log, std::strerror(errno)));
+  }
+  absl::StatusOr<pid_t> pid = Start(argv, env, fd);
+  close(fd);
+  if (!pid.ok()) return pid.status();
+  return Wait(*pid);
+}
+
+// Runs `argv`; returns its exit status, and its output in *output.
+absl::StatusOr<int> RunCaptured(const std::vector<std::string>& argv,
+                                const std::vector<std::string>& env, std::string* output) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrFormat("pipe: %s", std::strerror(errno)));
+  }
+  absl::StatusOr<pid_t> pid = Start(argv, env, fds[1]);
+  close(fds[1]);
+  if (pid.ok()) {
+    char buf[4096];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) != 0;) {
+      if (n > 0) output->append(buf, n);
+      if (n < 0 && errno != EINTR) break;
+    }
+  }
+  close(fds[0]);
+  if (!pid.ok()) return pid.status();
+  return Wait(*pid);
+}
+
 std::string FirstLineOf(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-std::vector<std::string> ReadLines(const std::string& path) {
-  std::vector<std::string> lines;
+std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
-  for (std::string l; std::getline(in, l);) lines.push_back(l);
-  return lines;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // What the launcher said about why it did not run (exit 2: its validation problems) or why
 // the job failed, from its output.
-std::string LauncherMessage(const std::string& log, int code) {
-  const std::vector<std::string> lines = ReadLines(log);
+std::string LauncherProblems(const std::string& output, int code) {
+  const std::vector<std::string> lines = absl::StrSplit(output, '\n', absl::SkipEmpty());
   std::vector<std::string> picked;
   if (code == 2) {
     for (const std::string& l : lines) {
@@ -179,7 +210,12 @@ std::string LauncherMessage(const std::string& log, int code) {
       }
     }
   }
-  std::string out = absl::StrJoin(picked, "\n");
+  return absl::StrJoin(picked, "\n");
+}
+
+// LauncherProblems of a run logged to `log`, with where to read the rest.
+std::string LauncherMessage(const std::string& log, int code) {
+  std::string out = LauncherProblems(ReadFile(log), code);
   absl::StrAppendFormat(&out, "%s(launcher exit code %d; its output: %s)", out.empty() ? "" : "\n",
                         code, log);
   return out;
@@ -260,13 +296,6 @@ int Main(int argc, char** argv) {
                  out_dir.c_str());
     return 2;
   }
-  for (const std::string& d : {out_dir, out_dir + "/runs", out_dir + "/logs"}) {
-    if (absl::Status s = MakeDirs(d); !s.ok()) {
-      std::fprintf(stderr, "compare: %s\n", std::string(s.message()).c_str());
-      return 1;
-    }
-  }
-
   // The launcher finds the worker in the same runfiles tree.
   std::vector<std::string> env;
   const std::string runfiles =
@@ -288,6 +317,57 @@ int Main(int argc, char** argv) {
       {"gpipe", "pipeline GPipe", {"--strategy=pipeline", "--schedule=gpipe", n}},
       {"1f1b", "pipeline 1F1B", {"--strategy=pipeline", "--schedule=1f1b", n}},
   };
+  auto launcher_args = [&](const Run& run) {
+    std::vector<std::string> argv_run = {*launcher};
+    argv_run.insert(argv_run.end(), run.flags.begin(), run.flags.end());
+    argv_run.push_back("--profile");
+    argv_run.push_back(absl::StrCat("--run-dir=", out_dir, "/runs/", run.name));
+    argv_run.insert(argv_run.end(), pass.begin(), pass.end());
+    return argv_run;
+  };
+
+  // Every run is checked first (launcher --check: all it validates before it starts). Where
+  // none would start, the flags are refused here, before anything runs or is written; a run
+  // that alone would not start is reported as such without being started.
+  std::vector<std::string> refused(runs.size());
+  bool any_starts = false;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    std::vector<std::string> argv_check = launcher_args(runs[k]);
+    argv_check.push_back("--check");
+    std::string output;
+    absl::StatusOr<int> code = RunCaptured(argv_check, env, &output);
+    if (!code.ok()) {
+      std::fprintf(stderr, "compare: %s\n", std::string(code.status().message()).c_str());
+      return 1;
+    }
+    if (*code == 0) {
+      any_starts = true;
+    } else {
+      refused[k] = LauncherProblems(output, *code);
+      if (refused[k].empty()) refused[k] = absl::StrFormat("launcher --check exited %d", *code);
+    }
+  }
+  if (!any_starts) {
+    // One line per problem; the same problems for every run (flags they share) said once.
+    const bool same = std::all_of(refused.begin(), refused.end(),
+                                  [&](const std::string& r) { return r == refused[0]; });
+    if (!same) std::fprintf(stderr, "compare: none of the runs would start; nothing was written\n");
+    for (size_t k = 0; k < runs.size(); ++k) {
+      if (same && k > 0) break;
+      for (absl::string_view line : absl::StrSplit(refused[k], '\n')) {
+        std::fprintf(stderr, "compare: %s%s\n", same ? "" : (runs[k].label + ": ").c_str(),
+                     std::string(line).c_str());
+      }
+    }
+    return 2;
+  }
+
+  for (const std::string& d : {out_dir, out_dir + "/runs", out_dir + "/logs"}) {
+    if (absl::Status s = MakeDirs(d); !s.ok()) {
+      std::fprintf(stderr, "compare: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
   std::printf("compare: %d runs of %s into %s\n", static_cast<int>(runs.size()),
               absl::StrJoin(pass, " ").c_str(), out_dir.c_str());
   std::fflush(stdout);
@@ -302,14 +382,16 @@ int Main(int argc, char** argv) {
     e.label = run.label;
     const std::string dir = absl::StrCat(out_dir, "/runs/", run.name);
     const std::string log = absl::StrCat(out_dir, "/logs/", run.name, ".log");
-    std::vector<std::string> argv_run = {*launcher};
-    argv_run.insert(argv_run.end(), run.flags.begin(), run.flags.end());
-    argv_run.push_back("--profile");
-    argv_run.push_back("--run-dir=" + dir);
-    argv_run.insert(argv_run.end(), pass.begin(), pass.end());
     std::printf("compare: [%d/%d] %-15s ", static_cast<int>(k + 1), static_cast<int>(runs.size()),
                 run.label.c_str());
     std::fflush(stdout);
+    if (!refused[k].empty()) {
+      e.error = refused[k];
+      std::printf("would not start: %s\n", FirstLineOf(e.error).c_str());
+      entries.push_back(std::move(e));
+      continue;
+    }
+    const std::vector<std::string> argv_run = launcher_args(run);
     const absl::Time start = absl::Now();
     absl::StatusOr<int> code = RunLogged(argv_run, log, env);
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);

@@ -7,6 +7,7 @@
 #include "model/stage.h"
 #include "model/test_configs.h"
 #include "model/trainer.h"
+#include "runtime/allocator.h"
 #include "runtime/ops.h"
 
 namespace tandem {
@@ -188,12 +189,10 @@ TEST(BlocksTest, RecomputeMatchesAndSavesMemory) {
   for (int rc = 0; rc < 2; ++rc) {
     auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 3);
     st->set_recompute(rc == 1);
-    cpu->ResetPeak();
-    const int64_t base = cpu->stats().allocated_bytes;
-    std::vector<Tensor> losses(4);
-    for (int m = 0; m < 4; ++m) ASSERT_TRUE(st->Forward(s, m, mbs[m], Tensor(), &losses[m]).ok());
-    losses.clear();
-    peak[rc] = cpu->stats().peak_allocated_bytes - base;
+    peak[rc] = PeakAllocatedDuring(*cpu, [&] {
+      std::vector<Tensor> losses(4);
+      for (int m = 0; m < 4; ++m) EXPECT_TRUE(st->Forward(s, m, mbs[m], Tensor(), &losses[m]).ok());
+    });
     for (int m = 3; m >= 0; --m) {
       Tensor dx;
       ASSERT_TRUE(st->Backward(s, m, mbs[m], Tensor(), &dx).ok());

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/trainer.h"
+#include "runtime/allocator.h"
 #include "runtime/ops.h"
 #include "runtime/profiler.h"
 
@@ -103,10 +104,8 @@ void AttentionBench() {
   int64_t peak[2] = {0, 0};
   for (int s = 0; s < 5; ++s) {
     for (int i = 0; i < 2; ++i) {
-      cpu->ResetPeak();
-      const int64_t before = cpu->stats().allocated_bytes;
-      seconds[i].push_back(t[i]->Step()->seconds);
-      peak[i] = std::max(peak[i], cpu->stats().peak_allocated_bytes - before);
+      peak[i] = std::max(
+          peak[i], PeakAllocatedDuring(*cpu, [&] { seconds[i].push_back(t[i]->Step()->seconds); }));
     }
   }
   std::printf("\nattention at seq %d (gpt, %d layers, d_model %d, %d heads, batch %d), median of "

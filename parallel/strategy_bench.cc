@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/distributed.h"
+#include "runtime/allocator.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -53,16 +54,15 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
   Allocator* cpu = *GetAllocator(Device::Cpu());
   for (int i = 0; i < kWarmup + kMeasured; ++i) {
     StepTiming timing;
-    cpu->ResetPeak();
-    const int64_t base = cpu->stats().allocated_bytes;
-    auto r = (*t)->Step(&timing);
+    absl::StatusOr<StepReport> r = absl::UnknownError("no step");
+    const int64_t peak = PeakAllocatedDuring(*cpu, [&] { r = (*t)->Step(&timing); });
     if (!r.ok()) return r.status();
     if (i < kWarmup) continue;
     seconds.push_back(r->seconds);
     bubbles.push_back(timing.bubble_seconds / r->seconds);
     comm_s.push_back(timing.comm_seconds);
     exposed_s.push_back(timing.exposed_comm_seconds);
-    peaks.push_back(static_cast<double>(cpu->stats().peak_allocated_bytes - base));
+    peaks.push_back(static_cast<double>(peak));
   }
   // Average each rank's median bubble fraction, and take the slowest rank's step time.
   auto v = *Tensor::FromVector({static_cast<float>(Median(bubbles)), 0.0f}, {2});

@@ -137,7 +137,10 @@ write_run_script() {
 # default 150), GPU_CHECK_FILTER (a --gtest_filter for every binary), GPU_CHECK_LOGS (a folder
 # that keeps each binary's whole output and each training run's log; by default they are
 # deleted and only failures are quoted), GPU_CHECK_TRAIN=0 (no training runs),
-# GPU_CHECK_TRAIN_STEPS (default 30).
+# GPU_CHECK_TRAIN_STEPS (default 30), GPU_CHECK_MEMCHECK_S (seconds in all for the memcheck
+# reruns below, default 90; 0: none). Where tests fail or a binary crashes, the failing tests
+# run once more under compute-sanitizer's memcheck (out-of-bounds and misaligned accesses,
+# CUDA API errors), and its "MEMCHECK" line and first errors are printed under them.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -192,6 +195,28 @@ for bin in "$here"/bin/*; do
     break
   fi
 done
+
+sanitizer="$(command -v compute-sanitizer || true)"
+if [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  sanitizer=/usr/local/cuda/bin/compute-sanitizer
+fi
+memcheck_left="${GPU_CHECK_MEMCHECK_S:-90}"
+# memcheck BINARY FILTER: the tests FILTER names under memcheck, within what is left of the
+# budget (at most 60 s); what it found, quoted.
+memcheck() {
+  [ -n "$sanitizer" ] && [ "$gpu_visible" = 1 ] && [ "$memcheck_left" -ge 10 ] || return 0
+  local bin="$1" filter="$2" limit=$((memcheck_left < 60 ? memcheck_left : 60)) begin rc
+  local log="$work/$(basename "$bin").memcheck.log"
+  begin=$(date +%s)
+  (cd "$work" && timeout --kill-after=5 "$limit" "$sanitizer" --tool memcheck --print-limit 10 \
+    "$bin" --gtest_filter="$filter") >"$log" 2>&1
+  rc=$?
+  memcheck_left=$((memcheck_left - ($(date +%s) - begin)))
+  echo "MEMCHECK $(basename "$bin") $filter: $(grep -m1 -oE 'ERROR SUMMARY: .*' "$log" ||
+    echo "no summary (exit status $rc, ${limit}s allowed)")"
+  grep -E '^========= +(Invalid|Program hit|Address|at |by thread|Saved host|Host Frame|Misaligned|Out of bounds)' \
+    "$log" | head -n 30 | sed 's/^/    | /'
+}
 
 passed=0
 failed=0
@@ -250,6 +275,11 @@ for bin in "$here"/bin/*; do
       /^\[  FAILED  \] / && on { on = 0 }' "$log"
   done
   echo "# $name: $(( $(date +%s) - start ))s"
+  # The failing tests (the first 5), and the one a crash or time-out stopped in, under memcheck.
+  culprits="$( (grep '^FAIL ' <<<"$results" | awk '{print $2}'
+                [ "$rc" -ne 0 ] && [ -n "$last_run" ] && echo "$last_run") | sort -u | head -n 5 |
+              paste -sd: -)"
+  [ -n "$culprits" ] && memcheck "$bin" "$culprits"
 done
 
 # Training on the GPU: gpt2-small (124M GPT-2 configuration) in bf16, Tandem with standard

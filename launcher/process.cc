@@ -227,22 +227,18 @@ std::string SignalName(int sig) {
   return absl::StrCat("SIG", sig);
 }
 
-absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
-                                                        const std::vector<std::string>& env,
-                                                        const std::string& log_path) {
-  if (argv.empty()) return absl::InvalidArgumentError("Process::Start: empty command");
+namespace {
+
+// Starts argv[0] (looked up in PATH) with exactly `env` and the file actions `actions`
+// (destroyed here), every signal unblocked and at its default, and posix_spawn's `flags`.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env,
+                            posix_spawn_file_actions_t* actions, short flags) {
   std::vector<char*> cargv, cenv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   for (const std::string& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none, all;
@@ -250,18 +246,66 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::s
   sigfillset(&all);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr, flags | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
   // posix_spawnp searches PATH of the launcher's own environment.
-  const int err = posix_spawnp(&pid, cargv[0], &actions, &attr, cargv.data(), cenv.data());
-  posix_spawn_file_actions_destroy(&actions);
+  const int err = argv.empty()
+                      ? EINVAL
+                      : posix_spawnp(&pid, cargv[0], actions, &attr, cargv.data(), cenv.data());
+  posix_spawn_file_actions_destroy(actions);
   posix_spawnattr_destroy(&attr);
   if (err != 0) {
-    return absl::UnavailableError(
-        absl::StrFormat("cannot start %s: %s", argv[0], std::strerror(err)));
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot start %s: %s", argv.empty() ? "an empty command" : argv[0], std::strerror(err)));
   }
-  return std::unique_ptr<Process>(new Process(pid));
+  return pid;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
+                                                        const std::vector<std::string>& env,
+                                                        const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  const absl::StatusOr<pid_t> pid = Spawn(argv, env, &actions, POSIX_SPAWN_SETSID);
+  if (!pid.ok()) return pid.status();
+  return std::unique_ptr<Process>(new Process(*pid));
+}
+
+absl::StatusOr<ExitStatus> RunCaptured(const std::vector<std::string>& argv,
+                                       const std::vector<std::string>& env, std::string* output) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrFormat("pipe: %s", std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  const absl::StatusOr<pid_t> pid = Spawn(argv, env, &actions, 0);
+  close(fds[1]);
+  if (pid.ok()) {
+    char buf[4096];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) != 0;) {
+      if (n > 0) output->append(buf, n);
+      if (n < 0 && errno != EINTR) break;
+    }
+  }
+  close(fds[0]);
+  if (!pid.ok()) return pid.status();
+  int st = 0;
+  while (waitpid(*pid, &st, 0) < 0) {
+    if (errno != EINTR) {
+      return absl::InternalError(absl::StrFormat("waitpid: %s", std::strerror(errno)));
+    }
+  }
+  return ExitStatus::FromWait(st);
 }
 
 Process::~Process() {

@@ -118,6 +118,11 @@ class Process {
   bool signaled_by_us_ = false;
 };
 
+// Runs argv[0] (looked up in PATH) with exactly `env` and stdin from /dev/null, to its end;
+// returns how it ended, with its stdout and stderr together in *output.
+absl::StatusOr<ExitStatus> RunCaptured(const std::vector<std::string>& argv,
+                                       const std::vector<std::string>& env, std::string* output);
+
 // Makes this process adopt its orphaned descendants (prctl PR_SET_CHILD_SUBREAPER), so a
 // worker whose mpirun died is still ours to reap.
 void BecomeSubreaper();

@@ -282,6 +282,29 @@ TEST(Process, MissingProgram) {
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("/nonexistent/mpirun"));
 }
 
+TEST(RunCaptured, OutputExitCodeAndEnvironment) {
+  std::string out;
+  absl::StatusOr<ExitStatus> s = RunCaptured(
+      {"sh", "-c", "echo \"[$ONLY_THIS][$HOME]\"; echo to-stderr >&2; exit 3"},
+      {"ONLY_THIS=yes", "PATH=/usr/bin:/bin"}, &out);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->signaled);
+  EXPECT_EQ(s->code, 3);
+  EXPECT_EQ(out, "[yes][]\nto-stderr\n");
+}
+
+TEST(RunCaptured, SignalAndMissingProgram) {
+  std::string out;
+  absl::StatusOr<ExitStatus> s = RunCaptured({"sh", "-c", "kill -9 $$"}, Env(), &out);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->signaled);
+  EXPECT_EQ(s->signal, SIGKILL);
+  s = RunCaptured({"/nonexistent/worker"}, Env(), &out);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("/nonexistent/worker"));
+  EXPECT_FALSE(RunCaptured({}, Env(), &out).ok());
+}
+
 TEST(Process, StopLeavesNothingEvenWhenSigtermIsIgnored) {
   // A "launcher" (sh) with two "workers" that ignore SIGTERM, all in the session.
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(

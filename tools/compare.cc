@@ -105,16 +105,24 @@ int HostCores() {
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-// Starts `argv` with `env`, stdin from /dev/null and stdout and stderr to `fd`.
-absl::StatusOr<pid_t> Start(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& env, int fd) {
+// Runs `argv` with output to `log`; returns its exit status (128 + signal when killed).
+absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
+                              const std::vector<std::string>& env) {
   std::vector<char*> args, envp;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot write %s: %s", log, std::strerror(errno)));
+  }
   const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrFormat("fork: %s", std::strerror(errno)));
+  if (pid < 0) {
+    close(fd);
+    return absl::InternalError(absl::StrFormat("fork: %s", std::strerror(errno)));
+  }
   if (pid == 0) {
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
@@ -125,11 +133,7 @@ absl::StatusOr<pid_t> Start(const std::vector<std::string>& argv,
     std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
-  return pid;
-}
-
-// Waits for `pid`; its exit status (128 + signal when killed).
-absl::StatusOr<int> Wait(pid_t pid) {
+  close(fd);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR)
@@ -137,41 +141,6 @@ absl::StatusOr<int> Wait(pid_t pid) {
   }
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
-}
-
-// Runs `argv` with output to `log`; returns its exit status.
-absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
-                              const std::vector<std::string>& env) {
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("cannot write %s: %s", log, std::strerror(errno)));
-  }
-  absl::StatusOr<pid_t> pid = Start(argv, env, fd);
-  close(fd);
-  if (!pid.ok()) return pid.status();
-  return Wait(*pid);
-}
-
-// Runs `argv`; returns its exit status, and its output in *output.
-absl::StatusOr<int> RunCaptured(const std::vector<std::string>& argv,
-                                const std::vector<std::string>& env, std::string* output) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrFormat("pipe: %s", std::strerror(errno)));
-  }
-  absl::StatusOr<pid_t> pid = Start(argv, env, fds[1]);
-  close(fds[1]);
-  if (pid.ok()) {
-    char buf[4096];
-    for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) != 0;) {
-      if (n > 0) output->append(buf, n);
-      if (n < 0 && errno != EINTR) break;
-    }
-  }
-  close(fds[0]);
-  if (!pid.ok()) return pid.status();
-  return Wait(*pid);
 }
 
 std::string FirstLineOf(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -335,16 +304,16 @@ int Main(int argc, char** argv) {
     std::vector<std::string> argv_check = launcher_args(runs[k]);
     argv_check.push_back("--check");
     std::string output;
-    absl::StatusOr<int> code = RunCaptured(argv_check, env, &output);
-    if (!code.ok()) {
-      std::fprintf(stderr, "compare: %s\n", std::string(code.status().message()).c_str());
+    absl::StatusOr<launcher::ExitStatus> ended = launcher::RunCaptured(argv_check, env, &output);
+    if (!ended.ok()) {
+      std::fprintf(stderr, "compare: %s\n", std::string(ended.status().message()).c_str());
       return 1;
     }
-    if (*code == 0) {
+    if (ended->ok()) {
       any_starts = true;
     } else {
-      refused[k] = LauncherProblems(output, *code);
-      if (refused[k].empty()) refused[k] = absl::StrFormat("launcher --check exited %d", *code);
+      refused[k] = LauncherProblems(output, ended->signaled ? 128 + ended->signal : ended->code);
+      if (refused[k].empty()) refused[k] = "launcher --check: " + ended->ToString();
     }
   }
   if (!any_starts) {

@@ -380,6 +380,13 @@ case "$case_name" in
       fail "--check did not say what would run"
     [ -z "$(ls -A "$user")" ] || fail "--check created $(ls -A "$user")"
     no_worker_left
+    # --balance=time: the blocks are timed in a worker process, and the split is said.
+    BUILD_WORKING_DIRECTORY="$user" timeout 30 "$launcher" --check --strategy=pipeline --gpus=2 \
+      --balance=time "${small[@]}" >"$tmp/check.txt" 2>&1 || fail "--check --balance=time failed"
+    cat "$tmp/check.txt"
+    grep -qE "^launcher: --balance=time: stages of [0-9]+,[0-9]+ blocks, from each block's" \
+      "$tmp/check.txt" || fail "--balance=time did not say its split"
+    no_worker_left
     # --help lists the flags and exits 0.
     "$launcher" --help >"$tmp/help.txt" 2>&1 || fail "--help did not exit 0"
     grep -q -- "--micro-batches" "$tmp/help.txt" || fail "--help lacks --micro-batches"

@@ -4,18 +4,29 @@
 // would start), 1 the job failed, 2 bad flags, 75 preempted (SIGTERM: every worker
 // checkpointed; continue with --resume=auto), 130 interrupted (SIGINT).
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launcher/job_runner.h"
 #include "launcher/options.h"
 #include "launcher/process.h"
 #include "launcher/trace_merge.h"
+#include "runtime/status.h"
+
+extern char** environ;
 
 namespace {
 
@@ -24,6 +35,50 @@ std::atomic<int> g_terminations{0};
 
 void OnInterrupt(int) { g_interrupts.fetch_add(1); }
 void OnTerminate(int) { g_terminations.fetch_add(1); }
+
+// --balance=time's block timing in a worker process (`worker --time-blocks`): the launcher
+// lives on beside the workers and must not hold a CUDA context or device memory meanwhile.
+absl::StatusOr<std::vector<double>> TimeBlocksInWorker(const std::string& worker,
+                                                       const tandem::JobConfig& job) {
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string path =
+      absl::StrCat(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp", "/tandem-job-XXXXXX");
+  const int fd = mkstemp(path.data());
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("--balance=time: cannot write %s: %s", path, std::strerror(errno)));
+  }
+  const std::string text = job.ToText();
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  std::string output;
+  absl::StatusOr<tandem::launcher::ExitStatus> ended =
+      written ? tandem::launcher::RunCaptured({worker, "--time-blocks", "--job-config=" + path},
+                                              env, &output)
+              : absl::UnavailableError(absl::StrFormat("--balance=time: cannot write %s", path));
+  unlink(path.c_str());
+  if (!ended.ok()) return ended.status();
+  std::vector<double> seconds;
+  std::vector<std::string> said;
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> w = absl::StrSplit(line, ' ');
+    double s;
+    if (w.size() == 3 && w[0] == "block" && absl::SimpleAtod(w[2], &s)) {
+      seconds.push_back(s);
+    } else {
+      said.emplace_back(line);
+    }
+  }
+  ASSIGN_OR_RETURN(const tandem::ModelConfig model, job.Model());
+  if (!ended->ok() || static_cast<int>(seconds.size()) != model.num_blocks()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("--balance=time: timing the blocks in %s failed (%s): %s", worker,
+                        ended->ToString(), absl::StrJoin(said, "; ")));
+  }
+  return seconds;
+}
 
 void PrintProblems(const std::string& message) {
   for (absl::string_view line : absl::StrSplit(message, '\n')) {
@@ -49,9 +104,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Options options = OptionsFromFlags();
-  const HostInfo host = HostInfo::Detect(/*probe_cuda=*/options.job.device != "cpu");
-  absl::StatusOr<LaunchPlan> plan = Validate(options, host);
+  HostInfo host = HostInfo::Detect(/*probe_cuda=*/options.job.device != "cpu");
   absl::StatusOr<std::string> worker = FindWorkerBinary(argv[0], startup_dir);
+  if (worker.ok()) {
+    host.time_blocks = [&worker](const tandem::JobConfig& job) {
+      return TimeBlocksInWorker(*worker, job);
+    };
+  }
+  absl::StatusOr<LaunchPlan> plan = Validate(options, host);
   // --prepare starts nothing: workers come from srun.
   absl::StatusOr<std::string> mpirun =
       options.prepare

@@ -235,7 +235,8 @@ absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, const Sta
 }
 
 // --balance=time times each block's forward and backward on one micro-batch, every block in
-// one process on this host's device (GPU 0, or the host): the whole model must fit there.
+// one process on this host's device (GPU 0, or the host; the launcher starts a worker process
+// for it): the whole model must fit there.
 absl::Status CheckBlockTiming(const ParallelConfig& pc, const HostInfo& host) {
   const TrainConfig& t = pc.train;
   const bool gpu = t.device.is_cuda();
@@ -640,10 +641,22 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       fit_status = CheckBlockTiming(*pc, host);
       if (!fit_status.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
     }
-    if (fit_status.ok()) {
-      absl::StatusOr<std::string> sizes = ResolveBalance(*pc, o.job.workers);
+    if (fit_status.ok() && pc->balance == "time" && pc->strategy != StrategyKind::kData) {
+      const absl::StatusOr<std::vector<double>> seconds =
+          host.time_blocks ? host.time_blocks(fit) : TimeBlocks(*pc);
+      absl::StatusOr<std::string> sizes =
+          seconds.ok() ? BalancedSizes(*seconds, o.job.workers) : seconds.status();
       fit_status = sizes.status();
-      if (sizes.ok()) pc->balance = job.balance = *sizes;
+      if (!seconds.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
+      if (sizes.ok()) {
+        pc->balance = job.balance = *sizes;
+        std::vector<std::string> ms;
+        for (double s : *seconds) ms.push_back(absl::StrFormat("%.3g", 1e3 * s));
+        plan.notices.push_back(absl::StrFormat(
+            "--balance=time: stages of %s blocks, from each block's forward and backward on %s "
+            "(ms: %s)",
+            *sizes, pc->train.device.ToString(), absl::StrJoin(ms, " ")));
+      }
     }
     StageBounds bounds;
     if (fit_status.ok()) {

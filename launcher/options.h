@@ -5,6 +5,7 @@
 #define TANDEM_LAUNCHER_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,10 @@ struct HostInfo {
   absl::Time now = absl::UnixEpoch();
   int64_t available_memory = -1;    // host memory this job may still take; -1: unknown
   std::vector<int64_t> gpu_memory;  // each visible GPU's total memory
+  // How --balance=time times each block of a job's model (seconds per block). The launcher
+  // binary times them in a worker process (launcher.cc), so that it holds no device memory
+  // and no CUDA context while the job runs; when empty, in this process (TimeBlocks).
+  std::function<absl::StatusOr<std::vector<double>>(const JobConfig&)> time_blocks;
   // Looks at this machine; CUDA is probed only when `probe_cuda`.
   static HostInfo Detect(bool probe_cuda);
 };

@@ -111,21 +111,29 @@ absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model
   return seconds;
 }
 
-absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world) {
-  if (c.balance != "time" || c.strategy == StrategyKind::kData) return c.balance;
+absl::StatusOr<std::vector<double>> TimeBlocks(const ParallelConfig& c) {
   const TrainConfig& t = c.train;
   RETURN_IF_ERROR(t.Validate());
   ASSIGN_OR_RETURN(
-      std::vector<double> cost,
+      std::vector<double> seconds,
       MeasureBlockSeconds(t.model, t.device, t.dtype, t.batch / t.micro_batches, t.seed));
-  // The timing's memory goes back to the device: the process that timed (the launcher) lives
-  // on beside the workers, and would otherwise keep it cached.
+  // The process that timed may live on beside the workers: it keeps nothing cached.
   ASSIGN_OR_RETURN(Allocator * allocator, GetAllocator(t.device));
   allocator->EmptyCache();
-  ASSIGN_OR_RETURN(StageBounds b, BalancedPartition(cost, world));
+  return seconds;
+}
+
+absl::StatusOr<std::string> BalancedSizes(const std::vector<double>& seconds, int world) {
+  ASSIGN_OR_RETURN(StageBounds b, BalancedPartition(seconds, world));
   std::string sizes;
   for (int s = 0; s < world; ++s) absl::StrAppend(&sizes, s ? "," : "", b[s + 1] - b[s]);
   return sizes;
+}
+
+absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world) {
+  if (c.balance != "time" || c.strategy == StrategyKind::kData) return c.balance;
+  ASSIGN_OR_RETURN(std::vector<double> seconds, TimeBlocks(c));
+  return BalancedSizes(seconds, world);
 }
 
 absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {

@@ -51,8 +51,13 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world_size);
 // a warm-up): the cost --balance=time splits.
 absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
                                                         DType compute, int rows, uint64_t seed);
+// MeasureBlockSeconds for the job `c` describes (its model, device and dtype, one
+// micro-batch), the memory it took returned to the device afterwards.
+absl::StatusOr<std::vector<double>> TimeBlocks(const ParallelConfig& c);
+// Explicit stage sizes ("3,3,2") that balance the per-block `seconds` over `world_size` stages.
+absl::StatusOr<std::string> BalancedSizes(const std::vector<double>& seconds, int world_size);
 // The --balance a job hands its workers: "time" is measured here, once, and turned into
-// explicit stage sizes ("3,3,2") so every rank gets the same split; other values as given.
+// explicit stage sizes so every rank gets the same split; other values as given.
 absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_size);
 
 // What each of `world_size` ranks must hold during a step (model/memory.h), given the stage

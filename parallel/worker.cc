@@ -387,6 +387,30 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   return client->StopHeartbeats(/*finished=*/true);
 }
 
+// `worker --time-blocks --job-config=FILE`, for the launcher's --balance=time: each block of
+// the job's model timed forward and backward on one micro-batch, on the device a worker of the
+// job would use first (the first visible GPU, or the CPU with one BLAS thread), printed as
+// "block B SECONDS" lines. A process of its own, so that the launcher holds no device memory
+// (and no CUDA context) while the job runs.
+absl::Status TimeBlocksForLauncher(const std::string& job_config_path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(job_config_path));
+  ASSIGN_OR_RETURN(JobConfig job, JobConfig::FromText(text));
+  const Device device = job.device == "cuda" ? Device::Cuda(0) : Device::Cpu();
+  if (device.is_cpu()) openblas_set_num_threads(1);
+  RETURN_IF_ERROR(SetCurrentDevice(device));
+  ASSIGN_OR_RETURN(ParallelConfig pc, job.ToParallelConfig(device));
+  ASSIGN_OR_RETURN(std::vector<double> seconds, TimeBlocks(pc));
+  for (size_t b = 0; b < seconds.size(); ++b) std::printf("block %zu %.9g\n", b, seconds[b]);
+  return absl::OkStatus();
+}
+
+bool HasFlag(int argc, char** argv, absl::string_view flag) {
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i] == flag) return true;
+  }
+  return false;
+}
+
 // The worker's own flags (mpirun starts it with none): --job-config=FILE under srun.
 std::string JobConfigFlag(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -403,6 +427,14 @@ std::string JobConfigFlag(int argc, char** argv) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  if (tandem::HasFlag(argc, argv, "--time-blocks")) {
+    // No MPI, no coordinator: one process timing blocks for the launcher.
+    const absl::Status s = tandem::ExplainOutOfMemory(
+        tandem::TimeBlocksForLauncher(tandem::JobConfigFlag(argc, argv)), '-');
+    if (s.ok()) return 0;
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   absl::Status s = tandem::InitMpi(&argc, &argv);
   if (!s.ok()) {
     std::fprintf(stderr, "worker: %s\n", std::string(s.message()).c_str());

@@ -397,7 +397,7 @@ int Main(int argc, char** argv) {
   std::string command = "bazel run //tools:compare --";
   for (const std::string& a : args) absl::StrAppend(&command, " ", a);
   const Report report =
-      BuildReport(std::move(entries), HostCores(), command,
+      BuildReport(std::move(entries), gpus, HostCores(), command,
                   absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone()));
   if (absl::Status s = WriteReport(report, out_dir); !s.ok()) {
     std::fprintf(stderr, "compare: %s\n", std::string(s.message()).c_str());

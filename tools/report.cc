@@ -521,9 +521,10 @@ absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::
 
 // ---- the report ----
 
-Report BuildReport(std::vector<Entry> entries, int host_cores, const std::string& command,
+Report BuildReport(std::vector<Entry> entries, int gpus, int host_cores, const std::string& command,
                    const std::string& created) {
   Report r;
+  r.gpus = gpus;
   r.host_cores = host_cores;
   r.command = command;
   r.created = created;
@@ -535,8 +536,7 @@ Report BuildReport(std::vector<Entry> entries, int host_cores, const std::string
     r.batch = e.run.batch;
     r.steps = e.run.steps;
     r.seed = e.run.seed;
-    if (e.name != "baseline") r.gpus = e.run.workers;
-    if (r.gpus > 0) break;
+    break;
   }
   const Entry* base =
       !r.entries.empty() && r.entries[0].name == "baseline" ? &r.entries[0] : nullptr;
@@ -621,6 +621,7 @@ Report BuildReport(std::vector<Entry> entries, int host_cores, const std::string
 namespace {
 
 std::string Intro(const Report& r) {
+  if (r.model.empty()) return "No run completed; each run's message is below.";
   return absl::StrFormat(
       "Model %s on %s, global batch %d, %d steps, seed %s; every strategy on %d workers, the "
       "baseline on one; host with %d cores. Throughput and per-step means leave out the first "
@@ -654,8 +655,15 @@ std::string ResultsHeader() {
 
 }  // namespace
 
+std::string ReportTitle(const Report& r) {
+  if (r.model.empty()) {
+    return absl::StrFormat("Strategy comparison on %d workers: no run completed", r.gpus);
+  }
+  return absl::StrFormat("Strategy comparison: %s on %d workers", r.model, r.gpus);
+}
+
 std::string MarkdownReport(const Report& r) {
-  std::string out = absl::StrFormat("# Strategy comparison: %s on %d workers\n\n", r.model, r.gpus);
+  std::string out = absl::StrCat("# ", ReportTitle(r), "\n\n");
   if (!r.created.empty()) absl::StrAppend(&out, "Made ", r.created);
   if (!r.command.empty()) absl::StrAppend(&out, " by `", r.command, "`");
   if (!r.created.empty() || !r.command.empty()) out += ".\n\n";
@@ -814,7 +822,7 @@ std::string HtmlReport(const Report& r) {
   std::string out =
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
-  absl::StrAppend(&out, "<title>Strategy comparison: ", HtmlEscape(r.model), "</title>\n");
+  absl::StrAppend(&out, "<title>", HtmlEscape(ReportTitle(r)), "</title>\n");
   out +=
       "<style>\n"
       "body{font-family:Helvetica,Arial,sans-serif;margin:24px auto;max-width:1120px;"
@@ -832,8 +840,7 @@ std::string HtmlReport(const Report& r) {
       "border:1px solid #eee}\n"
       "pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}\n"
       "</style>\n</head>\n<body>\n";
-  absl::StrAppendFormat(&out, "<h1>Strategy comparison: %s on %d workers</h1>\n",
-                        HtmlEscape(r.model), r.gpus);
+  absl::StrAppend(&out, "<h1>", HtmlEscape(ReportTitle(r)), "</h1>\n");
   if (!r.created.empty() || !r.command.empty()) {
     absl::StrAppendFormat(
         &out, "<p class=\"meta\">Made %s%s</p>\n", HtmlEscape(r.created),

@@ -139,10 +139,14 @@ struct Report {
   std::vector<std::string> notes;  // timelines that could not be drawn, and why
 };
 
-// Figures, recommendations and charts for `entries` (the first is the baseline). The run
-// settings (model, batch, ...) come from the first entry that ran.
-Report BuildReport(std::vector<Entry> entries, int host_cores, const std::string& command,
+// Figures, recommendations and charts for `entries` (the first is the baseline), each
+// strategy on `gpus` workers. The run settings (model, batch, ...) come from the first entry
+// that ran.
+Report BuildReport(std::vector<Entry> entries, int gpus, int host_cores, const std::string& command,
                    const std::string& created);
+
+// "Strategy comparison: gpt-tiny on 4 workers", or that no run completed.
+std::string ReportTitle(const Report& r);
 
 std::string MarkdownReport(const Report& r);  // links the charts' files beside it
 std::string JsonReport(const Report& r);

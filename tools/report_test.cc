@@ -459,7 +459,7 @@ std::vector<Entry> FiveEntries() {
 }
 
 TEST(ReportTest, BuildsChartsTimelinesAndWritesEveryFile) {
-  const Report r = BuildReport(FiveEntries(), 2, "compare --gpus=2", "2025-01-01 00:00:00 UTC");
+  const Report r = BuildReport(FiveEntries(), 2, 2, "compare --gpus=2", "2025-01-01 00:00:00 UTC");
   EXPECT_EQ(r.model, "gpt-tiny");
   EXPECT_EQ(r.gpus, 2);
   EXPECT_EQ(r.batch, 16);
@@ -523,6 +523,23 @@ TEST(ReportTest, BuildsChartsTimelinesAndWritesEveryFile) {
     EXPECT_FALSE(ReadAll(absl::StrCat(out, "/", f)).empty()) << f;
   }
   EXPECT_FALSE(WriteReport(r, out + "/missing/dir").ok());
+}
+
+TEST(ReportTest, NoRunCompleted) {
+  std::vector<Entry> entries(2);
+  entries[0].name = "baseline";
+  entries[0].label = "one worker";
+  entries[1].name = "data";
+  entries[1].label = "data parallel";
+  for (Entry& e : entries) e.error = "the job failed (rank 0 failed (signal 9 SIGKILL))";
+  const Report r = BuildReport(entries, 4, 2, "compare --gpus=4", "2025-01-01 00:00:00 UTC");
+  EXPECT_EQ(r.gpus, 4);
+  EXPECT_EQ(ReportTitle(r), "Strategy comparison on 4 workers: no run completed");
+  const std::string md = MarkdownReport(r);
+  EXPECT_THAT(md, HasSubstr("# Strategy comparison on 4 workers: no run completed\n"));
+  EXPECT_THAT(md, HasSubstr("No run completed; each run's message is below."));
+  EXPECT_THAT(md, HasSubstr("could not run: the job failed (rank 0 failed (signal 9 SIGKILL))"));
+  EXPECT_THAT(HtmlReport(r), HasSubstr("<h1>Strategy comparison on 4 workers: no run completed"));
 }
 
 TEST(FormatTest, Units) {

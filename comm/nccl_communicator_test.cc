@@ -9,9 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "comm/coordinator_client.h"
-#include "comm/coordinator_server.h"
 #include "comm/nccl_communicator.h"
+#include "comm/nccl_testing.h"
 #include "gtest/gtest.h"
 #include "runtime/device.h"
 #include "runtime/stream.h"
@@ -20,7 +19,6 @@
 namespace tandem {
 namespace {
 
-constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 constexpr int64_t kBig = (int64_t{16} << 20) / 4 + 3;  // just over 16 MB of f32
 
@@ -60,31 +58,9 @@ class NcclCommunicatorTest : public ::testing::Test {
   void SetUp() override {
     std::string why;
     if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU visible: " << why;
-    // One NCCL start that failed or hung fails the rest at once, naming it, rather than each
-    // test waiting out its own timeout.
-    static std::string* first_failure = new std::string;
-    if (!first_failure->empty()) FAIL() << "NCCL did not start earlier: " << *first_failure;
-    CoordinatorServerOptions so;
-    so.world_size = 1;
-    so.token = kToken;
-    auto server = CoordinatorServer::Start(so);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    CoordinatorClientOptions co;
-    co.address = server_->address();
-    co.token = kToken;
-    co.rank = 0;
-    auto client = CoordinatorClient::Connect(co);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
-    ASSERT_TRUE(client_->Register({1, "localhost", 1, "cuda:0"}, absl::Seconds(10)).ok());
-    NcclCommunicatorOptions o;
-    o.store = client_.get();
-    o.init_timeout = absl::Seconds(30);  // one rank: NCCL starts in seconds or not at all
-    auto comm = CreateNcclCommunicator(o);
-    if (!comm.ok()) *first_failure = comm.status().ToString();
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    comm_ = std::move(*comm);
+    absl::StatusOr<OneRankNccl> nccl = OneRankNccl::StartUnlessFailedBefore();
+    ASSERT_TRUE(nccl.ok()) << nccl.status();
+    nccl_ = std::move(*nccl);
   }
 
   Tensor OnGpu(const std::vector<float>& v, DType dtype = DType::kF32) {
@@ -102,18 +78,16 @@ class NcclCommunicatorTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<CoordinatorServer> server_;
-  std::unique_ptr<CoordinatorClient> client_;
-  std::unique_ptr<Communicator> comm_;
+  OneRankNccl nccl_;
 };
 
 TEST_F(NcclCommunicatorTest, UniqueIdWentThroughTheCoordinator) {
-  auto id = client_->Get("tandem/nccl/unique_id");
+  auto id = nccl_.client->Get("tandem/nccl/unique_id");
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(id->size(), 128u);
-  EXPECT_EQ(comm_->rank(), 0);
-  EXPECT_EQ(comm_->world_size(), 1);
-  EXPECT_EQ(comm_->device(), Device::Cuda(0));
+  EXPECT_EQ(nccl_.comm->rank(), 0);
+  EXPECT_EQ(nccl_.comm->world_size(), 1);
+  EXPECT_EQ(nccl_.comm->device(), Device::Cuda(0));
 }
 
 TEST_F(NcclCommunicatorTest, AllReduceEveryDtypeAndCount) {
@@ -122,7 +96,7 @@ TEST_F(NcclCommunicatorTest, AllReduceEveryDtypeAndCount) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
         const std::vector<float> v = Values(n);
         Tensor t = OnGpu(v, dtype);
-        auto w = comm_->AllReduce(t, {op});
+        auto w = nccl_.comm->AllReduce(t, {op});
         ASSERT_TRUE(w.ok()) << w.status();
         ASSERT_TRUE((*w)->Wait(kTimeout).ok());
         // One rank: the sum and the average are the input.
@@ -135,15 +109,15 @@ TEST_F(NcclCommunicatorTest, AllReduceEveryDtypeAndCount) {
 TEST_F(NcclCommunicatorTest, BroadcastAllGatherReduceScatterBarrier) {
   const std::vector<float> v = Values(1001);
   Tensor a = OnGpu(v);
-  ASSERT_TRUE(comm_->Broadcast(a, {0}).value()->Wait(kTimeout).ok());
+  ASSERT_TRUE(nccl_.comm->Broadcast(a, {0}).value()->Wait(kTimeout).ok());
   ExpectValues(a, v, "broadcast");
   Tensor out = OnGpu(std::vector<float>(1001, 0.0f));
-  ASSERT_TRUE(comm_->AllGather(out, a).value()->Wait(kTimeout).ok());
+  ASSERT_TRUE(nccl_.comm->AllGather(out, a).value()->Wait(kTimeout).ok());
   ExpectValues(out, v, "all_gather");
   Tensor rs = OnGpu(std::vector<float>(1001, 0.0f), DType::kBF16);
-  ASSERT_TRUE(comm_->ReduceScatter(rs, OnGpu(v, DType::kBF16)).value()->Wait(kTimeout).ok());
+  ASSERT_TRUE(nccl_.comm->ReduceScatter(rs, OnGpu(v, DType::kBF16)).value()->Wait(kTimeout).ok());
   ExpectValues(rs, v, "reduce_scatter");
-  ASSERT_TRUE(comm_->Barrier().value()->Wait(kTimeout).ok());
+  ASSERT_TRUE(nccl_.comm->Barrier().value()->Wait(kTimeout).ok());
 }
 
 TEST_F(NcclCommunicatorTest, OperationsInFlightCompleteInIssueOrder) {
@@ -151,13 +125,13 @@ TEST_F(NcclCommunicatorTest, OperationsInFlightCompleteInIssueOrder) {
   std::vector<std::unique_ptr<Work>> works;
   for (int k = 0; k < 6; ++k) {
     tensors.push_back(OnGpu(Values(k % 2 ? kBig : 333)));
-    works.push_back(comm_->AllReduce(tensors.back()).value());
+    works.push_back(nccl_.comm->AllReduce(tensors.back()).value());
     EXPECT_EQ(works.back()->sequence(), static_cast<uint64_t>(k + 1));
   }
-  EXPECT_EQ(comm_->last_issued_sequence(), 6u);
+  EXPECT_EQ(nccl_.comm->last_issued_sequence(), 6u);
   ASSERT_TRUE(works.back()->Wait(kTimeout).ok());
   for (auto& w : works) EXPECT_TRUE(w->IsCompleted().value()) << w->description();
-  EXPECT_EQ(comm_->last_completed_sequence(), 6u);
+  EXPECT_EQ(nccl_.comm->last_completed_sequence(), 6u);
 }
 
 // Queues a long host-to-device copy on the compute stream (about 10 ms for 256 MB from
@@ -181,7 +155,7 @@ TEST_F(NcclCommunicatorTest, OperationsWaitForTheComputeStream) {
   BusyComputeStream(&busy_src, &busy_dst);
   Stream* compute = Stream::Compute(Device::Cuda(0)).value();
   ASSERT_TRUE(Copy(t, *src, *compute).ok());  // queued behind the long copy
-  auto w = comm_->AllReduce(t, {ReduceOp::kAvg});
+  auto w = nccl_.comm->AllReduce(t, {ReduceOp::kAvg});
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE((*w)->Wait(kTimeout).ok());
   ExpectValues(t, v, "all_reduce after an asynchronous copy on the compute stream");
@@ -199,13 +173,13 @@ std::unique_ptr<Work> UnfinishedAllReduce(Communicator& comm, const Tensor& t, T
 
 TEST_F(NcclCommunicatorTest, AbortFailsWorkAndRefusesMore) {
   Tensor t = OnGpu(Values(kBig)), busy_src, busy_dst;
-  std::unique_ptr<Work> w = UnfinishedAllReduce(*comm_, t, &busy_src, &busy_dst);
+  std::unique_ptr<Work> w = UnfinishedAllReduce(*nccl_.comm, t, &busy_src, &busy_dst);
   ASSERT_NE(w, nullptr);
-  comm_->Abort("the coordinator aborted the job");
+  nccl_.comm->Abort("the coordinator aborted the job");
   absl::Status s = w->Wait(kTimeout);
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_NE(s.message().find("the coordinator aborted the job"), std::string::npos) << s;
-  EXPECT_EQ(comm_->AllReduce(t).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(nccl_.comm->AllReduce(t).status().code(), absl::StatusCode::kAborted);
   ASSERT_TRUE(Stream::Compute(Device::Cuda(0)).value()->Synchronize().ok());
 }
 
@@ -213,10 +187,10 @@ TEST_F(NcclCommunicatorTest, AbortFailsWorkAndRefusesMore) {
 // instead of finalizing (which waits for peers that may be gone).
 TEST_F(NcclCommunicatorTest, DestroyedWithWorkInFlightAbortsAtOnce) {
   Tensor t = OnGpu(Values(kBig)), busy_src, busy_dst;
-  std::unique_ptr<Work> w = UnfinishedAllReduce(*comm_, t, &busy_src, &busy_dst);
+  std::unique_ptr<Work> w = UnfinishedAllReduce(*nccl_.comm, t, &busy_src, &busy_dst);
   ASSERT_NE(w, nullptr);
   const absl::Time start = absl::Now();
-  comm_.reset();
+  nccl_.comm.reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   ASSERT_TRUE(Stream::Compute(Device::Cuda(0)).value()->Synchronize().ok());
 }
@@ -224,10 +198,10 @@ TEST_F(NcclCommunicatorTest, DestroyedWithWorkInFlightAbortsAtOnce) {
 TEST_F(NcclCommunicatorTest, BadArgumentsAreRefused) {
   auto cpu = Tensor::FromVector({1, 2}, Shape{2});
   ASSERT_TRUE(cpu.ok());
-  auto s = comm_->AllReduce(*cpu);
+  auto s = nccl_.comm->AllReduce(*cpu);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
   EXPECT_NE(s.status().message().find("works on cuda:0"), std::string::npos) << s.status();
-  EXPECT_EQ(comm_->Broadcast(OnGpu({1}), {1}).status().code(),
+  EXPECT_EQ(nccl_.comm->Broadcast(OnGpu({1}), {1}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

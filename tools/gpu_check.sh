@@ -15,7 +15,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/dist/gpu_check"
 targets=(//runtime:cuda_ops_test //runtime:cuda_runtime_test //runtime:ops_test
          //runtime:cpu_isa_test
-         //model:cuda_train_test //comm:nccl_communicator_test)
+         //model:cuda_train_test //comm:nccl_communicator_test //parallel:cuda_distributed_test)
 # Libraries above this size are stored gzip-compressed and unpacked by run.sh.
 compress_above_bytes=$((8 << 20))
 

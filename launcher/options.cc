@@ -281,43 +281,15 @@ std::vector<std::string> RewriteArgs(const std::vector<std::string>& args) {
 }
 
 const std::vector<std::string>& FlagNames() {
-  static const auto* names = new std::vector<std::string>{"strategy",
-                                                          "gpus",
-                                                          "device",
-                                                          "model",
-                                                          "n_layer",
-                                                          "d_model",
-                                                          "n_head",
-                                                          "seq_len",
-                                                          "attention",
-                                                          "dtype",
-                                                          "steps",
-                                                          "batch",
-                                                          "micro_batches",
-                                                          "schedule",
-                                                          "balance",
-                                                          "lr",
-                                                          "warmup",
-                                                          "optimizer",
-                                                          "weight_decay",
-                                                          "clip_norm",
-                                                          "seed",
-                                                          "data",
-                                                          "synthetic",
-                                                          "run_dir",
-                                                          "checkpoint_every",
-                                                          "resume",
-                                                          "max_restarts",
-                                                          "hostfile",
-                                                          "coordinator_address",
-                                                          "mpirun_args",
-                                                          "prepare",
-                                                          "check",
-                                                          "profile",
-                                                          "bucket_mb",
-                                                          "overlap",
-                                                          "recompute",
-                                                          "heartbeat_timeout"};
+  // clang-format off
+  static const auto* names = new std::vector<std::string>{
+      "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
+      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
+      "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
+      "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
+      "mpirun_args", "prepare", "check", "profile", "bucket_mb", "overlap", "recompute",
+      "heartbeat_timeout"};
+  // clang-format on
   return *names;
 }
 

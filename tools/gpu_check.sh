@@ -137,7 +137,10 @@ write_run_script() {
 # default 150), GPU_CHECK_FILTER (a --gtest_filter for every binary), GPU_CHECK_LOGS (a folder
 # that keeps each binary's whole output and each training run's log; by default they are
 # deleted and only failures are quoted), GPU_CHECK_TRAIN=0 (no training runs),
-# GPU_CHECK_TRAIN_STEPS (default 30), GPU_CHECK_MEMCHECK_S (seconds in all for the memcheck
+# GPU_CHECK_TRAIN_STEPS (default 30), GPU_CHECK_BUDGET_S (the whole run's seconds, default 540:
+# each step's time limit shrinks to what is left, keeping room for the training runs, and a
+# step with no time left is reported "NOT RUN", so the closing line is always printed),
+# GPU_CHECK_MEMCHECK_S (seconds in all for the memcheck
 # reruns below, default 90; 0: none). Where tests fail or a binary crashes, the failing tests
 # run once more under compute-sanitizer's memcheck (out-of-bounds and misaligned accesses,
 # CUDA API errors), and its "MEMCHECK" line and first errors are printed under them.
@@ -153,6 +156,15 @@ keep_logs() {
 }
 trap keep_logs EXIT
 timeout_s="${GPU_CHECK_TIMEOUT_S:-150}"
+deadline=$(( $(date +%s) + ${GPU_CHECK_BUDGET_S:-540} ))
+# allow MOST KEEP: the seconds a step may take, at most MOST, leaving KEEP seconds of the
+# budget for the steps after it (0: no time left).
+allow() {
+  local left=$(( deadline - $(date +%s) - $2 ))
+  [ "$left" -lt 0 ] && left=0
+  echo $(( left < $1 ? left : $1 ))
+}
+not_run=0
 
 # The large libraries travel compressed.
 mkdir -p "$work/lib" "$work/tmp"
@@ -204,8 +216,9 @@ memcheck_left="${GPU_CHECK_MEMCHECK_S:-90}"
 # memcheck BINARY FILTER: the tests FILTER names under memcheck, within what is left of the
 # budget (at most 60 s); what it found, quoted.
 memcheck() {
-  [ -n "$sanitizer" ] && [ "$gpu_visible" = 1 ] && [ "$memcheck_left" -ge 10 ] || return 0
-  local bin="$1" filter="$2" limit=$((memcheck_left < 60 ? memcheck_left : 60)) begin rc
+  local bin="$1" filter="$2" limit begin rc
+  limit="$(allow $((memcheck_left < 60 ? memcheck_left : 60)) "$train_keep")"
+  [ -n "$sanitizer" ] && [ "$gpu_visible" = 1 ] && [ "$limit" -ge 10 ] || return 0
   local log="$work/$(basename "$bin").memcheck.log"
   begin=$(date +%s)
   (cd "$work" && timeout --kill-after=5 "$limit" "$sanitizer" --tool memcheck --print-limit 10 \
@@ -221,6 +234,9 @@ memcheck() {
 passed=0
 failed=0
 skipped=0
+# What the training runs below keep of the budget while the tests run.
+train_keep=0
+[ "$gpu_visible" = 1 ] && [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && train_keep=240
 for bin in "$here"/bin/*; do
   name="$(basename "$bin")"
   log="$work/$name.log"
@@ -232,8 +248,14 @@ for bin in "$here"/bin/*; do
   fi
   filter=()
   [ -n "${GPU_CHECK_FILTER:-}" ] && filter=("--gtest_filter=$GPU_CHECK_FILTER")
+  limit="$(allow "$timeout_s" "$train_keep")"
+  if [ "$limit" -lt 10 ]; then
+    echo "NOT RUN $name (GPU_CHECK_BUDGET_S spent)"
+    not_run=$((not_run + 1))
+    continue
+  fi
   start=$(date +%s)
-  (cd "$work" && timeout --kill-after=10 "$timeout_s" "$bin" ${filter[@]+"${filter[@]}"}) \
+  (cd "$work" && timeout --kill-after=10 "$limit" "$bin" ${filter[@]+"${filter[@]}"}) \
     >"$log" 2>&1
   rc=$?
   # "[       OK ] Suite.Test (12 ms)", "[  FAILED  ] Suite.Test/bf16, where GetParam() = ... (3 ms)"
@@ -261,7 +283,7 @@ for bin in "$here"/bin/*; do
   if [ "$rc" -ne 0 ] && { [ -n "$last_run" ] || ! grep -q '^FAIL ' <<<"$results"; }; then
     why="exit status $rc"
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      why="timed out after ${timeout_s}s"
+      why="timed out after ${limit}s"
     fi
     echo "FAIL ${last_run:-$name} ($name: $why)"
     failed=$((failed + 1))
@@ -286,11 +308,17 @@ done
 # and with flash attention, then PyTorch eager on the same model, batch and precision;
 # tokens/s, MFU, the op table of the last steps (with each op's achieved rates), the memory
 # the run was checked to need against the allocator's statistics.
-train() {  # label, then flags for the trainer
-  local label="$1"
-  shift
+train() {  # label, seconds to keep for what follows, then flags for the trainer
+  local label="$1" limit
+  limit="$(allow 240 "$2")"
+  shift 2
   local log="$work/train-$label.log"
-  timeout 240 env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$here/train/train" --model=gpt2-small \
+  if [ "$limit" -lt 20 ]; then
+    echo "NOT RUN training $label (GPU_CHECK_BUDGET_S spent)"
+    not_run=$((not_run + 1))
+    return
+  fi
+  timeout "$limit" env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$here/train/train" --model=gpt2-small \
       --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
       --profile_steps=3 "$@" >"$log" 2>&1
   local rc=$?
@@ -308,7 +336,7 @@ train() {  # label, then flags for the trainer
 # and GB/s against: a 2 GiB device-to-device copy (bytes read plus written) and an 8192^3 bf16
 # matrix product on random data; each the mean of 10 runs after 3 warm-ups.
 ceilings() {
-  timeout 120 python3 - >"$work/ceilings.log" 2>&1 <<'PY'
+  timeout "$(allow 120 200)" python3 - >"$work/ceilings.log" 2>&1 <<'PY'
 import torch
 
 def seconds(fn, reps=10):
@@ -343,10 +371,13 @@ elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
   [ "$have_torch" = 1 ] && ceilings
   echo "# training gpt2-small, bf16, batch 8 x 1024 tokens, $steps steps"
-  train TANDEM --attention=standard
-  train TANDEM_FLASH --attention=flash
-  if [ "$have_torch" = 1 ]; then
-    timeout 240 python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
+  train TANDEM 120 --attention=standard
+  train TANDEM_FLASH 60 --attention=flash
+  if [ "$have_torch" = 1 ] && [ "$(allow 240 0)" -lt 20 ]; then
+    echo "NOT RUN PYTORCH (GPU_CHECK_BUDGET_S spent)"
+    not_run=$((not_run + 1))
+  elif [ "$have_torch" = 1 ]; then
+    timeout "$(allow 240 0)" python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
         --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50304 --batch 8 \
         --steps "$steps" >"$work/train-PYTORCH.log" 2>&1
     tail -n 1 "$work/train-PYTORCH.log" | sed 's/^/PYTORCH /'
@@ -355,8 +386,8 @@ elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
   fi
 fi
 
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ]
+echo "$passed passed, $failed failed, $skipped skipped$([ "$not_run" -gt 0 ] && echo ", $not_run not run")"
+[ "$failed" -eq 0 ] && [ "$not_run" -eq 0 ]
 RUN
 }
 

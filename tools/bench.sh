@@ -46,6 +46,6 @@ for procs in 1 2; do
     >>"$out_dir/pytorch.jsonl" 2>/dev/null || echo '{"skipped": "bench_pytorch.py failed"}' \
     >>"$out_dir/pytorch.jsonl"
 done
-python3 "$runfiles/tools/bench_report.py" "$out_dir" >"$dest.tmp"
+python3 "$runfiles/tools/bench_report.py" "$out_dir" "$dest" >"$dest.tmp"
 mv "$dest.tmp" "$dest"
 step "wrote $dest (raw outputs in $out_dir)"

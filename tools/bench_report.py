@@ -259,11 +259,23 @@ def main():
         print(f"\n({torch[0]['framework']})")
     print()
     performance_work(variant, op_gain, train_text, yield_gain(os.path.join(d, "yield.jsonl")))
+    # The GPU section comes from another machine (tools/gpu_report.py): a measured one in the
+    # file this run replaces is kept as it is, with its own date.
+    previous = ""
+    if len(sys.argv) > 2 and os.path.exists(sys.argv[2]):
+        with open(sys.argv[2]) as f:
+            previous = f.read()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_report import measured_section
+    kept = measured_section(previous)
+    if kept:
+        print(kept.rstrip("\n"))
+        return
     print("## GPU\n")
-    print("Not measured in this run: the machine has no GPU. The GPU figures (CUDA ops "
-          "against the CPU, gpt2-small bf16 tokens/s and MFU with standard and with flash "
-          "attention, PyTorch on the same GPU) come from `tools/gpu_check.sh` on a GPU machine "
-          "and are added here when measured; none have been yet.")
+    print("Not measured: the GPU figures (CUDA ops against the CPU, gpt2-small bf16 tokens/s "
+          "and MFU with standard and with flash attention, PyTorch on the same GPU) come from "
+          "`tools/gpu_check.sh` on a GPU machine, written here by `tools/gpu_report.py`; none "
+          "have been measured yet.")
 
 
 if __name__ == "__main__":

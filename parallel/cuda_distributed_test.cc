@@ -96,10 +96,13 @@ class CudaDistributedTest : public ::testing::Test {
 // the other way to bf16 moves the activations by an ulp, so the losses hold to 1e-2 and the
 // weights are not compared. SGD's steps are proportional to the gradients, so a gradient
 // scaled or reduced wrongly shows there at once (AdamW's steps hardly change with the scale).
+// `weights_tol`: 1e-3 where the micro-batches' gradients add up in another order than the
+// one-device trainer's (GPipe runs their backwards last first), as parity_test allows on CPU
+// under AdamW, which magnifies the rounding of near-zero gradients.
 void ExpectSameTraining(const Trained& one, const Trained& many, DType dtype,
-                        const std::string& what) {
+                        const std::string& what, double weights_tol = 1e-4) {
   ExpectClose(one.losses, many.losses, dtype == DType::kF32 ? 1e-4 : 1e-2, what + " losses");
-  if (dtype == DType::kF32) ExpectClose(one.params, many.params, 1e-4, what + " weights");
+  if (dtype == DType::kF32) ExpectClose(one.params, many.params, weights_tol, what + " weights");
 }
 
 TEST_F(CudaDistributedTest, DataParallelMatchesOneGpu) {
@@ -146,7 +149,7 @@ TEST_F(CudaDistributedTest, OneStagePipelineMatchesOneGpu) {
         pc.recompute = recompute;
         StepTiming timing;
         const Trained many = Distributed(pc, &timing);
-        ExpectSameTraining(one, many, dtype, what);
+        ExpectSameTraining(one, many, dtype, what, std::string(schedule) == "gpipe" ? 1e-3 : 1e-4);
         EXPECT_EQ(timing.peak_in_flight, std::string(schedule) == "gpipe" ? 4 : 1);
       }
     }

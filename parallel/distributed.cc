@@ -232,12 +232,33 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     RETURN_IF_ERROR(t->stage_->ParamsChanged(*s));
   } else {
     ASSIGN_OR_RETURN(t->schedule_, StrategySchedule(c, comm->world_size()));
+    RETURN_IF_ERROR(t->ConnectNeighbours());
   }
   if (!c.train.resume.empty()) {
     return absl::InvalidArgumentError(
         "resume a distributed run with LoadCheckpoint(prefix), not TrainConfig::resume");
   }
   return t;
+}
+
+absl::Status DistributedTrainer::ConnectNeighbours() {
+  const int rank = comm_->rank(), world = comm_->world_size();
+  if (world == 1) return absl::OkStatus();
+  const TrainConfig& tc = c_.train;
+  const Shape activation{tc.batch / tc.micro_batches, tc.model.seq_len, tc.model.d_model};
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
+  std::vector<PeerTransfer> group;
+  for (int peer : {rank - 1, rank + 1}) {
+    if (peer < 0 || peer >= world) continue;
+    ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(activation, tc.dtype, tc.device));
+    ASSIGN_OR_RETURN(Tensor in, Tensor::Empty(activation, tc.dtype, tc.device));
+    RETURN_IF_ERROR(ZeroFill(out, *s));
+    group.push_back(PeerTransfer::Send(out, peer));
+    group.push_back(PeerTransfer::Recv(in, peer));
+  }
+  // The transfers' tensors stay referenced by the work until it completes.
+  ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
+  return Wait(*w, "the first exchange with the neighbouring stages");
 }
 
 absl::Status DistributedTrainer::Wait(Work& w, const char* what, absl::Duration timeout) {

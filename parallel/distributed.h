@@ -109,6 +109,13 @@ class DistributedTrainer {
       : c_(c), comm_(comm), data_(std::move(d)), order_(data_.num_samples(), c.train.seed),
         scaler_(c.train.dtype == DType::kF16) {}
   absl::StatusOr<MicroBatch> LoadMicroBatch(int64_t row_begin, int64_t rows);
+  // Pipeline and model parallel: one exchange of an activation's bytes with each
+  // neighbouring stage, both ways at once on both sides, before the first step. NCCL
+  // connects two ranks the first time they exchange, and a rank cannot start a group whose
+  // receive from a neighbour is not connected until that neighbour sends to it: without
+  // this, a GPipe stage's first [send activation, receive gradient] group waits for the
+  // next stage's first gradient, which waits for that activation.
+  absl::Status ConnectNeighbours();
   absl::Status DataParallelPass(Stream& s, Tensor* loss_sum, StepTiming* t);
   absl::Status PipelinePass(Stream& s, Tensor* loss_sum, StepTiming* t);
   // Waits up to c_.timeout, or up to `timeout`.

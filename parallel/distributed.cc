@@ -232,6 +232,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     RETURN_IF_ERROR(t->stage_->ParamsChanged(*s));
   } else {
     ASSIGN_OR_RETURN(t->schedule_, StrategySchedule(c, comm->world_size()));
+    t->exchange_groups_ = ExchangeGroups(t->schedule_)[rank];
     RETURN_IF_ERROR(t->ConnectNeighbours());
   }
   if (!c.train.resume.empty()) {
@@ -351,42 +352,51 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
     ready.erase(it);
     return absl::OkStatus();
   };
+  // This stage's transfers in the groups the validator simulated (ExchangeGroups): each run
+  // of transfers split so that the neighbour groups the same transfers alike.
+  const std::vector<std::vector<int>>& groups = exchange_groups_;
+  size_t next_group = 0;
   for (size_t i = 0; i < actions.size();) {
     const Action& a = actions[i];
     if (a.is_communication()) {
-      // Consecutive transfers go out as one group, as the validator simulated them.
-      std::vector<PeerTransfer> group;
-      std::vector<std::pair<std::map<int, std::shared_ptr<Work>>*, int>> receives;
-      for (; i < actions.size() && actions[i].is_communication(); ++i) {
-        const int m = actions[i].micro_batch;
-        switch (actions[i].type) {
-          case ActionType::kSendActivation:
-            group.push_back(PeerTransfer::Send(outputs[m], rank + 1));
-            outputs.erase(m);
-            break;
-          case ActionType::kSendGradient:
-            group.push_back(PeerTransfer::Send(input_grads[m], rank - 1));
-            input_grads.erase(m);
-            break;
-          case ActionType::kRecvActivation: {
-            ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
-            group.push_back(PeerTransfer::Recv(act_in[m], rank - 1));
-            receives.push_back({&act_ready, m});
-            break;
+      size_t run_end = i;
+      while (run_end < actions.size() && actions[run_end].is_communication()) ++run_end;
+      for (; next_group < groups.size() && groups[next_group].front() < static_cast<int>(run_end);
+           ++next_group) {
+        std::vector<PeerTransfer> group;
+        std::vector<std::pair<std::map<int, std::shared_ptr<Work>>*, int>> receives;
+        for (int k : groups[next_group]) {
+          const int m = actions[k].micro_batch;
+          switch (actions[k].type) {
+            case ActionType::kSendActivation:
+              group.push_back(PeerTransfer::Send(outputs[m], rank + 1));
+              outputs.erase(m);
+              break;
+            case ActionType::kSendGradient:
+              group.push_back(PeerTransfer::Send(input_grads[m], rank - 1));
+              input_grads.erase(m);
+              break;
+            case ActionType::kRecvActivation: {
+              ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
+              group.push_back(PeerTransfer::Recv(act_in[m], rank - 1));
+              receives.push_back({&act_ready, m});
+              break;
+            }
+            default: {  // kRecvGradient
+              ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
+              group.push_back(PeerTransfer::Recv(grad_in[m], rank + 1));
+              receives.push_back({&grad_ready, m});
+              break;
+            }
           }
-          default: {  // kRecvGradient
-            ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
-            group.push_back(PeerTransfer::Recv(grad_in[m], rank + 1));
-            receives.push_back({&grad_ready, m});
-            break;
-          }
+          t->comm_bytes += static_cast<int64_t>(group.back().tensor.bytes());
         }
-        t->comm_bytes += static_cast<int64_t>(group.back().tensor.bytes());
+        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
+        std::shared_ptr<Work> shared(std::move(w));
+        for (auto& [ready, m] : receives) (*ready)[m] = shared;
+        all.push_back(shared);
       }
-      ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
-      std::shared_ptr<Work> shared(std::move(w));
-      for (auto& [ready, m] : receives) (*ready)[m] = shared;
-      all.push_back(shared);
+      i = run_end;
       continue;
     }
     const int m = a.micro_batch;

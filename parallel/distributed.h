@@ -136,6 +136,7 @@ class DistributedTrainer {
   StageBounds bounds_;
   std::vector<Bucket> buckets_;
   PipelineSchedule schedule_;
+  std::vector<std::vector<int>> exchange_groups_;  // this stage's (ExchangeGroups)
   MemoryCheck memory_;
   int step_ = 0;
   bool stop_agreed_ = false;

@@ -1,6 +1,7 @@
 #include "parallel/schedule.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <tuple>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 
 namespace tandem {
@@ -141,6 +143,100 @@ std::string ScheduleGrid(const PipelineSchedule& s, const std::vector<int>& mark
   return out;
 }
 
+namespace {
+
+// (from, to, is_gradient) of a transfer on stage st.
+std::tuple<int, int, bool> LinkOf(int st, const Action& a) {
+  switch (a.type) {
+    case ActionType::kSendActivation:
+      return std::make_tuple(st, st + 1, false);
+    case ActionType::kRecvActivation:
+      return std::make_tuple(st - 1, st, false);
+    case ActionType::kSendGradient:
+      return std::make_tuple(st, st - 1, true);
+    default:
+      return std::make_tuple(st + 1, st, true);  // kRecvGradient
+  }
+}
+
+bool IsSend(const Action& a) {
+  return a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
+}
+
+// The index, on the peer stage, of the transfer matching action i of stage st; -1 if none.
+int Counterpart(const PipelineSchedule& s, int st, int i) {
+  const Action& x = s.actions[st][i];
+  const auto [from, to, gradient] = LinkOf(st, x);
+  const int peer = from == st ? to : from;
+  if (peer < 0 || peer >= s.stages) return -1;
+  ActionType want;
+  switch (x.type) {
+    case ActionType::kSendActivation:
+      want = ActionType::kRecvActivation;
+      break;
+    case ActionType::kRecvActivation:
+      want = ActionType::kSendActivation;
+      break;
+    case ActionType::kSendGradient:
+      want = ActionType::kRecvGradient;
+      break;
+    default:
+      want = ActionType::kSendGradient;
+      break;
+  }
+  const auto& a = s.actions[peer];
+  for (size_t j = 0; j < a.size(); ++j) {
+    if (a[j].type == want && a[j].micro_batch == x.micro_batch) return static_cast<int>(j);
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule& s) {
+  const int S = static_cast<int>(s.actions.size());
+  // Each communication action's run (consecutive communication actions), per stage.
+  std::vector<std::vector<int>> run(S);
+  for (int st = 0; st < S; ++st) {
+    int r = -1;
+    bool in_run = false;
+    for (const Action& a : s.actions[st]) {
+      if (a.is_communication() && !in_run) ++r;
+      in_run = a.is_communication();
+      run[st].push_back(in_run ? r : -1);
+    }
+  }
+  std::vector<std::vector<std::vector<int>>> groups(S);
+  for (int st = 0; st < S; ++st) {
+    const auto& a = s.actions[st];
+    for (size_t i = 0; i < a.size();) {
+      if (!a[i].is_communication()) {
+        ++i;
+        continue;
+      }
+      // This run, split by (peer, the peer's run of the counterpart).
+      std::vector<std::pair<int, int>> keys;
+      std::vector<std::vector<int>> split;
+      for (; i < a.size() && a[i].is_communication(); ++i) {
+        const auto [from, to, gradient] = LinkOf(st, a[i]);
+        const int peer = from == st ? to : from;
+        const int j = Counterpart(s, st, static_cast<int>(i));
+        const std::pair<int, int> key =
+            j < 0 ? std::make_pair(-1, static_cast<int>(i)) : std::make_pair(peer, run[peer][j]);
+        size_t k = 0;
+        while (k < keys.size() && keys[k] != key) ++k;
+        if (k == keys.size()) {
+          keys.push_back(key);
+          split.emplace_back();
+        }
+        split[k].push_back(static_cast<int>(i));
+      }
+      for (auto& g : split) groups[st].push_back(std::move(g));
+    }
+  }
+  return groups;
+}
+
 absl::Status ValidateSchedule(const PipelineSchedule& s) {
   auto fail = [&](const std::string& why, const std::vector<int>& marks) {
     return absl::InvalidArgumentError(
@@ -188,47 +284,65 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
       return fail(absl::StrFormat("stage %d has no optimizer step", st), {});
     }
   }
-  // Simulation. Links: (from, to, is_gradient). Counters of posted sends/receives per link.
-  struct Link { std::vector<int> sent, recv; };  // micro-batches in posting order
-  std::map<std::tuple<int, int, bool>, Link> links;
+  // Both ends of each link post its transfers in the same micro-batch order.
+  std::map<std::tuple<int, int, bool>, std::pair<std::vector<int>, std::vector<int>>> order;
+  for (int st = 0; st < S; ++st) {
+    for (const Action& x : s.actions[st]) {
+      if (!x.is_communication()) continue;
+      auto& [sent, recv] = order[LinkOf(st, x)];
+      (IsSend(x) ? sent : recv).push_back(x.micro_batch);
+    }
+  }
+  for (const auto& [link, sides] : order) {
+    if (sides.first != sides.second) {
+      return fail(
+          absl::StrFormat("the %s from stage %d to stage %d are sent in micro-batch "
+                          "order %s and received in order %s (transfers on a link "
+                          "match in order)",
+                          std::get<2>(link) ? "gradients" : "activations", std::get<0>(link),
+                          std::get<1>(link), absl::StrJoin(sides.first, ","),
+                          absl::StrJoin(sides.second, ",")),
+          {});
+    }
+  }
+  // Simulation over the exchange groups.
+  const std::vector<std::vector<std::vector<int>>> groups = ExchangeGroups(s);
+  std::vector<std::map<int, int>> group_of(S);  // action index -> group, per stage
+  for (int st = 0; st < S; ++st) {
+    for (size_t g = 0; g < groups[st].size(); ++g) {
+      for (int i : groups[st][g]) group_of[st][i] = static_cast<int>(g);
+    }
+  }
+  // The counterpart group of group g of stage st: (peer, group), or (-1, -1).
+  auto partner = [&](int st, int g) -> std::pair<int, int> {
+    const int i = groups[st][g].front();
+    const Action& x = s.actions[st][i];
+    const int peer =
+        std::get<0>(LinkOf(st, x)) == st ? std::get<1>(LinkOf(st, x)) : std::get<0>(LinkOf(st, x));
+    const int j = Counterpart(s, st, i);
+    if (j < 0) return {-1, -1};
+    return {peer, group_of[peer][j]};
+  };
   std::vector<size_t> pc(S, 0);
+  std::vector<std::deque<int>> posted(S);
   std::vector<std::vector<bool>> have_act(S, std::vector<bool>(M, false));
   std::vector<std::vector<bool>> have_grad(S, std::vector<bool>(M, false));
   std::vector<std::vector<bool>> fwd_done(S, std::vector<bool>(M, false));
-  // Group posted by each stage: [pc, end) of communication actions, and for each transfer
-  // its index on its link.
-  std::vector<size_t> group_end(S, 0);
-  std::vector<std::vector<int>> group_index(S);
-  auto link_of = [&](int st, const Action& a) {
-    switch (a.type) {
-      case ActionType::kSendActivation: return std::make_tuple(st, st + 1, false);
-      case ActionType::kRecvActivation: return std::make_tuple(st - 1, st, false);
-      case ActionType::kSendGradient: return std::make_tuple(st, st - 1, true);
-      default: return std::make_tuple(st + 1, st, true);  // kRecvGradient
-    }
-  };
-  auto is_send = [](const Action& a) {
-    return a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
-  };
   for (;;) {
     bool progress = false, done = true;
     for (int st = 0; st < S; ++st) {
       const auto& a = s.actions[st];
+      if (pc[st] < a.size() || !posted[st].empty()) done = false;
       if (pc[st] >= a.size()) continue;
-      done = false;
       const Action& x = a[pc[st]];
       if (x.is_communication()) {
-        if (group_end[st] > pc[st]) continue;  // already posted
+        // Post every group of this run, then go on.
+        const int first = group_of[st][static_cast<int>(pc[st])];
         size_t e = pc[st];
-        group_index[st].clear();
-        while (e < a.size() && a[e].is_communication()) {
-          Link& l = links[link_of(st, a[e])];
-          std::vector<int>& side = is_send(a[e]) ? l.sent : l.recv;
-          group_index[st].push_back(static_cast<int>(side.size()));
-          side.push_back(a[e].micro_batch);
-          ++e;
-        }
-        group_end[st] = e;
+        while (e < a.size() && a[e].is_communication()) ++e;
+        const int last = group_of[st][static_cast<int>(e - 1)];
+        for (int g = first; g <= last; ++g) posted[st].push_back(g);
+        pc[st] = e;
         progress = true;
         continue;
       }
@@ -241,39 +355,44 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
       ++pc[st];
       progress = true;
     }
-    // Complete every posted group whose transfers all have their peer posted.
+    // A group and its counterpart complete together, each first in its stage's queue.
     for (int st = 0; st < S; ++st) {
-      if (group_end[st] <= pc[st]) continue;
-      const auto& a = s.actions[st];
-      bool all = true;
-      for (size_t i = pc[st]; i < group_end[st]; ++i) {
-        const Link& l = links[link_of(st, a[i])];
-        const int k = group_index[st][i - pc[st]];
-        const std::vector<int>& other = is_send(a[i]) ? l.recv : l.sent;
-        if (k >= static_cast<int>(other.size())) {
-          all = false;
-          continue;
-        }
-        if (other[k] != a[i].micro_batch) {
-          std::vector<int> mark(S, -1);
-          mark[st] = static_cast<int>(i);
-          return fail(absl::StrFormat("%s is matched with micro-batch %d on the other side (transfers on a link match in order)",
-                                      ActionText(st, a[i]), other[k]), mark);
-        }
+      if (posted[st].empty()) continue;
+      const int g = posted[st].front();
+      const auto [peer, h] = partner(st, g);
+      if (peer < 0) {
+        std::vector<int> mark(S, -1);
+        mark[st] = groups[st][g].front();
+        return fail(absl::StrFormat("%s has no counterpart on the neighbouring stage",
+                                    ActionText(st, s.actions[st][groups[st][g].front()])),
+                    mark);
       }
-      if (!all) continue;
-      for (size_t i = pc[st]; i < group_end[st]; ++i) {
-        if (a[i].type == ActionType::kRecvActivation) have_act[st][a[i].micro_batch] = true;
-        if (a[i].type == ActionType::kRecvGradient) have_grad[st][a[i].micro_batch] = true;
+      if (posted[peer].empty() || posted[peer].front() != h) continue;
+      if (partner(peer, h) != std::make_pair(st, g)) {
+        std::vector<int> mark(S, -1);
+        mark[st] = groups[st][g].front();
+        mark[peer] = groups[peer][h].front();
+        return fail("two neighbours group the transfers between them differently", mark);
       }
-      pc[st] = group_end[st];
+      for (const auto& [stage, group] : {std::make_pair(st, g), std::make_pair(peer, h)}) {
+        for (int i : groups[stage][group]) {
+          const Action& y = s.actions[stage][i];
+          if (y.type == ActionType::kRecvActivation) have_act[stage][y.micro_batch] = true;
+          if (y.type == ActionType::kRecvGradient) have_grad[stage][y.micro_batch] = true;
+        }
+        posted[stage].pop_front();
+      }
       progress = true;
     }
     if (done) return absl::OkStatus();
     if (!progress) {
       std::vector<int> mark(S, -1);
       for (int st = 0; st < S; ++st) {
-        if (pc[st] < s.actions[st].size()) mark[st] = static_cast<int>(pc[st]);
+        if (!posted[st].empty()) {
+          mark[st] = groups[st][posted[st].front()].front();
+        } else if (pc[st] < s.actions[st].size()) {
+          mark[st] = static_cast<int>(pc[st]);
+        }
       }
       return fail("deadlock: no stage can make progress", mark);
     }

@@ -65,12 +65,23 @@ absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages
 // OptimizerStep at the end of every stage.
 PipelineSchedule InsertCommunication(const PipelineSchedule& compute);
 
+// The groups each stage issues its transfers in, as action indices: every run of consecutive
+// communication actions, split by the run of the peer stage that holds each transfer's
+// counterpart, in order of first appearance. Each group then exchanges with one peer, and the
+// peer groups the counterparts alike: NCCL needs that (a group's transfers finish together,
+// and two ranks connect inside the first group in which they exchange), so two neighbours
+// grouping one link's transfers differently could wait on each other for ever. A transfer
+// without a counterpart (an invalid schedule) is a group of its own.
+std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule& s);
+
 // Checks counts (one forward and one backward per micro-batch and stage, one optimizer step,
-// last) and simulates all stages with rendezvous semantics: consecutive communication
-// actions of a stage form one group that is posted at once; a transfer completes when the
-// peer has posted the matching one (the k-th send on a link matches the k-th receive). A
-// schedule that stalls, or whose matched transfers disagree on the micro-batch, is an error
-// whose message holds the grid with "<-- ERROR HERE" at each stuck stage's step.
+// last), that both ends of every link post its transfers in the same micro-batch order (the
+// k-th send matches the k-th receive), and simulates all stages: a stage reaching a run of
+// transfers posts its ExchangeGroups at once and goes on; each stage's posted groups run one
+// after the other, and a group completes only together with its counterpart group on the
+// peer, when both are the first unfinished group of their stage; a forward or backward waits
+// for the receive it needs. A schedule that stalls or mismatches is an error whose message
+// holds the grid with "<-- ERROR HERE" at each stuck stage's step.
 absl::Status ValidateSchedule(const PipelineSchedule& s);
 
 // The stage-by-step grid (one column per stage).

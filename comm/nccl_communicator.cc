@@ -94,7 +94,7 @@ struct InFlight {
 struct NcclState {
   CommIdentity id;
   std::unique_ptr<Stream> stream;  // the communication stream
-  absl::Duration accept_timeout;   // the options' init_timeout
+  absl::Duration accept_timeout;   // the options' accept_timeout
 
   // Held by Issue from start to end: WaitAcceptedLocked lets go of `mu` while NCCL works,
   // and no second call may reach a communicator that has not yet accepted the last one.
@@ -105,6 +105,9 @@ struct NcclState {
   std::string abort_reason ABSL_GUARDED_BY(mu);
   uint64_t completed_at_abort ABSL_GUARDED_BY(mu) = 0;
   std::deque<InFlight> in_flight ABSL_GUARDED_BY(mu);
+  // The tensors of operations NCCL took in but that failed before they were tracked: NCCL may
+  // still run them, so they stay allocated as long as the communicator.
+  std::vector<Tensor> abandoned ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> issued_atomic{0};  // written under `mu` only
   std::atomic<uint64_t> completed_atomic{0};
 
@@ -377,14 +380,21 @@ class NcclCommunicator : public Communicator {
     if (!st.ok()) return fail(st);
     const ncclResult_t r =
         call(s->comm, static_cast<cudaStream_t>(s->stream->native()));
+    // From here NCCL may hold the operation: a failure keeps its tensors allocated.
+    auto fail_held = [&](const absl::Status& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+      for (Tensor& t : tensors) s->abandoned.push_back(std::move(t));
+      return fail(e);
+    };
     if (r != ncclSuccess && r != ncclInProgress) {
-      return fail(NcclErrorStatus(r, OpKindName(kind), __FILE__, __LINE__));
+      return fail_held(NcclErrorStatus(r, OpKindName(kind), __FILE__, __LINE__));
     }
     st = s->WaitAcceptedLocked(s->accept_timeout, what);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return fail_held(st);
     const cudaError_t e =
         cudaEventRecord(done->get(), static_cast<cudaStream_t>(s->stream->native()));
-    if (e != cudaSuccess) return fail(CudaErrorStatus(e, "cudaEventRecord", __FILE__, __LINE__));
+    if (e != cudaSuccess) {
+      return fail_held(CudaErrorStatus(e, "cudaEventRecord", __FILE__, __LINE__));
+    }
     s->in_flight.push_back(InFlight{work->sequence(), std::move(done), std::move(tensors)});
     s->RetireLocked();
     return std::unique_ptr<Work>(std::move(work));
@@ -410,8 +420,9 @@ absl::Status CheckOptions(const NcclCommunicatorOptions& o) {
         "rank ", o.rank, ": NCCL communicator of ", o.world_size,
         " ranks needs a key-value store to share the unique id"));
   }
-  if (o.init_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("NCCL communicator: init_timeout must be positive");
+  if (o.init_timeout <= absl::ZeroDuration() || o.accept_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "NCCL communicator: init_timeout and accept_timeout must be positive");
   }
   return absl::OkStatus();
 }
@@ -452,7 +463,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   ASSIGN_OR_RETURN(ncclUniqueId id, ShareUniqueId(o));
   auto state = std::make_shared<NcclState>();
   state->id = CommIdentity{o.rank, o.world_size, o.device};
-  state->accept_timeout = o.init_timeout;
+  state->accept_timeout = o.accept_timeout;
   ASSIGN_OR_RETURN(state->stream, Stream::Create(o.device));
   ASSIGN_OR_RETURN(std::unique_ptr<Event> compute_ready, Event::Create(o.device, false));
   ASSIGN_OR_RETURN(Tensor barrier, Tensor::Empty(Shape{1}, DType::kF32, o.device));

@@ -26,9 +26,13 @@ struct NcclCommunicatorOptions {
   KeyValueStore* store = nullptr;
   // The key, distinct for every communicator of a job.
   std::string key = "tandem/nccl/unique_id";
-  // Longest wait for the unique id, for every rank to join, and for NCCL to accept an
-  // operation (the first one with each peer waits for that peer to reach it).
+  // Longest wait for the unique id and for every rank to join.
   absl::Duration init_timeout = absl::Minutes(5);
+  // Longest wait for NCCL to take in a later operation: one with a peer it has not yet
+  // exchanged with waits for that peer to reach it (ranks waiting for rank 0 to write its
+  // checkpoint shard before their gather, say). 30 minutes, as torch.distributed's default
+  // timeout; an abort (a failed or hung peer, found by the heartbeats) ends it sooner.
+  absl::Duration accept_timeout = absl::Minutes(30);
 };
 
 // Collective over the ranks (each must call it). Errors carry NCCL's own message.

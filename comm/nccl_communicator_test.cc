@@ -43,6 +43,11 @@ TEST(NcclCommunicatorOptionsTest, RefusedWithoutAGpuOrWithBadOptions) {
   o.device = Device::Cpu();
   auto cpu = CreateNcclCommunicator(o);
   EXPECT_FALSE(cpu.ok());
+  o.device = Device::Cuda(0);
+  o.accept_timeout = absl::ZeroDuration();
+  auto no_accept_time = CreateNcclCommunicator(o);
+  EXPECT_FALSE(no_accept_time.ok());
+  o.accept_timeout = absl::Minutes(30);
   std::string why;
   if (CudaDeviceCount(&why) > 0) return;  // the no-GPU case is what is left to check
   o.device = Device::Cuda(0);

@@ -26,8 +26,6 @@
 #include "runtime/files.h"
 #include "runtime/status.h"
 
-extern char** environ;
-
 namespace tandem {
 namespace launcher {
 namespace {
@@ -109,8 +107,7 @@ class Runner {
     spec.yield_when_idle = cpu && job.strategy == "data";
     spec.cores = settings_.slots;
     spec.extra_args = plan_.mpirun_args;
-    std::vector<std::string> base_env;
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) base_env.push_back(*e);
+    const std::vector<std::string> base_env = CurrentEnvironment();
     spec.forward_env = ForwardedEnvironment(base_env);
     const std::vector<std::string> argv = MpirunArgv(spec);
     const std::vector<std::string> env =

@@ -26,8 +26,6 @@
 #include "launcher/trace_merge.h"
 #include "runtime/status.h"
 
-extern char** environ;
-
 namespace {
 
 std::atomic<int> g_interrupts{0};
@@ -51,12 +49,10 @@ absl::StatusOr<std::vector<double>> TimeBlocksInWorker(const std::string& worker
   const std::string text = job.ToText();
   const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   close(fd);
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
   std::string output;
   absl::StatusOr<tandem::launcher::ExitStatus> ended =
       written ? tandem::launcher::RunCaptured({worker, "--time-blocks", "--job-config=" + path},
-                                              env, &output)
+                                              tandem::launcher::CurrentEnvironment(), &output)
               : absl::UnavailableError(absl::StrFormat("--balance=time: cannot write %s", path));
   unlink(path.c_str());
   if (!ended.ok()) return ended.status();

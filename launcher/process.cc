@@ -31,6 +31,8 @@
 #include "comm/job_token.h"
 #include "launcher/paths.h"
 
+extern char** environ;
+
 namespace tandem {
 namespace launcher {
 namespace {
@@ -275,6 +277,12 @@ absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::s
   const absl::StatusOr<pid_t> pid = Spawn(argv, env, &actions, POSIX_SPAWN_SETSID);
   if (!pid.ok()) return pid.status();
   return std::unique_ptr<Process>(new Process(*pid));
+}
+
+std::vector<std::string> CurrentEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.push_back(*e);
+  return env;
 }
 
 absl::StatusOr<ExitStatus> RunCaptured(const std::vector<std::string>& argv,

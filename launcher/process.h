@@ -118,6 +118,9 @@ class Process {
   bool signaled_by_us_ = false;
 };
 
+// This process's environment, "NAME=value" entries.
+std::vector<std::string> CurrentEnvironment();
+
 // Runs argv[0] (looked up in PATH) with exactly `env` and stdin from /dev/null, to its end;
 // returns how it ended, with its stdout and stderr together in *output.
 absl::StatusOr<ExitStatus> RunCaptured(const std::vector<std::string>& argv,

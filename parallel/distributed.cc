@@ -249,11 +249,11 @@ absl::Status DistributedTrainer::ConnectNeighbours() {
   const Shape activation{tc.batch / tc.micro_batches, tc.model.seq_len, tc.model.d_model};
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
   std::vector<PeerTransfer> group;
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(activation, tc.dtype, tc.device));
+  RETURN_IF_ERROR(ZeroFill(out, *s));
   for (int peer : {rank - 1, rank + 1}) {
     if (peer < 0 || peer >= world) continue;
-    ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(activation, tc.dtype, tc.device));
     ASSIGN_OR_RETURN(Tensor in, Tensor::Empty(activation, tc.dtype, tc.device));
-    RETURN_IF_ERROR(ZeroFill(out, *s));
     group.push_back(PeerTransfer::Send(out, peer));
     group.push_back(PeerTransfer::Recv(in, peer));
   }
@@ -354,49 +354,53 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
   };
   // This stage's transfers in the groups the validator simulated (ExchangeGroups): each run
   // of transfers split so that the neighbour groups the same transfers alike.
-  const std::vector<std::vector<int>>& groups = exchange_groups_;
+  // One of this stage's exchange groups (ExchangeGroups: both neighbours group the same
+  // transfers alike) as one SendRecv; its receives become ready together.
+  auto issue_group = [&](const std::vector<int>& indices) -> absl::Status {
+    std::vector<PeerTransfer> group;
+    std::vector<std::pair<std::map<int, std::shared_ptr<Work>>*, int>> receives;
+    for (int k : indices) {
+      const int m = actions[k].micro_batch;
+      switch (actions[k].type) {
+        case ActionType::kSendActivation:
+          group.push_back(PeerTransfer::Send(outputs[m], rank + 1));
+          outputs.erase(m);
+          break;
+        case ActionType::kSendGradient:
+          group.push_back(PeerTransfer::Send(input_grads[m], rank - 1));
+          input_grads.erase(m);
+          break;
+        case ActionType::kRecvActivation: {
+          ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
+          group.push_back(PeerTransfer::Recv(act_in[m], rank - 1));
+          receives.push_back({&act_ready, m});
+          break;
+        }
+        default: {  // kRecvGradient
+          ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
+          group.push_back(PeerTransfer::Recv(grad_in[m], rank + 1));
+          receives.push_back({&grad_ready, m});
+          break;
+        }
+      }
+      t->comm_bytes += static_cast<int64_t>(group.back().tensor.bytes());
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
+    std::shared_ptr<Work> shared(std::move(w));
+    for (auto& [ready, m] : receives) (*ready)[m] = shared;
+    all.push_back(shared);
+    return absl::OkStatus();
+  };
   size_t next_group = 0;
   for (size_t i = 0; i < actions.size();) {
     const Action& a = actions[i];
     if (a.is_communication()) {
-      size_t run_end = i;
-      while (run_end < actions.size() && actions[run_end].is_communication()) ++run_end;
-      for (; next_group < groups.size() && groups[next_group].front() < static_cast<int>(run_end);
-           ++next_group) {
-        std::vector<PeerTransfer> group;
-        std::vector<std::pair<std::map<int, std::shared_ptr<Work>>*, int>> receives;
-        for (int k : groups[next_group]) {
-          const int m = actions[k].micro_batch;
-          switch (actions[k].type) {
-            case ActionType::kSendActivation:
-              group.push_back(PeerTransfer::Send(outputs[m], rank + 1));
-              outputs.erase(m);
-              break;
-            case ActionType::kSendGradient:
-              group.push_back(PeerTransfer::Send(input_grads[m], rank - 1));
-              input_grads.erase(m);
-              break;
-            case ActionType::kRecvActivation: {
-              ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
-              group.push_back(PeerTransfer::Recv(act_in[m], rank - 1));
-              receives.push_back({&act_ready, m});
-              break;
-            }
-            default: {  // kRecvGradient
-              ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
-              group.push_back(PeerTransfer::Recv(grad_in[m], rank + 1));
-              receives.push_back({&grad_ready, m});
-              break;
-            }
-          }
-          t->comm_bytes += static_cast<int64_t>(group.back().tensor.bytes());
-        }
-        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
-        std::shared_ptr<Work> shared(std::move(w));
-        for (auto& [ready, m] : receives) (*ready)[m] = shared;
-        all.push_back(shared);
+      // Every group of this run of transfers, then on to the next compute action.
+      while (i < actions.size() && actions[i].is_communication()) ++i;
+      while (next_group < exchange_groups_.size() &&
+             exchange_groups_[next_group].front() < static_cast<int>(i)) {
+        RETURN_IF_ERROR(issue_group(exchange_groups_[next_group++]));
       }
-      i = run_end;
       continue;
     }
     const int m = a.micro_batch;

@@ -159,6 +159,12 @@ std::tuple<int, int, bool> LinkOf(int st, const Action& a) {
   }
 }
 
+// The stage on the other end of a transfer on stage st.
+int PeerOf(int st, const Action& a) {
+  const auto [from, to, gradient] = LinkOf(st, a);
+  return from == st ? to : from;
+}
+
 bool IsSend(const Action& a) {
   return a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
 }
@@ -166,8 +172,7 @@ bool IsSend(const Action& a) {
 // The index, on the peer stage, of the transfer matching action i of stage st; -1 if none.
 int Counterpart(const PipelineSchedule& s, int st, int i) {
   const Action& x = s.actions[st][i];
-  const auto [from, to, gradient] = LinkOf(st, x);
-  const int peer = from == st ? to : from;
+  const int peer = PeerOf(st, x);
   if (peer < 0 || peer >= s.stages) return -1;
   ActionType want;
   switch (x.type) {
@@ -218,8 +223,7 @@ std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule
       std::vector<std::pair<int, int>> keys;
       std::vector<std::vector<int>> split;
       for (; i < a.size() && a[i].is_communication(); ++i) {
-        const auto [from, to, gradient] = LinkOf(st, a[i]);
-        const int peer = from == st ? to : from;
+        const int peer = PeerOf(st, a[i]);
         const int j = Counterpart(s, st, static_cast<int>(i));
         const std::pair<int, int> key =
             j < 0 ? std::make_pair(-1, static_cast<int>(i)) : std::make_pair(peer, run[peer][j]);
@@ -313,16 +317,16 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
       for (int i : groups[st][g]) group_of[st][i] = static_cast<int>(g);
     }
   }
-  // The counterpart group of group g of stage st: (peer, group), or (-1, -1).
-  auto partner = [&](int st, int g) -> std::pair<int, int> {
-    const int i = groups[st][g].front();
-    const Action& x = s.actions[st][i];
-    const int peer =
-        std::get<0>(LinkOf(st, x)) == st ? std::get<1>(LinkOf(st, x)) : std::get<0>(LinkOf(st, x));
-    const int j = Counterpart(s, st, i);
-    if (j < 0) return {-1, -1};
-    return {peer, group_of[peer][j]};
-  };
+  // partner[st][g]: the counterpart group of group g of stage st, (peer, group) or (-1, -1).
+  std::vector<std::vector<std::pair<int, int>>> partner(S);
+  for (int st = 0; st < S; ++st) {
+    for (const std::vector<int>& g : groups[st]) {
+      const int peer = PeerOf(st, s.actions[st][g.front()]);
+      const int j = Counterpart(s, st, g.front());
+      partner[st].push_back(j < 0 ? std::make_pair(-1, -1)
+                                  : std::make_pair(peer, group_of[peer][j]));
+    }
+  }
   std::vector<size_t> pc(S, 0);
   std::vector<std::deque<int>> posted(S);
   std::vector<std::vector<bool>> have_act(S, std::vector<bool>(M, false));
@@ -359,7 +363,7 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
     for (int st = 0; st < S; ++st) {
       if (posted[st].empty()) continue;
       const int g = posted[st].front();
-      const auto [peer, h] = partner(st, g);
+      const auto [peer, h] = partner[st][g];
       if (peer < 0) {
         std::vector<int> mark(S, -1);
         mark[st] = groups[st][g].front();
@@ -368,7 +372,7 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
                     mark);
       }
       if (posted[peer].empty() || posted[peer].front() != h) continue;
-      if (partner(peer, h) != std::make_pair(st, g)) {
+      if (partner[peer][h] != std::make_pair(st, g)) {
         std::vector<int> mark(S, -1);
         mark[st] = groups[st][g].front();
         mark[peer] = groups[peer][h].front();

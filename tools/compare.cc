@@ -32,8 +32,6 @@
 #include "launcher/process.h"
 #include "tools/report.h"
 
-extern char** environ;
-
 namespace tandem {
 namespace tools {
 namespace {
@@ -266,14 +264,12 @@ int Main(int argc, char** argv) {
     return 2;
   }
   // The launcher finds the worker in the same runfiles tree.
-  std::vector<std::string> env;
+  std::vector<std::string> env = launcher::CurrentEnvironment();
   const std::string runfiles =
       launcher::DirOf(launcher::DirOf(launcher::DirOf(*launcher)));  // <runfiles>/tandem/launcher/launcher
-  bool have_runfiles_env = false;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (absl::StartsWith(*e, "RUNFILES_DIR=")) have_runfiles_env = true;
-    env.push_back(*e);
-  }
+  const bool have_runfiles_env = std::any_of(env.begin(), env.end(), [](const std::string& e) {
+    return absl::StartsWith(e, "RUNFILES_DIR=");
+  });
   if (!have_runfiles_env && launcher::IsExecutable(runfiles + "/tandem/parallel/worker")) {
     env.push_back("RUNFILES_DIR=" + runfiles);
   }

@@ -81,6 +81,10 @@ def size(n):
     return f"{mb:.0f} MB" if mb >= 10 else f"{mb:.1f} MB"
 
 
+def percent(fraction):
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+
 def describe_gpu(line):
     """"0, NVIDIA H200, 580.159.04, 143771 MiB" (nvidia-smi's csv) -> "one NVIDIA H200 (...)"."""
     if not line:
@@ -124,17 +128,16 @@ def section(r, date, commit):
             continue
         tps = run["tokens_per_second"]
         ratio = f"{tps / torch_tps:.2f}" if torch_tps else "-"
-        mfu = f"{100 * run['mfu']:.1f}%" if "mfu" in run else "-"
-        out.append(f"| {label} | {run['step_ms']:.2f} | {tps:,.0f} | {mfu} | {ratio} |")
+        out.append(f"| {label} | {run['step_ms']:.2f} | {tps:,.0f} | {percent(run.get('mfu'))} | "
+                   f"{ratio} |")
         if best is None or tps > best[1]["tokens_per_second"]:
             best = (label, run)
-    if torch:
-        step = torch.get("step_seconds")
-        mfu = torch.get("mfu")
+    step = torch.get("step_seconds") if torch else None
+    if step and torch_tps:
         out.append(f"| PyTorch eager ({torch.get('framework', 'pytorch')}, SDPA attention) | "
-                   f"{1e3 * step:.2f} | {torch_tps:,.0f} | "
-                   f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} | 1.00 |"
-                   if step and torch_tps else "| PyTorch eager | - | - | - | no figures |")
+                   f"{1e3 * step:.2f} | {torch_tps:,.0f} | {percent(torch.get('mfu'))} | 1.00 |")
+    elif torch:
+        out.append("| PyTorch eager | - | - | - | no figures |")
     else:
         out.append(f"| PyTorch eager | - | - | - | {r['pytorch_note'] or 'not in the log'} |")
     out.append("")
@@ -157,9 +160,8 @@ def section(r, date, commit):
     if best and torch_tps:
         label, run = best
         mfu = run.get("mfu")
-        out.append("Targets (issue: MFU at least 40%, at least 1.0x PyTorch eager), with the "
-                   f"faster Tandem run ({label}): MFU "
-                   f"{'-' if mfu is None else f'{100 * mfu:.1f}%'} "
+        out.append("Targets (MFU at least 40%, at least 1.0x PyTorch eager), with the "
+                   f"faster Tandem run ({label}): MFU {percent(mfu)} "
                    f"({'met' if mfu is not None and mfu >= 0.40 else 'not met'}), "
                    f"{run['tokens_per_second'] / torch_tps:.2f}x PyTorch "
                    f"({'met' if run['tokens_per_second'] >= torch_tps else 'not met'}).")

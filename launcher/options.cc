@@ -184,6 +184,25 @@ bool IsNonEmptyDirectory(const std::string& path, bool* exists, bool* is_dir) {
   return non_empty;
 }
 
+// Why `path`, which does not exist, could not be created, or "" when it could: its nearest
+// existing ancestor must be a directory this process may write in.
+std::string WhyNotCreatable(const std::string& path) {
+  auto parent = [](const std::string& p) {
+    const std::string d = DirOf(p);
+    return d.empty() ? std::string("/") : d;
+  };
+  std::string dir = parent(path);
+  struct stat st;
+  bool found;
+  while (!(found = ::stat(dir.c_str(), &st) == 0) && dir != "." && dir != "/") dir = parent(dir);
+  if (!found) return absl::StrFormat("%s: %s", dir, std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return absl::StrCat(dir, " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::StrFormat("%s is not writable (%s)", dir, std::strerror(errno));
+  }
+  return "";
+}
+
 absl::Status MakeDirs(const std::string& path) {
   if (path.empty() || path == "/" || path == ".") return absl::OkStatus();
   struct stat st;
@@ -666,12 +685,19 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       problem(absl::StrFormat(
           "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
           o.job.run_dir));
+    } else if (const std::string why = exists ? "" : WhyNotCreatable(job.run_dir); !why.empty()) {
+      problem(absl::StrFormat("--run-dir=%s cannot be created: %s; choose another directory",
+                              o.job.run_dir, why));
     }
   } else {
     const std::string base =
         DefaultRunDir(host.user_dir, host.now, strategy_ok ? o.job.strategy : "run");
     job.run_dir = base;
     for (int n = 2; PathExists(job.run_dir); ++n) job.run_dir = absl::StrCat(base, "-", n);
+    if (const std::string why = WhyNotCreatable(job.run_dir); !why.empty()) {
+      problem(absl::StrFormat("the run directory %s cannot be created: %s; pass --run-dir=DIR",
+                              job.run_dir, why));
+    }
   }
 
   // Checkpoint to resume from: any strategy and number of workers wrote it (parameters are

@@ -430,6 +430,12 @@ TEST(Validate, ExistingRunDirectory) {
                           "--resume)"));
   o.job.run_dir = "file";
   EXPECT_THAT(Problems(o, CpuHost(user)), ElementsAre("--run-dir=file exists and is not a directory"));
+  o.job.run_dir = "file/run/1";
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre(absl::StrCat("--run-dir=file/run/1 cannot be created: ", user,
+                                       "/file is not a directory; choose another directory")));
+  EXPECT_THAT(Problems(Small(), CpuHost(user + "/file")),
+              ElementsAre(HasSubstr(absl::StrCat(user, "/file is not a directory"))));
 }
 
 TEST(Validate, DefaultRunDirectoryNeverReused) {

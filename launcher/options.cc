@@ -494,6 +494,25 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   const absl::StatusOr<StrategyKind> strategy = ParseStrategy(o.job.strategy);
   const bool strategy_ok = strategy.ok();
   if (!strategy_ok) problem(std::string(strategy.status().message()));
+  // Another strategy's flags are said to be ignored, not refused: compare passes the same
+  // flags to every strategy, and what a user set stays in job.conf and run.json.
+  if (strategy_ok) {
+    const JobConfig defaults;
+    auto ignored = [&](bool set, const std::string& flag, const std::string& applies_to) {
+      if (!set) return;
+      plan.notices.push_back(absl::StrFormat("%s applies to %s only: ignored under --strategy=%s",
+                                             flag, applies_to, o.job.strategy));
+    };
+    const bool pipeline = *strategy == StrategyKind::kPipeline;
+    const bool data = *strategy == StrategyKind::kData;
+    ignored(!pipeline && o.job.schedule != defaults.schedule,
+            absl::StrCat("--schedule=", o.job.schedule), "--strategy=pipeline");
+    ignored(data && o.job.balance != defaults.balance, absl::StrCat("--balance=", o.job.balance),
+            "--strategy=pipeline and model");
+    ignored(!data && o.job.bucket_mb != defaults.bucket_mb,
+            absl::StrFormat("--bucket-mb=%g", o.job.bucket_mb), "--strategy=data");
+    ignored(!data && o.job.overlap != defaults.overlap, "--no-overlap", "--strategy=data");
+  }
   const bool gpus_ok = o.job.workers >= 1 && o.job.workers <= 4096;
   if (!gpus_ok) {
     problem(absl::StrFormat("--gpus=%d: need between 1 and 4096 workers", o.job.workers));

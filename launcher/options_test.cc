@@ -218,6 +218,35 @@ TEST(Validate, CudaWhenVisible) {
   EXPECT_TRUE(p->notices.empty());
 }
 
+TEST(Validate, AnotherStrategysFlagsAreSaidToBeIgnored) {
+  HostInfo h = CpuHost(FreshTestPath("user"));
+  h.cuda_devices = 2;
+  Options o = Small();
+  o.job.schedule = "1f1b";
+  o.job.balance = "2,2";
+  o.job.bucket_mb = 4;
+  o.job.overlap = false;
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices,
+              ElementsAre("--schedule=1f1b applies to --strategy=pipeline only: ignored under "
+                          "--strategy=data",
+                          "--balance=2,2 applies to --strategy=pipeline and model only: ignored "
+                          "under --strategy=data"));
+  o.job.strategy = "model";
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices,
+              ElementsAre(HasSubstr("--schedule=1f1b applies"),
+                          "--bucket-mb=4 applies to --strategy=data only: ignored under "
+                          "--strategy=model",
+                          HasSubstr("--no-overlap applies")));
+  o.job.strategy = "pipeline";
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices, ElementsAre(HasSubstr("--bucket-mb=4"), HasSubstr("--no-overlap")));
+}
+
 // --balance=time is measured by the launcher, once: the workers receive explicit stage sizes
 // that cover the model's blocks (embedding, 2 layers, head).
 TEST(Validate, BalanceByTimeReachesTheWorkersAsSizes) {

@@ -630,6 +630,12 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   const absl::Status opt_status = opt.Validate();
   const bool optimizer_ok = opt_status.ok();
   if (!optimizer_ok) problem(std::string(opt_status.message()));
+  if (optimizer_ok && o.job.warmup != JobConfig().warmup && o.job.steps >= 1 &&
+      o.job.warmup > o.job.steps) {
+    plan.notices.push_back(absl::StrFormat(
+        "--warmup=%d is longer than --steps=%d: the learning rate stays below --lr=%g",
+        o.job.warmup, o.job.steps, o.job.lr));
+  }
 
   // Strategy / model / world-size fit: batch divisibility, stages vs blocks, schedule.
   if (strategy_ok && gpus_ok && model.ok() && counts_ok) {

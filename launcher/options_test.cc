@@ -247,6 +247,25 @@ TEST(Validate, AnotherStrategysFlagsAreSaidToBeIgnored) {
   EXPECT_THAT(p->notices, ElementsAre(HasSubstr("--bucket-mb=4"), HasSubstr("--no-overlap")));
 }
 
+TEST(Validate, WarmupLongerThanTheRunIsSaid) {
+  HostInfo h = CpuHost(FreshTestPath("user"));
+  h.cuda_devices = 2;
+  Options o = Small();
+  o.job.warmup = 6;
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices, ElementsAre("--warmup=6 is longer than --steps=5: the learning rate "
+                                      "stays below --lr=0.003"));
+  o.job.warmup = 5;
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->notices.empty());
+  o.job.warmup = JobConfig().warmup;  // not set by the user: not said
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->notices.empty());
+}
+
 // --balance=time is measured by the launcher, once: the workers receive explicit stage sizes
 // that cover the model's blocks (embedding, 2 layers, head).
 TEST(Validate, BalanceByTimeReachesTheWorkersAsSizes) {

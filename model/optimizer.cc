@@ -19,8 +19,13 @@ absl::Status OptimizerConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrFormat("--warmup=%d: must be 0 or more", warmup_steps));
   }
-  if (weight_decay < 0 || clip_norm < 0) {
-    return absl::InvalidArgumentError("--weight-decay and --clip-norm must be 0 or more");
+  if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--weight-decay=%g: must be a number, 0 or more", weight_decay));
+  }
+  if (!(clip_norm >= 0) || !std::isfinite(clip_norm)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--clip-norm=%g: must be a number, 0 (off) or more", clip_norm));
   }
   return absl::OkStatus();
 }

@@ -87,6 +87,17 @@ TEST(OptimizerTest, BadConfigIsRefused) {
   c.kind = "adamw";
   c.lr = -1;
   EXPECT_NE(c.Validate().message().find("--lr=-1"), std::string::npos);
+  c.lr = 1e-3f;
+  EXPECT_TRUE(c.Validate().ok());
+  c.weight_decay = std::nanf("");
+  EXPECT_NE(c.Validate().message().find("--weight-decay=nan"), std::string::npos);
+  c.weight_decay = INFINITY;
+  EXPECT_NE(c.Validate().message().find("--weight-decay=inf"), std::string::npos);
+  c.weight_decay = 0;
+  c.clip_norm = std::nanf("");
+  EXPECT_NE(c.Validate().message().find("--clip-norm=nan"), std::string::npos);
+  c.clip_norm = -1;
+  EXPECT_NE(c.Validate().message().find("--clip-norm=-1"), std::string::npos);
 }
 
 TEST(LossScalerTest, OverflowSkipsAndBacksOffCleanStepsGrow) {

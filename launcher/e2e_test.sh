@@ -171,6 +171,10 @@ case "$case_name" in
     pid=$!
     wait_for_steps "$dir" 3 || { kill -KILL $pid; cat "$out"; fail "the job did not start"; }
     if [ "$case_name" = preempt_launcher ]; then
+      # Twice in quick succession, as GNU timeout sends it (to the launcher, then to its
+      # process group): one request to checkpoint and stop.
+      kill -TERM $pid
+      sleep 0.2
       kill -TERM $pid
     else
       worker_pid=$(sed -n 's/^rank 1 of 2 on .* pid \([0-9]*\), coordinator.*/\1/p' "$dir/logs/rank-1.log")

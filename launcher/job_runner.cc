@@ -133,6 +133,8 @@ class Runner {
     };
     bool interrupted = false, abort_seen = false, stopped_early = false, stop_asked = false;
     absl::Time stop_at = absl::InfiniteFuture();
+    absl::Time stop_asked_at;
+    int terminations_asking = 0;  // the SIGTERMs that asked for the checkpoint and stop
     std::optional<ExitStatus> status;
     for (;;) {
       status = mpirun->Poll();
@@ -168,9 +170,16 @@ class Runner {
         // checkpoint.
         server->RequestStop();
         stop_at = std::min(stop_at, now + absl::Seconds(kPreemptGraceSeconds));
+        stop_asked_at = now;
       }
-      if (terminations() > 1 && !interrupted) {  // a second SIGTERM: stop now
+      // SIGTERMs within a second of the first are the same request: GNU timeout, for one,
+      // signals the launcher and then its whole process group. A later one stops at once.
+      if (stop_asked && now - stop_asked_at < absl::Seconds(1)) {
+        terminations_asking = terminations();
+      }
+      if (stop_asked && terminations() > terminations_asking && !interrupted) {
         interrupted = true;
+        Say("SIGTERM again: stopping every worker now, without waiting for the checkpoint");
         server->Abort("terminated");
         stop_at = now;
       }
@@ -343,8 +352,12 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
     for (const std::string& l : lines) absl::StrAppend(&text, "    ", l, "\n");
     display.Print(stderr, text);
   } else if (a.outcome == Outcome::kInterrupted) {
-    runner.Say(absl::StrFormat("interrupted after %d of %d steps; every worker stopped",
-                               final_state.step, job.steps));
+    const absl::StatusOr<std::string> latest = FindLatestCheckpoint(checkpoints);
+    runner.Say(absl::StrFormat(
+        "interrupted after %d of %d steps; every worker stopped%s", final_state.step, job.steps,
+        latest.ok() ? absl::StrFormat(" (--resume=auto --run-dir=%s continues from %s)",
+                                      job.run_dir, *latest)
+                    : ""));
   } else if (a.outcome == Outcome::kPreempted) {
     runner.Say(absl::StrFormat(
         "preempted: every worker checkpointed %s and exited; exit code %d (run again with "

@@ -115,6 +115,16 @@ class Runner {
     const std::string mpirun_log = absl::StrCat(run_dir, "/logs/mpirun.log");
     ASSIGN_OR_RETURN(std::unique_ptr<Process> mpirun, Process::Start(argv, env, mpirun_log));
 
+    // A run resumed from step S writes steps S and later again: the records an earlier run
+    // left of them go (of every rank that run had), so that each step's is this run's.
+    if (!job.resume.empty()) {
+      const int from = CheckpointStep(job.resume);
+      for (int r = 0;; ++r) {
+        const std::string path = absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r);
+        if (!PathExists(path)) break;
+        RETURN_IF_ERROR(TruncateMetricsFile(path, from));
+      }
+    }
     // Follow the job: the metrics lines added from now on (a resumed or restarted run
     // appends to files holding earlier steps; run.json reads them whole at the end).
     std::vector<MetricsTail> tails;
@@ -300,6 +310,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
   rec.seq_len = model.seq_len;
   rec.wall_seconds = wall;
   rec.restarts = restarts;
+  rec.first_step = plan.job.resume.empty() ? 0 : CheckpointStep(plan.job.resume);
   for (int r = 0; r < job.workers; ++r) {
     rec.ranks.push_back(
         ReadMetricsFile(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, r)));

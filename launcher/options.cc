@@ -184,6 +184,13 @@ bool IsNonEmptyDirectory(const std::string& path, bool* exists, bool* is_dir) {
   return non_empty;
 }
 
+// Whether `a` and `b` name the same existing directory.
+bool SameDirectory(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && S_ISDIR(sa.st_mode) &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 // Why `path`, which does not exist, could not be created, or "" when it could: its nearest
 // existing ancestor must be a directory this process may write in.
 std::string WhyNotCreatable(const std::string& path) {
@@ -710,6 +717,13 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       problem(absl::StrFormat(
           "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
           o.job.run_dir));
+    } else if (non_empty && !auto_resume &&
+               !SameDirectory(DirOf(job.resume), job.run_dir + "/checkpoints")) {
+      // Its run.json and metrics would mix that run's steps with this one's.
+      problem(absl::StrFormat(
+          "--run-dir=%s holds another run than the checkpoint's; resume into an empty "
+          "directory, or continue that run with --resume=auto",
+          o.job.run_dir));
     } else if (const std::string why = exists ? "" : WhyNotCreatable(job.run_dir); !why.empty()) {
       problem(absl::StrFormat("--run-dir=%s cannot be created: %s; choose another directory",
                               o.job.run_dir, why));
@@ -744,7 +758,8 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       problem(absl::StrFormat("%s: the checkpoint was trained with --batch=%d, not %d", label,
                               m->batch, o.job.batch));
     } else if (model.ok() && m->model != model->ToString()) {
-      problem(absl::StrFormat("%s: the checkpoint holds another model (%s)", label, m->model));
+      problem(absl::StrFormat("%s: the checkpoint holds another model (%s), not %s", label,
+                              m->model, model->ToString()));
     } else if (m->optimizer != o.job.optimizer) {
       problem(absl::StrFormat("%s: the checkpoint was trained with --optimizer=%s, not %s",
                               label, m->optimizer, o.job.optimizer));
@@ -767,9 +782,9 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       plan.notices.push_back(absl::StrFormat("--resume=auto: resuming from %s (step %d)",
                                              *latest, CheckpointStep(*latest)));
     } else {
-      plan.notices.push_back(
-          absl::StrFormat("--resume=auto: no complete checkpoint in %s; starting from step 0",
-                          dir));
+      plan.notices.push_back(absl::StrFormat(
+          "--resume=auto: no complete checkpoint in %s; starting from step 0%s", dir,
+          o.job.run_dir.empty() ? " (to continue a run, pass its --run-dir)" : ""));
     }
   } else if (!job.resume.empty()) {
     if (CheckpointStep(job.resume) < 0) {

@@ -623,6 +623,19 @@ TEST(Validate, ResumeAuto) {
   EXPECT_THAT(p->notices, testing::Contains(HasSubstr("resuming from " + run +
                                                       "/checkpoints/step-000004 (step 4)")));
   EXPECT_THAT(p->notices, testing::Contains(HasSubstr("step-000006.stage-0.ckpt is missing")));
+  // Its own checkpoint named: it continues the run in it too.
+  o.job.resume = "./run//checkpoints/step-000004";
+  p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.resume, run + "//checkpoints/step-000004");
+  // Another run's checkpoint into this one: its run.json and metrics would mix the two.
+  WriteCheckpointAt(user, 4, 8, SmallModel());
+  o.job.resume = "step-000004";
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre("--run-dir=run holds another run than the checkpoint's; resume into an "
+                          "empty directory, or continue that run with --resume=auto"));
+  o.job.run_dir = "fresh";
+  EXPECT_TRUE(Validate(o, CpuHost(user)).ok());
 }
 
 TEST(Validate, HostfileCoordinatorAndRestarts) {

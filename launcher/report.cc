@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/files.h"
 
 namespace tandem {
 namespace launcher {
@@ -167,6 +168,17 @@ std::vector<StepRecord> ReadMetricsFile(const std::string& path,
   return ByStep(all);
 }
 
+absl::Status TruncateMetricsFile(const std::string& path, int from) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::OkStatus();
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const absl::StatusOr<StepRecord> r = ParseMetricsLine(line);
+    if (r.ok() && r->step < from) absl::StrAppend(&kept, line, "\n");
+  }
+  return WriteFileAtomically(path, kept);
+}
+
 RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
   RankTotals t;
   t.rank = rank;
@@ -220,11 +232,24 @@ double TokensPerSecondAt(double step_seconds, int64_t tokens_per_step) {
   return step_seconds > 0 ? static_cast<double>(tokens_per_step) / step_seconds : 0;
 }
 
-// Each rank's totals, in rank order.
+// Each rank's records of this run's steps: from the step it started at.
+std::vector<std::vector<StepRecord>> ThisRun(const RunRecord& r) {
+  std::vector<std::vector<StepRecord>> ranks;
+  for (const std::vector<StepRecord>& steps : r.ranks) {
+    ranks.emplace_back();
+    for (const StepRecord& s : steps) {
+      if (s.step >= r.first_step) ranks.back().push_back(s);
+    }
+  }
+  return ranks;
+}
+
+// Each rank's totals over this run's steps, in rank order.
 std::vector<RankTotals> AllTotals(const RunRecord& r) {
+  const std::vector<std::vector<StepRecord>> ranks = ThisRun(r);
   std::vector<RankTotals> totals;
-  for (size_t i = 0; i < r.ranks.size(); ++i) {
-    totals.push_back(Totals(static_cast<int>(i), r.ranks[i]));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    totals.push_back(Totals(static_cast<int>(i), ranks[i]));
   }
   return totals;
 }
@@ -413,13 +438,14 @@ std::string RunJson(const RunRecord& r) {
   const std::vector<StepRecord> empty;
   const std::vector<StepRecord>& rank0 = r.ranks.empty() ? empty : r.ranks[0];
   // Rank 0's loss is the global batch's (every strategy reduces it).
+  w.Key("first_step").Int(rank0.empty() ? 0 : rank0.front().step);  // the step of losses[0]
   w.Key("losses").BeginArray();
   for (const StepRecord& s : rank0) w.Number(s.loss);
   w.EndArray();
   w.Key("steps_completed").Int(static_cast<int64_t>(rank0.size()));
   const int64_t tokens_per_step = int64_t{c.batch} * r.seq_len;
   w.Key("tokens_per_step").Int(tokens_per_step);
-  const double step_seconds = MeanStepSeconds(r.ranks);
+  const double step_seconds = MeanStepSeconds(ThisRun(r));
   w.Key("tokens_per_second").Number(TokensPerSecondAt(step_seconds, tokens_per_step));
   w.Key("step_seconds_mean").Number(step_seconds);
   w.Key("wall_seconds").Number(r.wall_seconds);
@@ -482,7 +508,7 @@ std::string SummaryTable(const RunRecord& r) {
   }
   const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
   const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;
-  const double tps = TokensPerSecond(r.ranks, tokens_per_step);
+  const double tps = TokensPerSecond(ThisRun(r), tokens_per_step);
   absl::StrAppendFormat(&out, "steps       %d/%d\n", rank0 ? static_cast<int>(rank0->size()) : 0,
                         r.job.steps);
   if (rank0 != nullptr && !rank0->empty()) {

@@ -62,6 +62,10 @@ std::vector<StepRecord> ReadMetricsFile(const std::string& path,
 // Records in step order, one per step (the last one given for a step wins).
 std::vector<StepRecord> ByStep(const std::vector<StepRecord>& records);
 
+// Drops the records of step `from` and later from a metrics file, which a run resumed from
+// step `from` writes again (a missing file is left missing). The file is replaced atomically.
+absl::Status TruncateMetricsFile(const std::string& path, int from);
+
 // Per-rank sums over the steps run.
 struct RankTotals {
   int rank = 0;
@@ -112,7 +116,11 @@ struct RunRecord {
   std::string abort_reason;        // the coordinator's, if the job was aborted
   double wall_seconds = 0;
   int restarts = 0;                // times the job was restarted after a failure
-  std::vector<std::vector<StepRecord>> ranks;  // per rank, by step
+  // Per rank, by step: the steps of earlier runs into the same directory (that this one
+  // resumed) too, so that run.json has one loss per step; the figures of this run (step
+  // times, totals, throughput) are of the steps from `first_step`, the step it started at.
+  std::vector<std::vector<StepRecord>> ranks;
+  int first_step = 0;
 };
 
 // run.json's text.

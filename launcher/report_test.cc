@@ -110,6 +110,23 @@ TEST(ReadMetricsFile, LastRecordOfAStepWins) {
   EXPECT_DOUBLE_EQ(r[1].loss, 3);
 }
 
+TEST(TruncateMetricsFile, KeepsTheStepsBeforeTheResumedOne) {
+  const std::string path = FreshTestPath("rank-0.jsonl");
+  std::ofstream(path) << "{\"step\": 0, \"loss\": 5, \"seconds\": 1}\n"
+                      << "{\"step\": 1, \"loss\": 4, \"seconds\": 1}\n"
+                      << "{\"step\": 2, \"loss\": 3, \"seconds\": 1}\n"
+                      << "{\"step\": 1, \"loss\": 2, \"seconds\": 1}\n"
+                      << "{\"step\": 3, \"lo";  // cut short by a kill
+  ASSERT_TRUE(TruncateMetricsFile(path, 2).ok());
+  EXPECT_EQ(ReadAll(path),
+            "{\"step\": 0, \"loss\": 5, \"seconds\": 1}\n"
+            "{\"step\": 1, \"loss\": 4, \"seconds\": 1}\n"
+            "{\"step\": 1, \"loss\": 2, \"seconds\": 1}\n");
+  const std::string missing = FreshTestPath("rank-1.jsonl");
+  ASSERT_TRUE(TruncateMetricsFile(missing, 2).ok());
+  EXPECT_FALSE(PathExists(missing));
+}
+
 TEST(Throughput, SlowestRankFirstStepsLeftOut) {
   // Steps 0 and 1 are slow warm-up; then rank 1 is the slower one at 0.2 s.
   std::vector<std::vector<StepRecord>> ranks = {
@@ -193,6 +210,30 @@ TEST(RunJson, Content) {
   EXPECT_THAT(json, HasSubstr("\"rank\": 1"));
   // Strings are escaped.
   EXPECT_THAT(json, HasSubstr("\"run_dir\": \"/runs/a \\\"quoted\\\"\\nname\""));
+}
+
+TEST(RunJson, AResumedRunsFiguresAreOfItsOwnSteps) {
+  // Steps 0-4 of an earlier run into this directory (at 0.01 and 0.02 s), then this one's,
+  // resumed at step 5, at 1 s a step with no bubble.
+  RunRecord r = Sample();
+  r.job.steps = 8;
+  r.first_step = 5;
+  for (auto& steps : r.ranks) {
+    for (int s = 5; s < 8; ++s) {
+      steps.push_back(Rec(s, 1, 1, 2 << 20));
+      steps.back().bubble = 0;
+    }
+  }
+  const std::string json = RunJson(r);
+  EXPECT_THAT(json, HasSubstr("\"first_step\": 0"));
+  EXPECT_THAT(json, HasSubstr("\"losses\": [5, 4.5, 4, 3.5, 3, 1, 1, 1]"));
+  EXPECT_THAT(json, HasSubstr("\"step_seconds_mean\": 1,"));
+  EXPECT_THAT(json, HasSubstr("\"bubble_fraction_measured\": 0,"));
+  EXPECT_THAT(json, HasSubstr("\"compute_seconds\": 1.5,"));  // 3 steps of 0.5 s
+  EXPECT_THAT(SummaryTable(r), HasSubstr("steps       8/8"));
+  // Only this run's steps, in a directory of its own.
+  for (auto& steps : r.ranks) steps.erase(steps.begin(), steps.begin() + 5);
+  EXPECT_THAT(RunJson(r), HasSubstr("\"first_step\": 5"));
 }
 
 TEST(RunJson, ConfigHoldsEveryJobConfigField) {

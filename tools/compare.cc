@@ -52,8 +52,10 @@ constexpr char kHelp[] =
     "              runs go to DIR/runs/<strategy>, the launcher's output to DIR/logs/\n"
     "Every other flag goes to each launcher run unchanged (--model, --steps, --batch, --seed,\n"
     "--device, --micro-batches, ...); --steps defaults to 20 and --batch to 16 here.\n"
-    "--strategy, --schedule and --run-dir are set by compare for each run; the launcher's\n"
-    "flags: bazel run //launcher -- --help\n";
+    "--strategy, --schedule and --run-dir are set by compare for each run, and --check and\n"
+    "--prepare are the launcher's alone; the launcher's flags: bazel run //launcher -- --help\n"
+    "Ctrl-C stops the run under way at once; SIGTERM has it checkpoint and stop. Either way\n"
+    "compare then stops without a report.\n";
 
 struct Run {
   std::string name;
@@ -104,6 +106,16 @@ int HostCores() {
 }
 
 // Runs `argv` with output to `log`; returns its exit status (128 + signal when killed).
+// The launcher running now (0: none) and whether compare was sent SIGTERM: it passes it on
+// to the launcher, which has its workers checkpoint and stop, and then stops.
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_terminated = 0;
+
+void OnTerminate(int) {
+  g_terminated = 1;
+  if (g_child > 0) kill(g_child, SIGTERM);
+}
+
 absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
                               const std::vector<std::string>& env) {
   std::vector<char*> args, envp;
@@ -127,16 +139,20 @@ absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::s
     dup2(fd, 1);
     dup2(fd, 2);
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     execve(args[0], args.data(), envp.data());
     std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
   close(fd);
+  g_child = pid;
+  if (g_terminated) kill(pid, SIGTERM);  // it came before g_child was set
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR)
       return absl::InternalError(absl::StrFormat("waitpid: %s", std::strerror(errno)));
   }
+  g_child = 0;
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
 }
@@ -230,6 +246,11 @@ int Main(int argc, char** argv) {
       problems.push_back(
           absl::StrFormat("--%s: compare sets it for each of its runs (see --help)", name));
       if (!inline_value && i + 1 < args.size()) ++i;
+    } else if (name == "check" || name == "prepare") {
+      problems.push_back(absl::StrFormat(
+          "--%s: compare runs the strategies (and checks each first); to %s one run, use "
+          "bazel run //launcher -- --%s ...",
+          name, name == "check" ? "check" : "prepare", name));
     } else if (name == "profile" || name == "noprofile" || name == "no-profile") {
       // Every run is profiled: the timelines need the traces.
     } else {
@@ -292,10 +313,11 @@ int Main(int argc, char** argv) {
   };
 
   // Every run is checked first (launcher --check: all it validates before it starts). Where
-  // none would start, the flags are refused here, before anything runs or is written; a run
-  // that alone would not start is reported as such without being started.
+  // none of the N-worker runs would start (the baseline alone compares nothing), the flags
+  // are refused here, before anything runs or is written; a run that alone would not start
+  // is reported as such without being started.
   std::vector<std::string> refused(runs.size());
-  bool any_starts = false;
+  bool any_starts = false;  // of the N-worker runs
   for (size_t k = 0; k < runs.size(); ++k) {
     std::vector<std::string> argv_check = launcher_args(runs[k]);
     argv_check.push_back("--check");
@@ -306,7 +328,7 @@ int Main(int argc, char** argv) {
       return 1;
     }
     if (ended->ok()) {
-      any_starts = true;
+      any_starts = any_starts || k > 0;
     } else {
       refused[k] = LauncherProblems(output, ended->signaled ? 128 + ended->signal : ended->code);
       if (refused[k].empty()) refused[k] = "launcher --check: " + ended->ToString();
@@ -314,11 +336,15 @@ int Main(int argc, char** argv) {
   }
   if (!any_starts) {
     // One line per problem; the same problems for every run (flags they share) said once.
-    const bool same = std::all_of(refused.begin(), refused.end(),
-                                  [&](const std::string& r) { return r == refused[0]; });
-    if (!same) std::fprintf(stderr, "compare: none of the runs would start; nothing was written\n");
-    for (size_t k = 0; k < runs.size(); ++k) {
-      if (same && k > 0) break;
+    const size_t first = refused[0].empty() ? 1 : 0;  // the baseline would start
+    const bool same = std::all_of(refused.begin() + first, refused.end(),
+                                  [&](const std::string& r) { return r == refused[first]; });
+    if (!same || first == 1) {
+      std::fprintf(stderr, "compare: none of the %d-worker runs would start; nothing was written\n",
+                   gpus);
+    }
+    for (size_t k = first; k < runs.size(); ++k) {
+      if (same && k > first) break;
       for (absl::string_view line : absl::StrSplit(refused[k], '\n')) {
         std::fprintf(stderr, "compare: %s%s\n", same ? "" : (runs[k].label + ": ").c_str(),
                      std::string(line).c_str());
@@ -337,8 +363,9 @@ int Main(int argc, char** argv) {
               absl::StrJoin(pass, " ").c_str(), out_dir.c_str());
   std::fflush(stdout);
   // Ctrl-C reaches the launcher (same process group), which stops its workers and exits 130;
-  // compare then stops too.
+  // compare then stops too. A SIGTERM to compare alone is passed on to the launcher.
   signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, OnTerminate);
   std::vector<Entry> entries;
   for (size_t k = 0; k < runs.size(); ++k) {
     const Run& run = runs[k];
@@ -365,11 +392,12 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "compare: %s\n", std::string(code.status().message()).c_str());
       return 1;
     }
-    if (*code == 130) {
-      std::printf("interrupted\n");
-      std::fprintf(stderr, "compare: interrupted; the runs so far are in %s/runs\n",
-                   out_dir.c_str());
-      return 130;
+    if (*code == 130 || g_terminated) {
+      std::printf("%s\n", g_terminated ? "terminated" : "interrupted");
+      std::fflush(stdout);
+      std::fprintf(stderr, "compare: %s; no report; the runs so far are in %s/runs\n",
+                   g_terminated ? "terminated (SIGTERM)" : "interrupted", out_dir.c_str());
+      return g_terminated ? 128 + SIGTERM : 130;
     }
     if (*code != 0) {
       e.error = LauncherMessage(log, *code);

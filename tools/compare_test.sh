@@ -1,7 +1,7 @@
 #!/bin/bash
 # compare's flag checks, with the real launcher and workers: flags no run can start with are
 # refused in one line each before anything runs or is written; a strategy that alone cannot
-# start is reported as such while the others run. Usage: compare_test.sh COMPARE
+# start is reported as such while the others run; a SIGTERM stops the run under way cleanly. Usage: compare_test.sh COMPARE
 set -u
 compare="$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -28,12 +28,52 @@ timeout 60 "$compare" --gpus=2 --model=gpt --n-layer=2 --d-model=32 --n-head=2 \
 rc=$?
 cat "$tmp/big.txt"
 [ "$rc" -eq 2 ] || fail "--seq-len=200000: exit $rc, not 2"
-grep -qF "compare: none of the runs would start; nothing was written" "$tmp/big.txt" ||
+grep -qF "compare: none of the 2-worker runs would start; nothing was written" "$tmp/big.txt" ||
   fail "--seq-len=200000: no summary line"
 for label in "one worker" "data parallel" "model parallel" "pipeline GPipe" "pipeline 1F1B"; do
   grep -qF "compare: $label: not enough memory" "$tmp/big.txt" || fail "no line for $label"
 done
 [ ! -e "$tmp/big" ] || fail "--seq-len=200000: $tmp/big was created"
+
+# Flags that would make the launcher only check or prepare: refused, nothing written.
+timeout 60 "$compare" --gpus=2 "${small[@]}" --check --out="$tmp/check" >"$tmp/check.txt" 2>&1
+rc=$?
+cat "$tmp/check.txt"
+[ "$rc" -eq 2 ] || fail "--check: exit $rc, not 2"
+grep -qF "compare: --check: compare runs the strategies" "$tmp/check.txt" || fail "--check: no line"
+[ ! -e "$tmp/check" ] || fail "--check: $tmp/check was created"
+
+# The one-worker baseline would start but none of the 5-worker runs (5 stages for 4 blocks;
+# a batch of 8 over 5 replicas): refused, nothing written.
+timeout 60 "$compare" --gpus=5 "${small[@]}" --out="$tmp/five" >"$tmp/five.txt" 2>&1
+rc=$?
+cat "$tmp/five.txt"
+[ "$rc" -eq 2 ] || fail "--gpus=5: exit $rc, not 2"
+grep -qF "compare: none of the 5-worker runs would start; nothing was written" "$tmp/five.txt" ||
+  fail "--gpus=5: no summary line"
+grep -qF "one worker" "$tmp/five.txt" && fail "--gpus=5: the baseline reported as refused"
+[ ! -e "$tmp/five" ] || fail "--gpus=5: $tmp/five was created"
+
+# SIGTERM to compare alone: passed on to the running launcher, whose worker checkpoints and
+# stops; compare says so and exits 143 with no report, and nothing is left running.
+TANDEM_TEST_STEP_SLEEP_MS=100 "$compare" --gpus=2 "${small[@]}" --steps=300 \
+  --out="$tmp/term" >"$tmp/term.txt" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  [ "$(cat "$tmp/term/runs/baseline/metrics/rank-0.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break
+  sleep 0.2
+done
+kill -TERM $pid
+wait $pid
+rc=$?
+cat "$tmp/term.txt"
+[ "$rc" -eq 143 ] || fail "SIGTERM: exit $rc, not 143"
+grep -qF "compare: terminated (SIGTERM); no report" "$tmp/term.txt" || fail "SIGTERM: no line"
+grep -qF "result      preempted at step" "$tmp/term/logs/baseline.log" ||
+  fail "SIGTERM: the launcher did not checkpoint and stop"
+[ ! -e "$tmp/term/report.md" ] || fail "SIGTERM: a report was written"
+sleep 1
+pgrep -f "$tmp/term" >/dev/null && fail "SIGTERM: processes of the run are still running"
 
 # 3 workers: a batch of 8 does not split over 3 data-parallel replicas, but 3 stages run.
 timeout 300 "$compare" --gpus=3 "${small[@]}" --out="$tmp/mixed" >"$tmp/mixed.txt" 2>&1

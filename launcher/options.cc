@@ -15,7 +15,6 @@
 #include <iterator>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -109,62 +108,6 @@ namespace tandem {
 namespace launcher {
 namespace {
 
-bool IsLauncherFlag(const absl::CommandLineFlag& f) {
-  return absl::EndsWith(f.Filename(), "launcher/options.cc");
-}
-
-absl::CommandLineFlag* FindLauncherFlag(absl::string_view name) {
-  absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
-  return f != nullptr && IsLauncherFlag(*f) ? f : nullptr;
-}
-
-std::string Hyphenated(absl::string_view name) {
-  return absl::StrReplaceAll(name, {{"_", "-"}});
-}
-
-// True for words that look like a flag: "-x", "--x", "--x=v" (not "-", "--" or a number).
-bool LooksLikeFlag(absl::string_view arg) {
-  if (arg.size() < 2 || arg[0] != '-' || arg == "--") return false;
-  const char c = arg[arg[1] == '-' ? 2 : 1];
-  return c != '\0' && !absl::ascii_isdigit(c) && c != '.';
-}
-
-struct FlagWord {
-  std::string dashes;
-  std::string name;  // as written
-  bool has_value = false;
-  std::string value;
-};
-
-FlagWord SplitFlagWord(absl::string_view arg) {
-  FlagWord w;
-  const size_t dashes = absl::StartsWith(arg, "--") ? 2 : 1;
-  w.dashes = std::string(arg.substr(0, dashes));
-  absl::string_view rest = arg.substr(dashes);
-  const size_t eq = rest.find('=');
-  w.name = std::string(rest.substr(0, eq));
-  if (eq != absl::string_view::npos) {
-    w.has_value = true;
-    w.value = std::string(rest.substr(eq + 1));
-  }
-  return w;
-}
-
-// True when the flag named by this (rewritten) word takes the next word as its value.
-bool TakesNextWord(const FlagWord& w) {
-  if (w.has_value) return false;
-  const absl::CommandLineFlag* f = FindLauncherFlag(w.name);
-  return f != nullptr && !f->IsOfType<bool>();
-}
-
-std::string TypeWord(const absl::CommandLineFlag& f) {
-  if (f.IsOfType<int>()) return "an integer";
-  if (f.IsOfType<uint64_t>()) return "a non-negative integer";
-  if (f.IsOfType<double>()) return "a number";
-  if (f.IsOfType<bool>()) return "true or false";
-  return "a value";
-}
-
 bool IsNonEmptyDirectory(const std::string& path, bool* exists, bool* is_dir) {
   struct stat st;
   *exists = ::stat(path.c_str(), &st) == 0;
@@ -208,22 +151,6 @@ std::string WhyNotCreatable(const std::string& path) {
     return absl::StrFormat("%s is not writable (%s)", dir, std::strerror(errno));
   }
   return "";
-}
-
-absl::Status MakeDirs(const std::string& path) {
-  if (path.empty() || path == "/" || path == ".") return absl::OkStatus();
-  struct stat st;
-  if (::stat(path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a directory"));
-  }
-  absl::Status parent = MakeDirs(DirOf(path));
-  if (!parent.ok()) return parent;
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("cannot create %s: %s", path, std::strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 // Workers on this host, before any starts: CPU workers share its memory, so what they keep
@@ -281,31 +208,6 @@ absl::Status CheckBlockTiming(const ParallelConfig& pc, const HostInfo& host) {
 
 }  // namespace
 
-std::string RewriteFlagName(absl::string_view arg) {
-  if (!LooksLikeFlag(arg)) return std::string(arg);
-  FlagWord w = SplitFlagWord(arg);
-  std::string name = w.name;
-  if (absl::StartsWith(name, "no-")) name = "no" + name.substr(3);
-  name = absl::StrReplaceAll(name, {{"-", "_"}});
-  return absl::StrCat(w.dashes, name, w.has_value ? "=" : "", w.value);
-}
-
-std::vector<std::string> RewriteArgs(const std::vector<std::string>& args) {
-  std::vector<std::string> out;
-  bool rest_verbatim = false, next_is_value = false;
-  for (const std::string& a : args) {
-    if (rest_verbatim || next_is_value || !LooksLikeFlag(a)) {
-      next_is_value = false;
-      if (a == "--") rest_verbatim = true;
-      out.push_back(a);
-      continue;
-    }
-    out.push_back(RewriteFlagName(a));
-    next_is_value = TakesNextWord(SplitFlagWord(out.back()));
-  }
-  return out;
-}
-
 const std::vector<std::string>& FlagNames() {
   // clang-format off
   static const auto* names = new std::vector<std::string>{
@@ -319,66 +221,27 @@ const std::vector<std::string>& FlagNames() {
   return *names;
 }
 
-absl::Status ParseFlags(const std::vector<std::string>& raw_args, bool* help) {
-  *help = false;
-  const std::vector<std::string> args = RewriteArgs(raw_args);
-  std::vector<std::string> problems;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      for (size_t j = i + 1; j < args.size(); ++j) {
-        problems.push_back(absl::StrFormat("unexpected argument '%s'", args[j]));
-      }
-      break;
-    }
-    if (!LooksLikeFlag(a)) {
-      problems.push_back(absl::StrFormat(
-          "unexpected argument '%s': flags are written --name=value (see --help)", a));
-      continue;
-    }
-    const FlagWord w = SplitFlagWord(a);
-    // How the user wrote it, for messages.
-    const std::string shown = LooksLikeFlag(raw_args[i]) ? SplitFlagWord(raw_args[i]).name
-                                                          : Hyphenated(w.name);
-    if (w.name == "help" || w.name == "h" || w.name == "helpfull") {
-      *help = true;
-      continue;
-    }
-    absl::CommandLineFlag* f = FindLauncherFlag(w.name);
-    std::string value = w.value;
-    if (f == nullptr && absl::StartsWith(w.name, "no")) {
-      absl::CommandLineFlag* positive = FindLauncherFlag(w.name.substr(2));
-      if (positive != nullptr && positive->IsOfType<bool>()) {
-        if (w.has_value) {
-          problems.push_back(absl::StrFormat("--%s takes no value", shown));
-          continue;
-        }
-        f = positive;
-        value = "false";
-      }
-    }
-    if (f == nullptr) {
-      problems.push_back(absl::StrFormat("unknown flag --%s (see --help)", shown));
-      continue;
-    }
-    if (!w.has_value && value.empty()) {
-      if (f->IsOfType<bool>()) {
-        value = "true";
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        problems.push_back(absl::StrFormat("--%s needs a value (%s)", shown, TypeWord(*f)));
-        continue;
-      }
-    }
-    std::string error;
-    if (!f->ParseFrom(value, &error)) {
-      problems.push_back(
-          absl::StrFormat("--%s=%s: not a valid value; expected %s", shown, value, TypeWord(*f)));
-    }
-  }
-  if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
-  return absl::OkStatus();
+const FlagSet& LauncherFlags() {
+  static const auto* flags = new FlagSet{"launcher/options.cc", FlagNames()};
+  return *flags;
+}
+
+std::vector<std::string> RewriteArgs(const std::vector<std::string>& args) {
+  return RewriteArgs(LauncherFlags(), args);
+}
+
+absl::Status ParseFlags(const std::vector<std::string>& args, bool* help) {
+  return ParseFlags(LauncherFlags(), args, help);
+}
+
+std::string HelpText() {
+  return HelpText(
+      LauncherFlags(),
+      "Usage: bazel run //launcher -- [flags]\n"
+      "Starts a training job: validates the flags, runs the coordinator, starts one worker\n"
+      "per GPU (or CPU workers where no GPU is visible) through mpirun, shows progress, and\n"
+      "writes logs, metrics and run.json to the run directory.\n"
+      "  e.g. bazel run //launcher -- --strategy=pipeline --gpus=4 --model=gpt-tiny\n");
 }
 
 Options OptionsFromFlags() {
@@ -421,30 +284,6 @@ Options OptionsFromFlags() {
   o.job.recompute = absl::GetFlag(FLAGS_recompute);
   o.job.heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout);
   return o;
-}
-
-std::string HelpText() {
-  std::string out =
-      "Usage: bazel run //launcher -- [flags]\n"
-      "Starts a training job: validates the flags, runs the coordinator, starts one worker\n"
-      "per GPU (or CPU workers where no GPU is visible) through mpirun, shows progress, and\n"
-      "writes logs, metrics and run.json to the run directory.\n"
-      "  e.g. bazel run //launcher -- --strategy=pipeline --gpus=4 --model=gpt-tiny\n\n"
-      "Flags:\n";
-  for (const std::string& name : FlagNames()) {
-    const absl::CommandLineFlag* f = FindLauncherFlag(name);
-    if (f == nullptr) continue;
-    std::string shown = "--" + Hyphenated(name);
-    std::string def = f->DefaultValue();
-    if (f->IsOfType<bool>()) {
-      shown = "--[no-]" + Hyphenated(name);
-    } else if (f->IsOfType<std::string>()) {
-      def = def.empty() ? "\"\"" : def;
-    }
-    absl::StrAppendFormat(&out, "  %s  (default: %s)\n      %s\n", shown, def, f->Help());
-  }
-  absl::StrAppend(&out, "  --help\n      this listing\n");
-  return out;
 }
 
 HostInfo HostInfo::Detect(bool probe_cuda) {

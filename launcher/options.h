@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "launcher/flags.h"
 #include "parallel/job.h"
 
 namespace tandem {
@@ -32,17 +33,10 @@ struct Options {
   bool check = false;  // validate, say what would run, start and write nothing
 };
 
-// Rewrites one command-line word's flag name for Abseil: hyphens in the name become
-// underscores ("--micro-batches=4" -> "--micro_batches=4") and "--no-x" becomes "--nox".
-// The value part (after '=') is never changed; words that are not flags are returned as is.
-std::string RewriteFlagName(absl::string_view arg);
-// RewriteFlagName over a command line (without argv[0]); a word that is the value of the
-// previous flag ("--data my-file") and everything after "--" are left alone.
+// The launcher's flags, and the command line parsed into them (flags.h): ParseFlags sets
+// *help when --help (or -h) was given; an error's message holds one line per problem.
+const FlagSet& LauncherFlags();
 std::vector<std::string> RewriteArgs(const std::vector<std::string>& args);
-
-// Parses the command line (without argv[0]) into the launcher's flags. Sets *help when
-// --help (or -h) was given. An error's message holds one line per problem (unknown flag,
-// bad value, stray argument), every problem found.
 absl::Status ParseFlags(const std::vector<std::string>& args, bool* help);
 // The current flag values.
 Options OptionsFromFlags();

@@ -109,14 +109,24 @@ TEST(ParseFlags, EveryProblemOneLine) {
       {"--bogus-flag=1", "--gpus=abc", "stray", "--steps", "--no-gpus", "--lr=fast"}, &help);
   ASSERT_FALSE(s.ok());
   const std::vector<std::string> lines = absl::StrSplit(s.message(), '\n');
-  EXPECT_THAT(lines,
-              ElementsAre("unknown flag --bogus-flag (see --help)",
-                          "--gpus=abc: not a valid value; expected an integer",
-                          "unexpected argument 'stray': flags are written --name=value (see "
-                          "--help)",
-                          // --steps takes the next word as its value
-                          "--steps=--no-gpus: not a valid value; expected an integer",
-                          "--lr=fast: not a valid value; expected a number"));
+  EXPECT_THAT(lines, ElementsAre("unknown flag --bogus-flag (see --help)",
+                                 "--gpus=abc: not a valid value; expected an integer",
+                                 "unexpected argument 'stray': flags are written --name=value (see "
+                                 "--help)",
+                                 // a word starting with "--" is never the value before it
+                                 "--steps needs a value (an integer): --steps=VALUE",
+                                 "unknown flag --no-gpus (see --help)",
+                                 "--lr=fast: not a valid value; expected a number"));
+}
+
+TEST(ParseFlags, AFlagMissingItsValueDoesNotTakeTheNextFlag) {
+  absl::FlagSaver saver;
+  bool help;
+  EXPECT_EQ(ParseFlags({"--model", "--check"}, &help).message(),
+            "--model needs a value: --model=VALUE");
+  ASSERT_TRUE(ParseFlags({"--data", "-my-file", "--lr", "-1"}, &help).ok());
+  EXPECT_EQ(OptionsFromFlags().job.data, "-my-file");
+  EXPECT_EQ(OptionsFromFlags().job.lr, -1);
 }
 
 TEST(ParseFlags, OtherLibrariesFlagsAreUnknown) {
@@ -125,7 +135,7 @@ TEST(ParseFlags, OtherLibrariesFlagsAreUnknown) {
   absl::Status s = ParseFlags({"--flagfile=x"}, &help);
   EXPECT_EQ(s.message(), "unknown flag --flagfile (see --help)");
   s = ParseFlags({"--steps"}, &help);
-  EXPECT_EQ(s.message(), "--steps needs a value (an integer)");
+  EXPECT_EQ(s.message(), "--steps needs a value (an integer): --steps=VALUE");
 }
 
 TEST(HelpText, ListsEveryFlagHyphenatedWithItsDefault) {

@@ -60,4 +60,23 @@ bool PathExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+absl::Status MakeDirs(const std::string& path) {
+  if (path.empty() || path == "/" || path == ".") return absl::OkStatus();
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a directory"));
+  }
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos) {
+    const absl::Status parent = MakeDirs(slash == 0 ? "/" : path.substr(0, slash));
+    if (!parent.ok()) return parent;
+  }
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("cannot create %s: %s", path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tandem

@@ -16,6 +16,9 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 // Whether anything exists at `path` (stat succeeds).
 bool PathExists(const std::string& path);
 
+// Creates the directory `path` and any missing parent (mkdir -p); fine when it exists.
+absl::Status MakeDirs(const std::string& path);
+
 }  // namespace tandem
 
 #endif  // TANDEM_RUNTIME_FILES_H_

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "launcher/paths.h"
 #include "launcher/process.h"
+#include "runtime/files.h"
 #include "tools/report.h"
 
 namespace tandem {
@@ -79,23 +80,6 @@ bool IsDirectory(const std::string& p) {
 std::string Cwd() {
   char buf[4096];
   return getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
-}
-
-absl::Status MakeDirs(const std::string& path) {
-  std::string sofar;
-  for (absl::string_view part : absl::StrSplit(path, '/')) {
-    if (part.empty()) {
-      if (sofar.empty()) sofar = "/";
-      continue;
-    }
-    sofar =
-        sofar.empty() || sofar == "/" ? absl::StrCat(sofar, part) : absl::StrCat(sofar, "/", part);
-    if (mkdir(sofar.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::PermissionDeniedError(
-          absl::StrFormat("cannot create %s: %s", sofar, std::strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
 }
 
 int HostCores() {

@@ -8,10 +8,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "launcher/flags.h"
 #include "model/trainer.h"
+#include "runtime/files.h"
 #include "runtime/profiler.h"
 
 ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp");
@@ -35,9 +36,9 @@ ABSL_FLAG(std::string, data, "", "text file to train on (default: /usr/share/com
 ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
-ABSL_FLAG(std::string, checkpoint_dir, "", "directory for checkpoints (empty: none)");
-ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
-ABSL_FLAG(std::string, resume, "", "checkpoint file to resume from");
+ABSL_FLAG(std::string, checkpoint_dir, "", "directory the checkpoints go to (made if missing)");
+ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints, and one at the end (0: none)");
+ABSL_FLAG(std::string, resume, "", "checkpoint file (.ckpt) to resume from");
 ABSL_FLAG(int, profile_steps, 0,
           "profile the last N steps: each op's time, waited for on its device, and its achieved "
           "GFLOP/s and GB/s, in a table at the end (those steps are left out of the tokens/s)");
@@ -89,13 +90,31 @@ int Main() {
     std::fprintf(stderr, "train: %s\n", std::string(config.status().message()).c_str());
     return 2;
   }
-  auto trainer = Trainer::Create(*config);
+  const TrainConfig& c = *config;
+  if (absl::Status v = c.Validate(); !v.ok()) {
+    std::fprintf(stderr, "train: %s\n", std::string(v.message()).c_str());
+    return 2;
+  }
+  if (c.checkpoint_every > 0) {
+    if (absl::Status made = MakeDirs(c.checkpoint_dir); !made.ok()) {
+      std::fprintf(stderr, "train: --checkpoint-dir=%s: %s\n", c.checkpoint_dir.c_str(),
+                   std::string(made.message()).c_str());
+      return 2;
+    }
+  }
+  auto trainer = Trainer::Create(c);
   if (!trainer.ok()) {
-    const absl::Status e = ExplainOutOfMemory(trainer.status(), '_');
+    const absl::Status e = ExplainOutOfMemory(trainer.status(), '-');
     std::fprintf(stderr, "train: %s\n", std::string(e.message()).c_str());
     return 2;
   }
-  const TrainConfig& c = *config;
+  if ((*trainer)->step() >= c.steps) {
+    std::fprintf(stderr,
+                 "train: --resume=%s: the checkpoint is at step %d and --steps=%d: nothing left "
+                 "to train; raise --steps\n",
+                 c.resume.c_str(), (*trainer)->step(), c.steps);
+    return 2;
+  }
   std::printf("model  %s\ndata   %s (%lld tokens, %lld samples)\ndevice %s, batch %d x %d tokens\n",
               c.model.ToString().c_str(), (*trainer)->data().source().c_str(),
               static_cast<long long>((*trainer)->data().num_tokens()),
@@ -116,7 +135,7 @@ int Main() {
     std::fflush(stdout);
   });
   if (!s.ok()) {
-    s = ExplainOutOfMemory(s, '_');
+    s = ExplainOutOfMemory(s, '-');
     std::fprintf(stderr, "train: %s\n", std::string(s.message()).c_str());
     return 1;
   }
@@ -149,7 +168,34 @@ int Main() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Trains a model on one device.\n  train --model=gpt-tiny --steps=300");
-  absl::ParseCommandLine(argc, argv);
+  const tandem::launcher::FlagSet flags{"examples/train.cc",
+                                        {"model",        "n_layer",        "d_model",
+                                         "n_head",       "seq_len",        "attention",
+                                         "steps",        "batch",          "micro_batches",
+                                         "lr",           "warmup",         "optimizer",
+                                         "weight_decay", "clip_norm",      "seed",
+                                         "data",         "synthetic",      "device",
+                                         "dtype",        "checkpoint_dir", "checkpoint_every",
+                                         "resume",       "profile_steps"}};
+  bool help = false;
+  const absl::Status parsed =
+      tandem::launcher::ParseFlags(flags, std::vector<std::string>(argv + 1, argv + argc), &help);
+  if (help) {
+    std::fputs(tandem::launcher::HelpText(
+                   flags,
+                   "Usage: bazel run //examples:train -- [flags]\n"
+                   "Trains one model on one device, without the launcher, and prints the loss\n"
+                   "of every step and the throughput.\n"
+                   "  e.g. bazel run //examples:train -- --model=gpt-tiny --steps=300\n")
+                   .c_str(),
+               stdout);
+    return 0;
+  }
+  if (!parsed.ok()) {
+    for (absl::string_view line : absl::StrSplit(parsed.message(), '\n')) {
+      std::fprintf(stderr, "train: %s\n", std::string(line).c_str());
+    }
+    return 2;
+  }
   return tandem::Main();
 }

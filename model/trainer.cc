@@ -17,9 +17,21 @@ absl::Status TrainConfig::Validate() const {
   RETURN_IF_ERROR(optimizer.Validate());
   if (steps < 1) return absl::InvalidArgumentError(absl::StrFormat("--steps=%d: need at least 1", steps));
   if (batch < 1) return absl::InvalidArgumentError(absl::StrFormat("--batch=%d: need at least 1", batch));
-  if (micro_batches < 1 || batch % micro_batches != 0) {
+  if (micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--micro-batches=%d: need at least 1", micro_batches));
+  }
+  if (batch % micro_batches != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--micro-batches=%d must divide --batch=%d", micro_batches, batch));
+  }
+  if (checkpoint_every < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--checkpoint-every=%d: must be 0 (no checkpoints) or more", checkpoint_every));
+  }
+  if (checkpoint_every > 0 && checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--checkpoint-every=%d needs --checkpoint-dir=DIR to write them to", checkpoint_every));
   }
   if (device.is_cpu() && dtype != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrFormat(

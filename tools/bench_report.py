@@ -136,8 +136,8 @@ def performance_work(variant, op_gain, train_text, yields):
               ". Busy polling's cost comes and goes with how the scheduler places the polling "
               "thread, so it shows most in the slow runs; yielding keeps every run near the "
               "no-overlap rate.")
-    print("7. Profile (2026-11-30, `bazel run //examples:train -- --model=gpt --n_layer=2 "
-          "--seq_len=1024 --batch=4 --steps=6 --synthetic --profile_steps=3`): at sequence "
+    print("7. Profile (2026-11-30, `bazel run //examples:train -- --model=gpt --n-layer=2 "
+          "--seq-len=1024 --batch=4 --steps=6 --synthetic --profile-steps=3`): at sequence "
           "length 1024 the attention ops took 61% of the op time (AttentionBackward 38.7%, "
           "AttentionForward 22.6%), at 70 and 60 GFLOP/s counting the causal half of the "
           "scores, against about 190 for the linear layers in the same run: their sgemms "

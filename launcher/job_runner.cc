@@ -359,7 +359,20 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
       log = mpirun_log;
       lines = LastLines(log, 20);
     }
-    absl::StrAppendFormat(&text, "launcher: last 20 lines of %s:\n", log);
+    std::string which = "last 20 lines of ";
+    if (log == mpirun_log) {
+      // mpirun says what went wrong first (ssh: Could not resolve hostname ...), then explains
+      // at length: all of a short log, else its first lines too.
+      const std::vector<std::string> all = LastLines(log, 10000);
+      if (all.size() <= 40) {
+        lines = all;
+        which = "";
+      } else {
+        absl::StrAppendFormat(&text, "launcher: first 5 lines of %s:\n", log);
+        for (size_t i = 0; i < 5; ++i) absl::StrAppend(&text, "    ", all[i], "\n");
+      }
+    }
+    absl::StrAppendFormat(&text, "launcher: %s%s:\n", which, log);
     for (const std::string& l : lines) absl::StrAppend(&text, "    ", l, "\n");
     display.Print(stderr, text);
   } else if (a.outcome == Outcome::kInterrupted) {

@@ -143,10 +143,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(stderr,
-                 "launcher: wrote %s/job.conf for %d workers; start them with\n"
-                 "  srun --ntasks=%d --mpi=pmix %s --job-config=%s/job.conf\n",
-                 plan->job.run_dir.c_str(), plan->job.workers, plan->job.workers,
-                 worker->c_str(), plan->job.run_dir.c_str());
+                 "launcher: wrote %s/job.conf for %d worker%s; start them with\n"
+                 "  TANDEM_JOB_TOKEN=<a secret> srun --ntasks=%d --mpi=pmix %s "
+                 "--job-config=%s/job.conf\n"
+                 "(every worker takes the same token; examples/slurm/train.sbatch makes one)\n",
+                 plan->job.run_dir.c_str(), plan->job.workers, plan->job.workers == 1 ? "" : "s",
+                 plan->job.workers, worker->c_str(), plan->job.run_dir.c_str());
     return 0;
   }
 

@@ -425,6 +425,22 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   // Model.
   absl::StatusOr<ModelConfig> model = job.Model();
   if (!model.ok()) problem(std::string(model.status().message()));
+  if (model.ok() && model->kind == ModelKind::kMlp) {
+    if (o.job.n_head != 0) {
+      plan.notices.push_back(
+          absl::StrFormat("--n-head=%d applies to GPT models only: ignored for --model=%s",
+                          o.job.n_head, o.job.model));
+    }
+    if (o.job.attention != JobConfig().attention) {
+      plan.notices.push_back(
+          absl::StrFormat("--attention=%s applies to GPT models only: ignored for --model=%s",
+                          o.job.attention, o.job.model));
+    }
+  }
+  if (o.job.synthetic && !o.job.data.empty()) {
+    plan.notices.push_back(
+        absl::StrFormat("--data=%s is ignored with --synthetic (random tokens)", o.job.data));
+  }
 
   // Dtype (against the resolved device).
   absl::StatusOr<DType> dtype = ParseDType(o.job.dtype);
@@ -662,9 +678,17 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
         const int slots = TotalSlots(*hosts);
         if (gpus_ok && slots > 0 && o.job.workers > slots) {
           problem(absl::StrFormat(
-              "--gpus=%d but --hostfile=%s offers %d slots; add hosts or slots, or use "
+              "--gpus=%d but --hostfile=%s offers %d slot%s; add hosts or slots, or use "
               "--gpus=%d",
-              o.job.workers, o.hostfile, slots, slots));
+              o.job.workers, o.hostfile, slots, slots == 1 ? "" : "s", slots));
+        }
+        for (const HostfileEntry& e : *hosts) {
+          // Said, not refused: ssh (which mpirun goes through) may know the name as an alias.
+          if (absl::StatusOr<std::string> ip = ResolveIpv4(e.host); !ip.ok()) {
+            plan.notices.push_back(
+                absl::StrFormat("--hostfile=%s: %s; mpirun reaches it only if ssh knows the name",
+                                o.hostfile, ip.status().message()));
+          }
         }
         if (o.coordinator_address.empty()) {
           absl::StatusOr<std::string> h = DefaultCoordinatorHost(*hosts);

@@ -257,6 +257,22 @@ TEST(Validate, AnotherStrategysFlagsAreSaidToBeIgnored) {
   EXPECT_THAT(p->notices, ElementsAre(HasSubstr("--bucket-mb=4"), HasSubstr("--no-overlap")));
 }
 
+TEST(Validate, FlagsTheModelOrDataDoNotUseAreSaidToBeIgnored) {
+  HostInfo h = CpuHost(FreshTestPath("user"));
+  h.cuda_devices = 2;
+  Options o = Small();
+  o.job.model = "mlp";
+  o.job.n_head = 2;
+  o.job.attention = "flash";
+  o.job.data = "/nonexistent";  // synthetic: never read
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices,
+              ElementsAre("--n-head=2 applies to GPT models only: ignored for --model=mlp",
+                          "--attention=flash applies to GPT models only: ignored for --model=mlp",
+                          "--data=/nonexistent is ignored with --synthetic (random tokens)"));
+}
+
 TEST(Validate, WarmupLongerThanTheRunIsSaid) {
   HostInfo h = CpuHost(FreshTestPath("user"));
   h.cuda_devices = 2;
@@ -374,11 +390,13 @@ TEST(Validate, EachBadInputGivesItsLine) {
     std::string line;
   };
   const std::vector<Case> cases = {
-      {[](Options& o) { o.job.strategy = "banana"; }, "--strategy=banana: use data, model or pipeline"},
+      {[](Options& o) { o.job.strategy = "banana"; },
+       "--strategy=banana: use data, model or pipeline"},
       {[](Options& o) { o.job.workers = 0; }, "--gpus=0: need between 1 and 4096 workers"},
       {[](Options& o) { o.job.device = "tpu"; }, "--device=tpu: use auto, cuda or cpu"},
       {[](Options& o) { o.job.device = "cuda"; }, "--device=cuda: no GPU visible (no driver)"},
-      {[](Options& o) { o.job.batch = 7; }, "--batch=7 is not divisible by 2 workers x 1 micro-batches"},
+      {[](Options& o) { o.job.batch = 7; },
+       "--batch=7 is not divisible by 2 workers x 1 micro-batch; "},
       {[](Options& o) { o.job.dtype = "bf16"; }, "--dtype=bf16 on the CPU"},
       {[](Options& o) { o.job.dtype = "f8"; }, "--dtype=f8: use f32, bf16 or f16"},
       {[](Options& o) {
@@ -691,6 +709,14 @@ TEST(Validate, HostfileCoordinatorAndRestarts) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->max_restarts, 3);
   EXPECT_THAT(p->mpirun_args, ElementsAre("--mca", "btl", "self,tcp"));
+  // A host that does not resolve here is said (ssh may know it as an alias), not refused.
+  std::ofstream(user + "/alias-hosts") << "localhost slots=1\nno-such-host.invalid slots=1\n";
+  o = Small();
+  o.hostfile = "alias-hosts";
+  p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices, Contains(AllOf(HasSubstr("cannot resolve host 'no-such-host.invalid'"),
+                                         HasSubstr("only if ssh knows the name"))));
 }
 
 TEST(CheckpointPrefix, AcceptsPrefixOrFile) {

@@ -143,9 +143,11 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
   if (c.strategy == StrategyKind::kData) {
     if (t.batch % (world * t.micro_batches) != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--batch=%d is not divisible by %d workers x %d micro-batches; data parallelism "
-          "gives every worker an equal share of every micro-batch",
-          t.batch, world, t.micro_batches));
+          "--batch=%d is not divisible by %d workers x %d micro-batch%s; data parallelism "
+          "gives every worker an equal share of every micro-batch: use a --batch that is a "
+          "multiple of %d",
+          t.batch, world, t.micro_batches, t.micro_batches == 1 ? "" : "es",
+          world * t.micro_batches));
     }
     if (c.bucket_bytes < 1) {
       return absl::InvalidArgumentError("--bucket-mb must be positive");

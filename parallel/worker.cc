@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -427,6 +428,26 @@ std::string JobConfigFlag(int argc, char** argv) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  if (tandem::HasFlag(argc, argv, "--help") || tandem::HasFlag(argc, argv, "-h")) {
+    std::fputs(
+        "Usage: the launcher starts workers (bazel run //launcher -- --help); so does srun:\n"
+        "  launcher --prepare --run-dir=DIR ... (writes DIR/job.conf), then\n"
+        "  TANDEM_JOB_TOKEN=<a secret> srun --mpi=pmix worker --job-config=DIR/job.conf\n"
+        "as examples/slurm/train.sbatch does.\n\n"
+        "Flags:\n"
+        "  --job-config=FILE  the job a launcher --prepare wrote, for workers srun starts\n"
+        "  --time-blocks      with --job-config: time each block's forward and backward and\n"
+        "                     print them (what the launcher's --balance=time runs)\n",
+        stdout);
+    return 0;
+  }
+  if (!tandem::JobConfigFlag(argc, argv).empty() && !tandem::SlurmRendezvous::Applies() &&
+      !tandem::HasFlag(argc, argv, "--time-blocks")) {
+    std::fprintf(stderr,
+                 "worker: --job-config is for workers srun starts (no Slurm job here); start a "
+                 "job with bazel run //launcher -- ... (see --help)\n");
+    return 2;
+  }
   if (tandem::HasFlag(argc, argv, "--time-blocks")) {
     // No MPI, no coordinator: one process timing blocks for the launcher.
     const absl::Status s = tandem::ExplainOutOfMemory(
@@ -457,7 +478,10 @@ int main(int argc, char** argv) {
   bool preempted = false;
   s = tandem::ExplainOutOfMemory(Train(rank, world, &progress, &preempted), '-');
   if (!s.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(s.message()).c_str());
+    // Said once: many errors from below name the rank already.
+    const std::string said = absl::StrFormat("rank %d: ", rank);
+    std::fprintf(stderr, "%s%s\n", absl::StartsWith(s.message(), said) ? "" : said.c_str(),
+                 std::string(s.message()).c_str());
     std::fflush(stderr);
     // Tell every other rank, unless the job was aborted already (then this is the echo).
     if (s.code() != absl::StatusCode::kAborted) {

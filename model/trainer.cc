@@ -152,10 +152,22 @@ absl::Status AccumulateLoss(Stream& s, const Tensor& loss_sum, const Tensor& los
   return ops::Axpy(s, loss_sum, 1.0f, scratch);
 }
 
+absl::Status CheckNotDiverged(const StepReport& r, DType dtype) {
+  if (std::isfinite(r.loss) || (dtype == DType::kF16 && r.skipped)) return absl::OkStatus();
+  // The weights the last update (step r.step) made give this loss: a checkpoint of them too.
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "step %d: the loss is %s: training diverged (learning rate %g); lower --lr and start "
+      "again%s",
+      r.step + 1, std::isnan(r.loss) ? "nan" : "infinite", r.lr,
+      r.step > 1 ? absl::StrFormat(", or resume from a checkpoint older than step %d", r.step)
+                 : ""));
+}
+
 absl::Status Trainer::Run(const std::function<void(const StepReport&)>& report) {
   while (step_ < c_.steps) {
     ASSIGN_OR_RETURN(StepReport r, Step());
     if (report) report(r);
+    RETURN_IF_ERROR(CheckNotDiverged(r, c_.dtype));
     if (!c_.checkpoint_dir.empty() && c_.checkpoint_every > 0 &&
         (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {
       RETURN_IF_ERROR(SaveCheckpoint(CheckpointPrefixFor(c_.checkpoint_dir, step_) + ".ckpt"));

@@ -46,6 +46,11 @@ struct StepReport {
   double seconds = 0;
 };
 
+// An error when a step's loss is nan or infinite: training diverged. A step whose gradients
+// are not finite changes no weight, so every later step would be nan too; only f16's loss
+// scaler may skip such steps and go on (as GradScaler does), its loss scale lowered.
+absl::Status CheckNotDiverged(const StepReport& r, DType dtype);
+
 class Trainer {
  public:
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& c);

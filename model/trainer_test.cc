@@ -1,5 +1,10 @@
 #include "model/trainer.h"
 
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
 #include "gtest/gtest.h"
 #include "model/test_configs.h"
 
@@ -17,14 +22,20 @@ TEST(TrainerTest, LossFallsOnTheDefaultCorpus) {
   EXPECT_LT(tail, 3.5f);
 }
 
-TEST(TrainerTest, SameSeedSameBits) {
+// A small MLP's training, `steps` steps of batch 4.
+TrainConfig SmallMlp(int steps) {
   TrainConfig c;
   c.model = *ModelPreset("mlp");
   c.model.n_layer = 2;
   c.model.d_model = 32;
   c.model.seq_len = 16;
   c.batch = 4;
-  c.steps = 3;
+  c.steps = steps;
+  return c;
+}
+
+TEST(TrainerTest, SameSeedSameBits) {
+  const TrainConfig c = SmallMlp(3);
   std::vector<float> a, b;
   ASSERT_TRUE((*Trainer::Create(c))->Run([&](const StepReport& r) { a.push_back(r.loss); }).ok());
   ASSERT_TRUE((*Trainer::Create(c))->Run([&](const StepReport& r) { b.push_back(r.loss); }).ok());
@@ -47,6 +58,40 @@ TEST(TrainerTest, MicroBatchesMustDivideTheBatch) {
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("--micro-batches=4 must divide --batch=10"),
             std::string::npos);
+}
+
+TEST(TrainerTest, ADivergedRunStopsWithTheStepAndTheFix) {
+  TrainConfig c = SmallMlp(10);
+  c.optimizer.lr = 1e10f;  // the first update makes every weight huge
+  c.optimizer.warmup_steps = 0;
+  c.optimizer.clip_norm = 0;
+  std::vector<float> losses;
+  const absl::Status s =
+      (*Trainer::Create(c))->Run([&](const StepReport& r) { losses.push_back(r.loss); });
+  ASSERT_FALSE(s.ok());
+  ASSERT_GE(losses.size(), 2u);
+  EXPECT_TRUE(std::isfinite(losses.front()));
+  EXPECT_FALSE(std::isfinite(losses.back()));
+  EXPECT_NE(s.message().find(absl::StrCat("step ", losses.size(), ": the loss is ")),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("training diverged"), std::string::npos);
+  EXPECT_NE(s.message().find("lower --lr"), std::string::npos);
+}
+
+TEST(TrainerTest, OnlyF16sLossScalerSkipsANonFiniteStepAndGoesOn) {
+  StepReport r;
+  r.step = 4;
+  r.loss = std::numeric_limits<float>::infinity();
+  r.skipped = true;
+  EXPECT_TRUE(CheckNotDiverged(r, DType::kF16).ok());
+  EXPECT_EQ(CheckNotDiverged(r, DType::kBF16).message(),
+            "step 5: the loss is infinite: training diverged (learning rate 0); lower --lr and "
+            "start again, or resume from a checkpoint older than step 4");
+  r.skipped = false;
+  EXPECT_FALSE(CheckNotDiverged(r, DType::kF16).ok());
+  r.loss = 2;
+  EXPECT_TRUE(CheckNotDiverged(r, DType::kF32).ok());
 }
 
 }  // namespace

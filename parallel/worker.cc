@@ -352,6 +352,8 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       progress->report.memory_allocated_bytes = mem.allocated_bytes;
       progress->report.memory_peak_bytes = mem.peak_allocated_bytes;
     }
+    // Before a checkpoint could keep its weights.
+    RETURN_IF_ERROR(CheckNotDiverged(r, pc.train.dtype));
     bool saved = false;
     if (job.checkpoint_every > 0 &&
         (trainer->step() % job.checkpoint_every == 0 || trainer->step() == job.steps)) {

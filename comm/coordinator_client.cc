@@ -134,6 +134,7 @@ class CoordinatorClient::Impl {
     req.set_collective_issued(r.collective_issued);
     req.set_collective_completed(r.collective_completed);
     req.set_finished(r.finished);
+    req.set_device(r.device);
     rpc::Metrics* m = req.mutable_metrics();
     m->set_loss(r.loss);
     m->set_step_time_ms(r.step_time_ms);

@@ -59,6 +59,7 @@ struct WorkerReport {
   int64_t memory_allocated_bytes = 0;
   int64_t memory_peak_bytes = 0;
   bool finished = false;
+  std::string device;  // known after registration, from the job's configuration
 };
 
 // The job's abort state as a heartbeat answers it, and whether workers are asked to stop

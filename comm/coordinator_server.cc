@@ -327,6 +327,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
     GRPC_RETURN_IF_ERROR_(CheckWorkerRank("Heartbeat", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckText("Heartbeat: phase", req->phase(), kMaxTextBytes, false));
+    GRPC_RETURN_IF_ERROR_(CheckText("Heartbeat: device", req->device(), kMaxTextBytes, false));
     if (req->step() < 0) return Invalid(absl::StrCat("Heartbeat: step ", req->step(), " < 0"));
     if (req->collective_completed() > req->collective_issued()) {
       return Invalid(absl::StrFormat("Heartbeat: collective %d completed but only %d issued",
@@ -345,6 +346,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
     r.completed = req->collective_completed();
     r.metrics = req->metrics();
     r.finished = r.finished || req->finished();
+    if (!req->device().empty()) r.device = req->device();
     r.last_heard = clock_->Now();
     resp->set_aborted(aborted_);
     resp->set_abort_reason(abort_reason_);

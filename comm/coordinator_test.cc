@@ -321,6 +321,20 @@ TEST_F(CoordinatorTest, FinishedRanksAreNotDeclaredHung) {
   EXPECT_FALSE(server_->aborted()) << server_->abort_reason();
 }
 
+TEST_F(CoordinatorTest, TheDeviceAWorkerLearnsAfterRegistrationReachesTheStatus) {
+  StartServer(2);
+  auto clients = RegisterAll();  // registered with device "cpu"
+  WorkerReport r;
+  r.device = "cuda:1";
+  ASSERT_TRUE(clients[1]->Heartbeat(r).ok());
+  r.device = "";  // a report without one keeps the last
+  ASSERT_TRUE(clients[1]->Heartbeat(r).ok());
+  const rpc::GetStatusResponse st = server_->Status();
+  ASSERT_EQ(st.ranks_size(), 2);
+  EXPECT_EQ(st.ranks(0).device(), "cpu");
+  EXPECT_EQ(st.ranks(1).device(), "cuda:1");
+}
+
 TEST_F(CoordinatorTest, UnregisteredRanksAbortAfterTheRegistrationTimeout) {
   ManualClock clock;
   CoordinatorServerOptions o;

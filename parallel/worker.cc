@@ -250,6 +250,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   {
     std::lock_guard<std::mutex> lock(progress->mu);
     progress->report.phase = "init";
+    progress->report.device = device.ToString();
   }
   RETURN_IF_ERROR(client->StartHeartbeats(
       [progress] {

@@ -158,12 +158,25 @@ std::string LauncherProblems(const std::string& output, int code) {
       if (absl::StartsWith(l, "launcher: ")) picked.push_back(l.substr(10));
     }
   } else {
-    bool in_tail = false;  // the failed rank's last log lines follow "last 20 lines of"
-    for (const std::string& l : lines) {
+    // From the line that says the job or a rank failed: the lines before it say what the run
+    // was and needed (its memory, the CPU fallback), not why it failed.
+    size_t start = 0;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const std::string& l = lines[i];
+      if (absl::StartsWith(l, "launcher: the job failed") ||
+          (absl::StartsWith(l, "launcher: rank ") && absl::StrContains(l, " failed"))) {
+        start = i;
+        break;
+      }
+    }
+    bool in_tail = false;  // the failed rank's last log lines follow "... lines of <log>:"
+    for (size_t i = start; i < lines.size(); ++i) {
+      const std::string& l = lines[i];
       if (absl::StartsWith(l, "launcher: ")) {
-        in_tail = absl::StrContains(l, "last 20 lines of");
-        const bool info =
-            absl::StartsWith(l, "launcher: no GPU visible") || absl::StrContains(l, "; run dir ");
+        in_tail = absl::EndsWith(l, ".log:");
+        const bool info = absl::StartsWith(l, "launcher: no GPU visible") ||
+                          absl::StartsWith(l, "launcher: memory: ") ||
+                          absl::StrContains(l, "; run dir ");
         if (!info) picked.push_back(l.substr(10));
       } else if (in_tail && absl::StartsWith(l, "    ")) {
         picked.push_back(l);
@@ -385,7 +398,8 @@ int Main(int argc, char** argv) {
     }
     if (*code != 0) {
       e.error = LauncherMessage(log, *code);
-      std::printf("did not run (%.0f s): %s\n", secs, FirstLineOf(e.error).c_str());
+      std::printf("%s (%.0f s): %s\n", *code == 2 ? "did not run" : "failed", secs,
+                  FirstLineOf(e.error).c_str());
     } else {
       absl::StatusOr<RunData> data = ReadRun(dir);
       if (!data.ok()) {

@@ -24,14 +24,17 @@ void ProgressTracker::Add(int rank, const StepRecord& r) {
     has_rank0_ = true;
   }
   peak_bytes_ = std::max(peak_bytes_, r.peak_bytes);
+  if (rank < 0 || rank >= ranks_) return;
   auto& p = pending_[r.step];
+  if (p.second.empty()) p.second.assign(ranks_, 0.0);
   p.first += 1;
-  p.second = std::max(p.second, r.seconds);
+  p.second[rank] = r.seconds;
   if (p.first < ranks_) return;
   // Every rank reported this step.
   ++completed_;
-  completed_seconds_ += p.second;
-  first_.push_back({r.step, p.second});
+  if (completed_seconds_.empty()) completed_seconds_.assign(ranks_, 0.0);
+  for (int k = 0; k < ranks_; ++k) completed_seconds_[k] += p.second[k];
+  first_.push_back({r.step, std::move(p.second)});
   std::sort(first_.begin(), first_.end());
   if (first_.size() > static_cast<size_t>(kWarmupSteps)) first_.pop_back();
   pending_.erase(r.step);
@@ -39,10 +42,16 @@ void ProgressTracker::Add(int rank, const StepRecord& r) {
 
 double ProgressTracker::MeanStepSeconds() const {
   if (completed_ == 0) return 0;
-  if (completed_ <= kWarmupSteps) return completed_seconds_ / completed_;
-  double counted = completed_seconds_;
-  for (const auto& f : first_) counted -= f.second;  // the warm-up steps, lowest first
-  return counted / (completed_ - kWarmupSteps);
+  const bool warmup = completed_ > kWarmupSteps;  // left out when later steps exist
+  double slowest = 0;
+  for (int k = 0; k < ranks_; ++k) {
+    double counted = completed_seconds_[k];
+    if (warmup) {
+      for (const auto& f : first_) counted -= f.second[k];  // the warm-up steps
+    }
+    slowest = std::max(slowest, counted);
+  }
+  return slowest / (warmup ? completed_ - kWarmupSteps : completed_);
 }
 
 ProgressState ProgressTracker::State() const {

@@ -31,11 +31,10 @@ struct ProgressState {
 // The progress line, without a newline.
 std::string FormatProgress(const ProgressState& s);
 
-// Follows the steps as workers report them, in constant time per record: rank 0's step and
-// loss (the global loss), the slowest rank's step time averaged as MeanStepSeconds does
-// (report.h: steps every rank completed, the first kWarmupSteps left out when later ones
-// exist), and
-// the largest peak memory of any rank.
+// Follows the steps as workers report them, in constant time per record (per rank for a
+// step every rank completed): rank 0's step and loss (the global loss), the slowest rank's
+// mean step as MeanStepSeconds computes it (report.h: steps every rank completed, the first
+// kWarmupSteps left out when later ones exist), and the largest peak memory of any rank.
 class ProgressTracker {
  public:
   ProgressTracker(int ranks, int total, int64_t tokens_per_step)
@@ -50,11 +49,12 @@ class ProgressTracker {
   bool has_rank0_ = false;
   StepRecord last_rank0_;
   int64_t peak_bytes_ = -1;
-  std::map<int, std::pair<int, double>> pending_;  // step -> (ranks reported, max seconds)
+  // step -> (ranks reported, each rank's seconds)
+  std::map<int, std::pair<int, std::vector<double>>> pending_;
   int completed_ = 0;
-  double completed_seconds_ = 0;
-  // the kWarmupSteps lowest completed steps (step, seconds)
-  std::vector<std::pair<int, double>> first_;
+  std::vector<double> completed_seconds_;  // per rank, over the completed steps
+  // the kWarmupSteps lowest completed steps (step, each rank's seconds)
+  std::vector<std::pair<int, std::vector<double>>> first_;
 };
 
 // The tracker's state after `ranks` (per rank, in order).

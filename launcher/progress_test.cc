@@ -62,6 +62,17 @@ TEST(ComputeProgress, FromRecords) {
     for (const StepRecord& x : ranks[r]) t.Add(r, x);
   }
   EXPECT_DOUBLE_EQ(t.MeanStepSeconds(), MeanStepSeconds(ranks));
+  // Ranks that take turns waiting for each other: the slowest rank's mean, as run.json's.
+  const std::vector<std::vector<StepRecord>> turns = {
+      {Rec(0, 5, 9, 1), Rec(1, 5, 9, 1), Rec(2, 5, 1, 1), Rec(3, 5, 3, 1), Rec(4, 5, 1, 1)},
+      {Rec(0, 5, 9, 1), Rec(1, 5, 9, 1), Rec(2, 5, 3, 1), Rec(3, 5, 1, 1), Rec(4, 5, 3.5, 1)},
+  };
+  ProgressTracker u(2, 100, 256);
+  for (size_t step = 0; step < turns[0].size(); ++step) {
+    for (int r = 0; r < 2; ++r) u.Add(r, turns[r][step]);
+  }
+  EXPECT_DOUBLE_EQ(u.MeanStepSeconds(), 2.5);  // rank 1's (3 + 1 + 3.5) / 3
+  EXPECT_DOUBLE_EQ(u.MeanStepSeconds(), MeanStepSeconds(turns));
   const ProgressState none = ComputeProgress({{}, {}}, 100, 256);
   EXPECT_EQ(none.step, 0);
   EXPECT_FALSE(none.has_loss);

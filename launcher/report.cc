@@ -201,20 +201,25 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
 }
 
 std::vector<double> CountedStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {
-  std::map<int, std::pair<size_t, double>> per_step;  // step -> (ranks seen, max seconds)
+  std::map<int, std::vector<double>> per_step;  // step -> each rank's seconds, rank order
   for (const auto& rank : ranks) {
-    for (const StepRecord& s : rank) {
-      auto& e = per_step[s.step];
-      e.first += 1;
-      e.second = std::max(e.second, s.seconds);
-    }
+    for (const StepRecord& s : rank) per_step[s.step].push_back(s.seconds);
   }
-  std::vector<double> secs;
+  std::vector<std::vector<double>> by_rank(ranks.size());
   for (const auto& kv : per_step) {
-    if (kv.second.first == ranks.size()) secs.push_back(kv.second.second);
+    if (kv.second.size() != ranks.size()) continue;
+    for (size_t r = 0; r < ranks.size(); ++r) by_rank[r].push_back(kv.second[r]);
   }
-  secs.erase(secs.begin(), secs.begin() + WarmupStepsOf(secs.size()));
-  return secs;
+  // The slowest rank: the one with the largest sum, which is the mean's order.
+  std::vector<double> slowest;
+  double slowest_sum = -1;
+  for (std::vector<double>& secs : by_rank) {
+    secs.erase(secs.begin(), secs.begin() + WarmupStepsOf(secs.size()));
+    double sum = 0;
+    for (double s : secs) sum += s;
+    if (sum > slowest_sum) slowest_sum = sum, slowest = std::move(secs);
+  }
+  return slowest;
 }
 
 double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks) {

@@ -99,7 +99,9 @@ inline size_t WarmupStepsOf(size_t n) {
   return n > static_cast<size_t>(kWarmupSteps) ? kWarmupSteps : 0;
 }
 // The slowest rank's seconds for each step every rank completed, in step order, warm-up
-// steps left out.
+// steps left out: of the rank whose mean step is the longest (ranks that wait for each other
+// take turns being slowest in a step, so the slowest in every step would add up to more
+// than any rank took).
 std::vector<double> CountedStepSeconds(const std::vector<std::vector<StepRecord>>& ranks);
 // The mean of CountedStepSeconds; 0 when there are none.
 double MeanStepSeconds(const std::vector<std::vector<StepRecord>>& ranks);

@@ -144,6 +144,17 @@ TEST(Throughput, SlowestRankFirstStepsLeftOut) {
   EXPECT_EQ(TokensPerSecond({{}}, 100), 0);
 }
 
+TEST(Throughput, RanksThatTakeTurnsWaitingAreNotAddedUpAsSlowestInEveryStep) {
+  // Each rank waits for the other every second step: each takes 2 s a step on average, and
+  // the job 2 s a step; the slowest of each step would say 3.
+  const std::vector<std::vector<StepRecord>> ranks = {
+      {Rec(0, 5, 9), Rec(1, 5, 9), Rec(2, 5, 1), Rec(3, 5, 3), Rec(4, 5, 1), Rec(5, 5, 3)},
+      {Rec(0, 5, 9), Rec(1, 5, 9), Rec(2, 5, 3), Rec(3, 5, 1), Rec(4, 5, 3), Rec(5, 5, 1.5)},
+  };
+  EXPECT_DOUBLE_EQ(MeanStepSeconds(ranks), 2.125);  // rank 1's (3 + 1 + 3 + 1.5) / 4
+  EXPECT_THAT(CountedStepSeconds(ranks), testing::ElementsAre(3, 1, 3, 1.5));
+}
+
 TEST(Totals, SumsAndPeak) {
   const RankTotals t = Totals(1, {Rec(0, 5, 1, 100), Rec(1, 4, 2, 300), Rec(2, 3, 1, 200)});
   EXPECT_EQ(t.rank, 1);

@@ -624,10 +624,15 @@ std::string Intro(const Report& r) {
   if (r.model.empty()) return "No run completed; each run's message is below.";
   return absl::StrFormat(
       "Model %s on %s, global batch %d, %d steps, seed %s; every strategy on %d workers, the "
-      "baseline on one; host with %d cores. Throughput and per-step means leave out the first "
-      "%d steps (warm-up).",
+      "baseline on one; host with %d cores. %s",
       r.model, r.device.empty() ? "-" : r.device, r.batch, r.steps, r.seed.empty() ? "-" : r.seed,
-      r.gpus, r.host_cores, launcher::kWarmupSteps);
+      r.gpus, r.host_cores,
+      launcher::WarmupStepsOf(r.steps) > 0
+          ? absl::StrFormat("Throughput and per-step means leave out the first %d steps "
+                            "(warm-up).",
+                            launcher::WarmupStepsOf(r.steps))
+          : "With so few steps, throughput and per-step means count every step, the first "
+            "(warm-up) too.");
 }
 
 constexpr char kMeasured[] =
@@ -684,7 +689,8 @@ std::string MarkdownReport(const Report& r) {
         LossDeviation(f), Cell(f.recommendation));
   }
   out +=
-      "\nStep-time columns are per-step means over the ranks; the tables below give each rank.\n\n";
+      "\nThe step column is the slowest rank's mean step (throughput's); compute, exposed "
+      "communication and bubble are means over the ranks; the tables below give each rank.\n\n";
   for (const Chart& c : r.charts) absl::StrAppendFormat(&out, "![%s](%s)\n\n", c.title, c.file);
   out +=
       "## One training step, per rank\n\n"
@@ -741,7 +747,7 @@ std::string JsonReport(const Report& r) {
   w.Key("steps").Int(r.steps);
   w.Key("seed").String(r.seed);
   w.Key("host_cores").Int(r.host_cores);
-  w.Key("warmup_steps_excluded").Int(launcher::kWarmupSteps);
+  w.Key("warmup_steps_excluded").Int(static_cast<int64_t>(launcher::WarmupStepsOf(r.steps)));
   w.Key("command").String(r.command);
   w.Key("created").String(r.created);
   w.Key("summary").BeginArray();

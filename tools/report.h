@@ -79,7 +79,7 @@ struct Figures {
   int workers = 0;
   int micro_batches = 1;
   int steps = 0;              // completed
-  double step_seconds = 0;    // slowest rank per step, mean over steps after warm-up
+  double step_seconds = 0;    // the slowest rank's mean step, warm-up left out
   double step_variation = 0;  // their standard deviation / mean: high on a busy host
   double tokens_per_second = 0;
   double speedup = 0;          // tokens/s over the baseline's

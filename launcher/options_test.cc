@@ -322,8 +322,8 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   const ParallelConfig pc = *j.ToParallelConfig(Device::Cpu());
   const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, 2), 2);
   EXPECT_EQ(needs[1].total(), needs[0].total());  // replicas
-  // Both workers' model state and activations, and the temporaries of one at a time.
-  const int64_t both = 2 * needs[0].total() - needs[0].workspace;
+  // Both workers' model state, activations and temporaries: each keeps its own.
+  const int64_t both = 2 * needs[0].total();
   h.available_memory = both;
   absl::StatusOr<LaunchPlan> p = Validate(o, h);
   ASSERT_TRUE(p.ok()) << p.status();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include "absl/strings/ascii.h"
@@ -68,7 +69,7 @@ absl::Status ParseFlatObject(absl::string_view s, std::map<std::string, double>*
       } else if (v == "false") {
         (*numbers)[key] = 0;
       } else if (v == "null") {
-        // absent
+        (*numbers)[key] = std::numeric_limits<double>::quiet_NaN();  // JSON's nan or inf
       } else if (absl::SimpleAtod(v, &d)) {
         (*numbers)[key] = d;
       } else {
@@ -444,6 +445,9 @@ std::string RunJson(const RunRecord& r) {
   const std::vector<StepRecord>& rank0 = r.ranks.empty() ? empty : r.ranks[0];
   // Rank 0's loss is the global batch's (every strategy reduces it).
   w.Key("first_step").Int(rank0.empty() ? 0 : rank0.front().step);  // the step of losses[0]
+  // This run's figures (step times, throughput, the ranks' totals) are of its own steps: from
+  // the step it started (or resumed) at; losses[] also holds the earlier runs' it continues.
+  w.Key("figures_from_step").Int(r.first_step);
   w.Key("losses").BeginArray();
   for (const StepRecord& s : rank0) w.Number(s.loss);
   w.EndArray();
@@ -517,7 +521,9 @@ std::string SummaryTable(const RunRecord& r) {
   absl::StrAppendFormat(&out, "steps       %d/%d\n", rank0 ? static_cast<int>(rank0->size()) : 0,
                         r.job.steps);
   if (rank0 != nullptr && !rank0->empty()) {
-    absl::StrAppendFormat(&out, "final loss  %.4f\n", rank0->back().loss);
+    const double loss = rank0->back().loss;
+    absl::StrAppendFormat(&out, "final loss  %s\n",
+                          std::isfinite(loss) ? absl::StrFormat("%.4f", loss) : "nan (diverged)");
   }
   absl::StrAppendFormat(&out, "throughput  %s tok/s\n", tps > 0 ? FormatThousands(tps) : "-");
   absl::StrAppendFormat(&out, "wall time   %s\n", FormatDuration(r.wall_seconds));

@@ -110,6 +110,18 @@ TEST(ReadMetricsFile, LastRecordOfAStepWins) {
   EXPECT_DOUBLE_EQ(r[1].loss, 3);
 }
 
+TEST(ParseMetricsLine, NullIsNotANumber) {
+  // A diverged step: the worker writes its nan loss and norm as JSON's null.
+  const absl::StatusOr<StepRecord> r =
+      ParseMetricsLine("{\"step\": 2, \"loss\": null, \"seconds\": 0.1, \"grad_norm\": null}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(std::isnan(r->loss));
+  RunRecord run;
+  run.ranks = {{*r}};
+  EXPECT_THAT(RunJson(run), HasSubstr("\"losses\": [null]"));
+  EXPECT_THAT(SummaryTable(run), HasSubstr("final loss  nan (diverged)"));
+}
+
 TEST(TruncateMetricsFile, KeepsTheStepsBeforeTheResumedOne) {
   const std::string path = FreshTestPath("rank-0.jsonl");
   std::ofstream(path) << "{\"step\": 0, \"loss\": 5, \"seconds\": 1}\n"
@@ -237,6 +249,7 @@ TEST(RunJson, AResumedRunsFiguresAreOfItsOwnSteps) {
   }
   const std::string json = RunJson(r);
   EXPECT_THAT(json, HasSubstr("\"first_step\": 0"));
+  EXPECT_THAT(json, HasSubstr("\"figures_from_step\": 5"));
   EXPECT_THAT(json, HasSubstr("\"losses\": [5, 4.5, 4, 3.5, 3, 1, 1, 1]"));
   EXPECT_THAT(json, HasSubstr("\"step_seconds_mean\": 1,"));
   EXPECT_THAT(json, HasSubstr("\"bubble_fraction_measured\": 0,"));

@@ -18,7 +18,7 @@ MemoryNeed& MemoryNeed::operator+=(const MemoryNeed& o) {
   grads += o.grads;
   optimizer += o.optimizer;
   activations += o.activations;
-  workspace = std::max(workspace, o.workspace);  // short-lived: peaks need not meet
+  workspace += o.workspace;
   in_flight = std::max(in_flight, o.in_flight);
   return *this;
 }

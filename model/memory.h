@@ -27,8 +27,9 @@ struct MemoryNeed {
   int64_t workspace = 0;    // temporaries and op scratch on top of the activations, at peak
   int in_flight = 1;        // micro-batches whose activations are held at once
   int64_t total() const { return params + grads + optimizer + activations + workspace; }
-  // Adds another worker's need on the same memory (in_flight and workspace: the most of the
-  // two; two workers' temporaries need not peak at once).
+  // Adds another worker's need on the same memory: all of it, temporaries too (each worker's
+  // caching allocator keeps what it took at its peak, and replicas peak at the same time);
+  // in_flight is the most of the two.
   MemoryNeed& operator+=(const MemoryNeed& o);
 };
 

@@ -14,6 +14,7 @@
 #include <cerrno>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -49,6 +50,11 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace tandem {
 namespace {
+
+// `v` with `digits` significant digits, or null where JSON has no number for it (nan, inf).
+std::string JsonNumber(double v, int digits) {
+  return std::isfinite(v) ? absl::StrFormat("%.*g", digits, v) : "null";
+}
 
 // Set by SIGTERM (what Slurm and the launcher send before stopping a job): finish the
 // current step, checkpoint, exit with kPreemptedExitCode.
@@ -331,17 +337,17 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     const bool terminated = g_terminate.load();
     const AllocatorStats mem = allocator->stats();
     metrics << absl::StrFormat(
-                   "{\"step\": %d, \"loss\": %.9g, \"seconds\": %.6f, \"compute\": %.6f, "
+                   "{\"step\": %d, \"loss\": %s, \"seconds\": %.6f, \"compute\": %.6f, "
                    "\"comm\": %.6f, \"exposed_comm\": %.6f, \"bubble\": %.6f, \"optimizer\": %.6f, "
                    "\"peak_in_flight\": %d, "
-                   "\"comm_bytes\": %d, \"sequence\": %d, \"lr\": %.6g, \"grad_norm\": %.6g, "
+                   "\"comm_bytes\": %d, \"sequence\": %d, \"lr\": %.6g, \"grad_norm\": %s, "
                    "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d, "
                    "\"param_bytes\": %d, \"grad_bytes\": %d, \"optimizer_bytes\": %d}",
-                   r.step, r.loss, r.seconds, t.compute_seconds, t.comm_seconds,
+                   r.step, JsonNumber(r.loss, 9), r.seconds, t.compute_seconds, t.comm_seconds,
                    t.exposed_comm_seconds, t.bubble_seconds, t.optimizer_seconds, t.peak_in_flight,
-                   t.comm_bytes, t.last_sequence, r.lr, r.grad_norm, r.skipped ? "true" : "false",
-                   mem.allocated_bytes, mem.peak_allocated_bytes, state.params, state.grads,
-                   state.optimizer)
+                   t.comm_bytes, t.last_sequence, r.lr, JsonNumber(r.grad_norm, 6),
+                   r.skipped ? "true" : "false", mem.allocated_bytes, mem.peak_allocated_bytes,
+                   state.params, state.grads, state.optimizer)
             << std::endl;
     {
       std::lock_guard<std::mutex> lock(progress->mu);

@@ -314,6 +314,15 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   // Memory the model state holds (the rest of the peak is activations and workspace).
   const MemoryNeed& state = trainer->memory().need;
   Profiler::Enable(job.profile);
+  // A run that fails (an error, another rank's abort) keeps what it recorded: its trace
+  // shows where it stopped.
+  absl::Cleanup profile_on_failure = [&] {
+    if (!job.profile) return;
+    Profiler::Enable(false);
+    if (absl::Status s = WriteProfile(job.run_dir, rank); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    }
+  };
   while (trainer->step() < job.steps) {
     if (rank == crash_rank && trainer->step() == crash_step) {
       struct stat st;
@@ -384,6 +393,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       break;
     }
   }
+  std::move(profile_on_failure).Cancel();
   if (job.profile) {
     Profiler::Enable(false);
     RETURN_IF_ERROR(WriteProfile(job.run_dir, rank));

@@ -26,9 +26,10 @@ bool LooksLikeFlag(absl::string_view arg) {
 }
 
 // True for a word that may be the value of the flag before it: not "--x" ("-x" may be, as
-// in --data -file).
+// in --data -file; and a word with a space is no flag: --mpirun-args "--mca btl tcp").
 bool CanBeValue(absl::string_view word) {
-  return !(absl::StartsWith(word, "--") && LooksLikeFlag(word));
+  return !(absl::StartsWith(word, "--") && LooksLikeFlag(word)) ||
+         word.find_first_of(" \t") != absl::string_view::npos;
 }
 
 struct FlagWord {

@@ -124,9 +124,12 @@ TEST(ParseFlags, AFlagMissingItsValueDoesNotTakeTheNextFlag) {
   bool help;
   EXPECT_EQ(ParseFlags({"--model", "--check"}, &help).message(),
             "--model needs a value: --model=VALUE");
-  ASSERT_TRUE(ParseFlags({"--data", "-my-file", "--lr", "-1"}, &help).ok());
+  ASSERT_TRUE(
+      ParseFlags({"--data", "-my-file", "--lr", "-1", "--mpirun-args", "--mca btl self,tcp"}, &help)
+          .ok());
   EXPECT_EQ(OptionsFromFlags().job.data, "-my-file");
   EXPECT_EQ(OptionsFromFlags().job.lr, -1);
+  EXPECT_EQ(OptionsFromFlags().mpirun_args, "--mca btl self,tcp");
 }
 
 TEST(ParseFlags, OtherLibrariesFlagsAreUnknown) {

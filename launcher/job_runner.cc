@@ -81,6 +81,15 @@ class Runner {
     const int n = job.workers;
     const bool cpu = job.device == "cpu";
     const std::string run_dir = job.run_dir;
+    // This attempt writes the steps from the one it starts at (its checkpoint's, else 0)
+    // again: the records an earlier attempt or run left of them go (of every rank it had),
+    // before any worker opens its file.
+    const int from = job.resume.empty() ? 0 : CheckpointStep(job.resume);
+    for (int r = 0;; ++r) {
+      const std::string path = absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r);
+      if (!PathExists(path)) break;
+      RETURN_IF_ERROR(TruncateMetricsFile(path, from));
+    }
     // A fresh coordinator and token for every start.
     ASSIGN_OR_RETURN(std::string token, GenerateJobToken());
     CoordinatorServerOptions co;
@@ -115,16 +124,6 @@ class Runner {
     const std::string mpirun_log = absl::StrCat(run_dir, "/logs/mpirun.log");
     ASSIGN_OR_RETURN(std::unique_ptr<Process> mpirun, Process::Start(argv, env, mpirun_log));
 
-    // A run resumed from step S writes steps S and later again: the records an earlier run
-    // left of them go (of every rank that run had), so that each step's is this run's.
-    if (!job.resume.empty()) {
-      const int from = CheckpointStep(job.resume);
-      for (int r = 0;; ++r) {
-        const std::string path = absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r);
-        if (!PathExists(path)) break;
-        RETURN_IF_ERROR(TruncateMetricsFile(path, from));
-      }
-    }
     // Follow the job: the metrics lines added from now on (a resumed or restarted run
     // appends to files holding earlier steps; run.json reads them whole at the end).
     std::vector<MetricsTail> tails;

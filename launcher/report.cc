@@ -98,9 +98,10 @@ absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
   std::map<std::string, double> v;
   absl::Status s = ParseFlatObject(line, &v);
   if (!s.ok()) return s;
-  if (v.count("step") == 0 || v.count("loss") == 0 || v.count("seconds") == 0) {
+  if (v.count("step") == 0 || v.count("loss") == 0 || v.count("seconds") == 0 ||
+      !std::isfinite(v["step"]) || !std::isfinite(v["seconds"])) {
     return absl::InvalidArgumentError(
-        absl::StrCat("metrics line without step, loss or seconds: ", line));
+        absl::StrCat("metrics line without a step, loss or seconds (numbers): ", line));
   }
   auto get = [&](const char* k) { return v.count(k) ? v[k] : 0.0; };
   StepRecord r;
@@ -173,11 +174,16 @@ absl::Status TruncateMetricsFile(const std::string& path, int from) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::OkStatus();
   std::string kept, line;
+  bool dropped = false;
   while (std::getline(in, line)) {
     const absl::StatusOr<StepRecord> r = ParseMetricsLine(line);
-    if (r.ok() && r->step < from) absl::StrAppend(&kept, line, "\n");
+    if (r.ok() && r->step < from && !in.eof()) {  // a last line without '\n' was cut short
+      absl::StrAppend(&kept, line, "\n");
+    } else {
+      dropped = true;
+    }
   }
-  return WriteFileAtomically(path, kept);
+  return dropped ? WriteFileAtomically(path, kept) : absl::OkStatus();
 }
 
 RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {

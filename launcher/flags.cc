@@ -25,13 +25,6 @@ bool LooksLikeFlag(absl::string_view arg) {
   return c != '\0' && !absl::ascii_isdigit(c) && c != '.';
 }
 
-// True for a word that may be the value of the flag before it: not "--x" ("-x" may be, as
-// in --data -file; and a word with a space is no flag: --mpirun-args "--mca btl tcp").
-bool CanBeValue(absl::string_view word) {
-  return !(absl::StartsWith(word, "--") && LooksLikeFlag(word)) ||
-         word.find_first_of(" \t") != absl::string_view::npos;
-}
-
 struct FlagWord {
   std::string dashes;
   std::string name;  // as written
@@ -51,6 +44,21 @@ FlagWord SplitFlagWord(absl::string_view arg) {
     w.value = std::string(rest.substr(eq + 1));
   }
   return w;
+}
+
+// True for a word that may be the value of the flag before it: anything but "--" and the
+// program's own flags (and --help): "--data -file", "--mpirun-args --oversubscribe" and
+// "--mpirun-args '--mca btl tcp'" take theirs; "--model --check" is --model without one.
+bool CanBeValue(const FlagSet& flags, absl::string_view word) {
+  if (word == "--") return false;
+  if (!LooksLikeFlag(word) || word.find_first_of(" \t") != absl::string_view::npos) return true;
+  const std::string name = SplitFlagWord(RewriteFlagName(word)).name;
+  if (name == "help" || name == "h" || name == "helpfull" || flags.Find(name) != nullptr) {
+    return false;
+  }
+  const absl::CommandLineFlag* positive =
+      absl::StartsWith(name, "no") ? flags.Find(name.substr(2)) : nullptr;
+  return positive == nullptr || !positive->IsOfType<bool>();
 }
 
 // True when the flag named by this (rewritten) word takes the next word as its value.
@@ -88,7 +96,7 @@ std::vector<std::string> RewriteArgs(const FlagSet& flags, const std::vector<std
   std::vector<std::string> out;
   bool rest_verbatim = false, next_is_value = false;
   for (const std::string& a : args) {
-    if (rest_verbatim || (next_is_value && CanBeValue(a)) || !LooksLikeFlag(a)) {
+    if (rest_verbatim || (next_is_value && CanBeValue(flags, a)) || !LooksLikeFlag(a)) {
       next_is_value = false;
       if (a == "--") rest_verbatim = true;
       out.push_back(a);
@@ -146,7 +154,7 @@ absl::Status ParseFlags(const FlagSet& flags, const std::vector<std::string>& ra
     if (!w.has_value && value.empty()) {
       if (f->IsOfType<bool>()) {
         value = "true";
-      } else if (i + 1 < args.size() && CanBeValue(args[i + 1])) {
+      } else if (i + 1 < args.size() && CanBeValue(flags, raw_args[i + 1])) {
         value = args[++i];
       } else {
         const std::string type = TypeWord(*f);

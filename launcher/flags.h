@@ -32,9 +32,9 @@ std::vector<std::string> RewriteArgs(const FlagSet& flags, const std::vector<std
 
 // Parses the command line (without argv[0]) into `flags`. Sets *help when --help (or -h) was
 // given. An error's message holds one line per problem (unknown flag, bad or missing value,
-// stray argument), every problem found. A flag's value is never a word that looks like a
-// flag ("--x", no space in it): "--model --steps=3" is --model without a value, not
-// --model=--steps=3; --mpirun-args "--mca btl tcp" takes its value.
+// stray argument), every problem found. A flag's value is never "--" or one of the
+// program's own flags: "--model --steps=3" is --model without a value, not
+// --model=--steps=3; --mpirun-args --oversubscribe takes its value.
 absl::Status ParseFlags(const FlagSet& flags, const std::vector<std::string>& args, bool* help);
 
 // `usage` (lines ending in '\n'), then every flag with its hyphenated name, default and help.

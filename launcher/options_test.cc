@@ -113,9 +113,9 @@ TEST(ParseFlags, EveryProblemOneLine) {
                                  "--gpus=abc: not a valid value; expected an integer",
                                  "unexpected argument 'stray': flags are written --name=value (see "
                                  "--help)",
-                                 // a word starting with "--" is never the value before it
-                                 "--steps needs a value (an integer): --steps=VALUE",
-                                 "unknown flag --no-gpus (see --help)",
+                                 // --no-gpus is no flag of the launcher's (--gpus takes a
+                                 // number): the value of --steps
+                                 "--steps=--no-gpus: not a valid value; expected an integer",
                                  "--lr=fast: not a valid value; expected a number"));
 }
 
@@ -130,6 +130,14 @@ TEST(ParseFlags, AFlagMissingItsValueDoesNotTakeTheNextFlag) {
   EXPECT_EQ(OptionsFromFlags().job.data, "-my-file");
   EXPECT_EQ(OptionsFromFlags().job.lr, -1);
   EXPECT_EQ(OptionsFromFlags().mpirun_args, "--mca btl self,tcp");
+  // A word that is not one of the launcher's flags is a value: mpirun's options are.
+  ASSERT_TRUE(ParseFlags({"--mpirun-args", "--oversubscribe", "--no-overlap"}, &help).ok());
+  EXPECT_EQ(OptionsFromFlags().mpirun_args, "--oversubscribe");
+  EXPECT_FALSE(OptionsFromFlags().job.overlap);
+  EXPECT_EQ(ParseFlags({"--model", "--no-overlap"}, &help).message(),
+            "--model needs a value: --model=VALUE");
+  EXPECT_EQ(ParseFlags({"--model", "--", "--micro-batches=2"}, &help).message(),
+            "--model needs a value: --model=VALUE\nunexpected argument '--micro-batches=2'");
 }
 
 TEST(ParseFlags, OtherLibrariesFlagsAreUnknown) {

@@ -96,8 +96,10 @@ volatile sig_atomic_t g_child = 0;
 volatile sig_atomic_t g_terminated = 0;
 
 void OnTerminate(int) {
+  const int saved = errno;
   g_terminated = 1;
   if (g_child > 0) kill(g_child, SIGTERM);
+  errno = saved;
 }
 
 absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
@@ -112,8 +114,15 @@ absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::s
     return absl::PermissionDeniedError(
         absl::StrFormat("cannot write %s: %s", log, std::strerror(errno)));
   }
+  // SIGTERM waits until g_child names the child (and the child has its default handler),
+  // so none is lost in between.
+  sigset_t term, old;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigprocmask(SIG_BLOCK, &term, &old);
   const pid_t pid = fork();
   if (pid < 0) {
+    sigprocmask(SIG_SETMASK, &old, nullptr);
     close(fd);
     return absl::InternalError(absl::StrFormat("fork: %s", std::strerror(errno)));
   }
@@ -124,19 +133,22 @@ absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::s
     dup2(fd, 2);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old, nullptr);
     execve(args[0], args.data(), envp.data());
     std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
   close(fd);
   g_child = pid;
-  if (g_terminated) kill(pid, SIGTERM);  // it came before g_child was set
+  sigprocmask(SIG_SETMASK, &old, nullptr);  // a SIGTERM held back reaches the child now
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR)
       return absl::InternalError(absl::StrFormat("waitpid: %s", std::strerror(errno)));
   }
-  g_child = 0;
+  sigprocmask(SIG_BLOCK, &term, nullptr);
+  g_child = 0;  // never a reaped (and perhaps reused) pid
+  sigprocmask(SIG_SETMASK, &old, nullptr);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
 }
@@ -221,11 +233,11 @@ int Main(int argc, char** argv) {
         *v = a.substr(a.find('=') + 1);
         return true;
       }
-      if (i + 1 < args.size()) {
+      if (i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) {
         *v = args[++i];
         return true;
       }
-      problems.push_back(absl::StrFormat("--%s needs a value", name));
+      problems.push_back(absl::StrFormat("--%s needs a value: --%s=VALUE", name, name));
       return false;
     };
     if (name == "help" || name == "h") {
@@ -242,7 +254,7 @@ int Main(int argc, char** argv) {
     } else if (name == "strategy" || name == "schedule" || name == "run-dir") {
       problems.push_back(
           absl::StrFormat("--%s: compare sets it for each of its runs (see --help)", name));
-      if (!inline_value && i + 1 < args.size()) ++i;
+      if (!inline_value && i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) ++i;
     } else if (name == "check" || name == "prepare") {
       problems.push_back(absl::StrFormat(
           "--%s: compare runs the strategies (and checks each first); to %s one run, use "
@@ -365,6 +377,12 @@ int Main(int argc, char** argv) {
   signal(SIGTERM, OnTerminate);
   std::vector<Entry> entries;
   for (size_t k = 0; k < runs.size(); ++k) {
+    if (g_terminated) {  // between two runs: start no other
+      std::fprintf(stderr,
+                   "compare: terminated (SIGTERM); no report; the runs so far are in %s/runs\n",
+                   out_dir.c_str());
+      return 128 + SIGTERM;
+    }
     const Run& run = runs[k];
     Entry e;
     e.name = run.name;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "launcher/flags.h"
+#include "launcher/paths.h"
 #include "model/trainer.h"
 #include "runtime/files.h"
 #include "runtime/profiler.h"
@@ -63,7 +65,12 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
   c.optimizer.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
   c.optimizer.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
   c.seed = absl::GetFlag(FLAGS_seed);
-  c.data = absl::GetFlag(FLAGS_data);
+  // Relative paths are the user's: under `bazel run` this process runs in its runfiles.
+  const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  auto users = [bwd](const std::string& path) {
+    return bwd != nullptr && *bwd != '\0' ? launcher::AbsolutePath(bwd, path) : path;
+  };
+  c.data = users(absl::GetFlag(FLAGS_data));
   c.synthetic_data = absl::GetFlag(FLAGS_synthetic);
   auto device = ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
@@ -71,9 +78,9 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
   auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
   c.dtype = *dtype;
-  c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  c.checkpoint_dir = users(absl::GetFlag(FLAGS_checkpoint_dir));
   c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  c.resume = absl::GetFlag(FLAGS_resume);
+  c.resume = users(absl::GetFlag(FLAGS_resume));
   if (c.device.is_cuda()) {
     std::string why;
     if (CudaDeviceCount(&why) <= c.device.index()) {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
@@ -572,7 +573,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
       problem(absl::StrFormat(
           "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
           o.job.run_dir));
-    } else if (non_empty && !auto_resume &&
+    } else if (non_empty && !auto_resume && PathExists(DirOf(job.resume)) &&
                !SameDirectory(DirOf(job.resume), job.run_dir + "/checkpoints")) {
       // Its run.json and metrics would mix that run's steps with this one's.
       problem(absl::StrFormat(
@@ -682,7 +683,9 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
               "--gpus=%d",
               o.job.workers, o.hostfile, slots, slots == 1 ? "" : "s", slots));
         }
+        std::set<std::string> looked_up;
         for (const HostfileEntry& e : *hosts) {
+          if (!looked_up.insert(e.host).second) continue;
           // Said, not refused: ssh (which mpirun goes through) may know the name as an alias.
           if (absl::StatusOr<std::string> ip = ResolveIpv4(e.host); !ip.ok()) {
             plan.notices.push_back(

@@ -368,7 +368,8 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       progress->report.memory_allocated_bytes = mem.allocated_bytes;
       progress->report.memory_peak_bytes = mem.peak_allocated_bytes;
     }
-    // Before a checkpoint could keep its weights.
+    // Before another checkpoint of the weights that gave it (CheckNotDiverged names the
+    // last checkpoint from before them).
     RETURN_IF_ERROR(CheckNotDiverged(r, pc.train.dtype));
     bool saved = false;
     if (job.checkpoint_every > 0 &&
@@ -460,7 +461,7 @@ int main(int argc, char** argv) {
         stdout);
     return 0;
   }
-  if (!tandem::JobConfigFlag(argc, argv).empty() && !tandem::SlurmRendezvous::Applies() &&
+  if (!tandem::JobConfigFlag(argc, argv).empty() && std::getenv("SLURM_PROCID") == nullptr &&
       !tandem::HasFlag(argc, argv, "--time-blocks")) {
     std::fprintf(stderr,
                  "worker: --job-config is for workers srun starts (no Slurm job here); start a "

@@ -269,7 +269,21 @@ case "$case_name" in
     grep -q "giving up after 1 restart" "$out" || fail "no giving-up line"
     grep -q '"failed_rank": 1' "$dir/run.json" || fail "run.json does not name rank 1"
     no_worker_left
-    echo "PASSED: restarted after a crash, losses as uninterrupted; a repeating crash gives up"
+    # Training diverges (the loss turns nan): not restarted, since the newest checkpoint holds
+    # the weights that diverged.
+    dir="$tmp/run-diverged"
+    out="$tmp/out-diverged.txt"
+    timeout 90 "$launcher" "${job[@]}" --lr=1e10 --warmup=0 --clip-norm=0 --max-restarts=2 \
+      --run-dir="$dir" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ "$rc" -eq 1 ] || fail "exited $rc after diverging, not 1"
+    grep -q "the loss is nan: training diverged" "$out" || fail "no divergence line"
+    grep -qF "launcher: not restarted: training diverged" "$out" || fail "no not-restarted line"
+    grep -q "restarting from step" "$out" && fail "a diverged run was restarted"
+    no_worker_left
+    echo "PASSED: restarted after a crash, losses as uninterrupted; a repeating crash gives up;"\
+      "a diverged run is not restarted"
     ;;
 
   reshard)

@@ -23,6 +23,7 @@
 #include "launcher/progress.h"
 #include "launcher/report.h"
 #include "model/sharded_checkpoint.h"
+#include "model/trainer.h"
 #include "runtime/files.h"
 #include "runtime/status.h"
 
@@ -287,6 +288,12 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
     ASSIGN_OR_RETURN(a, runner.Run(job));
     if (a.outcome != Outcome::kFailed || restarts >= plan.max_restarts ||
         runner.interrupts() > 0 || runner.terminations() > 0) {
+      break;
+    }
+    if (absl::StrContains(a.abort_reason, kTrainingDiverged)) {
+      runner.Say(
+          "not restarted: training diverged, and a restart would too (it resumes from the "
+          "newest checkpoint, which holds the last update's weights, with the same --lr)");
       break;
     }
     // A worker failed: the whole job again, from the newest complete checkpoint (or where

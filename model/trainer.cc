@@ -156,9 +156,8 @@ absl::Status CheckNotDiverged(const StepReport& r, DType dtype) {
   if (std::isfinite(r.loss) || (dtype == DType::kF16 && r.skipped)) return absl::OkStatus();
   // The weights the last update (step r.step) made give this loss: a checkpoint of them too.
   return absl::FailedPreconditionError(absl::StrFormat(
-      "step %d: the loss is %s: training diverged (learning rate %g); lower --lr and start "
-      "again%s",
-      r.step + 1, std::isnan(r.loss) ? "nan" : "infinite", r.lr,
+      "step %d: the loss is %s: %s (learning rate %g); lower --lr and start again%s", r.step + 1,
+      std::isnan(r.loss) ? "nan" : "infinite", kTrainingDiverged, r.lr,
       r.step > 1 ? absl::StrFormat(", or resume from a checkpoint older than step %d", r.step)
                  : ""));
 }

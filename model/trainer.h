@@ -46,6 +46,11 @@ struct StepReport {
   double seconds = 0;
 };
 
+// The words CheckNotDiverged's error holds, which the launcher looks for in a failure: a
+// restart would diverge again (from the newest checkpoint, with the same settings), so it
+// does not restart.
+inline constexpr char kTrainingDiverged[] = "training diverged";
+
 // An error when a step's loss is nan or infinite: training diverged. A step whose gradients
 // are not finite changes no weight, so every later step would be nan too; only f16's loss
 // scaler may skip such steps and go on (as GradScaler does), its loss scale lowered.

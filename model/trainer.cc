@@ -113,6 +113,7 @@ absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& st
   r.grad_norm = std::sqrt(norm_sq);
   r.lr = LearningRate(c.optimizer, step);
   r.skipped = !scaler.Update(!std::isfinite(norm_sq));
+  r.loss_scale = scaler.scale();
   if (!r.skipped) {
     const float clip = ClipFactor(norm_sq, c.optimizer.clip_norm);
     RETURN_IF_ERROR(optimizer.Step(s, stage.params().flat(), stage.grads().flat(), step,
@@ -153,7 +154,17 @@ absl::Status AccumulateLoss(Stream& s, const Tensor& loss_sum, const Tensor& los
 }
 
 absl::Status CheckNotDiverged(const StepReport& r, DType dtype) {
-  if (std::isfinite(r.loss) || (dtype == DType::kF16 && r.skipped)) return absl::OkStatus();
+  if (std::isfinite(r.loss)) return absl::OkStatus();
+  if (dtype == DType::kF16 && r.skipped) {
+    // The scaler halves its scale at each skipped step: below f16's smallest number, some 40
+    // skips in a row from 65536, no gradient is left to recover with.
+    if (r.loss_scale >= kMinLossScale) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "step %d: the loss is %s and the loss scale fell to %g, every step skipped: %s "
+        "(learning rate %g); lower --lr and start again, or resume from an earlier checkpoint",
+        r.step + 1, std::isnan(r.loss) ? "nan" : "infinite", r.loss_scale, kTrainingDiverged,
+        r.lr));
+  }
   // The weights the last update (step r.step) made give this loss: a checkpoint of them too.
   return absl::FailedPreconditionError(absl::StrFormat(
       "step %d: the loss is %s: %s (learning rate %g); lower --lr and start again%s", r.step + 1,

@@ -43,6 +43,7 @@ struct StepReport {
   float lr = 0;
   float grad_norm = 0;   // before clipping
   bool skipped = false;  // loss scaler found inf/nan
+  float loss_scale = 1;  // the loss scaler's, after this step (1 unless f16)
   double seconds = 0;
 };
 
@@ -50,10 +51,14 @@ struct StepReport {
 // restart would diverge again (from the newest checkpoint, with the same settings), so it
 // does not restart.
 inline constexpr char kTrainingDiverged[] = "training diverged";
+// f16's loss scale below which a run whose loss is not finite has diverged: 2^-24, f16's
+// smallest (subnormal) number.
+inline constexpr float kMinLossScale = 5.9604645e-8f;
 
 // An error when a step's loss is nan or infinite: training diverged. A step whose gradients
 // are not finite changes no weight, so every later step would be nan too; only f16's loss
-// scaler may skip such steps and go on (as GradScaler does), its loss scale lowered.
+// scaler may skip such steps and go on (as GradScaler does), its loss scale lowered, until
+// the scale falls below kMinLossScale.
 absl::Status CheckNotDiverged(const StepReport& r, DType dtype);
 
 class Trainer {

@@ -88,6 +88,12 @@ TEST(TrainerTest, OnlyF16sLossScalerSkipsANonFiniteStepAndGoesOn) {
   EXPECT_EQ(CheckNotDiverged(r, DType::kBF16).message(),
             "step 5: the loss is infinite: training diverged (learning rate 0); lower --lr and "
             "start again, or resume from a checkpoint older than step 4");
+  r.loss_scale = kMinLossScale / 2;  // some 40 skips in a row: no recovering
+  EXPECT_NE(CheckNotDiverged(r, DType::kF16)
+                .message()
+                .find("the loss scale fell to 2.98023e-08, every step skipped: training diverged"),
+            std::string::npos);
+  r.loss_scale = 1;
   r.skipped = false;
   EXPECT_FALSE(CheckNotDiverged(r, DType::kF16).ok());
   r.loss = 2;

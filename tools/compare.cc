@@ -375,14 +375,15 @@ int Main(int argc, char** argv) {
   // compare then stops too. A SIGTERM to compare alone is passed on to the launcher.
   signal(SIGINT, SIG_IGN);
   signal(SIGTERM, OnTerminate);
+  // Stopped by Ctrl-C or SIGTERM: no report; returns the exit code.
+  auto stopped = [&](bool terminated) {
+    std::fprintf(stderr, "compare: %s; no report; the runs so far are in %s/runs\n",
+                 terminated ? "terminated (SIGTERM)" : "interrupted", out_dir.c_str());
+    return terminated ? 128 + SIGTERM : 130;
+  };
   std::vector<Entry> entries;
   for (size_t k = 0; k < runs.size(); ++k) {
-    if (g_terminated) {  // between two runs: start no other
-      std::fprintf(stderr,
-                   "compare: terminated (SIGTERM); no report; the runs so far are in %s/runs\n",
-                   out_dir.c_str());
-      return 128 + SIGTERM;
-    }
+    if (g_terminated) return stopped(true);  // between two runs: start no other
     const Run& run = runs[k];
     Entry e;
     e.name = run.name;
@@ -410,9 +411,7 @@ int Main(int argc, char** argv) {
     if (*code == 130 || g_terminated) {
       std::printf("%s\n", g_terminated ? "terminated" : "interrupted");
       std::fflush(stdout);
-      std::fprintf(stderr, "compare: %s; no report; the runs so far are in %s/runs\n",
-                   g_terminated ? "terminated (SIGTERM)" : "interrupted", out_dir.c_str());
-      return g_terminated ? 128 + SIGTERM : 130;
+      return stopped(g_terminated);
     }
     if (*code != 0) {
       e.error = LauncherMessage(log, *code);

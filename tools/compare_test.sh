@@ -1,7 +1,8 @@
 #!/bin/bash
 # compare's flag checks, with the real launcher and workers: flags no run can start with are
 # refused in one line each before anything runs or is written; a strategy that alone cannot
-# start is reported as such while the others run; a SIGTERM stops the run under way cleanly. Usage: compare_test.sh COMPARE
+# start is reported as such while the others run; a SIGTERM stops the run under way cleanly.
+# Usage: compare_test.sh COMPARE
 set -u
 compare="$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -56,7 +57,7 @@ grep -qF "one worker" "$tmp/five.txt" && fail "--gpus=5: the baseline reported a
 
 # SIGTERM to compare alone: passed on to the running launcher, whose worker checkpoints and
 # stops; compare says so and exits 143 with no report, and nothing is left running.
-TANDEM_TEST_STEP_SLEEP_MS=100 "$compare" --gpus=2 "${small[@]}" --steps=300 \
+TANDEM_TEST_STEP_SLEEP_MS=100 "$compare" --gpus=2 "${small[@]/--steps=3/--steps=300}" \
   --out="$tmp/term" >"$tmp/term.txt" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do

@@ -66,9 +66,8 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
   c.optimizer.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
   c.seed = absl::GetFlag(FLAGS_seed);
   // Relative paths are the user's: under `bazel run` this process runs in its runfiles.
-  const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
-  auto users = [bwd](const std::string& path) {
-    return bwd != nullptr && *bwd != '\0' ? launcher::AbsolutePath(bwd, path) : path;
+  auto users = [bwd = launcher::BuildWorkingDirectory()](const std::string& path) {
+    return bwd.empty() ? path : launcher::AbsolutePath(bwd, path);
   };
   c.data = users(absl::GetFlag(FLAGS_data));
   c.synthetic_data = absl::GetFlag(FLAGS_synthetic);

@@ -59,6 +59,9 @@ std::string RankFailed(const Failure& f) {
                          f.how.empty() ? "" : absl::StrCat(" (", f.how, ")"));
 }
 
+// The step a job resuming from `resume` (a checkpoint, or "" for none) starts at.
+int StartStep(const std::string& resume) { return resume.empty() ? 0 : CheckpointStep(resume); }
+
 class Runner {
  public:
   Runner(const LaunchPlan& plan, const RunSettings& settings, ProgressDisplay* display,
@@ -85,7 +88,7 @@ class Runner {
     // This attempt writes the steps from the one it starts at (its checkpoint's, else 0)
     // again: the records an earlier attempt or run left of them go (of every rank it had),
     // before any worker opens its file.
-    const int from = job.resume.empty() ? 0 : CheckpointStep(job.resume);
+    const int from = StartStep(job.resume);
     for (int r = 0;; ++r) {
       const std::string path = absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r);
       if (!PathExists(path)) break;
@@ -301,7 +304,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
     ++restarts;
     absl::StatusOr<std::string> latest = FindLatestCheckpoint(checkpoints);
     job.resume = latest.ok() ? *latest : plan.job.resume;
-    const int from = job.resume.empty() ? 0 : CheckpointStep(job.resume);
+    const int from = StartStep(job.resume);
     const std::string what =
         a.failure.rank >= 0 ? RankFailed(a.failure)
                             : absl::StrFormat("the job failed (%s)", a.exit);
@@ -316,7 +319,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
   rec.seq_len = model.seq_len;
   rec.wall_seconds = wall;
   rec.restarts = restarts;
-  rec.first_step = plan.job.resume.empty() ? 0 : CheckpointStep(plan.job.resume);
+  rec.first_step = StartStep(plan.job.resume);
   for (int r = 0; r < job.workers; ++r) {
     rec.ranks.push_back(
         ReadMetricsFile(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, r)));

@@ -292,10 +292,8 @@ HostInfo HostInfo::Detect(bool probe_cuda) {
   if (probe_cuda) h.cuda_devices = CudaDeviceCount(&h.why_no_cuda);
   for (int i = 0; i < h.cuda_devices; ++i) h.gpu_memory.push_back(CudaDeviceTotalMemory(i));
   h.available_memory = AvailableMemoryBytes(Device::Cpu());
-  const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
-  if (bwd != nullptr && *bwd != '\0') {
-    h.user_dir = bwd;
-  } else {
+  h.user_dir = BuildWorkingDirectory();
+  if (h.user_dir.empty()) {
     char buf[4096];
     h.user_dir = getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
   }
@@ -343,8 +341,8 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   if (!strategy_ok) problem(std::string(strategy.status().message()));
   // Another strategy's flags are said to be ignored, not refused: compare passes the same
   // flags to every strategy, and what a user set stays in job.conf and run.json.
+  const JobConfig defaults;
   if (strategy_ok) {
-    const JobConfig defaults;
     auto ignored = [&](bool set, const std::string& flag, const std::string& applies_to) {
       if (!set) return;
       plan.notices.push_back(absl::StrFormat("%s applies to %s only: ignored under --strategy=%s",
@@ -432,7 +430,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
           absl::StrFormat("--n-head=%d applies to GPT models only: ignored for --model=%s",
                           o.job.n_head, o.job.model));
     }
-    if (o.job.attention != JobConfig().attention) {
+    if (o.job.attention != defaults.attention) {
       plan.notices.push_back(
           absl::StrFormat("--attention=%s applies to GPT models only: ignored for --model=%s",
                           o.job.attention, o.job.model));
@@ -493,7 +491,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   const absl::Status opt_status = opt.Validate();
   const bool optimizer_ok = opt_status.ok();
   if (!optimizer_ok) problem(std::string(opt_status.message()));
-  if (optimizer_ok && o.job.warmup != JobConfig().warmup && o.job.steps >= 1 &&
+  if (optimizer_ok && o.job.warmup != defaults.warmup && o.job.steps >= 1 &&
       o.job.warmup > o.job.steps) {
     plan.notices.push_back(absl::StrFormat(
         "--warmup=%d is longer than --steps=%d: the learning rate stays below --lr=%g",

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -20,6 +22,11 @@ std::string AbsolutePath(const std::string& base, const std::string& path) {
 std::string DirOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string BuildWorkingDirectory() {
+  const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  return bwd != nullptr ? bwd : "";
 }
 
 bool IsExecutable(const std::string& path) {

@@ -15,6 +15,10 @@ std::string AbsolutePath(const std::string& base, const std::string& path);
 // The folder part of `path`: "a/b" for "a/b/c", "." for "c".
 std::string DirOf(const std::string& path);
 
+// The directory `bazel run` was started from (BUILD_WORKING_DIRECTORY), where the user's
+// relative paths are; "" outside `bazel run`.
+std::string BuildWorkingDirectory();
+
 // Whether `path` is a regular file this process may execute.
 bool IsExecutable(const std::string& path);
 

@@ -32,7 +32,6 @@ void ProgressTracker::Add(int rank, const StepRecord& r) {
   if (p.first < ranks_) return;
   // Every rank reported this step.
   ++completed_;
-  if (completed_seconds_.empty()) completed_seconds_.assign(ranks_, 0.0);
   for (int k = 0; k < ranks_; ++k) completed_seconds_[k] += p.second[k];
   first_.push_back({r.step, std::move(p.second)});
   std::sort(first_.begin(), first_.end());

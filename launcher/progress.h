@@ -38,7 +38,10 @@ std::string FormatProgress(const ProgressState& s);
 class ProgressTracker {
  public:
   ProgressTracker(int ranks, int total, int64_t tokens_per_step)
-      : ranks_(ranks), total_(total), tokens_per_step_(tokens_per_step) {}
+      : ranks_(ranks),
+        total_(total),
+        tokens_per_step_(tokens_per_step),
+        completed_seconds_(ranks, 0.0) {}
   void Add(int rank, const StepRecord& r);
   ProgressState State() const;
   double MeanStepSeconds() const;

@@ -256,9 +256,8 @@ std::vector<std::vector<StepRecord>> ThisRun(const RunRecord& r) {
   return ranks;
 }
 
-// Each rank's totals over this run's steps, in rank order.
-std::vector<RankTotals> AllTotals(const RunRecord& r) {
-  const std::vector<std::vector<StepRecord>> ranks = ThisRun(r);
+// Each rank's totals over `ranks`' steps, in rank order.
+std::vector<RankTotals> AllTotals(const std::vector<std::vector<StepRecord>>& ranks) {
   std::vector<RankTotals> totals;
   for (size_t i = 0; i < ranks.size(); ++i) {
     totals.push_back(Totals(static_cast<int>(i), ranks[i]));
@@ -460,11 +459,12 @@ std::string RunJson(const RunRecord& r) {
   w.Key("steps_completed").Int(static_cast<int64_t>(rank0.size()));
   const int64_t tokens_per_step = int64_t{c.batch} * r.seq_len;
   w.Key("tokens_per_step").Int(tokens_per_step);
-  const double step_seconds = MeanStepSeconds(ThisRun(r));
+  const std::vector<std::vector<StepRecord>> mine = ThisRun(r);
+  const double step_seconds = MeanStepSeconds(mine);
   w.Key("tokens_per_second").Number(TokensPerSecondAt(step_seconds, tokens_per_step));
   w.Key("step_seconds_mean").Number(step_seconds);
   w.Key("wall_seconds").Number(r.wall_seconds);
-  const std::vector<RankTotals> totals = AllTotals(r);
+  const std::vector<RankTotals> totals = AllTotals(mine);
   if (c.strategy != "data" && !r.ranks.empty()) {
     const int K = static_cast<int>(r.ranks.size()), M = c.EffectiveMicroBatches();
     w.Key("bubble_fraction_measured").Number(MeanBubbleFraction(totals));
@@ -504,7 +504,8 @@ std::string SummaryTable(const RunRecord& r) {
   std::string out = absl::StrFormat("%-5s %6s %10s %9s %9s %7s %9s %8s %11s %11s\n", "rank",
                                     "steps", "compute s", "comm s", "exposed s", "hidden",
                                     "bubble s", "comm MB", "activations", "peak memory");
-  const std::vector<RankTotals> totals = AllTotals(r);
+  const std::vector<std::vector<StepRecord>> mine = ThisRun(r);
+  const std::vector<RankTotals> totals = AllTotals(mine);
   for (const RankTotals& t : totals) {
     const double hidden = t.hidden_comm_share();
     absl::StrAppendFormat(&out, "%-5d %6d %10.3f %9s %9.3f %7s %9.3f %8.1f %11s %11s\n", t.rank,
@@ -523,7 +524,7 @@ std::string SummaryTable(const RunRecord& r) {
   }
   const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
   const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;
-  const double tps = TokensPerSecond(ThisRun(r), tokens_per_step);
+  const double tps = TokensPerSecond(mine, tokens_per_step);
   absl::StrAppendFormat(&out, "steps       %d/%d\n", rank0 ? static_cast<int>(rank0->size()) : 0,
                         r.job.steps);
   if (rank0 != nullptr && !rank0->empty()) {

@@ -89,7 +89,6 @@ int HostCores() {
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-// Runs `argv` with output to `log`; returns its exit status (128 + signal when killed).
 // The launcher running now (0: none) and whether compare was sent SIGTERM: it passes it on
 // to the launcher, which has its workers checkpoint and stop, and then stops.
 volatile sig_atomic_t g_child = 0;
@@ -102,6 +101,7 @@ void OnTerminate(int) {
   errno = saved;
 }
 
+// Runs `argv` with output to `log`; returns its exit status (128 + signal when killed).
 absl::StatusOr<int> RunLogged(const std::vector<std::string>& argv, const std::string& log,
                               const std::vector<std::string>& env) {
   std::vector<char*> args, envp;
@@ -215,8 +215,8 @@ std::string LauncherMessage(const std::string& log, int code) {
 
 int Main(int argc, char** argv) {
   const std::string cwd = Cwd();
-  const char* bwd = std::getenv("BUILD_WORKING_DIRECTORY");
-  const std::string user_dir = bwd != nullptr && *bwd != '\0' ? bwd : cwd;
+  const std::string bwd = launcher::BuildWorkingDirectory();
+  const std::string user_dir = bwd.empty() ? cwd : bwd;
 
   int gpus = 4;
   std::string out_dir;

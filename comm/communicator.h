@@ -1,7 +1,9 @@
 // The Communicator: collectives and point-to-point transfers among the ranks of one job.
 // Every operation is asynchronous: it is checked and queued at once and returns a Work
 // handle. Operations run one after another in issue order (on a communication thread for CPU
-// tensors, a communication stream for CUDA tensors), and each carries a sequence number
+// tensors, a communication stream for CUDA tensors), each after the work issued to the
+// device's compute stream before it (the communication stream waits for an event recorded on
+// the compute stream; MPI's thread for the same event), and each carries a sequence number
 // (1, 2, ...) that is the same on every rank issuing the same operations in the same order.
 #ifndef TANDEM_COMM_COMMUNICATOR_H_
 #define TANDEM_COMM_COMMUNICATOR_H_
@@ -49,15 +51,23 @@ struct PeerTransfer {
 };
 
 // A queued or running operation. The tensors it uses must not be touched by the caller
-// until Wait returned OK (the handle keeps their storage alive meanwhile).
+// until it finished (Wait returned OK, or work on a stream made to wait with WaitOn); the
+// communicator keeps their memory allocated meanwhile.
 class Work {
  public:
   virtual ~Work() = default;
 
-  // Blocks until the operation finished or `timeout` passed. OK once it finished; its own
-  // error if it failed; Aborted with the reason after Communicator::Abort; DeadlineExceeded
-  // naming the rank, the operation, its sequence number and what it waits for.
+  // Blocks the host until the operation finished or `timeout` passed (a host
+  // synchronization). OK once it finished; its own error if it failed; Aborted with the reason
+  // after Communicator::Abort; DeadlineExceeded naming the rank, the operation, its sequence
+  // number and what it waits for.
   virtual absl::Status Wait(absl::Duration timeout) = 0;
+  // Makes work issued to `stream` after this call wait until the operation finished, without
+  // blocking the host (ProcessGroupNCCL's work.wait()). A failure, an abort or, on the CPU, a
+  // wait longer than `timeout` becomes the stream's error, returned by its next
+  // synchronization (on CUDA the stream waits for the operation's event; a hang there is the
+  // heartbeat watchdog's to catch).
+  virtual absl::Status WaitOn(Stream& stream, absl::Duration timeout) = 0;
   // True once finished, false while queued or running, the error if it failed.
   virtual absl::StatusOr<bool> IsCompleted() = 0;
   // This operation's sequence number (1 for the first operation of a communicator).
@@ -111,10 +121,15 @@ class Communicator {
   virtual uint64_t last_issued_sequence() const = 0;
   virtual uint64_t last_completed_sequence() const = 0;
 
-  // Seconds the communication thread has spent running operations since creation, so a
-  // caller can tell how much communication its own waits did not see (overlap). 0 where the
-  // backend does not measure it (NCCL: the work runs on the device, unseen by the host).
+  // Seconds the operations have spent running since creation, so a caller can tell how much
+  // communication its own waits did not see (overlap): MPI's communication thread's time in
+  // them; on NCCL the finished operations' time on the communication stream, between events
+  // recorded around each. 0 where a backend does not measure it.
   virtual double busy_seconds() const { return 0; }
+  // busy_seconds() of the operations through `sequence` only (those issued after it not
+  // counted), for the time of one step's operations: the difference at its first and last
+  // sequence numbers. Exact for the last 65536 operations, once they finished.
+  virtual double busy_seconds_through(uint64_t sequence) const { return busy_seconds(); }
 };
 
 }  // namespace tandem

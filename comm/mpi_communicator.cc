@@ -1,15 +1,20 @@
 // MpiCommunicator: operations are queued by the caller and executed, one at a time and in
 // issue order, by the communicator's thread with blocking MPI calls on a private duplicate
-// communicator. Works wait on the shared state's "completed" counter: operations finish in
-// order, so an operation is done exactly when the counter has reached its sequence number.
+// communicator. Each starts only once the CPU compute stream has run the work issued before
+// it (an event recorded at issue: the ordering NCCL gets from its stream's wait), so that it
+// sends what the queued ops computed and overwrites nothing they still read. Works wait on
+// the shared state's "completed" counter: operations finish in order, so an operation is
+// done exactly when the counter has reached its sequence number.
 #include "comm/mpi_communicator.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <deque>
 #include <functional>
+#include <random>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,8 +27,10 @@
 #include "absl/synchronization/mutex.h"
 #include "comm/op_info.h"
 #include "runtime/dtype.h"
+#include "runtime/host_sync.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
+#include "runtime/stream.h"
 
 #define MPI_RETURN_IF_ERROR(call)                                                 \
   do {                                                                            \
@@ -97,7 +104,9 @@ struct CommState;
 
 struct QueuedOp {
   OpInfo info;
-  std::function<absl::Status(CommState&)> run;  // holds the tensors it uses
+  std::function<absl::Status(CommState&)> run;  // on Unowned() views of the stash's tensors
+  std::shared_ptr<TensorStash> stash;           // shared with the Work
+  std::shared_ptr<Event> ready;  // the compute stream's work issued before this operation
 };
 
 // What the communicator, its thread and its Works share. Kept alive by all three, so a
@@ -122,7 +131,7 @@ struct CommState {
   // Written under `mu` only, so readers holding `mu` see the latest values; readable
   // without the lock too (heartbeat reports, Wait's fast path).
   std::atomic<uint64_t> issued_atomic{0};
-  std::atomic<int64_t> busy_ns{0};  // time spent in op.run on the communication thread
+  BusyLedger busy;  // time spent in op.run on the communication thread, by operation
   std::atomic<uint64_t> completed_atomic{0};
 
   // f32 staging for 16-bit reductions; communication thread only.
@@ -155,14 +164,12 @@ struct CommState {
   }
 };
 
-class MpiWork : public OpWork {
- public:
-  MpiWork(std::shared_ptr<CommState> state, OpInfo info)
-      : OpWork(std::move(info)), state_(std::move(state)) {}
-
-  absl::Status Wait(absl::Duration timeout) override {
-    CommState* st = state_.get();
-    const uint64_t seq = info_.sequence;
+// Blocks the calling thread (the host's, or a stream's for WaitOn) until operation `info`
+// finished or `timeout` passed.
+absl::Status WaitForOp(CommState* st, const OpInfo& info, absl::Duration timeout) {
+  HostSync::Record("Work::Wait");  // not counted on a stream's thread
+  const uint64_t seq = info.sequence;
+  {
     // Poll briefly before sleeping, for the same reason as the communication thread.
     const auto spin_until = std::chrono::steady_clock::now() +
                             std::min(kIdleSpin * 2, absl::ToChronoMicroseconds(timeout));
@@ -170,14 +177,45 @@ class MpiWork : public OpWork {
            std::chrono::steady_clock::now() < spin_until) {
       std::this_thread::yield();
     }
-    absl::MutexLock lock(&st->mu);
-    auto done = [st, seq]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return st->completed_atomic.load(std::memory_order_relaxed) >= seq || st->aborted;
-    };
-    if (!st->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) {
-      return WaitTimeoutError(st->id, info_, timeout, st->Progress());
+  }
+  absl::MutexLock lock(&st->mu);
+  auto done = [st, seq]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return st->completed_atomic.load(std::memory_order_relaxed) >= seq || st->aborted;
+  };
+  if (!st->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+    return WaitTimeoutError(st->id, info, timeout, st->Progress());
+  }
+  return st->StatusOf(info);
+}
+
+class MpiWork : public OpWork {
+ public:
+  MpiWork(std::shared_ptr<CommState> state, OpInfo info, std::shared_ptr<TensorStash> stash)
+      : OpWork(std::move(info)), state_(std::move(state)), stash_(std::move(stash)) {}
+
+  absl::Status Wait(absl::Duration timeout) override {
+    return WaitForOp(state_.get(), info_, timeout);
+  }
+
+  absl::Status WaitOn(Stream& stream, absl::Duration timeout) override {
+    if (!stream.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", state_->id.rank, ": ", description_, " waited on a stream of ",
+          stream.device().ToString(), "; the MPI communicator's work is the CPU's"));
     }
-    return st->StatusOf(info_);
+    if (state_->completed_atomic.load(std::memory_order_acquire) >= info_.sequence) {
+      absl::MutexLock lock(&state_->mu);
+      RETURN_IF_ERROR(state_->StatusOf(info_));
+      return absl::OkStatus();  // finished: nothing to wait for
+    }
+    RETURN_IF_ERROR(stream.Launch([state = state_, info = info_, timeout]() {
+      return WaitForOp(state.get(), info, timeout);
+    }));
+    // Work on the compute stream now runs after the operation: the tensors, allocated there,
+    // are safe in the allocator's stream order.
+    absl::StatusOr<Stream*> compute = Stream::Compute(Device::Cpu());
+    if (compute.ok() && *compute == &stream) stash_->Release();
+    return absl::OkStatus();
   }
 
   absl::StatusOr<bool> IsCompleted() override {
@@ -192,6 +230,7 @@ class MpiWork : public OpWork {
 
  private:
   std::shared_ptr<CommState> state_;
+  std::shared_ptr<TensorStash> stash_;
 };
 
 // ---- the operations, run on the communication thread ----
@@ -340,7 +379,14 @@ absl::Status RunSendRecv(CommState& st, const std::vector<PeerTransfer>& transfe
 // ---- the communication thread ----
 
 void CommunicationLoop(std::shared_ptr<CommState> st) {
+  DeviceThreadScope device_thread;  // its waits are the device's ordering, not the host's
   CommState* s = st.get();
+  // Tests only: TANDEM_CPU_STREAM_JITTER_US=N delays each operation by 0..N us, as it does
+  // every item of a CPU stream's work (runtime/stream.h).
+  const char* jitter_env = std::getenv("TANDEM_CPU_STREAM_JITTER_US");
+  const int jitter_us = jitter_env ? std::max(0, std::atoi(jitter_env)) : 0;
+  std::mt19937_64 rng(0x5eed0000u + static_cast<uint64_t>(s->id.rank));
+  std::uniform_int_distribution<int> jitter(0, jitter_us);
   auto has_work = [s]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return !s->queue.empty() || s->stopping || s->aborted;
   };
@@ -370,6 +416,11 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
       taken = op.info.sequence;
       skip = s->failed_sequence != 0;
     }
+    // After the compute stream's work issued before this operation (its data, or its
+    // buffers' last readers). An error there is the stream's user's to hear; the operation
+    // still runs, as the other ranks expect it.
+    if (op.ready != nullptr) (void)op.ready->Synchronize();
+    if (jitter_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter(rng)));
     absl::Status status;
     if (!skip) {
       // The profiler's communication lane: when each operation really ran.
@@ -377,15 +428,15 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
                      static_cast<int64_t>(op.info.sequence), /*thread=*/1);
       const auto start = std::chrono::steady_clock::now();
       status = op.run(*s);
-      s->busy_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now() - start)
-                               .count(),
-                           std::memory_order_relaxed);
+      s->busy.Add(op.info.sequence, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now() - start)
+                                        .count());
       if (!status.ok()) {
         status = OpFailedError(s->id, op.info.Describe(), status);
       }
     }
-    op.run = nullptr;  // release the tensors before reporting completion
+    op.run = nullptr;
+    op.stash->Release();  // the tensors, before reporting completion
     {
       absl::MutexLock lock(&s->mu);
       s->running = nullptr;
@@ -438,55 +489,66 @@ class MpiCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> AllReduce(const Tensor& t,
                                                   const AllReduceOptions& options) override {
     ASSIGN_OR_RETURN(OpInfo info, CheckAllReduce(state_->id, t, options.op));
-    return Enqueue(std::move(info), [t, options](CommState& st) {
-      return RunAllReduce(st, t, options.op);
+    return Enqueue(std::move(info), {t}, [u = t.Unowned(), options](CommState& st) {
+      return RunAllReduce(st, u, options.op);
     });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Broadcast(const Tensor& t,
                                                   const BroadcastOptions& options) override {
     ASSIGN_OR_RETURN(OpInfo info, CheckBroadcast(state_->id, t, options.root));
-    return Enqueue(std::move(info), [t, options](CommState& st) {
-      return RunBroadcast(st, t, options.root);
+    return Enqueue(std::move(info), {t}, [u = t.Unowned(), options](CommState& st) {
+      return RunBroadcast(st, u, options.root);
     });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> AllGather(const Tensor& out, const Tensor& in) override {
     ASSIGN_OR_RETURN(OpInfo info, CheckAllGather(state_->id, out, in));
     RETURN_IF_ERROR(CheckIntCount(info, in.numel() * world_size()));
-    return Enqueue(std::move(info),
-                   [out, in](CommState& st) { return RunAllGather(st, out, in); });
+    return Enqueue(std::move(info), {out, in},
+                   [o = out.Unowned(), i = in.Unowned()](CommState& st) {
+                     return RunAllGather(st, o, i);
+                   });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(
       const Tensor& out, const Tensor& in, const ReduceScatterOptions& options) override {
     ASSIGN_OR_RETURN(OpInfo info, CheckReduceScatter(state_->id, out, in, options.op));
     RETURN_IF_ERROR(CheckIntCount(info, out.numel()));
-    return Enqueue(std::move(info), [out, in, options](CommState& st) {
-      return RunReduceScatter(st, out, in, options.op);
-    });
+    return Enqueue(std::move(info), {out, in},
+                   [o = out.Unowned(), i = in.Unowned(), options](CommState& st) {
+                     return RunReduceScatter(st, o, i, options.op);
+                   });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Send(const Tensor& t, int peer) override {
     ASSIGN_OR_RETURN(OpInfo info, CheckSend(state_->id, t, peer));
-    return Enqueue(std::move(info), [t, peer](CommState& st) { return RunSend(st, t, peer); });
+    return Enqueue(std::move(info), {t},
+                   [u = t.Unowned(), peer](CommState& st) { return RunSend(st, u, peer); });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Recv(const Tensor& t, int peer) override {
     ASSIGN_OR_RETURN(OpInfo info, CheckRecv(state_->id, t, peer));
-    return Enqueue(std::move(info), [t, peer](CommState& st) { return RunRecv(st, t, peer); });
+    return Enqueue(std::move(info), {t},
+                   [u = t.Unowned(), peer](CommState& st) { return RunRecv(st, u, peer); });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> SendRecv(
       const std::vector<PeerTransfer>& transfers) override {
     ASSIGN_OR_RETURN(OpInfo info, CheckSendRecv(state_->id, transfers));
     for (const PeerTransfer& x : transfers) RETURN_IF_ERROR(CheckIntCount(info, x.tensor.numel()));
-    return Enqueue(std::move(info),
-                   [transfers](CommState& st) { return RunSendRecv(st, transfers); });
+    std::vector<Tensor> tensors;
+    std::vector<PeerTransfer> unowned = transfers;
+    for (PeerTransfer& x : unowned) {
+      tensors.push_back(x.tensor);
+      x.tensor = x.tensor.Unowned();
+    }
+    return Enqueue(std::move(info), std::move(tensors),
+                   [unowned](CommState& st) { return RunSendRecv(st, unowned); });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Barrier() override {
-    return Enqueue(BarrierInfo(), [](CommState& st) -> absl::Status {
+    return Enqueue(BarrierInfo(), {}, [](CommState& st) -> absl::Status {
       MPI_RETURN_IF_ERROR(MPI_Barrier(st.comm));
       return absl::OkStatus();
     });
@@ -504,8 +566,9 @@ class MpiCommunicator : public Communicator {
   uint64_t last_issued_sequence() const override {
     return state_->issued_atomic.load(std::memory_order_acquire);
   }
-  double busy_seconds() const override {
-    return state_->busy_ns.load(std::memory_order_relaxed) * 1e-9;
+  double busy_seconds() const override { return state_->busy.Seconds(); }
+  double busy_seconds_through(uint64_t sequence) const override {
+    return state_->busy.SecondsThrough(sequence);
   }
 
   uint64_t last_completed_sequence() const override {
@@ -535,14 +598,20 @@ class MpiCommunicator : public Communicator {
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Enqueue(
-      OpInfo info, std::function<absl::Status(CommState&)> run) {
+      OpInfo info, std::vector<Tensor> tensors, std::function<absl::Status(CommState&)> run) {
     CommState* s = state_.get();
+    // Where the compute stream is now: the operation runs after that work.
+    ASSIGN_OR_RETURN(Stream * compute, Stream::Compute(Device::Cpu()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Event> ready, Event::Create(Device::Cpu(), false));
+    RETURN_IF_ERROR(ready->Record(*compute));
     absl::MutexLock lock(&s->mu);
     if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
     info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
     s->issued_atomic.store(info.sequence, std::memory_order_release);
-    auto work = std::make_unique<MpiWork>(state_, info);
-    s->queue.push_back(QueuedOp{std::move(info), std::move(run)});
+    auto stash = std::make_shared<TensorStash>(std::move(tensors));
+    auto work = std::make_unique<MpiWork>(state_, info, stash);
+    s->queue.push_back(
+        QueuedOp{std::move(info), std::move(run), std::move(stash), std::move(ready)});
     return std::unique_ptr<Work>(std::move(work));
   }
 

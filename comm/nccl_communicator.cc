@@ -1,7 +1,10 @@
 // NcclCommunicator: a non-blocking NCCL communicator (so initialization and every wait can
 // time out and Abort can interrupt) on a private CUDA stream. Operations are enqueued on
-// the calling thread, in issue order; each records an event that its Work polls. Tensors
-// stay referenced until their operation's event has fired, even if the Work is dropped.
+// the calling thread, in issue order, after an event recorded on the compute stream; each
+// records an event that its Work polls or a stream waits for (WaitOn). Tensors stay
+// referenced until their operation's event has fired, even if the Work is dropped, or until
+// the compute stream, where they were allocated, was made to wait for it (PyTorch's
+// avoid-record-streams mode: the caching allocator's stream order protects them from then on).
 #include "comm/nccl_communicator.h"
 
 #include "absl/strings/str_cat.h"
@@ -25,7 +28,9 @@
 #include "absl/time/clock.h"
 #include "comm/op_info.h"
 #include "runtime/cuda_status.h"
+#include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "runtime/host_sync.h"
 #include "runtime/status.h"
 #include "runtime/stream.h"
 
@@ -68,12 +73,12 @@ ncclDataType_t NcclType(DType t) {
 
 ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
 
-// A CUDA event that fires after one operation.
+// A CUDA event before or after one operation; timed, for the communicator's busy time.
 class CudaEvent {
  public:
   static absl::StatusOr<std::shared_ptr<CudaEvent>> Create() {
     cudaEvent_t e;
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDefault));
     return std::shared_ptr<CudaEvent>(new CudaEvent(e));
   }
   ~CudaEvent() { cudaEventDestroy(event_); }
@@ -86,8 +91,9 @@ class CudaEvent {
 
 struct InFlight {
   uint64_t sequence;
+  std::shared_ptr<CudaEvent> start;  // on the communication stream, before the operation
   std::shared_ptr<CudaEvent> done;
-  std::vector<Tensor> tensors;  // kept alive until `done` fires
+  std::shared_ptr<TensorStash> stash;  // until `done` fires, or the compute stream waited
 };
 
 // What the communicator and its Works share.
@@ -110,17 +116,22 @@ struct NcclState {
   std::vector<Tensor> abandoned ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> issued_atomic{0};  // written under `mu` only
   std::atomic<uint64_t> completed_atomic{0};
+  BusyLedger busy;  // the operations' time on the stream, by their events
 
   // Drops finished operations from the front (they finish in stream order).
   void RetireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     while (!in_flight.empty()) {
-      const cudaError_t q = cudaEventQuery(in_flight.front().done->get());
+      const InFlight& op = in_flight.front();
+      const cudaError_t q = cudaEventQuery(op.done->get());
       if (q != cudaSuccess) {
         // A not-ready query leaves no error behind; any other error stays for the next check.
         if (q == cudaErrorNotReady) cudaGetLastError();
         return;
       }
-      completed_atomic.store(in_flight.front().sequence, std::memory_order_release);
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, op.start->get(), op.done->get()) != cudaSuccess) ms = 0;
+      busy.Add(op.sequence, static_cast<int64_t>(ms * 1e6));
+      completed_atomic.store(op.sequence, std::memory_order_release);
       in_flight.pop_front();
     }
   }
@@ -171,10 +182,16 @@ struct NcclState {
 
 class NcclWork : public OpWork {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, OpInfo info, std::shared_ptr<CudaEvent> done)
-      : OpWork(std::move(info)), state_(std::move(state)), done_(std::move(done)) {}
+  NcclWork(std::shared_ptr<NcclState> state, OpInfo info, std::shared_ptr<CudaEvent> done,
+           std::shared_ptr<TensorStash> stash)
+      : OpWork(std::move(info)),
+        state_(std::move(state)),
+        done_(std::move(done)),
+        stash_(std::move(stash)) {}
+  const std::shared_ptr<TensorStash>& stash() const { return stash_; }
 
   absl::Status Wait(absl::Duration timeout) override {
+    HostSync::Record("Work::Wait");
     const absl::Time deadline = absl::Now() + timeout;
     for (int i = 0;; ++i) {
       absl::StatusOr<bool> done = IsCompleted();
@@ -192,6 +209,26 @@ class NcclWork : public OpWork {
         absl::SleepFor(absl::Microseconds(50));
       }
     }
+  }
+
+  absl::Status WaitOn(Stream& stream, absl::Duration) override {
+    if (stream.device() != state_->id.device || stream.native() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rank %d: %s waited on a stream of %s; the NCCL communicator's work is on %s",
+          state_->id.rank, description_, stream.device().ToString(),
+          state_->id.device.ToString()));
+    }
+    absl::MutexLock lock(&state_->mu);
+    if (state_->aborted && info_.sequence > state_->completed_at_abort) {
+      return OpAbortedError(state_->id, info_, state_->abort_reason);
+    }
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.native()), done_->get(), 0));
+    // Work on the compute stream, where the tensors are allocated, now runs after the
+    // operation: the caching allocator's stream order keeps their memory for it.
+    absl::StatusOr<Stream*> compute = Stream::Compute(state_->id.device);
+    if (compute.ok() && *compute == &stream) stash_->Release();
+    return absl::OkStatus();
   }
 
   absl::StatusOr<bool> IsCompleted() override {
@@ -215,6 +252,7 @@ class NcclWork : public OpWork {
  private:
   std::shared_ptr<NcclState> state_;
   std::shared_ptr<CudaEvent> done_;
+  std::shared_ptr<TensorStash> stash_;
 };
 
 class NcclCommunicator : public Communicator {
@@ -223,9 +261,26 @@ class NcclCommunicator : public Communicator {
                    Tensor barrier)
       : state_(std::move(state)),
         compute_ready_(std::move(compute_ready)),
-        barrier_(std::move(barrier)) {}
+        barrier_(std::move(barrier)) {
+    // cudaFree waits for the whole device, and an operation in flight may wait for peers
+    // that wait for this rank: the allocator lets the operations finish first.
+    before_free_ = AddBeforeSystemFree(state_->id.device, [state = state_] {
+      (void)SetCurrentDevice(state->id.device);
+      const absl::Time deadline = absl::Now() + state->accept_timeout;
+      for (;;) {
+        {
+          absl::MutexLock lock(&state->mu);
+          state->RetireLocked();
+          if (state->in_flight.empty() || state->aborted) return;
+        }
+        if (absl::Now() > deadline) return;
+        absl::SleepFor(absl::Microseconds(100));
+      }
+    });
+  }
 
   ~NcclCommunicator() override {
+    RemoveBeforeSystemFree(before_free_);
     NcclState* s = state_.get();
     (void)SetCurrentDevice(s->id.device);  // the event queries below go to this rank's GPU
     absl::MutexLock lock(&s->mu);
@@ -356,6 +411,17 @@ class NcclCommunicator : public Communicator {
     state_->RetireLocked();
     return state_->completed_atomic.load(std::memory_order_acquire);
   }
+  // The finished operations' time on the communication stream, measured by their events.
+  double busy_seconds() const override {
+    absl::MutexLock lock(&state_->mu);
+    state_->RetireLocked();
+    return state_->busy.Seconds();
+  }
+  double busy_seconds_through(uint64_t sequence) const override {
+    absl::MutexLock lock(&state_->mu);
+    state_->RetireLocked();
+    return state_->busy.SecondsThrough(sequence);
+  }
 
  private:
   // Enqueues `call` after the compute stream's work so far, records its completion event.
@@ -364,6 +430,7 @@ class NcclCommunicator : public Communicator {
                                               Call call) {
     NcclState* s = state_.get();
     RETURN_IF_ERROR(SetCurrentDevice(s->id.device));
+    ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> start, CudaEvent::Create());
     ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> done, CudaEvent::Create());
     ASSIGN_OR_RETURN(Stream * compute, Stream::Compute(s->id.device));
     absl::MutexLock issue_lock(&s->issue_mu);
@@ -372,12 +439,17 @@ class NcclCommunicator : public Communicator {
     info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
     s->issued_atomic.store(info.sequence, std::memory_order_release);
     const OpKind kind = info.kind;
-    auto work = std::make_unique<NcclWork>(state_, std::move(info), done);
+    auto work = std::make_unique<NcclWork>(state_, std::move(info), done,
+                                           std::make_shared<TensorStash>(tensors));
     const std::string& what = work->description();
     auto fail = [&](const absl::Status& e) { return OpFailedError(s->id, what, e); };
     absl::Status st = compute_ready_->Record(*compute);
     if (st.ok()) st = compute_ready_->MakeStreamWait(*s->stream);
     if (!st.ok()) return fail(st);
+    const cudaStream_t comm_stream = static_cast<cudaStream_t>(s->stream->native());
+    if (const cudaError_t e = cudaEventRecord(start->get(), comm_stream); e != cudaSuccess) {
+      return fail(CudaErrorStatus(e, "cudaEventRecord", __FILE__, __LINE__));
+    }
     const ncclResult_t r =
         call(s->comm, static_cast<cudaStream_t>(s->stream->native()));
     // From here NCCL may hold the operation: a failure keeps its tensors allocated.
@@ -395,7 +467,8 @@ class NcclCommunicator : public Communicator {
     if (e != cudaSuccess) {
       return fail_held(CudaErrorStatus(e, "cudaEventRecord", __FILE__, __LINE__));
     }
-    s->in_flight.push_back(InFlight{work->sequence(), std::move(done), std::move(tensors)});
+    s->in_flight.push_back(
+        InFlight{work->sequence(), std::move(start), std::move(done), work->stash()});
     s->RetireLocked();
     return std::unique_ptr<Work>(std::move(work));
   }
@@ -403,6 +476,7 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<NcclState> state_;
   std::unique_ptr<Event> compute_ready_;  // recorded on the compute stream before each op
   const Tensor barrier_;                  // one f32 on the device, for Barrier
+  int before_free_ = 0;                   // AddBeforeSystemFree's id
 };
 
 absl::Status CheckOptions(const NcclCommunicatorOptions& o) {

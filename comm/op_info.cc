@@ -259,4 +259,24 @@ absl::Status RefusedAfterAbortError(const CommIdentity& c, OpKind kind,
                                          " refused: the communicator was aborted: ", reason));
 }
 
+void BusyLedger::Add(uint64_t sequence, int64_t ns) {
+  absl::MutexLock lock(&mu_);
+  total_ += ns;
+  last_ = sequence;
+  sums_[sequence % kCapacity] = total_;
+}
+
+double BusyLedger::SecondsThrough(uint64_t sequence) const {
+  absl::MutexLock lock(&mu_);
+  if (sequence == 0) return 0;
+  if (sequence >= last_) return total_ * 1e-9;
+  if (last_ - sequence >= kCapacity) sequence = last_ - kCapacity + 1;  // the oldest kept
+  return sums_[sequence % kCapacity] * 1e-9;
+}
+
+double BusyLedger::Seconds() const {
+  absl::MutexLock lock(&mu_);
+  return total_ * 1e-9;
+}
+
 }  // namespace tandem

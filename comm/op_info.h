@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
 #include "runtime/device.h"
@@ -61,6 +62,46 @@ class OpWork : public Work {
 
   const OpInfo info_;
   const std::string description_;
+};
+
+// The time each operation ran, as running sums by sequence number, so that a step's
+// operations' time is the difference at its first and last numbers (Communicator::
+// busy_seconds_through). Operations are added in sequence order, by the thread that runs or
+// retires them; the last kCapacity are kept.
+class BusyLedger {
+ public:
+  static constexpr uint64_t kCapacity = 1 << 16;
+  void Add(uint64_t sequence, int64_t ns);
+  // Seconds of the operations 1..sequence that have been added (through the oldest kept one,
+  // for an older number).
+  double SecondsThrough(uint64_t sequence) const;
+  double Seconds() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<int64_t> sums_ ABSL_GUARDED_BY(mu_) = std::vector<int64_t>(kCapacity, 0);
+  uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;  // the last sequence number added
+  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The tensors of one operation, kept allocated for it (PyTorch's stashed tensors, in its
+// avoid-record-streams mode): until the operation finished, or until work on the device's
+// compute stream, where the tensors are allocated, was made to wait for it (Work::WaitOn):
+// from then on the caching allocator's stream order keeps their memory from reuse until the
+// operation has run, so the stash may go before the operation does. The operation itself
+// runs on Unowned() views.
+class TensorStash {
+ public:
+  explicit TensorStash(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {}
+  void Release() {
+    std::vector<Tensor> dropped;
+    absl::MutexLock lock(&mu_);
+    dropped.swap(tensors_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
 };
 
 // Who is checking: the communicator's rank, size and device.

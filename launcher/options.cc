@@ -96,6 +96,13 @@ ABSL_FLAG(bool, check, false,
           "nothing is started or written (exit 0: it would start, 2: it would not)");
 ABSL_FLAG(bool, profile, false,
           "record a trace of every step and each rank's op table (time, GFLOP/s and GB/s per op)");
+ABSL_FLAG(int, log_every, 1,
+          "read the loss on the host, for the progress line and the metrics, every this many "
+          "steps: the one host synchronization a steady step makes (every step's loss is still "
+          "recorded); also the steps at which a SIGTERM's stop is agreed");
+ABSL_FLAG(bool, debug_syncs, false,
+          "print, to each rank's log, where every host synchronization beyond the loss reads "
+          "and checkpoints came from (a stack trace), like torch.cuda.set_sync_debug_mode");
 ABSL_FLAG(double, bucket_mb, 25, "data parallel: gradient bucket size in MB");
 ABSL_FLAG(bool, overlap, true,
           "data parallel: all-reduce gradients during backward (--no-overlap: after it)");
@@ -216,8 +223,8 @@ const std::vector<std::string>& FlagNames() {
       "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
       "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
       "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
-      "mpirun_args", "prepare", "check", "profile", "bucket_mb", "overlap", "recompute",
-      "heartbeat_timeout"};
+      "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
+      "overlap", "recompute", "heartbeat_timeout"};
   // clang-format on
   return *names;
 }
@@ -280,6 +287,8 @@ Options OptionsFromFlags() {
   o.prepare = absl::GetFlag(FLAGS_prepare);
   o.check = absl::GetFlag(FLAGS_check);
   o.job.profile = absl::GetFlag(FLAGS_profile);
+  o.job.log_every = absl::GetFlag(FLAGS_log_every);
+  o.job.debug_syncs = absl::GetFlag(FLAGS_debug_syncs);
   o.job.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
   o.job.overlap = absl::GetFlag(FLAGS_overlap);
   o.job.recompute = absl::GetFlag(FLAGS_recompute);
@@ -470,6 +479,9 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   if (o.job.checkpoint_every < 0) {
     problem(absl::StrFormat("--checkpoint-every=%d: must be 0 (no checkpoints) or more",
                             o.job.checkpoint_every));
+  }
+  if (o.job.log_every < 1) {
+    problem(absl::StrFormat("--log-every=%d: must be 1 (every step) or more", o.job.log_every));
   }
   if (!(o.job.bucket_mb > 0) || !std::isfinite(o.job.bucket_mb) || o.job.bucket_mb > 65536) {
     problem(absl::StrFormat("--bucket-mb=%g: must be a positive number of MB (at most 65536)",

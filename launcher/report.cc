@@ -113,6 +113,8 @@ absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
   r.exposed_comm = get("exposed_comm");
   r.bubble = get("bubble");
   r.optimizer = get("optimizer");
+  r.input = get("input");
+  r.host_syncs = static_cast<int64_t>(get("host_syncs"));
   r.comm_bytes = static_cast<int64_t>(get("comm_bytes"));
   r.allocated_bytes = static_cast<int64_t>(get("allocated_bytes"));
   r.peak_bytes = static_cast<int64_t>(get("peak_bytes"));
@@ -203,6 +205,14 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
         std::max(t.peak_activation_bytes,
                  s.peak_bytes - s.param_bytes - s.grad_bytes - s.optimizer_bytes);
     t.peak_in_flight = std::max(t.peak_in_flight, s.peak_in_flight);
+  }
+  std::vector<int64_t> syncs;
+  for (const StepRecord& s : steps) syncs.push_back(s.host_syncs);
+  if (!syncs.empty()) {
+    std::sort(syncs.begin(), syncs.end());
+    const size_t n = syncs.size();
+    t.host_syncs_per_step =
+        n % 2 ? syncs[n / 2] : 0.5 * static_cast<double>(syncs[n / 2 - 1] + syncs[n / 2]);
   }
   return t;
 }
@@ -435,6 +445,8 @@ std::string RunJson(const RunRecord& r) {
   w.Key("recompute").Bool(c.recompute);
   w.Key("heartbeat_timeout_s").Number(c.heartbeat_timeout_s);
   w.Key("profile").Bool(c.profile);
+  w.Key("log_every").Int(c.log_every);
+  w.Key("debug_syncs").Bool(c.debug_syncs);
   w.EndObject();
 
   w.Key("strategy").String(c.strategy);
@@ -478,9 +490,10 @@ std::string RunJson(const RunRecord& r) {
     w.Key("peak_memory_bytes").Int(t.peak_memory_bytes);
     w.Key("compute_seconds").Number(t.compute_seconds);
     w.Key("optimizer_seconds").Number(t.optimizer_seconds);
-    // communication_seconds: the communicator's busy time (MPI's communication thread);
-    // exposed: the part the step waited for; the rest ran hidden behind compute. Where the
-    // busy time is not measured (NCCL runs on the device), it is left out.
+    // communication_seconds: the communicator's busy time (MPI's communication thread; on
+    // NCCL the operations' time on the communication stream, by events); exposed: the part
+    // the compute stream waited for; the rest ran hidden behind compute. Left out where no
+    // busy time was measured.
     if (t.comm_seconds > 0) {
       w.Key("communication_seconds").Number(t.comm_seconds);
       w.Key("hidden_communication_share").Number(t.hidden_comm_share());
@@ -493,6 +506,7 @@ std::string RunJson(const RunRecord& r) {
     w.Key("peak_activation_bytes").Int(t.peak_activation_bytes);
     w.Key("peak_micro_batches_in_flight").Int(t.peak_in_flight);
     w.Key("communication_bytes").Int(t.comm_bytes);
+    w.Key("host_syncs_per_step").Number(t.host_syncs_per_step);
     w.EndObject();
   }
   w.EndArray();
@@ -501,21 +515,22 @@ std::string RunJson(const RunRecord& r) {
 }
 
 std::string SummaryTable(const RunRecord& r) {
-  std::string out = absl::StrFormat("%-5s %6s %10s %9s %9s %7s %9s %8s %11s %11s\n", "rank",
-                                    "steps", "compute s", "comm s", "exposed s", "hidden",
-                                    "bubble s", "comm MB", "activations", "peak memory");
+  std::string out = absl::StrFormat("%-5s %6s %10s %9s %9s %7s %9s %8s %11s %11s %10s\n",
+                                    "rank", "steps", "compute s", "comm s", "exposed s",
+                                    "hidden", "bubble s", "comm MB", "activations",
+                                    "peak memory", "syncs/step");
   const std::vector<std::vector<StepRecord>> mine = ThisRun(r);
   const std::vector<RankTotals> totals = AllTotals(mine);
   for (const RankTotals& t : totals) {
     const double hidden = t.hidden_comm_share();
-    absl::StrAppendFormat(&out, "%-5d %6d %10.3f %9s %9.3f %7s %9.3f %8.1f %11s %11s\n", t.rank,
-                          t.steps, t.compute_seconds,
+    absl::StrAppendFormat(&out, "%-5d %6d %10.3f %9s %9.3f %7s %9.3f %8.1f %11s %11s %10g\n",
+                          t.rank, t.steps, t.compute_seconds,
                           t.comm_seconds > 0 ? absl::StrFormat("%.3f", t.comm_seconds) : "-",
                           t.exposed_comm_seconds,
                           hidden >= 0 ? absl::StrFormat("%.0f%%", 100 * hidden) : "-",
                           t.bubble_seconds, static_cast<double>(t.comm_bytes) / (1 << 20),
                           FormatBytes(t.peak_activation_bytes),
-                          FormatBytes(t.peak_memory_bytes));
+                          FormatBytes(t.peak_memory_bytes), t.host_syncs_per_step);
   }
   if (r.job.strategy != "data" && !r.ranks.empty()) {
     const int K = static_cast<int>(r.ranks.size()), M = r.job.EffectiveMicroBatches();

@@ -24,10 +24,12 @@ struct StepRecord {
   double loss = 0;
   double seconds = 0;       // the whole step
   double compute = 0;       // forward and backward
-  double comm = 0;          // the communicator's busy time (0 where not measured: NCCL)
+  double comm = 0;          // the communicator's busy time on the step's operations
   double exposed_comm = 0;  // waiting for communication
   double bubble = 0;        // pipeline: waiting for activations or gradients
   double optimizer = 0;
+  double input = 0;         // waiting for a micro-batch's copy to the device
+  int64_t host_syncs = 0;   // host synchronizations the rank made during the step
   int64_t comm_bytes = 0;
   int64_t allocated_bytes = 0;
   int64_t peak_bytes = 0;
@@ -80,6 +82,9 @@ struct RankTotals {
   int64_t peak_memory_bytes = 0;
   int64_t peak_activation_bytes = 0;  // peak - parameters, gradients and optimizer state
   int peak_in_flight = 0;
+  // The median over the steps of the host synchronizations in a step: 1 when the loss is
+  // read every step (--log-every=1), 0 when it is read less often.
+  double host_syncs_per_step = 0;
   // Share of communication time hidden behind compute (1 - exposed / busy); -1 when the
   // busy time is not measured.
   double hidden_comm_share() const {

@@ -26,6 +26,9 @@ struct MicroBatch {
   // global batch), times the loss scale under f16. With it, summing gradients over
   // micro-batches and ranks gives exactly the gradient of the global batch's mean loss.
   float dloss_scale = 1.0f;
+  // The copy that filled tokens and targets (InputPrefetcher); null when they were ready
+  // when made. A stream reads them only after waiting for it.
+  std::shared_ptr<Event> ready;
 };
 
 // Activations one block keeps for backward, for one micro-batch.

@@ -55,7 +55,8 @@ absl::StatusOr<Optimizer> Optimizer::Create(const OptimizerConfig& c, int64_t nu
 }
 
 absl::Status Optimizer::Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
-                             float grad_scale, const Tensor& params_low) {
+                             float grad_scale, const Tensor& params_low,
+                             const Tensor& device_scale) {
   const float lr = LearningRate(c_, step);
   if (c_.kind == "adamw") {
     ops::AdamWConfig a;
@@ -66,14 +67,14 @@ absl::Status Optimizer::Step(Stream& s, const Tensor& params, const Tensor& grad
     a.weight_decay = c_.weight_decay;
     a.step = step + 1;
     a.grad_scale = grad_scale;
-    return ops::AdamWUpdate(s, params, grads, m_, v_, a, params_low);
+    return ops::AdamWUpdate(s, params, grads, m_, v_, a, params_low, device_scale);
   }
   ops::SgdConfig g;
   g.lr = lr;
   g.momentum = c_.momentum;
   g.weight_decay = c_.weight_decay;
   g.grad_scale = grad_scale;
-  return ops::SgdMomentumUpdate(s, params, grads, m_, g, params_low);
+  return ops::SgdMomentumUpdate(s, params, grads, m_, g, params_low, device_scale);
 }
 
 float ClipFactor(float sum_squares, float clip_norm) {

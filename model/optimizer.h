@@ -35,9 +35,11 @@ class Optimizer {
   static absl::StatusOr<Optimizer> Create(const OptimizerConfig& c, int64_t numel,
                                           Device device);
   // One update at 0-based `step` with gradients multiplied by grad_scale first (unscaling
-  // and clipping folded into one pass over memory).
+  // and clipping folded into one pass over memory), and by the device scalar device_scale
+  // when defined (ops.h: not finite, the update is skipped).
   absl::Status Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
-                    float grad_scale, const Tensor& params_low = Tensor());
+                    float grad_scale, const Tensor& params_low = Tensor(),
+                    const Tensor& device_scale = Tensor());
   // The state tensors (AdamW: m, v; SGD: momentum, v undefined), for checkpoints.
   const Tensor& state0() const { return m_; }
   const Tensor& state1() const { return v_; }
@@ -48,7 +50,8 @@ class Optimizer {
 };
 
 // The factor to multiply gradients by so their global L2 norm (sqrt(sum_squares)) is at
-// most clip_norm; 1 when clipping is off or the norm is within bounds.
+// most clip_norm; 1 when clipping is off or the norm is within bounds. (Training computes it
+// on the device, ops::GradScale, with the same arithmetic.)
 float ClipFactor(float sum_squares, float clip_norm);
 
 // Dynamic loss scaling (as PyTorch's GradScaler): multiply the loss by scale(); after
@@ -60,6 +63,7 @@ class LossScaler {
       : enabled_(enabled), scale_(enabled ? initial_scale : 1.0f),
         growth_interval_(growth_interval) {}
   float scale() const { return scale_; }
+  bool enabled() const { return enabled_; }
   int good_steps() const { return good_steps_; }
   // Records the outcome of a step; returns true when the optimizer step should be taken.
   bool Update(bool found_inf);

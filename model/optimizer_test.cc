@@ -8,6 +8,8 @@ namespace tandem {
 namespace {
 
 Tensor T(std::vector<float> v) { return *Tensor::FromVector(v, {int64_t(v.size())}); }
+// A one-element tensor's value, read on the host once the queued work has run.
+float Value(const Tensor& t) { return t.ToFloatVector().value()[0]; }
 
 // Values worked out by hand from the update rules (see the comments).
 TEST(OptimizerTest, AdamWMatchesHandComputedSteps) {
@@ -23,11 +25,11 @@ TEST(OptimizerTest, AdamWMatchesHandComputedSteps) {
   // Step 1, g = 0.5: m = 0.05, v = 0.0125, m^ = 0.5, v^ = 0.25, update = 1;
   // p = 1 - 0.1 * (1 + 0.1 * 1) = 0.89.
   ASSERT_TRUE(opt.Step(s, p, T({0.5f}), 0, 1.0f).ok());
-  EXPECT_NEAR(p.data<float>()[0], 0.89f, 1e-6);
+  EXPECT_NEAR(Value(p), 0.89f, 1e-6);
   // Step 2, g = -0.5: m = -0.005, v = 0.024375, m^ = -0.0263158, v^ = 0.25,
   // update = -0.0526316; p = 0.89 - 0.1 * (-0.0526316 + 0.089) = 0.8863632.
   ASSERT_TRUE(opt.Step(s, p, T({-0.5f}), 1, 1.0f).ok());
-  EXPECT_NEAR(p.data<float>()[0], 0.8863632f, 1e-6);
+  EXPECT_NEAR(Value(p), 0.8863632f, 1e-6);
 }
 
 TEST(OptimizerTest, AdamWGradScaleUnscales) {
@@ -42,7 +44,7 @@ TEST(OptimizerTest, AdamWGradScaleUnscales) {
     ASSERT_TRUE(a.Step(s, pa, T({0.25f * (i + 1)}), i, 1.0f).ok());
     ASSERT_TRUE(b.Step(s, pb, T({1024.0f * 0.25f * (i + 1)}), i, 1.0f / 1024).ok());
   }
-  EXPECT_FLOAT_EQ(pa.data<float>()[0], pb.data<float>()[0]);
+  EXPECT_FLOAT_EQ(Value(pa), Value(pb));
 }
 
 TEST(OptimizerTest, SgdMomentumMatchesHandComputedSteps) {
@@ -55,9 +57,9 @@ TEST(OptimizerTest, SgdMomentumMatchesHandComputedSteps) {
   Stream& s = **Stream::Compute(Device::Cpu());
   Tensor p = T({1.0f});
   ASSERT_TRUE(opt.Step(s, p, T({0.5f}), 0, 1.0f).ok());  // buf = 0.5, p = 0.95
-  EXPECT_NEAR(p.data<float>()[0], 0.95f, 1e-6);
+  EXPECT_NEAR(Value(p), 0.95f, 1e-6);
   ASSERT_TRUE(opt.Step(s, p, T({0.5f}), 1, 1.0f).ok());  // buf = 0.95, p = 0.855
-  EXPECT_NEAR(p.data<float>()[0], 0.855f, 1e-6);
+  EXPECT_NEAR(Value(p), 0.855f, 1e-6);
 }
 
 TEST(OptimizerTest, WarmupThenCosine) {
@@ -78,6 +80,52 @@ TEST(OptimizerTest, ClipFactor) {
   EXPECT_FLOAT_EQ(ClipFactor(4.0f, 1.0f), 1.0f / (2.0f + 1e-6f));  // norm 2 -> 0.5
   EXPECT_FLOAT_EQ(ClipFactor(0.25f, 1.0f), 1.0f);
   EXPECT_FLOAT_EQ(ClipFactor(100.0f, 0.0f), 1.0f);  // off
+}
+
+// The clipping factor computed on the device gives the bits the host's ClipFactor gives, and
+// a sum of squares that is not finite gives nan, so that the update is skipped.
+TEST(OptimizerTest, GradScaleOnTheDeviceIsTheHostsClipFactor) {
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Tensor scale = T({0.0f});
+  for (float sumsq : {0.0f, 0.25f, 4.0f, 9.5f, 1e6f}) {
+    for (float loss_scale : {1.0f, 1024.0f}) {
+      for (float clip : {0.0f, 1.0f, 2.5f}) {
+        const float unscale = 1.0f / loss_scale;
+        const float scaled = sumsq * loss_scale * loss_scale;
+        ASSERT_TRUE(ops::GradScale(s, scale, T({scaled}), unscale, clip).ok());
+        const float want = unscale * ClipFactor(scaled * unscale * unscale, clip);
+        EXPECT_EQ(Value(scale), want) << sumsq << " " << loss_scale << " " << clip;
+      }
+    }
+  }
+  for (float bad : {NAN, INFINITY}) {
+    ASSERT_TRUE(ops::GradScale(s, scale, T({bad}), 1.0f, 1.0f).ok());
+    EXPECT_TRUE(std::isnan(Value(scale)));
+  }
+}
+
+// A device scale multiplies the gradients (1 * scale: the bits of a host factor), and one that
+// is not finite leaves parameters and state unchanged, as the host skipping the step would.
+TEST(OptimizerTest, DeviceScaleScalesOrSkips) {
+  for (const char* kind : {"adamw", "sgd"}) {
+    SCOPED_TRACE(kind);
+    OptimizerConfig c;
+    c.kind = kind;
+    c.weight_decay = 0.1f;
+    auto host = *Optimizer::Create(c, 3, Device::Cpu());
+    auto device = *Optimizer::Create(c, 3, Device::Cpu());
+    Stream& s = **Stream::Compute(Device::Cpu());
+    Tensor ph = T({1.0f, -2.0f, 0.5f}), pd = T({1.0f, -2.0f, 0.5f});
+    const Tensor g = T({0.3f, -0.7f, 2.0f});
+    ASSERT_TRUE(host.Step(s, ph, g, 0, 0.37f).ok());
+    ASSERT_TRUE(device.Step(s, pd, g, 0, 1.0f, Tensor(), T({0.37f})).ok());
+    EXPECT_EQ(ph.ToFloatVector().value(), pd.ToFloatVector().value());
+    const std::vector<float> before = pd.ToFloatVector().value();
+    const std::vector<float> state = device.state0().ToFloatVector().value();
+    ASSERT_TRUE(device.Step(s, pd, g, 1, 1.0f, Tensor(), T({NAN})).ok());
+    EXPECT_EQ(pd.ToFloatVector().value(), before);
+    EXPECT_EQ(device.state0().ToFloatVector().value(), state);
+  }
 }
 
 TEST(OptimizerTest, BadConfigIsRefused) {

@@ -29,7 +29,10 @@ absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& param
                               uint64_t seed) {
   // Filled in place, then copied once to wherever the parameters live (a no-op copy's worth
   // of work on the CPU). The entries tile [0, numel), so every element is written.
-  ASSIGN_OR_RETURN(Tensor host, Tensor::Empty({layout.numel()}, DType::kF32, Device::Cpu()));
+  AllocationUse host_writes;
+  host_writes.host_writes = true;
+  ASSIGN_OR_RETURN(Tensor host, Tensor::Empty({layout.numel()}, DType::kF32, Device::Cpu(),
+                                              HostMemoryKind::kPageable, host_writes));
   for (const ParamEntry& e : layout.entries()) {
     float* p = host.data<float>() + e.offset;
     const int64_t n = e.spec.shape.numel();

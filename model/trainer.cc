@@ -1,12 +1,12 @@
 #include "model/trainer.h"
 
-#include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
 #include "model/sharded_checkpoint.h"
+#include "runtime/host_sync.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
 
@@ -69,42 +69,74 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
                    Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));
   ASSIGN_OR_RETURN(t->optimizer_,
                    Optimizer::Create(c.optimizer, t->stage_->layout().numel(), c.device));
+  ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.device));
   if (!c.resume.empty()) RETURN_IF_ERROR(t->LoadCheckpoint(c.resume));
   return t;
 }
 
 absl::StatusOr<StepReport> Trainer::Step() {
-  const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.device));
+  ASSIGN_OR_RETURN(std::unique_ptr<Event> start, Event::Create(c_.device));
+  RETURN_IF_ERROR(start->Record(*s));
   const int64_t T = c_.model.seq_len;
   const int64_t rows = c_.batch / c_.micro_batches;
-  // [0]: the summed token losses, [1]: the sum of squared gradients.
-  ASSIGN_OR_RETURN(Tensor sums, Tensor::Empty({2}, DType::kF32, c_.device));
+  // [0]: the summed token losses, [1]: the sum of squared gradients, [2]: the gradients'
+  // factor.
+  ASSIGN_OR_RETURN(Tensor sums, Tensor::Empty({3}, DType::kF32, c_.device));
   RETURN_IF_ERROR(ZeroFill(sums, *s));
   ASSIGN_OR_RETURN(Tensor loss_sum, sums.View(0, {1}));
   ASSIGN_OR_RETURN(Tensor sumsq, sums.View(1, {1}));
+  ASSIGN_OR_RETURN(Tensor scale, sums.View(2, {1}));
   ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty({1}, DType::kF32, c_.device));
+  auto load = [&](int m) {
+    return input_->Load(data_, order_, int64_t{step_} * c_.batch, m * rows, rows, T,
+                        scaler_.scale() / static_cast<float>(c_.batch * T));
+  };
+  ASSIGN_OR_RETURN(MicroBatch next, load(0));
   for (int m = 0; m < c_.micro_batches; ++m) {
-    ASSIGN_OR_RETURN(
-        MicroBatch mb,
-        MakeMicroBatch(data_, order_, int64_t{step_} * c_.batch, m * rows, rows, T, c_.device,
-                       scaler_.scale() / static_cast<float>(c_.batch * T)));
+    MicroBatch mb = std::move(next);
+    // The next micro-batch's copy runs while this one computes.
+    if (m + 1 < c_.micro_batches) {
+      ASSIGN_OR_RETURN(next, load(m + 1));
+    }
+    RETURN_IF_ERROR(InputPrefetcher::WaitFor(*s, mb));
     Tensor losses, dx;
     RETURN_IF_ERROR(stage_->Forward(*s, m, mb, Tensor(), &losses));
     RETURN_IF_ERROR(AccumulateLoss(*s, loss_sum, losses, scratch));
     RETURN_IF_ERROR(stage_->Backward(*s, m, mb, Tensor(), &dx));
   }
   RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
-  ASSIGN_OR_RETURN(std::vector<float> v, sums.ToFloatVector());
-  ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, c_, *stage_, optimizer_, scaler_, step_, v[0], v[1]));
+  RETURN_IF_ERROR(
+      IssueStepEnd(*s, c_, *stage_, optimizer_, scaler_.scale(), step_, sumsq, scale));
+  ASSIGN_OR_RETURN(std::unique_ptr<Event> end, Event::Create(c_.device));
+  RETURN_IF_ERROR(end->Record(*s));
+  // One worker reads every step's loss (the one host synchronization of its step).
+  std::vector<float> v;
+  {
+    ExpectedHostSync reading;
+    ASSIGN_OR_RETURN(v, sums.ToFloatVector());
+  }
+  StepReport r = ReportStep(c_, scaler_, step_, v[0], v[1]);
+  // The stream's time from the end of the previous step (its gaps included) to this end.
+  ASSIGN_OR_RETURN(float ms, end->ElapsedMsSince(last_step_end_ ? *last_step_end_ : *start));
+  r.seconds = ms * 1e-3;
+  last_step_end_ = std::move(end);
   ++step_;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
-absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& stage,
-                                      Optimizer& optimizer, LossScaler& scaler, int step,
-                                      float loss_sum, float grad_sumsq) {
+absl::Status IssueStepEnd(Stream& s, const TrainConfig& c, Stage& stage, Optimizer& optimizer,
+                          float loss_scale, int step, const Tensor& grad_sumsq,
+                          const Tensor& scale) {
+  RETURN_IF_ERROR(
+      ops::GradScale(s, scale, grad_sumsq, 1.0f / loss_scale, c.optimizer.clip_norm));
+  RETURN_IF_ERROR(optimizer.Step(s, stage.params().flat(), stage.grads().flat(), step,
+                                 /*grad_scale=*/1.0f, stage.params_low(), scale));
+  return stage.ZeroGrads(s);
+}
+
+StepReport ReportStep(const TrainConfig& c, LossScaler& scaler, int step, float loss_sum,
+                      float grad_sumsq) {
   const float unscale = 1.0f / scaler.scale();
   const float norm_sq = grad_sumsq * unscale * unscale;
   StepReport r;
@@ -112,14 +144,10 @@ absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& st
   r.loss = loss_sum / static_cast<float>(int64_t{c.batch} * c.model.seq_len);
   r.grad_norm = std::sqrt(norm_sq);
   r.lr = LearningRate(c.optimizer, step);
+  // As GradScale decided on the device: an update with gradients that are not finite was
+  // skipped.
   r.skipped = !scaler.Update(!std::isfinite(norm_sq));
   r.loss_scale = scaler.scale();
-  if (!r.skipped) {
-    const float clip = ClipFactor(norm_sq, c.optimizer.clip_norm);
-    RETURN_IF_ERROR(optimizer.Step(s, stage.params().flat(), stage.grads().flat(), step,
-                                   unscale * clip, stage.params_low()));
-  }
-  RETURN_IF_ERROR(stage.ZeroGrads(s));
   return r;
 }
 

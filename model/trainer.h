@@ -14,6 +14,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/data.h"
+#include "model/input.h"
 #include "model/memory.h"
 #include "model/optimizer.h"
 #include "model/stage.h"
@@ -88,14 +89,25 @@ class Trainer {
   LossScaler scaler_;
   MemoryCheck memory_;
   int step_ = 0;
+  std::unique_ptr<Event> last_step_end_;  // where the previous step ended on the stream
+  std::unique_ptr<InputPrefetcher> input_;
 };
 
-// The end of every step, for one worker or many: given the step's summed token losses and
-// the global sum of squared gradients (both as seen by this rank after any reduction),
-// applies the loss scaler's verdict, clipping and the optimizer, then zeroes the gradients.
-absl::StatusOr<StepReport> FinishStep(Stream& s, const TrainConfig& c, Stage& stage,
-                                      Optimizer& optimizer, LossScaler& scaler, int step,
-                                      float loss_sum, float grad_sumsq);
+// The end of every step, for one worker or many, issued on `s` with no host
+// synchronization: from the global sum of squared gradients this rank sees after any
+// reduction (grad_sumsq, one f32 on the device), the gradients' factor (unscaling by
+// `loss_scale` and clipping) is computed on the device into `scale` (one f32), the optimizer
+// runs with it (skipping the update, on the device, when the gradients are not finite) and
+// the gradients are zeroed.
+absl::Status IssueStepEnd(Stream& s, const TrainConfig& c, Stage& stage, Optimizer& optimizer,
+                          float loss_scale, int step, const Tensor& grad_sumsq,
+                          const Tensor& scale);
+
+// Step `step`'s report from the values read on the host once it ran: its summed token
+// losses and global sum of squared gradients. Updates the loss scaler, which sees every step
+// in order (the scale in effect during the step is the one it holds when called).
+StepReport ReportStep(const TrainConfig& c, LossScaler& scaler, int step, float loss_sum,
+                      float grad_sumsq);
 
 // Rows [row_begin, row_begin + rows) of the global batch that starts at sample position
 // `batch_start`, as one micro-batch of (rows, seq_len) tokens and targets on `device`, with

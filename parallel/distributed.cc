@@ -1,6 +1,5 @@
 #include "parallel/distributed.h"
 
-#include <chrono>
 #include <cmath>
 #include <algorithm>
 #include <map>
@@ -12,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "model/sharded_checkpoint.h"
 #include "runtime/allocator.h"
+#include "runtime/host_sync.h"
 #include "runtime/ops.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
@@ -23,23 +23,27 @@ namespace {
 // default timeout of torch.distributed's process groups.
 constexpr absl::Duration kCheckpointWriteTimeout = absl::Minutes(30);
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+// The phases of a step on the compute stream (StreamTimeline kinds), and where each goes in
+// StepTiming and in the trace.
+enum Phase { kCompute, kExposedComm, kBubble, kOptimizer, kInput };
+
+const char* TraceCategory(int phase) {
+  switch (phase) {
+    case kCompute: return "compute";
+    case kOptimizer: return "optimizer";
+    default: return "idle";
+  }
 }
 
-// Seconds spent in a scope, added to *acc.
-class Timer {
- public:
-  explicit Timer(double* acc) : acc_(acc), start_(Now()) {}
-  ~Timer() {
-    if (acc_) *acc_ += Now() - start_;
+void AddPhase(const StreamTimeline::Phase& p, StepTiming* t) {
+  switch (p.kind) {
+    case kCompute: t->compute_seconds += p.seconds; break;
+    case kExposedComm: t->exposed_comm_seconds += p.seconds; break;
+    case kBubble: t->bubble_seconds += p.seconds; break;
+    case kOptimizer: t->optimizer_seconds += p.seconds; break;
+    case kInput: t->input_seconds += p.seconds; break;
   }
-
- private:
-  double* acc_;
-  double start_;
-};
+}
 
 // The schedule a pipeline follows; model parallelism is GPipe over its one micro-batch.
 absl::StatusOr<PipelineSchedule> StrategySchedule(const ParallelConfig& c, int world) {
@@ -85,22 +89,24 @@ absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model
   constexpr int kRuns = 4;  // the first is a warm-up
   std::vector<std::vector<double>> runs(n);
   for (int r = 0; r < kRuns; ++r) {
+    // Each block's forward and backward between events on the stream: the device's time.
+    ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
     std::vector<Tensor> outs(n + 1);
     for (int b = 0; b < n; ++b) {
-      const double t0 = Now();
       RETURN_IF_ERROR(stages[b]->Forward(*s, 0, mb, outs[b], &outs[b + 1]));
-      RETURN_IF_ERROR(s->Synchronize());
-      runs[b].push_back(Now() - t0);
+      RETURN_IF_ERROR(timeline.Mark(b, "forward"));
     }
     Tensor d;
     for (int b = n - 1; b >= 0; --b) {
-      const double t0 = Now();
       Tensor dx;
       RETURN_IF_ERROR(stages[b]->Backward(*s, 0, mb, d, &dx));
-      RETURN_IF_ERROR(s->Synchronize());
-      runs[b].back() += Now() - t0;
+      RETURN_IF_ERROR(timeline.Mark(b, "backward"));
       d = dx;
     }
+    RETURN_IF_ERROR(s->Synchronize());
+    ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, timeline.Phases());
+    for (int b = 0; b < n; ++b) runs[b].push_back(0);
+    for (const StreamTimeline::Phase& p : phases) runs[p.kind].back() += p.seconds;
   }
   std::vector<double> seconds(n);
   for (int b = 0; b < n; ++b) {
@@ -191,11 +197,21 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
                             /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind, t.device));
   }
   ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, world_size));
+  const int64_t rows = t.batch / t.micro_batches;
+  // A tensor crossing a stage boundary, for one micro-batch.
+  const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
+                           static_cast<int64_t>(DTypeSize(t.dtype));
   std::vector<MemoryNeed> needs;
   for (int r = 0; r < world_size; ++r) {
-    needs.push_back(EstimateStageMemory(t.model, bounds[r], bounds[r + 1],
-                                        t.batch / t.micro_batches, PeakInFlight(s, r), c.recompute,
-                                        t.dtype, t.optimizer.kind, t.device));
+    MemoryNeed n = EstimateStageMemory(t.model, bounds[r], bounds[r + 1], rows,
+                                       PeakInFlight(s, r), c.recompute, t.dtype,
+                                       t.optimizer.kind, t.device);
+    // The host issues a whole step ahead of the device, and each send keeps its tensor until
+    // the compute stream waited for it at the step's end (Work::WaitOn): every micro-batch's
+    // output (a stage before the last) and input gradient (a stage after the first) at once.
+    const int directions = (r + 1 < world_size ? 1 : 0) + (r > 0 ? 1 : 0);
+    n.activations += directions * int64_t{t.micro_batches} * boundary;
+    needs.push_back(n);
   }
   return needs;
 }
@@ -225,6 +241,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(c.train.optimizer,
                                                     t->stage_->layout().numel(),
                                                     c.train.device));
+  ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.train.device));
   if (data_parallel) {
     t->buckets_ = PlanBuckets(t->stage_->layout(), t->stage_->ParamBlocks(), c.bucket_bytes);
     // Every replica starts from rank 0's weights.
@@ -271,15 +288,23 @@ absl::Status DistributedTrainer::Wait(Work& w, const char* what, absl::Duration 
                                                 comm_->rank(), step_, what, s.message()));
 }
 
-absl::StatusOr<MicroBatch> DistributedTrainer::LoadMicroBatch(int64_t row_begin, int64_t rows) {
-  const TrainConfig& t = c_.train;
-  return MakeMicroBatch(data_, order_, int64_t{step_} * t.batch, row_begin, rows,
-                        t.model.seq_len, t.device,
-                        scaler_.scale() / static_cast<float>(int64_t{t.batch} * t.model.seq_len));
+absl::Status DistributedTrainer::WaitOn(Work& w, Stream& s, const char* what) {
+  absl::Status st = w.WaitOn(s, c_.timeout);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrFormat("rank %d, step %d, waiting for %s: %s",
+                                                 comm_->rank(), step_, what, st.message()));
 }
 
-absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, StepTiming* t) {
+absl::StatusOr<MicroBatch> DistributedTrainer::LoadMicroBatch(int64_t row_begin, int64_t rows) {
+  const TrainConfig& t = c_.train;
+  return input_->Load(data_, order_, int64_t{step_} * t.batch, row_begin, rows, t.model.seq_len,
+                      scaler_.scale() / static_cast<float>(int64_t{t.batch} * t.model.seq_len));
+}
+
+absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, Pending* p) {
   const TrainConfig& tc = c_.train;
+  StepTiming* t = &p->timing;
+  StreamTimeline& timeline = *p->timeline;
   const int world = comm_->world_size();
   const int64_t share = tc.batch / world;
   const int64_t rows = share / tc.micro_batches;
@@ -294,17 +319,24 @@ absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, S
     pending.push_back(std::move(w));
     return absl::OkStatus();
   };
+  auto load = [&](int m) { return LoadMicroBatch(comm_->rank() * share + m * rows, rows); };
+  ASSIGN_OR_RETURN(MicroBatch next_mb, load(0));
   for (int m = 0; m < tc.micro_batches; ++m) {
-    ASSIGN_OR_RETURN(MicroBatch mb, LoadMicroBatch(comm_->rank() * share + m * rows, rows));
-    const bool last = m == tc.micro_batches - 1;
-    Timer compute(&t->compute_seconds);
-    Tensor losses, dx;
-    {
-      SpanScope span(absl::StrCat("forward ", m), "compute", m);
-      RETURN_IF_ERROR(stage_->Forward(s, m, mb, Tensor(), &losses));
-      RETURN_IF_ERROR(AccumulateLoss(s, *loss_sum, losses, scratch));
+    MicroBatch mb = std::move(next_mb);
+    // The next micro-batch's copy runs while this one computes.
+    if (m + 1 < tc.micro_batches) {
+      ASSIGN_OR_RETURN(next_mb, load(m + 1));
     }
-    // Gradient accumulation communicates only after the last micro-batch's gradients.
+    const bool last = m == tc.micro_batches - 1;
+    RETURN_IF_ERROR(InputPrefetcher::WaitFor(s, mb));
+    RETURN_IF_ERROR(timeline.Mark(kInput, absl::StrCat("input ", m), m));
+    Tensor losses, dx;
+    RETURN_IF_ERROR(stage_->Forward(s, m, mb, Tensor(), &losses));
+    RETURN_IF_ERROR(AccumulateLoss(s, *loss_sum, losses, scratch));
+    RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("forward ", m), m));
+    // Gradient accumulation communicates only after the last micro-batch's gradients: each
+    // bucket's all-reduce is issued once backward has issued its last gradient, and runs
+    // after that work (the communicator orders it after the compute stream).
     auto block_done = [&](int block) -> absl::Status {
       if (!last || !c_.overlap) return absl::OkStatus();
       while (next < buckets_.size() && buckets_[next].ready_block >= block) {
@@ -312,18 +344,19 @@ absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, S
       }
       return absl::OkStatus();
     };
-    SpanScope span(absl::StrCat("backward ", m), "compute", m);
     RETURN_IF_ERROR(stage_->Backward(s, m, mb, Tensor(), &dx, block_done));
+    RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward ", m), m));
   }
   while (next < buckets_.size()) RETURN_IF_ERROR(issue(next++));
-  Timer exposed(&t->exposed_comm_seconds);
-  SpanScope span("wait for gradients", "idle");
-  for (auto& w : pending) RETURN_IF_ERROR(Wait(*w, w->description().c_str()));
-  return absl::OkStatus();
+  // The optimizer's work waits on the stream for every bucket; the host does not.
+  for (auto& w : pending) RETURN_IF_ERROR(WaitOn(*w, s, w->description().c_str()));
+  return timeline.Mark(kExposedComm, "wait for gradients");
 }
 
-absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepTiming* t) {
+absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pending* p) {
   const TrainConfig& tc = c_.train;
+  StepTiming* t = &p->timing;
+  StreamTimeline& timeline = *p->timeline;
   const int rank = comm_->rank();
   const int M = tc.micro_batches;
   const int64_t rows = tc.batch / M, T = tc.model.seq_len, C = tc.model.d_model;
@@ -336,6 +369,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
   if (stage_->is_last()) {
     ASSIGN_OR_RETURN(scratch, Tensor::Empty({1}, DType::kF32, tc.device));
   }
+  // Micro-batch m's tokens and targets, their copy queued on first use.
   auto batch = [&](int m) -> absl::StatusOr<MicroBatch*> {
     auto it = batches.find(m);
     if (it == batches.end()) {
@@ -344,18 +378,24 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
     }
     return &it->second;
   };
+  // The next compute action's micro-batch after action i, loaded ahead of it.
+  auto prefetch_after = [&](size_t i) -> absl::Status {
+    for (size_t j = i + 1; j < actions.size(); ++j) {
+      if (actions[j].type == ActionType::kForward || actions[j].type == ActionType::kBackward) {
+        return batch(actions[j].micro_batch).status();
+      }
+    }
+    return absl::OkStatus();
+  };
+  // The stream waits for micro-batch m's receive, a phase of bubble of its own.
   auto wait_for = [&](std::map<int, std::shared_ptr<Work>>& ready, int m,
                       const char* what) -> absl::Status {
     auto it = ready.find(m);
     if (it == ready.end()) return absl::OkStatus();
-    Timer bubble(&t->bubble_seconds);
-    SpanScope span(absl::StrCat("wait ", m), "idle", m);
-    RETURN_IF_ERROR(Wait(*it->second, what));
+    RETURN_IF_ERROR(WaitOn(*it->second, s, what));
     ready.erase(it);
-    return absl::OkStatus();
+    return timeline.Mark(kBubble, absl::StrCat("wait ", m), m);
   };
-  // This stage's transfers in the groups the validator simulated (ExchangeGroups): each run
-  // of transfers split so that the neighbour groups the same transfers alike.
   // One of this stage's exchange groups (ExchangeGroups: both neighbours group the same
   // transfers alike) as one SendRecv; its receives become ready together.
   auto issue_group = [&](const std::vector<int>& indices) -> absl::Status {
@@ -409,8 +449,9 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
     if (a.type == ActionType::kForward) {
       RETURN_IF_ERROR(wait_for(act_ready, m, "an activation from the previous stage"));
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
-      Timer compute(&t->compute_seconds);
-      SpanScope span(absl::StrCat("forward ", m), "compute", m);
+      RETURN_IF_ERROR(prefetch_after(i));
+      RETURN_IF_ERROR(InputPrefetcher::WaitFor(s, *mb));
+      RETURN_IF_ERROR(timeline.Mark(kInput, absl::StrCat("input ", m), m));
       Tensor y;
       RETURN_IF_ERROR(stage_->Forward(s, m, *mb, act_in[m], &y));
       act_in.erase(m);
@@ -419,45 +460,50 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, StepT
       } else {
         outputs[m] = y;
       }
+      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("forward ", m), m));
     } else if (a.type == ActionType::kBackward) {
       RETURN_IF_ERROR(wait_for(grad_ready, m, "a gradient from the next stage"));
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
-      Timer compute(&t->compute_seconds);
-      SpanScope span(absl::StrCat("backward ", m), "compute", m);
+      RETURN_IF_ERROR(prefetch_after(i));
       Tensor dx;
       RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx));
       grad_in.erase(m);
       batches.erase(m);
       if (!stage_->is_first()) input_grads[m] = dx;
+      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward ", m), m));
     }
     ++i;  // the optimizer step is the caller's
   }
-  Timer bubble(&t->bubble_seconds);
-  SpanScope span("wait for transfers", "idle");
-  for (auto& w : all) RETURN_IF_ERROR(Wait(*w, w->description().c_str()));
-  return absl::OkStatus();
+  // Every transfer finished before the step's end on the stream: waiting for a neighbour's
+  // last gradient or for the sends to be taken is the pipeline's bubble too.
+  for (auto& w : all) RETURN_IF_ERROR(WaitOn(*w, s, w->description().c_str()));
+  return timeline.Mark(kBubble, "wait for transfers");
 }
 
-absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
-                                                    const std::function<bool()>& stop_requested) {
-  const double start = Now();
-  StepTiming local;
-  StepTiming* t = timing ? timing : &local;
-  *t = StepTiming();
-  const double busy_start = comm_->busy_seconds();
-  stage_->ResetPeakInFlight();
+absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_requested) {
+  const int64_t syncs_before = HostSync::Count();
   const TrainConfig& tc = c_.train;
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
+  Pending p;
+  p.report.step = step_;
+  p.report.lr = LearningRate(tc.optimizer, step_);
+  p.first_sequence = comm_->last_issued_sequence();
+  ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
+  p.timeline = std::make_unique<StreamTimeline>(std::move(timeline));
+  stage_->ResetPeakInFlight();
   // [0]: this rank's summed token losses, [1]: its share of the squared gradient norm,
-  // [2]: 1 if this rank asks to stop after this step (summed: any rank's wish counts).
-  ASSIGN_OR_RETURN(Tensor reduced, Tensor::Empty({3}, DType::kF32, tc.device));
-  RETURN_IF_ERROR(ZeroFill(reduced, *s));
-  ASSIGN_OR_RETURN(Tensor loss_sum, reduced.View(0, {1}));
-  ASSIGN_OR_RETURN(Tensor sumsq, reduced.View(1, {1}));
+  // [2]: 1 if this rank asks to stop after this step (summed: any rank's wish counts),
+  // [3]: the gradients' factor (unscaling and clipping), computed on the device.
+  ASSIGN_OR_RETURN(Tensor buffer, Tensor::Empty({4}, DType::kF32, tc.device));
+  RETURN_IF_ERROR(ZeroFill(buffer, *s));
+  ASSIGN_OR_RETURN(p.reduced, buffer.View(0, {3}));
+  ASSIGN_OR_RETURN(Tensor loss_sum, buffer.View(0, {1}));
+  ASSIGN_OR_RETURN(Tensor sumsq, buffer.View(1, {1}));
+  ASSIGN_OR_RETURN(Tensor scale, buffer.View(3, {1}));
   if (c_.strategy == StrategyKind::kData) {
-    RETURN_IF_ERROR(DataParallelPass(*s, &loss_sum, t));
+    RETURN_IF_ERROR(DataParallelPass(*s, &loss_sum, &p));
   } else {
-    RETURN_IF_ERROR(PipelinePass(*s, &loss_sum, t));
+    RETURN_IF_ERROR(PipelinePass(*s, &loss_sum, &p));
   }
   RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
   const int world = comm_->world_size();
@@ -467,28 +513,94 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
     RETURN_IF_ERROR(ops::Scale(*s, sumsq, 1.0f / world));
   }
   if (stop_requested && stop_requested()) {
-    ASSIGN_OR_RETURN(Tensor flag, reduced.View(2, {1}));
+    ASSIGN_OR_RETURN(Tensor flag, buffer.View(2, {1}));
     RETURN_IF_ERROR(ops::Fill(*s, flag, 1.0f));
   }
+  RETURN_IF_ERROR(p.timeline->Mark(kOptimizer, "gradient norm"));
   {
-    Timer exposed(&t->exposed_comm_seconds);
-    SpanScope span("reduce loss", "idle");
-    ASSIGN_OR_RETURN(auto w, comm_->AllReduce(reduced));
-    RETURN_IF_ERROR(Wait(*w, "the reduction of the step's loss and gradient norm"));
+    ASSIGN_OR_RETURN(auto w, comm_->AllReduce(p.reduced));
+    RETURN_IF_ERROR(WaitOn(*w, *s, "the reduction of the step's loss and gradient norm"));
   }
-  ASSIGN_OR_RETURN(std::vector<float> v, reduced.ToFloatVector());
-  stop_agreed_ = v[2] > 0.5f;
-  const double opt_start = Now();
-  SpanScope opt_span("optimizer", "optimizer");
-  ASSIGN_OR_RETURN(StepReport r, FinishStep(*s, tc, *stage_, optimizer_, scaler_, step_, v[0], v[1]));
-  RETURN_IF_ERROR(s->Synchronize());
-  t->optimizer_seconds = Now() - opt_start;
-  t->last_sequence = comm_->last_issued_sequence();
-  t->comm_seconds = comm_->busy_seconds() - busy_start;
-  t->peak_in_flight = stage_->peak_in_flight();
+  RETURN_IF_ERROR(p.timeline->Mark(kExposedComm, "reduce loss"));
+  RETURN_IF_ERROR(
+      IssueStepEnd(*s, tc, *stage_, optimizer_, scaler_.scale(), step_, sumsq, scale));
+  // The values the host reads, in memory it reads without another copy.
+  ASSIGN_OR_RETURN(p.host, Tensor::Empty({3}, DType::kF32, Device::Cpu(), HostMemoryKind::kPinned));
+  RETURN_IF_ERROR(Copy(p.host, p.reduced, *s));
+  RETURN_IF_ERROR(p.timeline->Mark(kOptimizer, "optimizer"));
+  p.timing.last_sequence = comm_->last_issued_sequence();
+  p.timing.peak_in_flight = stage_->peak_in_flight();
+  p.timing.host_syncs = HostSync::Count() - syncs_before;
+  pending_.push_back(std::move(p));
   ++step_;
-  r.seconds = Now() - start;
-  return r;
+  // f16's loss scale for the next step depends on this step's verdict.
+  if (scaler_.enabled()) RETURN_IF_ERROR(ReadPending());
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::ReadPending() {
+  if (pending_.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.train.device));
+  const int64_t syncs_before = HostSync::Count();
+  {
+    // The one host synchronization: every pending step's values, and its events, are final.
+    ExpectedHostSync reading;
+    absl::Status st = s->Synchronize();
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrFormat("rank %d, steps %d-%d: %s", comm_->rank(),
+                                                     pending_.front().report.step + 1,
+                                                     pending_.back().report.step + 1,
+                                                     st.message()));
+    }
+  }
+  pending_.back().timing.host_syncs += HostSync::Count() - syncs_before;
+  for (Pending& p : pending_) {
+    const float* v = p.host.data<float>();
+    CompletedStep done;
+    done.report = ReportStep(c_.train, scaler_, p.report.step, v[0], v[1]);
+    done.timing = p.timing;
+    if (v[2] > 0.5f) stop_agreed_ = true;
+    ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, p.timeline->Phases());
+    for (const StreamTimeline::Phase& phase : phases) {
+      AddPhase(phase, &done.timing);
+      if (Profiler::enabled()) {
+        TraceEvent e;
+        e.name = phase.name;
+        e.category = TraceCategory(phase.kind);
+        e.start_us = phase.start_us;
+        e.duration_us = phase.seconds * 1e6;
+        e.micro_batch = phase.micro_batch;
+        Profiler::RecordEvent(std::move(e));
+      }
+    }
+    // The stream's time from the previous step's end (its gaps included) to this one's.
+    const Event& from = last_read_ ? last_read_->end() : p.timeline->start();
+    ASSIGN_OR_RETURN(float ms, p.timeline->end().ElapsedMsSince(from));
+    done.report.seconds = ms * 1e-3;
+    done.timing.comm_seconds = comm_->busy_seconds_through(p.timing.last_sequence) -
+                               comm_->busy_seconds_through(p.first_sequence);
+    last_read_ = std::move(p.timeline);
+    read_.push_back(std::move(done));
+  }
+  pending_.clear();
+  Profiler::Collect();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CompletedStep>> DistributedTrainer::Read() {
+  RETURN_IF_ERROR(ReadPending());
+  std::vector<CompletedStep> out;
+  out.swap(read_);
+  return out;
+}
+
+absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
+                                                    const std::function<bool()>& stop_requested) {
+  RETURN_IF_ERROR(Issue(stop_requested));
+  ASSIGN_OR_RETURN(std::vector<CompletedStep> done, Read());
+  if (done.empty()) return absl::InternalError("a step issued but not read");
+  if (timing != nullptr) *timing = done.back().timing;
+  return done.back().report;
 }
 
 std::pair<int, int> DistributedTrainer::BlockRange(int rank) const {
@@ -502,6 +614,15 @@ std::string DistributedTrainer::ShardName(const std::string& prefix, int rank) c
 }
 
 absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
+  if (!pending_.empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "checkpoint at step %d with %d steps not read: Read() them first (their losses decide "
+        "whether the weights are worth keeping)",
+        step_, pending_.size()));
+  }
+  // Reading the weights and waiting for the other ranks' shards: the synchronizations a
+  // checkpoint must make.
+  ExpectedHostSync checkpoint;
   const int rank = comm_->rank(), world = comm_->world_size();
   const bool writes = c_.strategy != StrategyKind::kData || rank == 0;
   const std::string prefix = CheckpointPrefixFor(dir, step_);
@@ -574,6 +695,9 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
 }
 
 absl::Status DistributedTrainer::LoadCheckpoint(const std::string& prefix) {
+  if (!pending_.empty()) {
+    return absl::FailedPreconditionError("checkpoint loaded with steps not read: Read() first");
+  }
   return LoadShardedTrainingState(prefix, c_.train, *stage_, &optimizer_, &scaler_, &step_);
 }
 

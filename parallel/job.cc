@@ -77,6 +77,8 @@ const std::vector<Field>& Fields() {
       Bool("recompute", &JobConfig::recompute),
       Num("heartbeat_timeout_s", &JobConfig::heartbeat_timeout_s),
       Bool("profile", &JobConfig::profile),
+      Num("log_every", &JobConfig::log_every),
+      Bool("debug_syncs", &JobConfig::debug_syncs),
   };
   return *fields;
 }

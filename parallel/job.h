@@ -50,6 +50,8 @@ struct JobConfig {
   bool recompute = false;
   double heartbeat_timeout_s = 60;
   bool profile = false;
+  int log_every = 1;         // steps between the host's reads of the loss
+  bool debug_syncs = false;  // print where unexpected host synchronizations come from
 
   std::string ToText() const;
   static absl::StatusOr<JobConfig> FromText(const std::string& text);

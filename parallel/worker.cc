@@ -43,6 +43,7 @@
 #include "parallel/job.h"
 #include "runtime/device.h"
 #include "runtime/files.h"
+#include "runtime/host_sync.h"
 #include "runtime/profiler.h"
 #include "runtime/status.h"
 
@@ -323,6 +324,9 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     }
   };
+  // From here on, the steady state: with --debug-syncs every host synchronization but the
+  // loss reads and checkpoints says where it came from.
+  HostSync::SetDebug(job.debug_syncs);
   while (trainer->step() < job.steps) {
     if (rank == crash_rank && trainer->step() == crash_step) {
       struct stat st;
@@ -337,32 +341,46 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       std::lock_guard<std::mutex> lock(progress->mu);
       progress->report.phase = "train";
     }
-    // A SIGTERM or the launcher's request during this step stops every rank after it.
+    // A SIGTERM or the launcher's request during this step stops every rank after the next
+    // read of the loss (every rank reads at the same steps).
     CoordinatorClient* raw_client = client.get();
-    StepTiming t;
-    ASSIGN_OR_RETURN(StepReport r, trainer->Step(&t, [raw_client] {
-                       return g_terminate.load() || raw_client->stop_requested();
-                     }));
+    RETURN_IF_ERROR(trainer->Issue(
+        [raw_client] { return g_terminate.load() || raw_client->stop_requested(); }));
+    // The host reads the losses every --log-every steps, at checkpoints and at the end; in
+    // between it only issues work.
+    const int issued = trainer->step();
+    const bool checkpoint_due =
+        job.checkpoint_every > 0 && (issued % job.checkpoint_every == 0 || issued == job.steps);
+    if (issued % job.log_every != 0 && !checkpoint_due && issued != job.steps) continue;
+    ASSIGN_OR_RETURN(std::vector<CompletedStep> done, trainer->Read());
+    if (done.empty()) continue;
     const bool terminated = g_terminate.load();
     const AllocatorStats mem = allocator->stats();
-    metrics << absl::StrFormat(
-                   "{\"step\": %d, \"loss\": %s, \"seconds\": %.6f, \"compute\": %.6f, "
-                   "\"comm\": %.6f, \"exposed_comm\": %.6f, \"bubble\": %.6f, \"optimizer\": %.6f, "
-                   "\"peak_in_flight\": %d, "
-                   "\"comm_bytes\": %d, \"sequence\": %d, \"lr\": %.6g, \"grad_norm\": %s, "
-                   "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d, "
-                   "\"param_bytes\": %d, \"grad_bytes\": %d, \"optimizer_bytes\": %d}",
-                   r.step, JsonNumber(r.loss, 9), r.seconds, t.compute_seconds, t.comm_seconds,
-                   t.exposed_comm_seconds, t.bubble_seconds, t.optimizer_seconds, t.peak_in_flight,
-                   t.comm_bytes, t.last_sequence, r.lr, JsonNumber(r.grad_norm, 6),
-                   r.skipped ? "true" : "false", mem.allocated_bytes, mem.peak_allocated_bytes,
-                   state.params, state.grads, state.optimizer)
-            << std::endl;
+    for (const CompletedStep& c : done) {
+      const StepReport& r = c.report;
+      const StepTiming& t = c.timing;
+      metrics << absl::StrFormat(
+                     "{\"step\": %d, \"loss\": %s, \"seconds\": %.6f, \"compute\": %.6f, "
+                     "\"comm\": %.6f, \"exposed_comm\": %.6f, \"bubble\": %.6f, "
+                     "\"optimizer\": %.6f, \"input\": %.6f, \"host_syncs\": %d, "
+                     "\"peak_in_flight\": %d, "
+                     "\"comm_bytes\": %d, \"sequence\": %d, \"lr\": %.6g, \"grad_norm\": %s, "
+                     "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d, "
+                     "\"param_bytes\": %d, \"grad_bytes\": %d, \"optimizer_bytes\": %d}",
+                     r.step, JsonNumber(r.loss, 9), r.seconds, t.compute_seconds, t.comm_seconds,
+                     t.exposed_comm_seconds, t.bubble_seconds, t.optimizer_seconds,
+                     t.input_seconds, t.host_syncs, t.peak_in_flight, t.comm_bytes,
+                     t.last_sequence, r.lr, JsonNumber(r.grad_norm, 6),
+                     r.skipped ? "true" : "false", mem.allocated_bytes, mem.peak_allocated_bytes,
+                     state.params, state.grads, state.optimizer)
+              << std::endl;
+    }
+    const StepReport& last = done.back().report;
     {
       std::lock_guard<std::mutex> lock(progress->mu);
-      progress->report.step = r.step + 1;
-      progress->report.loss = r.loss;
-      progress->report.step_time_ms = r.seconds * 1e3;
+      progress->report.step = last.step + 1;
+      progress->report.loss = last.loss;
+      progress->report.step_time_ms = last.seconds * 1e3;
       progress->report.collective_issued = raw_comm->last_issued_sequence();
       progress->report.collective_completed = raw_comm->last_completed_sequence();
       progress->report.memory_allocated_bytes = mem.allocated_bytes;
@@ -370,15 +388,15 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     }
     // Before another checkpoint of the weights that gave it (CheckNotDiverged names the
     // last checkpoint from before them).
-    RETURN_IF_ERROR(CheckNotDiverged(r, pc.train.dtype));
+    for (const CompletedStep& c : done) RETURN_IF_ERROR(CheckNotDiverged(c.report, pc.train.dtype));
     bool saved = false;
-    if (job.checkpoint_every > 0 &&
-        (trainer->step() % job.checkpoint_every == 0 || trainer->step() == job.steps)) {
+    if (checkpoint_due) {
       RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
       saved = true;
     }
     if (trainer->stop_agreed() && trainer->step() < job.steps) {
-      // Every rank learned it from the same step's reduction: all stop here.
+      // Every rank learned it from the same read of the same steps' reductions: all stop
+      // here.
       {
         std::lock_guard<std::mutex> lock(progress->mu);
         progress->report.phase = "checkpoint";

@@ -3,6 +3,14 @@
 // steady-state training makes no system allocations; EmptyCache() returns them. Only the
 // system memory underneath differs: aligned host memory, page-locked host memory, or
 // cudaMalloc (never managed memory).
+//
+// It is stream-aware, as the host frees memory while work queued on streams may still use
+// it. Each block belongs to the stream it was allocated for; once freed it is handed out again
+// at once for work on that stream (which runs after the work queued before the free), and for
+// anything else only after the work queued before the free has run, on its own stream and on
+// every stream it was recorded on (RecordStream, PyTorch's recordStream). Memory the host
+// can touch (the CPU's, pinned) records where its stream was at the free; device memory never
+// moves to another stream, as in PyTorch.
 #ifndef TANDEM_RUNTIME_ALLOCATOR_H_
 #define TANDEM_RUNTIME_ALLOCATOR_H_
 
@@ -20,6 +28,20 @@
 #include "runtime/device.h"
 
 namespace tandem {
+
+class Stream;  // runtime/stream.h
+
+// How a block will first be used, so that the cache hands out only blocks no queued work
+// still uses in a way that could clash.
+struct AllocationUse {
+  // The stream whose work uses the block (null: the device's compute stream).
+  Stream* stream = nullptr;
+  // The block is written first by the host (a tensor filled on the host, a staging buffer)
+  // or by a copy from another device, not by `stream`'s work in its order: it must be idle
+  // on every stream, its own included. Allocations made on a device's own thread (an op's
+  // scratch, while the op runs) are treated so too.
+  bool host_writes = false;
+};
 
 struct AllocatorStats {
   int64_t allocated_bytes = 0;       // in blocks handed out now (sizes after rounding)
@@ -44,6 +66,8 @@ class SystemMemory {
   virtual void Free(void* p, size_t bytes) = 0;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
+  // True where the host can read and write it (the CPU's memory, pinned host memory).
+  virtual bool host_accessible() const { return device().is_cpu(); }
 };
 
 class Allocator {
@@ -51,12 +75,16 @@ class Allocator {
   virtual ~Allocator() = default;
   // `bytes` may be 0 (a valid, unique, non-null pointer comes back). Out of memory is
   // ResourceExhausted naming the request, the device and the statistics.
-  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
-  // Takes back a pointer from Allocate.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes, const AllocationUse& use = {}) = 0;
+  // Takes back a pointer from Allocate (the host is done with it; queued work may not be).
   virtual void Free(void* p) = 0;
+  // Marks the live block `p` (from Allocate) as used by work on `stream` too: once freed, it
+  // is not handed out again before the work `stream` had queued at the free has run.
+  virtual void RecordStream(void* p, Stream& stream) = 0;
   virtual AllocatorStats stats() const = 0;
   virtual void ResetPeak() = 0;
-  // Returns every cached (free) block to the system.
+  // Returns every cached (free) block to the system, once the work queued on it has run and
+  // the communicators' operations in flight have finished (AddBeforeSystemFree).
   virtual void EmptyCache() = 0;
   virtual Device device() const = 0;
 };
@@ -70,8 +98,9 @@ class CachingAllocator : public Allocator {
   CachingAllocator(std::unique_ptr<SystemMemory> memory, Options options);
   ~CachingAllocator() override;
 
-  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  absl::StatusOr<void*> Allocate(size_t bytes, const AllocationUse& use = {}) override;
   void Free(void* p) override;
+  void RecordStream(void* p, Stream& stream) override;
   AllocatorStats stats() const override;
   void ResetPeak() override;
   void EmptyCache() override;
@@ -81,16 +110,33 @@ class CachingAllocator : public Allocator {
   static constexpr size_t kRoundBytes = 512;
 
  private:
-  void* TakeCachedLocked(size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmptyCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Block;
+  // A cached block for `stream`'s work, else memory from the system within the limit, else
+  // null (an error only where the system memory failed otherwise).
+  absl::StatusOr<void*> TakeLocked(size_t rounded, Stream* stream, bool strict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void* TakeCachedLocked(size_t rounded, Stream* stream, bool strict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OutOfMemoryLocked(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns every cached block to the system, after the work queued on them has run.
+  void ReleaseCache();
+  Stream* DefaultStream();
 
   const std::unique_ptr<SystemMemory> memory_;
   const Options options_;
   mutable absl::Mutex mu_;
-  std::multimap<size_t, void*> free_blocks_ ABSL_GUARDED_BY(mu_);        // size -> block
-  std::unordered_map<void*, size_t> live_blocks_ ABSL_GUARDED_BY(mu_);   // block -> size
+  std::multimap<size_t, std::unique_ptr<Block>> free_blocks_ ABSL_GUARDED_BY(mu_);  // by size
+  std::unordered_map<void*, std::unique_ptr<Block>> live_blocks_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
 };
+
+// Work the allocator waits for before it returns cached memory of `device` to the system
+// (after an out of memory, or EmptyCache): cudaFree waits for the whole device, and a
+// collective in flight may wait for peers that wait for this rank, so the communicators
+// register a wait for their operations in flight here. Returns an id for
+// RemoveBeforeSystemFree.
+int AddBeforeSystemFree(Device device, std::function<void()> wait);
+void RemoveBeforeSystemFree(int id);
 
 // Runs `work` and returns the most `allocator` held during it above what it held before: what
 // `work` allocated at its peak. With `fresh`, the cache is emptied first, so that each request

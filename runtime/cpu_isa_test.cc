@@ -147,6 +147,8 @@ class EveryOp {
   template <typename... T>
   void Check(const absl::Status& st, const std::string& op, const T&... results) {
     EXPECT_TRUE(st.ok()) << op << ": " << st;
+    // The op may still be queued on the stream's thread: read its outputs once it has run.
+    EXPECT_TRUE(Stream::Compute(Device::Cpu()).value()->Synchronize().ok()) << op;
     int i = 0;
     for (const Tensor* r : {&results...}) {
       const char* bytes = static_cast<const char*>(r->raw());

@@ -606,7 +606,8 @@ void OptimizerCase(int64_t n) {
   std::vector<L> low(n, FromF32<L>(NAN));
   const int64_t work = optimizer::WorkItems(kVector, n);
   LaunchAndCheck(std::min(BlocksFor(work), 2u), kThreads, 0, [&] {
-    optimizer::AdamWKernel<L, kVector>(p.data(), g.data(), m.data(), v.data(), low.data(), n, a);
+    optimizer::AdamWKernel<L, kVector>(p.data(), g.data(), m.data(), v.data(), low.data(), n, a,
+                                       nullptr);
   });
   Tensor want_p = F32(p0, {n}), want_m = F32(m0, {n}), want_v = F32(v0, {n});
   ASSERT_OK(AdamWUpdate(Cpu(), want_p, F32(g, {n}), want_m, want_v, c));
@@ -622,7 +623,7 @@ void OptimizerCase(int64_t n) {
   const optimizer::SgdArgs sa = optimizer::SgdArgsOf(sc);
   std::vector<float> q = p0, buf = m0;
   LaunchAndCheck(std::min(BlocksFor(work), 2u), kThreads, 0, [&] {
-    optimizer::SgdKernel<L, kVector>(q.data(), g.data(), buf.data(), low.data(), n, sa);
+    optimizer::SgdKernel<L, kVector>(q.data(), g.data(), buf.data(), low.data(), n, sa, nullptr);
   });
   Tensor want_q = F32(p0, {n}), want_buf = F32(m0, {n});
   ASSERT_OK(SgdMomentumUpdate(Cpu(), want_q, F32(g, {n}), want_buf, sc));

@@ -11,6 +11,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_format.h"
 #include "runtime/ops_backend.h"
@@ -218,6 +219,29 @@ double AttentionFlops(const Tensor& qkv) {
 
 }  // namespace
 
+namespace {
+
+// An op's argument as queued work keeps it: tensors without keeping their memory (the
+// stream-aware allocator holds it until the work has run, as for a CUDA kernel's pointers),
+// everything else by value.
+template <typename T>
+T Queued(const T& v) {
+  return v;
+}
+Tensor Queued(const Tensor& t) { return t.Unowned(); }
+
+// Runs the CPU backend's `fn` in `s`'s order: on an immediate stream now, else on the
+// stream's thread with its arguments captured.
+template <typename Fn, typename... A>
+absl::Status LaunchCpu(Stream& s, Fn fn, const A&... args) {
+  if (!s.async()) return s.Launch([&] { return fn(s, args...); });
+  return s.Launch([fn, &s, queued = std::make_tuple(Queued(args)...)]() {
+    return std::apply([&](const auto&... a) { return fn(s, a...); }, queued);
+  });
+}
+
+}  // namespace
+
 // Runs backend::op on the stream's device; every argument has been checked. `cost` (an OpCost)
 // is evaluated only when the profiler is on.
 #if TANDEM_CUDA
@@ -225,11 +249,11 @@ double AttentionFlops(const Tensor& qkv) {
 #else
 #define TANDEM_CUDA_OP(op, s, ...) NoCudaBackend(#op, (s).device())
 #endif
-#define TANDEM_OPS_DISPATCH(op, cost, s, ...)                            \
-  do {                                                                   \
-    OpScope op_scope(#op, s, Profiler::enabled() ? (cost) : OpCost());   \
-    if ((s).device().is_cpu()) return TANDEM_CPU_OP(op)(s, __VA_ARGS__); \
-    return TANDEM_CUDA_OP(op, s, __VA_ARGS__);                           \
+#define TANDEM_OPS_DISPATCH(op, cost, s, ...)                                \
+  do {                                                                       \
+    OpScope op_scope(#op, s, Profiler::enabled() ? (cost) : OpCost());       \
+    if ((s).device().is_cpu()) return LaunchCpu(s, TANDEM_CPU_OP(op), __VA_ARGS__); \
+    return TANDEM_CUDA_OP(op, s, __VA_ARGS__);                               \
   } while (0)
 
 // ---- matmul -------------------------------------------------------------------------------
@@ -745,10 +769,18 @@ absl::Status SumSquaresAccumulate(Stream& s, const Tensor& out, const Tensor& x)
 
 namespace {
 
-// f32 buffers of params' numel, and params_low (bf16 or f16) of the same numel if defined.
+// f32 buffers of params' numel, params_low (bf16 or f16) of the same numel if defined, and
+// grad_scale one f32 if defined.
 absl::Status CheckOptimizerBuffers(const char* op, const Stream& s, Args f32,
-                                   const Tensor& params_low) {
-  RETURN_IF_ERROR(CheckCommon(op, s, f32, {{"params_low", params_low}}));
+                                   const Tensor& params_low, const Tensor& grad_scale) {
+  RETURN_IF_ERROR(
+      CheckCommon(op, s, f32, {{"params_low", params_low}, {"grad_scale", grad_scale}}));
+  if (grad_scale.defined()) {
+    RETURN_IF_ERROR(CheckF32(op, {{"grad_scale", grad_scale}}));
+    if (grad_scale.numel() != 1) {
+      return Invalid("%s: grad_scale %s must hold one element", op, grad_scale.ToString());
+    }
+  }
   RETURN_IF_ERROR(CheckF32(op, f32));
   const Arg& params = *f32.begin();
   RETURN_IF_ERROR(CheckSameNumel(op, params, f32));
@@ -767,10 +799,12 @@ bool NonNegative(float x) { return x >= 0.0f && x < INFINITY; }
 }  // namespace
 
 absl::Status AdamWUpdate(Stream& s, const Tensor& params, const Tensor& grads, const Tensor& m,
-                         const Tensor& v, const AdamWConfig& c, const Tensor& params_low) {
+                         const Tensor& v, const AdamWConfig& c, const Tensor& params_low,
+                         const Tensor& grad_scale) {
   constexpr const char* kOp = "AdamWUpdate";
   RETURN_IF_ERROR(CheckOptimizerBuffers(
-      kOp, s, {{"params", params}, {"grads", grads}, {"m", m}, {"v", v}}, params_low));
+      kOp, s, {{"params", params}, {"grads", grads}, {"m", m}, {"v", v}}, params_low,
+      grad_scale));
   // PyTorch's AdamW refuses the same settings.
   if (c.step < 1) {
     return Invalid("%s: step is %d; it counts from 1 (params %s)", kOp, c.step, params.ToString());
@@ -783,15 +817,16 @@ absl::Status AdamWUpdate(Stream& s, const Tensor& params, const Tensor& grads, c
         kOp, c.lr, c.eps, c.weight_decay, c.beta1, c.beta2, params.ToString());
   }
   TANDEM_OPS_DISPATCH(AdamWUpdate, Moves(Bytes({grads, params_low}) + 2 * Bytes({params, m, v})), s,
-                      params, grads, m, v, c, params_low);
+                      params, grads, m, v, c, params_low, grad_scale);
 }
 
 absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& grads,
                                const Tensor& momentum_buf, const SgdConfig& c,
-                               const Tensor& params_low) {
+                               const Tensor& params_low, const Tensor& grad_scale) {
   constexpr const char* kOp = "SgdMomentumUpdate";
   RETURN_IF_ERROR(CheckOptimizerBuffers(
-      kOp, s, {{"params", params}, {"grads", grads}, {"momentum_buf", momentum_buf}}, params_low));
+      kOp, s, {{"params", params}, {"grads", grads}, {"momentum_buf", momentum_buf}}, params_low,
+      grad_scale));
   if (!NonNegative(c.lr) || !NonNegative(c.momentum) || !NonNegative(c.weight_decay)) {
     return Invalid(
         "%s: lr %g, momentum %g and weight_decay %g must be finite and >= 0 "
@@ -800,7 +835,23 @@ absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& gr
   }
   TANDEM_OPS_DISPATCH(SgdMomentumUpdate,
                       Moves(Bytes({grads, params_low}) + 2 * Bytes({params, momentum_buf})), s,
-                      params, grads, momentum_buf, c, params_low);
+                      params, grads, momentum_buf, c, params_low, grad_scale);
+}
+
+absl::Status GradScale(Stream& s, const Tensor& scale, const Tensor& sumsq, float unscale,
+                       float clip_norm) {
+  constexpr const char* kOp = "GradScale";
+  RETURN_IF_ERROR(CheckCommon(kOp, s, {{"scale", scale}, {"sumsq", sumsq}}));
+  RETURN_IF_ERROR(CheckF32(kOp, {{"scale", scale}, {"sumsq", sumsq}}));
+  for (const Arg& a : {Arg{"scale", scale}, Arg{"sumsq", sumsq}}) {
+    if (a.t.numel() != 1) return Invalid("%s: %s %s must hold one element", kOp, a.name, a.t.ToString());
+  }
+  if (!NonNegative(clip_norm) || !(unscale > 0.0f) || !std::isfinite(unscale)) {
+    return Invalid("%s: clip_norm %g must be finite and >= 0, unscale %g finite and > 0", kOp,
+                   clip_norm, unscale);
+  }
+  TANDEM_OPS_DISPATCH(GradScale, Moves(Bytes({scale, sumsq})), s, scale, sumsq, unscale,
+                      clip_norm);
 }
 
 #undef TANDEM_OPS_DISPATCH

@@ -1,8 +1,10 @@
 // The ops a GPT and an MLP need, forward and backward, on the CPU and on CUDA devices.
 // Every op checks its arguments (shapes, dtypes, devices; errors name the op and shapes),
 // then dispatches on the device of its tensors: plain loops and OpenBLAS on the CPU,
-// cuBLASLt and fused kernels on CUDA, issued in `stream`'s order (on the CPU they run at
-// once). The layer code above calls only these functions, so it is the same for both.
+// cuBLASLt and fused kernels on CUDA, issued in `stream`'s order. On both an op returns once
+// it is queued (on an immediate CPU stream, once it ran: runtime/stream.h); an error found
+// while it runs is the stream's, returned by the next op or synchronization. The layer code
+// above calls only these functions, so it is the same for both.
 //
 // Conventions (after llm.c): outputs first, then what backward needs, then inputs.
 // Legend: N = rows (batch * sequence), C = channels, OC = output channels, V = vocabulary,
@@ -192,12 +194,16 @@ struct AdamWConfig {
 };
 // One AdamW step over params, grads, m, v (all f32, same numel). When params_low (bf16 or
 // f16, same numel) is defined it receives a low-precision copy of the new params in the same
-// pass (mixed-precision training keeps f32 master weights). As PyTorch's AdamW, the config
-// is refused unless step >= 1, lr, eps and weight_decay are finite and >= 0 and the betas
-// are in [0, 1).
+// pass (mixed-precision training keeps f32 master weights). When grad_scale (1) f32 is
+// defined, the gradients are multiplied by its value too, read on the device as the update
+// runs (a clipping factor computed there, GradScale's), and a value that is not finite skips
+// the update: nothing is written (as a fused optimizer given found_inf). As PyTorch's AdamW,
+// the config is refused unless step >= 1, lr, eps and weight_decay are finite and >= 0 and
+// the betas are in [0, 1).
 absl::Status AdamWUpdate(Stream& s, const Tensor& params, const Tensor& grads, const Tensor& m,
                          const Tensor& v, const AdamWConfig& c,
-                         const Tensor& params_low = Tensor());
+                         const Tensor& params_low = Tensor(),
+                         const Tensor& grad_scale = Tensor());
 
 struct SgdConfig {
   float lr = 0.01f;
@@ -206,10 +212,21 @@ struct SgdConfig {
   float grad_scale = 1.0f;
 };
 // buf = momentum * buf + (grad * grad_scale + wd * param); param -= lr * buf. All f32, same
-// numel; params_low as in AdamWUpdate; lr, momentum and weight_decay finite and >= 0.
+// numel; params_low and grad_scale (1) as in AdamWUpdate; lr, momentum and weight_decay
+// finite and >= 0.
 absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& grads,
                                const Tensor& momentum_buf, const SgdConfig& c,
-                               const Tensor& params_low = Tensor());
+                               const Tensor& params_low = Tensor(),
+                               const Tensor& grad_scale = Tensor());
+
+// scale (1) f32 = the factor the optimizers multiply gradients by at the end of a step,
+// computed on the device so that clipping needs no host read: `unscale` (1 / the loss scale)
+// times the clipping factor that brings the global norm, sqrt(sumsq * unscale^2), down to
+// clip_norm (clip_norm / (norm + 1e-6) above it; 1 within it or when clip_norm is 0), or nan
+// when sumsq * unscale^2 is not finite, so that the update is skipped. sumsq (1) f32 is the sum of the
+// squared (scaled) gradients.
+absl::Status GradScale(Stream& s, const Tensor& scale, const Tensor& sumsq, float unscale,
+                       float clip_norm);
 
 // ---- CPU instruction sets -------------------------------------------------------------------
 

@@ -86,6 +86,8 @@ double Weighted(const Tensor& out, const Vec& r) {
 
 // Central differences of loss() with respect to every element of x (an f32 CPU tensor).
 Ref NumericGrad(const Tensor& x, const std::function<double()>& loss, float eps = 1e-2f) {
+  // The host writes x below: no queued op may still read it.
+  EXPECT_TRUE(Cpu().Synchronize().ok());
   float* p = x.data<float>();
   Ref g(x.numel());
   for (int64_t i = 0; i < x.numel(); i++) {
@@ -105,7 +107,10 @@ Ref NumericGrad(const Tensor& x, const std::function<double()>& loss, float eps 
 constexpr double kGradAtol = 2e-3;
 constexpr double kGradRtol = 1e-2;
 
-void ExpectError(const absl::Status& st, const std::vector<std::string>& parts) {
+// An argument error comes back from the call; an error found while the op runs (a token id
+// out of range) is the stream's, returned by its next synchronization.
+void ExpectError(const absl::Status& issued, const std::vector<std::string>& parts) {
+  const absl::Status st = issued.ok() ? Cpu().Synchronize() : issued;
   ASSERT_FALSE(st.ok()) << "expected an error mentioning " << parts[0];
   for (const std::string& p : parts) {
     EXPECT_NE(st.message().find(p), absl::string_view::npos)
@@ -487,17 +492,20 @@ TEST(CastTest, RoundTripsAndConversions) {
   Tensor bf = Tensor::FromVector(v, {n}, Device::Cpu(), DType::kBF16).value();
   Tensor h = Tensor::Empty({n}, DType::kF16, Device::Cpu()).value();
   ASSERT_OK(Cast(Cpu(), h, bf));
+  ASSERT_OK(Cpu().Synchronize());  // read on the host below
   for (int64_t i = 0; i < n; i++) {
     EXPECT_EQ(h.data<uint16_t>()[i], FloatToHalf(Bf16ToFloat(bf.data<uint16_t>()[i])));
   }
   Tensor bf2 = Tensor::Empty({n}, DType::kBF16, Device::Cpu()).value();
   ASSERT_OK(Cast(Cpu(), bf2, h));
+  ASSERT_OK(Cpu().Synchronize());
   for (int64_t i = 0; i < n; i++) {
     EXPECT_EQ(bf2.data<uint16_t>()[i], FloatToBf16(HalfToFloat(h.data<uint16_t>()[i])));
   }
   // Same dtype: a copy. Empty: nothing.
   Tensor copy = Zeros({n});
   ASSERT_OK(Cast(Cpu(), copy, f32));
+  ASSERT_OK(Cpu().Synchronize());
   EXPECT_EQ(std::memcmp(copy.raw(), f32.raw(), f32.bytes()), 0);
   ASSERT_OK(Cast(Cpu(), Tensor::Empty({0}, DType::kBF16, Device::Cpu()).value(), Zeros({0})));
 }
@@ -759,7 +767,7 @@ TEST(AttentionScratchBytes, IsWhatTheOpsAllocate) {
   Allocator& alloc = **GetAllocator(Device::Cpu());
   auto scratch_of = [&](const std::function<absl::Status()>& op) {
     return PeakAllocatedDuring(
-        alloc, [&] { EXPECT_TRUE(op().ok()); }, /*fresh=*/true);
+        alloc, [&] { EXPECT_TRUE(op().ok() && Cpu().Synchronize().ok()); }, /*fresh=*/true);
   };
   auto expect_near = [](int64_t measured, int64_t want) {
     EXPECT_GE(measured, want);
@@ -956,6 +964,7 @@ TEST(OptimizerTest, AdamWAgainstScalarReference) {
   Tensor p = Rand({9}), m = Zeros({9}), v = Zeros({9}), g = Rand({9});
   Tensor half = Tensor::Empty({3, 3}, DType::kF16, Device::Cpu()).value();
   ASSERT_OK(AdamWUpdate(Cpu(), p, g, m, v, AdamWConfig(), half));
+  ASSERT_OK(Cpu().Synchronize());
   for (int i = 0; i < 9; i++) EXPECT_EQ(half.data<uint16_t>()[i], FloatToHalf(Get(p)[i]));
   ASSERT_OK(AdamWUpdate(Cpu(), p, g, m, v, AdamWConfig()));
 }

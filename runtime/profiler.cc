@@ -1,10 +1,13 @@
 #include "runtime/profiler.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_format.h"
+#include "runtime/host_sync.h"
 
 #if TANDEM_CUDA
 // NVTX ranges let Nsight Systems show the same spans on its CUDA timeline; without a tool
@@ -15,18 +18,23 @@
 namespace tandem {
 namespace {
 
+struct PendingOp {
+  const char* name;
+  OpCost cost;
+  std::unique_ptr<Event> start, end;
+};
+
 struct State {
   std::mutex mu;
   std::map<std::string, OpStat> ops;
   std::vector<TraceEvent> events;
+  std::deque<PendingOp> pending;  // in issue order
 };
 
 State& S() {
   static State* s = new State();
   return *s;
 }
-
-const auto kEpoch = std::chrono::steady_clock::now();
 
 }  // namespace
 
@@ -38,15 +46,18 @@ void Profiler::Reset() {
   std::lock_guard<std::mutex> lock(S().mu);
   S().ops.clear();
   S().events.clear();
+  S().pending.clear();
 }
 
 double Profiler::NowUs() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - kEpoch)
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
+                                                   TimeOrigin())
       .count();
 }
 
-void Profiler::RecordOp(const char* name, double seconds, OpCost cost) {
-  std::lock_guard<std::mutex> lock(S().mu);
+namespace {
+
+void AddOpLocked(const char* name, double seconds, OpCost cost) {
   OpStat& st = S().ops[name];
   st.name = name;
   st.count++;
@@ -55,12 +66,59 @@ void Profiler::RecordOp(const char* name, double seconds, OpCost cost) {
   st.bytes += cost.bytes;
 }
 
+// Moves the pending ops whose end event has completed into the table, in issue order (the
+// first one still running stops the pass); returns that one's end event, or null.
+Event* CollectLocked() {
+  while (!S().pending.empty()) {
+    PendingOp& op = S().pending.front();
+    absl::StatusOr<bool> done = op.end->Query();
+    if (done.ok() && !*done) return op.end.get();
+    absl::StatusOr<float> ms = op.end->ElapsedMsSince(*op.start);
+    if (ms.ok()) AddOpLocked(op.name, *ms * 1e-3, op.cost);
+    S().pending.pop_front();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void Profiler::RecordOp(const char* name, double seconds, OpCost cost) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  AddOpLocked(name, seconds, cost);
+}
+
+void Profiler::RecordOpEvents(const char* name, OpCost cost, std::unique_ptr<Event> start,
+                              std::unique_ptr<Event> end) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().pending.push_back(PendingOp{name, cost, std::move(start), std::move(end)});
+  CollectLocked();
+}
+
+void Profiler::Collect() {
+  std::lock_guard<std::mutex> lock(S().mu);
+  CollectLocked();
+}
+
 void Profiler::RecordEvent(TraceEvent e) {
   std::lock_guard<std::mutex> lock(S().mu);
   S().events.push_back(std::move(e));
 }
 
 std::vector<OpStat> Profiler::OpTable() {
+  // The ops still running are waited for with no lock held (the threads doing the work may
+  // record spans meanwhile), and by polling: an error of their stream is its user's to hear.
+  bool waited = false;
+  for (;;) {
+    Event* running;
+    {
+      std::lock_guard<std::mutex> lock(S().mu);
+      running = CollectLocked();
+    }
+    if (running == nullptr) break;
+    if (!waited) HostSync::Record("Profiler::OpTable");
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   std::vector<OpStat> out;
   {
     std::lock_guard<std::mutex> lock(S().mu);
@@ -131,20 +189,23 @@ std::string Profiler::ChromeTrace(const std::vector<TraceEvent>& events, int pid
 }
 
 void OpScope::Begin() {
-  // Work queued before the op (copies, fills) is not the op's: wait for it first.
-  (void)stream_->Synchronize();
-  start_ = Profiler::NowUs();
+  // The op's time on its stream: from an event before it to one after it, so work queued
+  // before it (copies, fills) is not counted, and the host does not wait.
+  absl::StatusOr<std::unique_ptr<Event>> start = Event::Create(stream_->device(), true);
+  if (start.ok() && (*start)->Record(*stream_).ok()) start_ = std::move(*start);
 #if TANDEM_CUDA
   nvtxRangePushA(name_);
 #endif
 }
 
 void OpScope::End() {
-  (void)stream_->Synchronize();  // a CUDA op's time is its completion's
-  Profiler::RecordOp(name_, (Profiler::NowUs() - start_) * 1e-6, cost_);
 #if TANDEM_CUDA
   nvtxRangePop();
 #endif
+  if (start_ == nullptr) return;
+  absl::StatusOr<std::unique_ptr<Event>> end = Event::Create(stream_->device(), true);
+  if (!end.ok() || !(*end)->Record(*stream_).ok()) return;
+  Profiler::RecordOpEvents(name_, cost_, std::move(start_), std::move(*end));
 }
 
 SpanScope::SpanScope(std::string name, const char* category, int micro_batch,

@@ -1,9 +1,11 @@
 // A process-wide op profiler: when enabled, every op (runtime/ops.h) adds its count and time
 // to a table, and named spans (forward of micro-batch 3, all-reduce #12, ...) are kept as
-// trace events. Times are host wall-clock; on CUDA an op is timed to its completion (the
-// stream is synchronized while profiling), so profiled runs are slower but the table tells
-// the truth. Disabled, each op pays one atomic load. In CUDA builds the spans and ops are also
-// NVTX ranges, for Nsight Systems.
+// trace events. An op's time is the device's: two timing events recorded around it on its
+// stream, read once the stream has passed them (no synchronization while profiling, so the
+// host still runs ahead of the device as it does unprofiled). Spans come from events too
+// (runtime/timeline.h), or, for work a host thread does itself (MPI's communication thread),
+// from that thread's clock. Disabled, each op pays one atomic load. In CUDA builds the spans
+// and ops are also NVTX ranges, for Nsight Systems.
 #ifndef TANDEM_RUNTIME_PROFILER_H_
 #define TANDEM_RUNTIME_PROFILER_H_
 
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "runtime/stream.h"
+#include <memory>
 
 namespace tandem {
 
@@ -54,11 +57,17 @@ class Profiler {
   static void Enable(bool on);
   static bool enabled() { return enabled_.load(std::memory_order_relaxed); }
   static void Reset();
-  // Microseconds since the epoch every event is measured from.
+  // Microseconds since TimeOrigin(), the epoch every event is measured from.
   static double NowUs();
   static void RecordOp(const char* name, double seconds, OpCost cost = {});
+  // An op whose time is from `start` to `end`, timing events recorded around it: added to
+  // the table once `end` has completed (Collect).
+  static void RecordOpEvents(const char* name, OpCost cost, std::unique_ptr<Event> start,
+                             std::unique_ptr<Event> end);
   static void RecordEvent(TraceEvent e);
-  // Ops sorted by total time, largest first.
+  // Adds the ops whose events have completed to the table; never blocks.
+  static void Collect();
+  // Ops sorted by total time, largest first; waits for the ops still running first.
   static std::vector<OpStat> OpTable();
   static std::vector<TraceEvent> Events();
   // "op  count  total ms  mean us  share  GFLOP/s  GB/s" lines (the rates blank where the op
@@ -92,10 +101,11 @@ class OpScope {
   Stream* stream_;
   bool on_;
   OpCost cost_;
-  double start_ = 0;
+  std::unique_ptr<Event> start_;
 };
 
-// Records a span as a trace event when profiling is on.
+// Records a span of the calling thread's own work, timed by its clock, as a trace event when
+// profiling is on: for host threads that do the work themselves (MPI's communication thread).
 class SpanScope {
  public:
   SpanScope(std::string name, const char* category, int micro_batch = -1,

@@ -20,10 +20,25 @@ void CopyBytes(void* dst, const void* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
 }
 
+// A CPU tensor the host fills before any stream work uses it.
+AllocationUse HostWrites() {
+  AllocationUse use;
+  use.host_writes = true;
+  return use;
+}
+
+// Waits for the work issued so far that may write `t`: on the CPU its compute stream's, on
+// a CUDA device nothing here (the copy that reads it synchronizes).
+absl::Status WaitForCpuWork(const Tensor& t) {
+  if (!t.device().is_cpu()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(t.device()));
+  return s->Synchronize();
+}
+
 }  // namespace
 
 absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype, Device device,
-                                     HostMemoryKind host) {
+                                     HostMemoryKind host, const AllocationUse& use) {
   for (int64_t d : shape.dims()) {
     if (d < 0) {
       return absl::InvalidArgumentError(
@@ -31,15 +46,19 @@ absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype, Device dev
     }
   }
   Allocator* allocator;
+  AllocationUse u = use;
   if (device.is_cpu() && host == HostMemoryKind::kPinned) {
     allocator = GetPinnedHostAllocator();
+    u.host_writes = true;
   } else {
     ASSIGN_OR_RETURN(allocator, GetAllocator(device));
   }
   const size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
-  ASSIGN_OR_RETURN(void* p, allocator->Allocate(bytes));
+  ASSIGN_OR_RETURN(void* p, allocator->Allocate(bytes, u));
   Tensor t;
   t.storage_ = std::make_shared<Storage>(allocator, p, device);
+  t.data_ = p;
+  t.device_ = device;
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;
@@ -51,7 +70,8 @@ absl::StatusOr<Tensor> Tensor::FromVector(const std::vector<float>& values, cons
     return absl::InvalidArgumentError(absl::StrFormat(
         "FromVector: %d values for shape %s", values.size(), shape.ToString()));
   }
-  ASSIGN_OR_RETURN(Tensor host, Empty(shape, dtype, Device::Cpu()));
+  ASSIGN_OR_RETURN(Tensor host, Empty(shape, dtype, Device::Cpu(), HostMemoryKind::kPageable,
+                                      HostWrites()));
   switch (dtype) {
     case DType::kF32:
       CopyBytes(host.raw(), values.data(), host.bytes());
@@ -77,7 +97,8 @@ absl::StatusOr<Tensor> Tensor::FromInts(const std::vector<int32_t>& values, cons
     return absl::InvalidArgumentError(absl::StrFormat(
         "FromInts: %d values for shape %s", values.size(), shape.ToString()));
   }
-  ASSIGN_OR_RETURN(Tensor host, Empty(shape, DType::kI32, Device::Cpu()));
+  ASSIGN_OR_RETURN(Tensor host, Empty(shape, DType::kI32, Device::Cpu(),
+                                      HostMemoryKind::kPageable, HostWrites()));
   CopyBytes(host.raw(), values.data(), host.bytes());
   if (device.is_cpu()) return host;
   ASSIGN_OR_RETURN(Tensor out, Empty(shape, DType::kI32, device));
@@ -107,13 +128,22 @@ absl::StatusOr<Tensor> Tensor::View(int64_t offset, const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::Unowned() const {
+  Tensor t = *this;
+  t.storage_ = nullptr;
+  return t;
+}
+
 absl::StatusOr<std::vector<float>> Tensor::ToFloatVector() const {
   const Tensor* host = this;
   Tensor staged;
   if (!device().is_cpu()) {
-    ASSIGN_OR_RETURN(staged, Empty(shape_, dtype_, Device::Cpu()));
+    ASSIGN_OR_RETURN(staged, Empty(shape_, dtype_, Device::Cpu(), HostMemoryKind::kPageable,
+                                   HostWrites()));
     RETURN_IF_ERROR(CopySync(staged, *this));
     host = &staged;
+  } else {
+    RETURN_IF_ERROR(WaitForCpuWork(*this));
   }
   std::vector<float> out(numel());
   for (int64_t i = 0; i < numel(); ++i) {
@@ -138,6 +168,11 @@ absl::StatusOr<std::vector<float>> Tensor::ToFloatVector() const {
 absl::StatusOr<std::vector<int32_t>> Tensor::ToIntVector() const {
   RETURN_IF_ERROR(CheckDType("ToIntVector", "tensor", *this, DType::kI32));
   std::vector<int32_t> out(numel());
+  if (device().is_cpu()) {
+    RETURN_IF_ERROR(WaitForCpuWork(*this));
+    CopyBytes(out.data(), raw(), bytes());
+    return out;
+  }
   ASSIGN_OR_RETURN(Tensor host, FromInts(out, shape_));
   RETURN_IF_ERROR(CopySync(host, *this));
   CopyBytes(out.data(), host.raw(), bytes());
@@ -161,8 +196,15 @@ absl::Status Copy(const Tensor& dst, const Tensor& src, Stream& stream) {
   }
   if (dst.bytes() == 0) return absl::OkStatus();
   if (dst.device().is_cpu() && src.device().is_cpu()) {
-    std::memmove(dst.raw(), src.raw(), dst.bytes());
-    return absl::OkStatus();
+    if (!stream.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "copy: %s to %s issued on a stream of %s", src.ToString(), dst.ToString(),
+          stream.device().ToString()));
+    }
+    return stream.Launch([d = dst.Unowned(), s = src.Unowned()]() {
+      std::memmove(d.raw(), s.raw(), d.bytes());
+      return absl::OkStatus();
+    });
   }
 #if TANDEM_CUDA
   // On a CUDA stream of one side: a CPU stream would send the copy to CUDA's legacy default
@@ -193,8 +235,14 @@ absl::Status CopySync(const Tensor& dst, const Tensor& src) {
 absl::Status ZeroFill(const Tensor& t, Stream& stream) {
   if (t.bytes() == 0) return absl::OkStatus();
   if (t.device().is_cpu()) {
-    std::memset(t.raw(), 0, t.bytes());
-    return absl::OkStatus();
+    if (!stream.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "zero fill of %s issued on a stream of %s", t.ToString(), stream.device().ToString()));
+    }
+    return stream.Launch([u = t.Unowned()]() {
+      std::memset(u.raw(), 0, u.bytes());
+      return absl::OkStatus();
+    });
   }
 #if TANDEM_CUDA
   if (stream.device() != t.device()) {
@@ -209,6 +257,10 @@ absl::Status ZeroFill(const Tensor& t, Stream& stream) {
   (void)stream;
   return absl::UnavailableError("zero fill of a CUDA tensor in a build without CUDA");
 #endif
+}
+
+void RecordStream(const Tensor& t, Stream& stream) {
+  if (t.storage() != nullptr) t.storage()->allocator()->RecordStream(t.storage()->data(), stream);
 }
 
 absl::Status CheckShape(absl::string_view op, absl::string_view arg, const Tensor& t,

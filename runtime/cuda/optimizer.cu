@@ -35,7 +35,8 @@ bool VectorOk(std::initializer_list<const Tensor*> f32, const Tensor& low) {
 }  // namespace
 
 absl::Status AdamWUpdate(Stream& s, const Tensor& params, const Tensor& grads, const Tensor& m,
-                         const Tensor& v, const AdamWConfig& c, const Tensor& params_low) {
+                         const Tensor& v, const AdamWConfig& c, const Tensor& params_low,
+                         const Tensor& grad_scale) {
   ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
   const int64_t n = params.numel();
   if (n == 0) return absl::OkStatus();
@@ -46,7 +47,7 @@ absl::Status AdamWUpdate(Stream& s, const Tensor& params, const Tensor& grads, c
     auto kernel = vec ? AdamWKernel<L, true> : AdamWKernel<L, false>;
     kernel<<<BlocksFor(WorkItems(vec, n)), kThreads, 0, stream>>>(
         MutPtr<float>(params), Ptr<float>(grads), MutPtr<float>(m), MutPtr<float>(v),
-        MutPtr<L>(params_low), n, a);
+        MutPtr<L>(params_low), n, a, Ptr<float>(grad_scale));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   });
@@ -54,7 +55,7 @@ absl::Status AdamWUpdate(Stream& s, const Tensor& params, const Tensor& grads, c
 
 absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& grads,
                                const Tensor& momentum_buf, const SgdConfig& c,
-                               const Tensor& params_low) {
+                               const Tensor& params_low, const Tensor& grad_scale) {
   ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
   const int64_t n = params.numel();
   if (n == 0) return absl::OkStatus();
@@ -65,10 +66,19 @@ absl::Status SgdMomentumUpdate(Stream& s, const Tensor& params, const Tensor& gr
     auto kernel = vec ? SgdKernel<L, true> : SgdKernel<L, false>;
     kernel<<<BlocksFor(WorkItems(vec, n)), kThreads, 0, stream>>>(
         MutPtr<float>(params), Ptr<float>(grads), MutPtr<float>(momentum_buf),
-        MutPtr<L>(params_low), n, a);
+        MutPtr<L>(params_low), n, a, Ptr<float>(grad_scale));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   });
+}
+
+absl::Status GradScale(Stream& s, const Tensor& scale, const Tensor& sumsq, float unscale,
+                       float clip_norm) {
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  GradScaleKernel<<<1, 1, 0, stream>>>(MutPtr<float>(scale), Ptr<float>(sumsq), unscale,
+                                       clip_norm);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
 }
 
 }  // namespace cuda

@@ -54,12 +54,40 @@ __device__ __forceinline__ float SgdStep(const SgdArgs& a, float p, float g, flo
   return p - a.lr * *buf;
 }
 
+// True when x is neither infinite nor nan (x - x is nan for both).
+__device__ __forceinline__ bool IsFinite(float x) { return x - x == 0.0f; }
+
+// The device scale of an update (GradScale's), read by every thread: multiplies the
+// gradients; not finite, the update is skipped. The CPU backend's arithmetic: 1 * scale.
+__device__ __forceinline__ bool ApplyDeviceScale(const float* scale, float* grad_scale) {
+  if (scale == nullptr) return true;
+  const float s = *scale;
+  if (!IsFinite(s)) return false;
+  *grad_scale *= s;
+  return true;
+}
+
 // ---- kernels ----------------------------------------------------------------------------------
 
-// params, grads, m, v: (n) f32; low: (n) bf16/f16 or null
+// scale (1) = unscale * the clipping factor of sqrt(sumsq * unscale^2), or nan when that is
+// not finite; one thread, in the CPU backend's order of operations.
+__global__ void GradScaleKernel(float* scale, const float* sumsq, float unscale,
+                                float clip_norm) {
+  const float norm_sq = *sumsq * unscale * unscale;
+  float out = NAN;
+  if (IsFinite(norm_sq)) {
+    const float norm = sqrtf(norm_sq);
+    const float clip = clip_norm > 0 && norm > clip_norm ? clip_norm / (norm + 1e-6f) : 1.0f;
+    out = unscale * clip;
+  }
+  *scale = out;
+}
+
+// params, grads, m, v: (n) f32; low: (n) bf16/f16 or null; scale: (1) f32 or null
 template <typename L, bool kVector>
 __global__ void AdamWKernel(float* params, const float* grads, float* m, float* v, L* low,
-                            int64_t n, AdamWArgs a) {
+                            int64_t n, AdamWArgs a, const float* scale) {
+  if (!ApplyDeviceScale(scale, &a.grad_scale)) return;
   ForEachPack<kVec>(n, kVector, [&](auto w, int64_t i) {
     constexpr int W = decltype(w)::value;
     using F = Pack<float, W>;
@@ -80,10 +108,11 @@ __global__ void AdamWKernel(float* params, const float* grads, float* m, float* 
   });
 }
 
-// params, grads, buf: (n) f32; low: (n) bf16/f16 or null
+// params, grads, buf: (n) f32; low: (n) bf16/f16 or null; scale: (1) f32 or null
 template <typename L, bool kVector>
 __global__ void SgdKernel(float* params, const float* grads, float* buf, L* low, int64_t n,
-                          SgdArgs a) {
+                          SgdArgs a, const float* scale) {
+  if (!ApplyDeviceScale(scale, &a.grad_scale)) return;
   ForEachPack<kVec>(n, kVector, [&](auto w, int64_t i) {
     constexpr int W = decltype(w)::value;
     using F = Pack<float, W>;

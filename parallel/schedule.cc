@@ -116,8 +116,12 @@ absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages
         "a pipeline needs at least 1 stage and 1 micro-batch (got %d and %d)", stages,
         micro_batches));
   }
-  if (name == "gpipe") return InsertCommunication(GpipeSchedule(stages, micro_batches));
-  if (name == "1f1b") return InsertCommunication(OneFOneBSchedule(stages, micro_batches));
+  if (name == "gpipe") {
+    return HoistReceives(InsertCommunication(GpipeSchedule(stages, micro_batches)));
+  }
+  if (name == "1f1b") {
+    return HoistReceives(InsertCommunication(OneFOneBSchedule(stages, micro_batches)));
+  }
   return absl::InvalidArgumentError(
       absl::StrFormat("unknown schedule '%s': use gpipe or 1f1b", name));
 }
@@ -401,6 +405,30 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
       return fail("deadlock: no stage can make progress", mark);
     }
   }
+}
+
+PipelineSchedule HoistReceives(const PipelineSchedule& s) {
+  PipelineSchedule out = s;
+  auto is_compute = [](const Action& a) {
+    return a.type == ActionType::kForward || a.type == ActionType::kBackward;
+  };
+  for (int st = 0; st < out.stages; ++st) {
+    for (size_t i = 0; i < out.actions[st].size(); ++i) {
+      const Action a = out.actions[st][i];
+      if (a.type != ActionType::kRecvActivation && a.type != ActionType::kRecvGradient) continue;
+      // The compute action before this receive's run: the receive goes just before it.
+      size_t p = i;
+      while (p > 0 && !is_compute(out.actions[st][p - 1])) --p;
+      if (p == 0) continue;
+      --p;
+      PipelineSchedule moved = out;
+      std::vector<Action>& row = moved.actions[st];
+      row.erase(row.begin() + static_cast<std::ptrdiff_t>(i));
+      row.insert(row.begin() + static_cast<std::ptrdiff_t>(p), a);
+      if (ValidateSchedule(moved).ok()) out = std::move(moved);
+    }
+  }
+  return out;
 }
 
 int PeakInFlight(const PipelineSchedule& s, int stage) {

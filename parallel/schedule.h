@@ -56,7 +56,8 @@ PipelineSchedule GpipeSchedule(int stages, int micro_batches);
 // alternates one forward and one backward, then the remaining backwards (cool-down), so at
 // most stages - s micro-batches are in flight on stage s. Compute actions only.
 PipelineSchedule OneFOneBSchedule(int stages, int micro_batches);
-// "gpipe" or "1f1b", with communication inserted and the optimizer step appended.
+// "gpipe" or "1f1b", with communication inserted, the receives hoisted (HoistReceives) and
+// the optimizer step appended.
 absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages,
                                               int micro_batches);
 
@@ -64,6 +65,14 @@ absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages
 // of the pipeline), RecvGradient before every backward and SendGradient after it, and one
 // OptimizerStep at the end of every stage.
 PipelineSchedule InsertCommunication(const PipelineSchedule& compute);
+
+// Moves each receive one compute action earlier, wherever the schedule stays valid: a stage
+// then posts the receive for its next micro-batch before it computes the current one, and
+// the transfer runs while that computes (on GPUs and CPU workers alike, a stage's transfers
+// run in its order, each after the compute issued before it). Greedy, stage by stage and in
+// order; a move is kept only if ValidateSchedule still accepts the whole schedule (it
+// refuses, e.g., a receive that would come before a send its peer needs first).
+PipelineSchedule HoistReceives(const PipelineSchedule& s);
 
 // The groups each stage issues its transfers in, as action indices: every run of consecutive
 // communication actions, split by the run of the peer stage that holds each transfer's

@@ -68,20 +68,43 @@ TEST(ScheduleTest, GeneratedSchedulesAreValid) {
 // is split, since stage 1 receives that activation in one run and sends that gradient in
 // another, after its forward and backward; both sides group each link's transfers alike.
 TEST(ScheduleTest, ExchangeGroupsMatchThePeersRuns) {
-  auto s = MakeSchedule("gpipe", 2, 2);
-  ASSERT_TRUE(s.ok());
-  ASSERT_EQ(Row(*s, 0), "0F0 0SA0 0F1 0SA1 0RG1 0B1 0RG0 0B0 0OPT");
-  ASSERT_EQ(Row(*s, 1), "1RA0 1F0 1RA1 1F1 1B1 1SG1 1B0 1SG0 1OPT");
-  const auto groups = ExchangeGroups(*s);
+  const PipelineSchedule s = InsertCommunication(GpipeSchedule(2, 2));
+  ASSERT_EQ(Row(s, 0), "0F0 0SA0 0F1 0SA1 0RG1 0B1 0RG0 0B0 0OPT");
+  ASSERT_EQ(Row(s, 1), "1RA0 1F0 1RA1 1F1 1B1 1SG1 1B0 1SG0 1OPT");
+  const auto groups = ExchangeGroups(s);
   using G = std::vector<std::vector<int>>;
   EXPECT_EQ(groups[0], (G{{1}, {3}, {4}, {6}}));
   EXPECT_EQ(groups[1], (G{{0}, {2}, {5}, {7}}));
+  // With the receives hoisted, stage 1's run [receive 0, receive 1] is split by stage 0's
+  // two runs that send them.
+  auto h = MakeSchedule("gpipe", 2, 2);
+  ASSERT_TRUE(h.ok());
+  ASSERT_EQ(Row(*h, 1), "1RA0 1RA1 1F0 1F1 1B1 1SG1 1B0 1SG0 1OPT");
+  EXPECT_EQ(ExchangeGroups(*h)[1], (G{{0}, {1}, {5}, {7}}));
   // 1F1B on 2 stages: the runs already match, and each stays one group.
   auto o = MakeSchedule("1f1b", 2, 4);
   ASSERT_TRUE(o.ok());
   for (const auto& stage : ExchangeGroups(*o)) {
     for (const auto& g : stage) EXPECT_LE(g.size(), 2u);
   }
+}
+
+// Each receive moves one compute action earlier where the schedule stays valid: GPipe's next
+// activation and gradient are received while the current micro-batch computes; under 1F1B
+// stage 0 receives each gradient a forward early, and stage 1's receives stay where a move
+// would put a receive before the send its peer needs first (a deadlock the validator finds).
+TEST(ScheduleTest, ReceivesAreHoistedWhereValid) {
+  auto g = MakeSchedule("gpipe", 2, 4);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(Row(*g, 0), "0F0 0SA0 0F1 0SA1 0F2 0SA2 0F3 0SA3 0RG3 0RG2 0B3 0RG1 0B2 0RG0 0B1 0B0 0OPT");
+  EXPECT_EQ(Row(*g, 1), "1RA0 1RA1 1F0 1RA2 1F1 1RA3 1F2 1F3 1B3 1SG3 1B2 1SG2 1B1 1SG1 1B0 1SG0 1OPT");
+  auto o = MakeSchedule("1f1b", 2, 4);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(Row(*o, 0), "0F0 0SA0 0RG0 0F1 0SA1 0B0 0RG1 0F2 0SA2 0B1 0RG2 0F3 0SA3 0RG3 0B2 0B3 0OPT");
+  EXPECT_EQ(Row(*o, 1), Row(InsertCommunication(OneFOneBSchedule(2, 4)), 1));
+  // A schedule with nothing to receive is unchanged.
+  const PipelineSchedule one = InsertCommunication(GpipeSchedule(1, 3));
+  EXPECT_EQ(Row(HoistReceives(one), 0), Row(one, 0));
 }
 
 TEST(ScheduleTest, InFlightActivations) {

@@ -1,9 +1,16 @@
 #include "runtime/allocator.h"
 
 #include <cstdlib>
+#include <atomic>
 #include <set>
+#include <string>
+#include <vector>
+
+#include <chrono>
+#include <thread>
 
 #include "gtest/gtest.h"
+#include "runtime/stream.h"
 
 namespace tandem {
 namespace {
@@ -166,6 +173,156 @@ TEST(PeakAllocatedDuring, IsWhatTheWorkHeldAtMostAboveWhatWasLive) {
   });
   EXPECT_EQ(peak, 1024 + 2048);
   a.Free(held);
+}
+
+// ---- streams: a block freed by the host while queued work still uses it ----------------------
+
+// A stream whose thread is held until Release(): the work queued on it has not run.
+class HeldStream {
+ public:
+  HeldStream() : stream_(Stream::CreateCpu(CpuStreamMode::kAsync)) {
+    EXPECT_TRUE(stream_->Launch([this] {
+      while (!released_.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      return absl::OkStatus();
+    }).ok());
+  }
+  ~HeldStream() { Release(); }
+  void Release() {
+    released_ = true;
+    EXPECT_TRUE(stream_->Synchronize().ok());
+  }
+  Stream& operator*() { return *stream_; }
+  Stream* get() { return stream_.get(); }
+
+ private:
+  std::atomic<bool> released_{false};
+  std::unique_ptr<Stream> stream_;
+};
+
+AllocationUse For(Stream* s, bool host_writes = false) {
+  AllocationUse u;
+  u.stream = s;
+  u.host_writes = host_writes;
+  return u;
+}
+
+// Work queued later on the same stream runs after the work that used the block: it may have
+// the block at once, as PyTorch's allocator gives a block back to its stream.
+TEST(StreamAwareAllocatorTest, AFreedBlockGoesBackToItsStreamAtOnce) {
+  int live = 0;
+  CachingAllocator a(std::make_unique<CountingMemory>(&live), {});
+  HeldStream s;
+  void* p = *a.Allocate(4096, For(s.get()));
+  a.Free(p);  // the stream's queued work may still use it
+  EXPECT_EQ(*a.Allocate(4096, For(s.get())), p);
+  a.Free(p);
+}
+
+// The host writing a block, or another stream using it, must wait for the work queued before
+// the free: a new block is made instead, and the old one comes back once the work ran.
+TEST(StreamAwareAllocatorTest, TheHostAndOtherStreamsWaitForTheQueuedWork) {
+  int live = 0;
+  CachingAllocator a(std::make_unique<CountingMemory>(&live), {});
+  HeldStream s;
+  auto other = Stream::CreateCpu(CpuStreamMode::kAsync);
+  void* p = *a.Allocate(4096, For(s.get()));
+  a.Free(p);
+  void* host = *a.Allocate(4096, For(s.get(), /*host_writes=*/true));
+  void* elsewhere = *a.Allocate(4096, For(other.get()));
+  EXPECT_NE(host, p);
+  EXPECT_NE(elsewhere, p);
+  EXPECT_EQ(a.stats().system_allocations, 3);
+  s.Release();
+  void* later = *a.Allocate(4096, For(other.get()));
+  EXPECT_EQ(later, p);  // idle now: any stream may have it
+  for (void* q : {host, elsewhere, later}) a.Free(q);
+}
+
+// recordStream: a block used on a second stream is not reused, even by its own stream, before
+// the second stream's work queued at the free has run.
+TEST(StreamAwareAllocatorTest, RecordStreamKeepsTheBlockForTheOtherStreamsWork) {
+  int live = 0;
+  CachingAllocator a(std::make_unique<CountingMemory>(&live), {});
+  auto home = Stream::CreateCpu(CpuStreamMode::kAsync);
+  HeldStream user;
+  void* p = *a.Allocate(4096, For(home.get()));
+  a.RecordStream(p, *user);
+  a.Free(p);
+  void* q = *a.Allocate(4096, For(home.get()));
+  EXPECT_NE(q, p);
+  user.Release();
+  void* r = *a.Allocate(4096, For(home.get()));
+  EXPECT_EQ(r, p);
+  a.Free(q);
+  a.Free(r);
+}
+
+// An op's scratch, allocated on the stream's thread while the op runs, is used before the
+// work queued after the op: a block that work still needs (freed by the host once it queued
+// it) is not the scratch's, though it belongs to the same stream.
+TEST(StreamAwareAllocatorTest, AllocationsOnTheStreamsThreadTakeIdleBlocksOnly) {
+  int live = 0;
+  CachingAllocator a(std::make_unique<CountingMemory>(&live), {});
+  auto s = Stream::CreateCpu(CpuStreamMode::kAsync);
+  HeldStream gate;  // holds s's thread until released, through an event
+  auto released = *Event::Create(Device::Cpu(), false);
+  ASSERT_TRUE(released->Record(*gate).ok());
+  ASSERT_TRUE(released->MakeStreamWait(*s).ok());
+  void* scratch = nullptr;
+  ASSERT_TRUE(s->Launch([&] {  // an op with scratch
+    scratch = *a.Allocate(4096, For(s.get()));
+    a.Free(scratch);
+    return absl::OkStatus();
+  }).ok());
+  void* p = *a.Allocate(4096, For(s.get()));
+  ASSERT_TRUE(s->Launch([] { return absl::OkStatus(); }).ok());  // an op that reads p
+  a.Free(p);  // the host is done with p; the op after the scratch's is not
+  gate.Release();
+  ASSERT_TRUE(s->Synchronize().ok());
+  EXPECT_NE(scratch, p);
+  EXPECT_EQ(a.stats().system_allocations, 2);
+}
+
+// System memory that records what happens, in order.
+class LoggingMemory : public SystemMemory {
+ public:
+  explicit LoggingMemory(std::vector<std::string>* log) : log_(log) {}
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return std::malloc(bytes); }
+  void Free(void* p, size_t) override {
+    log_->push_back("system free");
+    std::free(p);
+  }
+  Device device() const override { return Device::Cpu(); }
+  std::string name() const override { return "logging host memory"; }
+
+ private:
+  std::vector<std::string>* log_;
+};
+
+// A device-wide free (cudaFree) could wait for collectives in flight, which may wait for
+// peers that wait for this rank: the out-of-memory retry lets the communicators finish first,
+// and the cached blocks' pending work, before it returns anything to the system.
+TEST(StreamAwareAllocatorTest, TheOutOfMemoryRetryWaitsForTheCommunicatorsFirst) {
+  std::vector<std::string> log;
+  CachingAllocator a(std::make_unique<LoggingMemory>(&log), {.limit_bytes = 1 << 20});
+  const int hook = AddBeforeSystemFree(Device::Cpu(), [&log] { log.push_back("communicators"); });
+  const int other = AddBeforeSystemFree(Device::Cuda(0), [&log] { log.push_back("cuda:0"); });
+  auto s = Stream::CreateCpu(CpuStreamMode::kAsync);
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(s->Launch([&ran] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ran = true;
+    return absl::OkStatus();
+  }).ok());
+  void* p = *a.Allocate(768 << 10, For(s.get()));
+  a.Free(p);  // cached, its stream's work still queued
+  auto r = a.Allocate(300 << 10, For(s.get(), /*host_writes=*/true));  // over the limit
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(ran.load()) << "the cached block was freed before its stream's work ran";
+  EXPECT_EQ(log, (std::vector<std::string>{"communicators", "system free"}));
+  RemoveBeforeSystemFree(hook);
+  RemoveBeforeSystemFree(other);
+  a.Free(*r);
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 #include "runtime/host_sync.h"
 
+#include <execinfo.h>
+
 #include <atomic>
 #include <cstdio>
 #include <string>
 
-#include "absl/debugging/stacktrace.h"
 #include "absl/debugging/symbolize.h"
 
 namespace tandem {
@@ -18,10 +19,12 @@ thread_local int t_device_thread = 0;
 // The stack of an unexpected synchronization, innermost frame first, without the frames of
 // this file.
 void PrintStack(int64_t n, const char* what) {
+  // glibc's unwinder reads the unwind tables, so it needs no frame pointers (the optimized
+  // build has none); absl::Symbolize names the frames from the binary's symbol table.
   void* frames[32];
-  const int depth = absl::GetStackTrace(frames, 32, /*skip_count=*/2);
+  const int depth = backtrace(frames, 32);
   std::string text;
-  for (int i = 0; i < depth; ++i) {
+  for (int i = 2; i < depth; ++i) {  // below Record and this function
     char name[512];
     const char* symbol = absl::Symbolize(frames[i], name, sizeof(name)) ? name : "?";
     text += "    ";

@@ -12,6 +12,7 @@ namespace tandem {
 namespace {
 
 std::atomic<int64_t> g_count{0};
+std::atomic<int64_t> g_unexpected{0};
 std::atomic<bool> g_debug{false};
 thread_local int t_expected = 0;
 thread_local int t_device_thread = 0;
@@ -41,10 +42,14 @@ void PrintStack(int64_t n, const char* what) {
 void HostSync::Record(const char* what) {
   if (t_device_thread > 0) return;
   const int64_t n = g_count.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (t_expected == 0 && g_debug.load(std::memory_order_relaxed)) PrintStack(n, what);
+  if (t_expected > 0) return;
+  g_unexpected.fetch_add(1, std::memory_order_relaxed);
+  if (g_debug.load(std::memory_order_relaxed)) PrintStack(n, what);
 }
 
 int64_t HostSync::Count() { return g_count.load(std::memory_order_relaxed); }
+
+int64_t HostSync::UnexpectedCount() { return g_unexpected.load(std::memory_order_relaxed); }
 
 void HostSync::SetDebug(bool on) { g_debug.store(on); }
 

@@ -16,8 +16,10 @@ class HostSync {
   // `what` names the call ("Stream::Synchronize"). Not counted on a device's own threads (a
   // CPU stream's, a communicator's), whose waits are the devices' ordering, not the host's.
   static void Record(const char* what);
-  // The host synchronizations this process made so far.
+  // The host synchronizations this process made so far, and of those the ones outside an
+  // ExpectedHostSync scope.
   static int64_t Count();
+  static int64_t UnexpectedCount();
   // With debugging on (--debug-syncs), every host synchronization outside an
   // ExpectedHostSync scope prints where it came from (a stack trace) to stderr, like
   // torch.cuda.set_sync_debug_mode("warn").

@@ -1,0 +1,258 @@
+// The orderings the GPU depends on, proved on CPU workers (run under mpirun with 3 ranks by
+// ordering_test.sh): with asynchronous CPU streams the host queues a step's work and
+// returns, each rank's streams and communication thread run it in the order events impose,
+// and TANDEM_CPU_STREAM_JITTER_US delays every item of work by a random time. A missing event
+// (the communication thread not waiting for the compute stream, a forward not waiting for
+// its receive, memory reused too early) then changes the numbers. Each case's losses are
+// written, as bits, to --losses_out; the script compares the jittered asynchronous run's with
+// the immediate one's (where work runs as it is issued, so no ordering can be missing). Here
+// each case is also held to one worker within the parity tolerance, and every strategy to
+// one host synchronization per read of the loss.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "comm/mpi_communicator.h"
+#include "gtest/gtest.h"
+#include "model/sharded_checkpoint.h"
+#include "parallel/distributed.h"
+#include "runtime/files.h"
+#include "runtime/host_sync.h"
+
+namespace tandem {
+namespace {
+
+Communicator* comm = nullptr;
+std::string losses_out;   // --losses_out=FILE
+std::string scratch_dir;  // for the resume case's checkpoint
+
+TrainConfig Base(int micro_batches) {
+  TrainConfig c;
+  c.model = *ModelPreset("gpt");
+  c.model.n_layer = 4;
+  c.model.d_model = 16;
+  c.model.n_head = 2;
+  c.model.seq_len = 8;
+  c.batch = 24;
+  c.micro_batches = micro_batches;
+  c.steps = 10;
+  c.optimizer.lr = 1e-2f;
+  c.optimizer.warmup_steps = 2;
+  c.optimizer.total_steps = c.steps;
+  c.optimizer.weight_decay = 0.05f;
+  c.seed = 7;
+  return c;
+}
+
+std::vector<float> OneWorker(TrainConfig c) {
+  c.micro_batches = 1;
+  auto t = *Trainer::Create(c);
+  std::vector<float> losses;
+  EXPECT_TRUE(t->Run([&](const StepReport& r) { losses.push_back(r.loss); }).ok());
+  return losses;
+}
+
+// Steps [from, to) of a trainer, reading every `read_every` steps (and at the end).
+std::vector<float> Train(DistributedTrainer& t, int to, int read_every = 1) {
+  std::vector<float> losses;
+  while (t.step() < to) {
+    EXPECT_TRUE(t.Issue().ok());
+    if (t.step() % read_every != 0 && t.step() != to) continue;
+    auto done = t.Read();
+    EXPECT_TRUE(done.ok()) << done.status();
+    if (!done.ok()) return losses;
+    for (const CompletedStep& c : *done) losses.push_back(c.report.loss);
+  }
+  return losses;
+}
+
+// The bits of every case's losses, in case order, for the script's comparison.
+std::map<std::string, std::vector<float>>& Recorded() {
+  static auto* r = new std::map<std::string, std::vector<float>>();
+  return *r;
+}
+
+void Record(const std::string& name, const std::vector<float>& losses) {
+  Recorded()[name] = losses;
+}
+
+void ExpectNearOneWorker(const std::vector<float>& want, const std::vector<float>& got,
+                         const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-7)
+        << what << " step " << i << " on rank " << comm->rank();
+  }
+}
+
+// The bucket size that cuts the model's gradients into `n` buckets.
+int64_t BucketBytesFor(const ModelConfig& model, int n) {
+  auto stage = *Stage::Create(model, 0, model.num_blocks(), Device::Cpu(), 1);
+  for (int64_t bytes = 64; bytes <= (1 << 20); bytes += 64) {
+    const size_t got = PlanBuckets(stage->layout(), stage->ParamBlocks(), bytes).size();
+    if (got == static_cast<size_t>(n)) return bytes;
+  }
+  return -1;
+}
+
+TEST(OrderingTest, DataParallelWithThirteenBuckets) {
+  ParallelConfig pc;
+  pc.train = Base(2);
+  pc.strategy = StrategyKind::kData;
+  // The first depth whose gradients some bucket size cuts into exactly 13 buckets.
+  for (int layers = 3; layers <= 8; ++layers) {
+    pc.train.model.n_layer = layers;
+    pc.bucket_bytes = BucketBytesFor(pc.train.model, 13);
+    if (pc.bucket_bytes > 0) break;
+  }
+  ASSERT_GT(pc.bucket_bytes, 0) << "no depth and bucket size give 13 buckets";
+  auto t = *DistributedTrainer::Create(pc, comm);
+  const std::vector<float> losses = Train(*t, pc.train.steps);
+  ExpectNearOneWorker(OneWorker(pc.train), losses, "data parallel");
+  Record("data parallel, 13 buckets", losses);
+}
+
+void PipelineCase(const std::string& schedule, bool recompute) {
+  ParallelConfig pc;
+  pc.train = Base(6);
+  pc.strategy = StrategyKind::kPipeline;
+  pc.schedule = schedule;
+  pc.recompute = recompute;
+  auto t = *DistributedTrainer::Create(pc, comm);
+  const std::vector<float> losses = Train(*t, pc.train.steps);
+  const std::string name =
+      absl::StrFormat("%s, 3 stages, 6 micro-batches%s", schedule, recompute ? ", recompute" : "");
+  ExpectNearOneWorker(OneWorker(pc.train), losses, name);
+  Record(name, losses);
+}
+
+TEST(OrderingTest, GpipeAndOneFOneB) {
+  PipelineCase("gpipe", false);
+  PipelineCase("1f1b", false);
+}
+
+TEST(OrderingTest, Recompute) {
+  PipelineCase("gpipe", true);
+  PipelineCase("1f1b", true);
+}
+
+// A run stopped at step 5 and resumed from its checkpoint gives the losses of a run never
+// stopped, bit for bit.
+TEST(OrderingTest, Resume) {
+  ParallelConfig pc;
+  pc.train = Base(6);
+  pc.strategy = StrategyKind::kPipeline;
+  pc.schedule = "1f1b";
+  std::vector<float> whole, resumed;
+  {
+    auto t = *DistributedTrainer::Create(pc, comm);
+    whole = Train(*t, pc.train.steps);
+  }
+  const std::string dir = scratch_dir + "/resume";
+  ASSERT_TRUE(MakeDirs(dir).ok()) << dir;
+  {
+    auto t = *DistributedTrainer::Create(pc, comm);
+    resumed = Train(*t, 5);
+    ASSERT_TRUE(t->SaveCheckpoint(dir).ok());
+  }
+  auto t = *DistributedTrainer::Create(pc, comm);
+  ASSERT_TRUE(t->LoadCheckpoint(CheckpointPrefixFor(dir, 5)).ok());
+  const std::vector<float> rest = Train(*t, pc.train.steps);
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  ASSERT_EQ(resumed.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&resumed[i], &whole[i], sizeof(float)), 0)
+        << "step " << i << ": " << resumed[i] << " vs " << whole[i];
+  }
+  Record("1f1b resumed at step 5", resumed);
+}
+
+// A steady step synchronizes the host once when the loss is read every step, and once per
+// read when it is read every third step; none of those syncs is unexpected (all are the loss
+// reads), for every strategy.
+TEST(OrderingTest, OneHostSyncPerReadOfTheLoss) {
+  if (!(*Stream::Compute(Device::Cpu()))->async()) {
+    GTEST_SKIP() << "immediate CPU streams run every wait for communication on the host";
+  }
+  for (StrategyKind kind : {StrategyKind::kData, StrategyKind::kPipeline, StrategyKind::kModel}) {
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+      if (kind != StrategyKind::kPipeline && std::string(schedule) == "1f1b") continue;
+      SCOPED_TRACE(absl::StrFormat("%s %s", StrategyName(kind), schedule));
+      ParallelConfig pc;
+      pc.train = Base(kind == StrategyKind::kModel ? 1 : kind == StrategyKind::kData ? 2 : 6);
+      pc.train.steps = 14;
+      pc.strategy = kind;
+      pc.schedule = schedule;
+      auto t = *DistributedTrainer::Create(pc, comm);
+      Train(*t, 2);  // warm-up
+      const int64_t unexpected = HostSync::UnexpectedCount();
+      std::vector<int64_t> syncs;
+      for (int read_every : {1, 3}) {
+        const int64_t before = HostSync::Count();
+        int steps = 0;
+        while (steps < 6) {
+          ASSERT_TRUE(t->Issue().ok());
+          if (++steps % read_every != 0) continue;
+          auto done = t->Read();
+          ASSERT_TRUE(done.ok()) << done.status();
+          for (const CompletedStep& c : *done) syncs.push_back(c.timing.host_syncs);
+        }
+        EXPECT_EQ(HostSync::Count() - before, 6 / read_every) << "read every " << read_every;
+      }
+      EXPECT_EQ(syncs, (std::vector<int64_t>{1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 1}));
+      EXPECT_EQ(HostSync::UnexpectedCount(), unexpected);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--losses_out=", 0) == 0) tandem::losses_out = a.substr(13);
+    if (a.rfind("--scratch_dir=", 0) == 0) tandem::scratch_dir = a.substr(14);
+  }
+  if (tandem::scratch_dir.empty()) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    tandem::scratch_dir = tmp ? tmp : "/tmp";
+  }
+  absl::Status s = tandem::InitMpi(&argc, &argv);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  int rc;
+  {
+    auto c = tandem::CreateMpiCommunicator();
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(c.status().message()).c_str());
+      return 1;
+    }
+    tandem::comm = c->get();
+    if (tandem::comm->rank() != 0) {
+      delete ::testing::UnitTest::GetInstance()->listeners().Release(
+          ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
+    }
+    rc = RUN_ALL_TESTS();
+    if (tandem::comm->rank() == 0 && !tandem::losses_out.empty()) {
+      std::ofstream out(tandem::losses_out);
+      for (const auto& [name, losses] : tandem::Recorded()) {
+        out << name << ":";
+        for (float l : losses) {
+          uint32_t bits;
+          std::memcpy(&bits, &l, sizeof(bits));
+          out << absl::StrFormat(" %08x", bits);
+        }
+        out << "\n";
+      }
+    }
+  }
+  (void)tandem::FinalizeMpi();
+  return rc;
+}

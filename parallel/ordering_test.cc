@@ -15,7 +15,7 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
-#include "comm/mpi_communicator.h"
+#include "comm/mpi_test_main.h"
 #include "gtest/gtest.h"
 #include "model/sharded_checkpoint.h"
 #include "parallel/distributed.h"
@@ -208,11 +208,25 @@ TEST(OrderingTest, OneHostSyncPerReadOfTheLoss) {
   }
 }
 
+// Writes every case's losses, as bits, to --losses_out.
+void WriteLosses() {
+  if (comm->rank() != 0 || losses_out.empty()) return;
+  std::ofstream out(losses_out);
+  for (const auto& [name, losses] : Recorded()) {
+    out << name << ":";
+    for (float l : losses) {
+      uint32_t bits;
+      std::memcpy(&bits, &l, sizeof(bits));
+      out << absl::StrFormat(" %08x", bits);
+    }
+    out << "\n";
+  }
+}
+
 }  // namespace
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--losses_out=", 0) == 0) tandem::losses_out = a.substr(13);
@@ -222,37 +236,5 @@ int main(int argc, char** argv) {
     const char* tmp = std::getenv("TEST_TMPDIR");
     tandem::scratch_dir = tmp ? tmp : "/tmp";
   }
-  absl::Status s = tandem::InitMpi(&argc, &argv);
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  int rc;
-  {
-    auto c = tandem::CreateMpiCommunicator();
-    if (!c.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(c.status().message()).c_str());
-      return 1;
-    }
-    tandem::comm = c->get();
-    if (tandem::comm->rank() != 0) {
-      delete ::testing::UnitTest::GetInstance()->listeners().Release(
-          ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
-    }
-    rc = RUN_ALL_TESTS();
-    if (tandem::comm->rank() == 0 && !tandem::losses_out.empty()) {
-      std::ofstream out(tandem::losses_out);
-      for (const auto& [name, losses] : tandem::Recorded()) {
-        out << name << ":";
-        for (float l : losses) {
-          uint32_t bits;
-          std::memcpy(&bits, &l, sizeof(bits));
-          out << absl::StrFormat(" %08x", bits);
-        }
-        out << "\n";
-      }
-    }
-  }
-  (void)tandem::FinalizeMpi();
-  return rc;
+  return tandem::RunMpiTests(argc, argv, &tandem::comm, tandem::WriteLosses);
 }

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
-#include "comm/mpi_communicator.h"
+#include "comm/mpi_test_main.h"
 #include "gtest/gtest.h"
 #include "parallel/distributed.h"
 
@@ -186,28 +186,4 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
 }  // namespace
 }  // namespace tandem
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  absl::Status s = tandem::InitMpi(&argc, &argv);
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  int rc;
-  {
-    auto c = tandem::CreateMpiCommunicator();
-    if (!c.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(c.status().message()).c_str());
-      return 1;
-    }
-    tandem::comm = c->get();
-    // Only rank 0 prints gtest's output; every rank's failures still set its exit code.
-    if (tandem::comm->rank() != 0) {
-      delete ::testing::UnitTest::GetInstance()->listeners().Release(
-          ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
-    }
-    rc = RUN_ALL_TESTS();
-  }
-  (void)tandem::FinalizeMpi();
-  return rc;
-}
+int main(int argc, char** argv) { return tandem::RunMpiTests(argc, argv, &tandem::comm); }

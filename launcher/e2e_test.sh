@@ -6,7 +6,8 @@
 # preempt_launcher and preempt_worker (SIGTERM: every worker checkpoints, exit 75;
 # --resume=auto continues bit for bit), restart (--max-restarts after an injected crash),
 # reshard (checkpoints moved between strategies and worker counts), bad_checkpoint (missing
-# or corrupt shards refused), slow_start (workers slow to set up are not taken for hung).
+# or corrupt shards refused), slow_start (workers slow to set up are not taken for hung),
+# log_every (the host reads the loss every --log-every steps and synchronizes nowhere else).
 set -u
 case_name="$1"
 launcher="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
@@ -94,6 +95,9 @@ check_run() {  # strategy
   done
   grep -q "step 5/5" "$out" || fail "no final progress line"
   grep -q "final loss" "$out" || fail "no summary"
+  # The loss is read every step: one host synchronization a step, on every rank.
+  [ "$(grep -c '"host_syncs_per_step": 1,\{0,1\}$' "$dir/run.json")" -eq 2 ] ||
+    fail "run.json's host_syncs_per_step is not 1 on both ranks"
   no_worker_left
   echo "PASSED: --strategy=$1 in $((end - start)) s"
 }
@@ -101,6 +105,34 @@ check_run() {  # strategy
 case "$case_name" in
   data | pipeline | model)
     check_run "$case_name"
+    ;;
+
+  log_every)
+    # --log-every=3: the host reads the losses every third step and synchronizes nowhere
+    # else (--debug-syncs would print any other synchronization to the ranks' logs), yet every
+    # step's loss is recorded.
+    dir="$tmp/run-log-every"
+    out="$tmp/out-log-every.txt"
+    timeout 60 "$launcher" --strategy=pipeline --gpus=2 "${small[@]}" --steps=6 --log-every=3 \
+      --debug-syncs --checkpoint-every=6 --run-dir="$dir" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ "$rc" -eq 0 ] || fail "--log-every=3 exited $rc"
+    losses="$(sed -n 's/^ *"losses": \[\(.*\)\],$/\1/p' "$dir/run.json" | tr ',' '\n' | grep -c .)"
+    [ "$losses" -eq 6 ] || fail "run.json has $losses losses, not 6"
+    for r in 0 1; do
+      syncs="$(sed -n 's/.*"host_syncs": \([0-9]*\),.*/\1/p' "$dir/metrics/rank-$r.jsonl" | tr '\n' ' ')"
+      [ "$syncs" = "0 0 1 0 0 1 " ] || fail "rank $r's host syncs per step are '$syncs', not 0 0 1 0 0 1"
+      if grep -q "host sync #" "$dir/logs/rank-$r.log"; then
+        grep -A8 "host sync #" "$dir/logs/rank-$r.log" >&2
+        fail "rank $r synchronized the host outside its loss reads and checkpoint"
+      fi
+    done
+    [ "$(grep -c '"host_syncs_per_step": 0,\{0,1\}$' "$dir/run.json")" -eq 2 ] ||
+      fail "run.json's host_syncs_per_step is not 0 on both ranks"
+    grep -q '"log_every": 3' "$dir/run.json" || fail "run.json's config lacks log_every"
+    no_worker_left
+    echo "PASSED: --log-every=3: losses of 6 steps read at 2, and no other host synchronization"
     ;;
 
   crash)

@@ -15,6 +15,7 @@
 #include "launcher/paths.h"
 #include "model/trainer.h"
 #include "runtime/files.h"
+#include "runtime/host_sync.h"
 #include "runtime/profiler.h"
 
 ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp");
@@ -42,8 +43,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "directory the checkpoints go to (mad
 ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints, and one at the end (0: none)");
 ABSL_FLAG(std::string, resume, "", "checkpoint file (.ckpt) to resume from");
 ABSL_FLAG(int, profile_steps, 0,
-          "profile the last N steps: each op's time, waited for on its device, and its achieved "
-          "GFLOP/s and GB/s, in a table at the end (those steps are left out of the tokens/s)");
+          "profile the last N steps: each op's time on its device (events around it on the "
+          "stream) and its achieved GFLOP/s and GB/s, in a table at the end (those steps are "
+          "left out of the tokens/s)");
 
 namespace tandem {
 namespace {
@@ -132,13 +134,19 @@ int Main() {
   const int first_profiled = c.steps - profile_steps;
   if (first_profiled == 0 && profile_steps > 0) Profiler::Enable(true);
   std::vector<double> step_seconds;  // after the first two, which warm caches and the allocator
+  std::vector<int64_t> step_syncs;   // host synchronizations from one report to the next
+  int64_t syncs_before = HostSync::Count();
   absl::Status s = (*trainer)->Run([&](const StepReport& r) {
     const double tok_s = c.batch * c.model.seq_len / r.seconds;
-    if (r.step >= 2 && r.step < first_profiled) step_seconds.push_back(r.seconds);
+    if (r.step >= 2 && r.step < first_profiled) {
+      step_seconds.push_back(r.seconds);
+      step_syncs.push_back(HostSync::Count() - syncs_before);
+    }
     if (r.step + 1 == first_profiled) Profiler::Enable(true);
     std::printf("step %4d/%d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s%s\n", r.step + 1,
                 c.steps, r.loss, r.lr, r.grad_norm, tok_s, r.skipped ? "  (skipped)" : "");
     std::fflush(stdout);
+    syncs_before = HostSync::Count();
   });
   if (!s.ok()) {
     s = ExplainOutOfMemory(s, '-');
@@ -153,6 +161,11 @@ int Main() {
     const double tokens_per_second = c.batch * c.model.seq_len / median;
     std::printf("median step %.2f ms, %.0f tokens/s over %zu steps\n", 1e3 * median,
                 tokens_per_second, step_seconds.size());
+    // Step times are the device's (events on the compute stream); the host waits once a
+    // step, to read the loss printed above.
+    std::sort(step_syncs.begin(), step_syncs.end());
+    std::printf("host syncs per step %lld (median; the step's loss read)\n",
+                static_cast<long long>(step_syncs[step_syncs.size() / 2]));
     if (c.device.is_cuda()) {
       // MFU against the bf16 dense peak of an H100/H200 (DESIGN.md, "Measured, always").
       std::printf("MFU %.1f%% (6 x %lld matmul parameters x tokens/s over 989 TFLOP/s)\n",

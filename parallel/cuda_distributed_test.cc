@@ -17,6 +17,7 @@
 #include "model/sharded_checkpoint.h"
 #include "model/test_configs.h"
 #include "parallel/distributed.h"
+#include "runtime/host_sync.h"
 #include "runtime/test_files.h"
 
 namespace tandem {
@@ -189,6 +190,37 @@ TEST_F(CudaDistributedTest, ResumesFromACheckpointAsIfNeverStopped) {
     const Trained after_3{std::vector<float>(whole.losses.begin() + 3, whole.losses.end()),
                           whole.params};
     ExpectSameTraining(after_3, resumed, dtype, "after resuming");
+  }
+}
+
+// On the GPU too the host synchronizes once per read of the loss and nowhere else: every
+// wait for communication is the stream's, the clipping factor is computed on the device, and
+// the step's time comes from events on the compute stream.
+TEST_F(CudaDistributedTest, OneHostSyncPerReadOfTheLoss) {
+  for (StrategyKind kind : {StrategyKind::kData, StrategyKind::kPipeline}) {
+    SCOPED_TRACE(StrategyName(kind));
+    ParallelConfig pc;
+    pc.train = OnGpu(DType::kBF16, 2);
+    pc.strategy = kind;
+    pc.schedule = "1f1b";
+    auto t = DistributedTrainer::Create(pc, nccl_.comm.get());
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*t)->Step().ok());  // warm-up
+    const int64_t unexpected = HostSync::UnexpectedCount();
+    std::vector<int64_t> syncs;
+    for (int step = 1; step <= 6; ++step) {
+      ASSERT_TRUE((*t)->Issue().ok());
+      if (step % 3 != 0) continue;
+      auto done = (*t)->Read();
+      ASSERT_TRUE(done.ok()) << done.status();
+      for (const CompletedStep& c : *done) {
+        syncs.push_back(c.timing.host_syncs);
+        EXPECT_GT(c.timing.compute_seconds, 0);
+        EXPECT_GT(c.report.seconds, c.timing.compute_seconds * 0.5);
+      }
+    }
+    EXPECT_EQ(syncs, (std::vector<int64_t>{0, 0, 1, 0, 0, 1}));
+    EXPECT_EQ(HostSync::UnexpectedCount(), unexpected);
   }
 }
 

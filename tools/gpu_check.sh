@@ -322,9 +322,9 @@ train() {  # label, seconds to keep for what follows, then flags for the trainer
       --device=cuda --dtype=bf16 --batch=8 --steps="$steps" --warmup=5 --synthetic \
       --profile_steps=3 "$@" >"$log" 2>&1
   local rc=$?
-  # Figures (the memory estimate, to hold against the allocator's peak), then the op table of
-  # the last 3 steps (each op waited for: where the step goes).
-  grep -E '^(model|memory|median|MFU|allocator)' "$log" | sed "s/^/$label /"
+  # Figures (the memory estimate, to hold against the allocator's peak; the host syncs per
+  # step), then the op table of the last 3 steps (each op timed by events: where the step goes).
+  grep -E '^(model|memory|median|host syncs|MFU|allocator)' "$log" | sed "s/^/$label /"
   sed -n '/^op table/,/^allocator/p' "$log" | grep -v '^allocator' | sed "s/^/$label /"
   if [ "$rc" -ne 0 ]; then
     echo "FAIL training $label (exit status $rc)"

@@ -30,9 +30,9 @@ expect "$s" "- failed: Floats/CudaOpsDTypeTest.LayerNorm/bf16"
 expect "$s" "- not run: ops_test (GPU_CHECK_BUDGET_S spent)"
 expect "$s" "copy 4300 GB/s (read + written), bf16 matmul 8192^3 788 TFLOP/s"
 # 204800 / 240000 = 0.853; 256000 / 240000 = 1.067; PyTorch's step 0.034133 s = 34.13 ms.
-expect "$s" "| Tandem, standard attention | 40.00 | 204,800 | 15.4% | 0.85 |"
-expect "$s" "| Tandem, flash attention | 32.00 | 256,000 | 19.2% | 1.07 |"
-expect "$s" "| PyTorch eager (pytorch 2.11.0+cu130, SDPA attention) | 34.13 | 240,000 | 18.0% | 1.00 |"
+expect "$s" "| Tandem, standard attention | 40.00 | 204,800 | 15.4% | 1 | 0.85 |"
+expect "$s" "| Tandem, flash attention | 32.00 | 256,000 | 19.2% | 1 | 1.07 |"
+expect "$s" "| PyTorch eager (pytorch 2.11.0+cu130, SDPA attention) | 34.13 | 240,000 | 18.0% | - | 1.00 |"
 # 5300000000 B = 4.94 GiB; 3100000000 B = 2.89 GiB.
 expect "$s" "checked to need at least 5.1 GB (model state 2.0 GB, activations 2.9 GB, temporaries 202 MB); the allocator's peak was 4.9 GB."
 expect "$s" "the allocator's peak was 2.9 GB."
@@ -45,7 +45,7 @@ printf '# Benchmarks\n\n## CPU\n\nfigures\n\n## GPU\n\nNot measured.\n\n## Later
 python3 "$report" "$sample" --commit abc1234 --into "$doc" || fail "--into failed"
 python3 "$report" "$sample" --commit abc1234 --into "$doc" || fail "--into failed a second time"
 [ "$(grep -c '^## GPU$' "$doc")" -eq 1 ] || fail "not one GPU section after two --into"
-expect "$doc" "| Tandem, flash attention | 32.00 | 256,000 | 19.2% | 1.07 |"
+expect "$doc" "| Tandem, flash attention | 32.00 | 256,000 | 19.2% | 1 | 1.07 |"
 [ "$(head -n 6 "$doc")" = "$(printf '# Benchmarks\n\n## CPU\n\nfigures\n')" ] ||
   fail "--into changed what comes before the GPU section"
 [ "$(tail -n 3 "$doc")" = "$(printf '## Later\n\nmore')" ] ||

@@ -117,10 +117,9 @@ absl::StatusOr<StepReport> Trainer::Step() {
     ASSIGN_OR_RETURN(v, sums.ToFloatVector());
   }
   StepReport r = ReportStep(c_, scaler_, step_, v[0], v[1]);
-  // The stream's time from the end of the previous step (its gaps included) to this end.
-  ASSIGN_OR_RETURN(float ms, end->ElapsedMsSince(last_step_end_ ? *last_step_end_ : *start));
+  // The stream's time from where this step's work began to its end.
+  ASSIGN_OR_RETURN(float ms, end->ElapsedMsSince(*start));
   r.seconds = ms * 1e-3;
-  last_step_end_ = std::move(end);
   ++step_;
   return r;
 }

@@ -89,7 +89,6 @@ class Trainer {
   LossScaler scaler_;
   MemoryCheck memory_;
   int step_ = 0;
-  std::unique_ptr<Event> last_step_end_;  // where the previous step ended on the stream
   std::unique_ptr<InputPrefetcher> input_;
 };
 

@@ -573,13 +573,11 @@ absl::Status DistributedTrainer::ReadPending() {
         Profiler::RecordEvent(std::move(e));
       }
     }
-    // The stream's time from the previous step's end (its gaps included) to this one's.
-    const Event& from = last_read_ ? last_read_->end() : p.timeline->start();
-    ASSIGN_OR_RETURN(float ms, p.timeline->end().ElapsedMsSince(from));
+    // The stream's time from where the step's work began to its end.
+    ASSIGN_OR_RETURN(float ms, p.timeline->end().ElapsedMsSince(p.timeline->start()));
     done.report.seconds = ms * 1e-3;
     done.timing.comm_seconds = comm_->busy_seconds_through(p.timing.last_sequence) -
                                comm_->busy_seconds_through(p.first_sequence);
-    last_read_ = std::move(p.timeline);
     read_.push_back(std::move(done));
   }
   pending_.clear();

@@ -180,7 +180,6 @@ class DistributedTrainer {
   std::unique_ptr<InputPrefetcher> input_;
   std::deque<Pending> pending_;          // issued, not read
   std::vector<CompletedStep> read_;      // read, not returned yet (f16)
-  std::unique_ptr<StreamTimeline> last_read_;  // the last step read: where the next one began
 };
 
 }  // namespace tandem

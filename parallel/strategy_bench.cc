@@ -4,7 +4,10 @@
 //              and 100 MB (on one rank this is the single-worker baseline);
 //   pipeline:  GPipe with M = 1, 4, 8, 16 micro-batches: the measured bubble (time a stage
 //              waits for activations or gradients, over the step time, averaged over stages)
-//              beside GPipe's (K - 1) / (M + K - 1).
+//              beside GPipe's (K - 1) / (M + K - 1);
+//   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
+//              micro-batches, in this process's CPU stream mode (TANDEM_CPU_STREAMS): run
+//              once per mode to compare them.
 // Every figure is the median over the measured steps (the first two are excluded).
 #include <algorithm>
 #include <cstdio>
@@ -158,8 +161,31 @@ int Main(int argc, char** argv) {
         }
         if (rc) break;
       }
+    } else if (mode == "streams") {
+      const char* streams = CpuStreamModeName(DefaultCpuStreamMode());
+      // The first run warms up and is not reported.
+      for (const char* strategy : {"warm-up", "data", "pipeline"}) {
+        const bool pipeline = std::string(strategy) == "pipeline";
+        if (pipeline && world < 2) continue;
+        ParallelConfig pc;
+        pc.train = Tiny(pipeline ? 32 : 16, pipeline ? 8 : 1);
+        pc.strategy = pipeline ? StrategyKind::kPipeline : StrategyKind::kData;
+        pc.schedule = "1f1b";
+        auto m = Run(pc, comm->get());
+        if (!m.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
+          rc = 1;
+          break;
+        }
+        if (std::string(strategy) == "warm-up") continue;
+        emit(absl::StrFormat(
+            "{\"bench\": \"streams\", \"cpu_streams\": \"%s\", \"strategy\": \"%s\", "
+            "\"workers\": %d, \"tokens_per_second\": %.1f, \"step_seconds\": %.6f}",
+            streams, strategy, world, pc.train.batch * pc.train.model.seq_len / m->step_seconds,
+            m->step_seconds));
+      }
     } else {
-      std::fprintf(stderr, "usage: strategy_bench data|pipeline (under mpirun)\n");
+      std::fprintf(stderr, "usage: strategy_bench data|pipeline|streams (under mpirun)\n");
       rc = 2;
     }
   }

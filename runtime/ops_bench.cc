@@ -1,7 +1,12 @@
 // Micro-benchmarks of the CPU ops on one thread: ops::Matmul against a raw cblas_sgemm on the
 // same shapes (what the checks and dispatch cost), and the memory-bound ops' bandwidth
 // against a memcpy moving as many bytes and against their own base (SSE2) variant, where the CPU
-// runs a wider one (ops.h, "CPU instruction sets"). A table of the ratios closes the run.
+// runs a wider one (ops.h, "CPU instruction sets"). These ops run on an immediate CPU stream,
+// on the benchmark's own thread as the raw calls beside them do, so the thread's clock is the
+// op's time. Then what a CPU stream costs per op (stream/): an asynchronous stream's issue
+// cost on the host, and the time per op, issue and run, of an immediate and an asynchronous
+// stream on a one-element op, where the cost is all overhead. A table of the ratios closes
+// the run.
 //   bazel run //runtime:ops_bench -- --benchmark_min_time=0.05
 #include <cblas.h>
 
@@ -23,11 +28,19 @@
 namespace tandem {
 namespace {
 
-Stream& Cpu() { return *Stream::Compute(Device::Cpu()).value(); }
+// The ops' stream: immediate, so that an op has run when its call returns.
+Stream& Cpu() {
+  static Stream* s = Stream::CreateCpu(CpuStreamMode::kImmediate).release();
+  return *s;
+}
 
 // Values in [lo, hi) from a fixed linear congruential sequence: cheap for 100 MB of inputs.
 Tensor Filled(const Shape& shape, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::Empty(shape, DType::kF32, Device::Cpu()).value();
+  AllocationUse host_writes;
+  host_writes.host_writes = true;
+  Tensor t =
+      Tensor::Empty(shape, DType::kF32, Device::Cpu(), HostMemoryKind::kPageable, host_writes)
+          .value();
   uint32_t x = 12345;
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); i++) {
@@ -198,6 +211,36 @@ void BM_AdamWUpdate(benchmark::State& state) {
   SetBytes(state, 7 * kParams * 4);
 }
 
+// ---- what a CPU stream costs per op ------------------------------------------------------------
+
+// A one-element Scale: the op's own work is a few nanoseconds, the rest is the stream's.
+constexpr int kLaunches = 256;
+
+// Issued and run: kLaunches ops, then a synchronization, per iteration.
+void BM_StreamOp(benchmark::State& state, CpuStreamMode mode) {
+  auto s = Stream::CreateCpu(mode);
+  Tensor x = Filled({1});
+  for (auto _ : state) {
+    for (int i = 0; i < kLaunches; ++i) Check(state, ops::Scale(*s, x, 1.0f));
+    Check(state, s->Synchronize());
+  }
+  state.SetItemsProcessed(state.iterations() * kLaunches);
+}
+
+// The host's side of an asynchronous stream: the time to queue an op (the synchronization
+// after each batch is not timed).
+void BM_StreamIssue(benchmark::State& state) {
+  auto s = Stream::CreateCpu(CpuStreamMode::kAsync);
+  Tensor x = Filled({1});
+  for (auto _ : state) {
+    for (int i = 0; i < kLaunches; ++i) Check(state, ops::Scale(*s, x, 1.0f));
+    state.PauseTiming();
+    Check(state, s->Synchronize());
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * kLaunches);
+}
+
 // Runs `fn` with the CPU ops in `isa`, then goes back to the widest variant.
 void InVariant(benchmark::State& state, ops::CpuIsa isa, void (*fn)(benchmark::State&)) {
   Check(state, ops::UseCpuIsa(isa));
@@ -300,6 +343,10 @@ void RegisterAll(RatioReporter& reporter) {
                                           fn_bytes.first));
     reporter.AddPair(op, op_base, "bytes_per_second");
   }
+  Repeated(benchmark::RegisterBenchmark("stream/op/immediate", BM_StreamOp,
+                                        CpuStreamMode::kImmediate));
+  Repeated(benchmark::RegisterBenchmark("stream/op/async", BM_StreamOp, CpuStreamMode::kAsync));
+  Repeated(benchmark::RegisterBenchmark("stream/issue/async", BM_StreamIssue));
 }
 
 }  // namespace

@@ -23,6 +23,13 @@
 namespace tandem {
 namespace internal {
 
+struct CpuQueue;
+
+// The queue whose work the calling thread is running, and that work's ticket (a CPU stream's
+// own thread, inside an item of work).
+thread_local const CpuQueue* t_running_queue = nullptr;
+thread_local uint64_t t_running_ticket = 0;
+
 // A CPU stream: its work in issue order, each item numbered by a ticket (1, 2, ...), and, for
 // an asynchronous stream, the thread that runs them. An item is done once `completed` has
 // reached its ticket, so a position in the queue (an event) is a ticket.
@@ -118,8 +125,11 @@ struct CpuQueue {
         skip = failed_unreported || ticket <= skip_through;
       }
       if (jitter_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter(rng)));
+      t_running_queue = this;
+      t_running_ticket = ticket;
       absl::Status s = skip ? absl::OkStatus() : work();
       work = nullptr;
+      t_running_queue = nullptr;
       absl::MutexLock lock(&mu);
       if (!s.ok() && !failed_unreported) {
         error = std::move(s);
@@ -291,7 +301,13 @@ absl::Status Event::Record(Stream& stream) {
   if (stream.queue_ != nullptr) {
     auto mark = std::make_shared<CpuMark>();
     CpuQueue* q = stream.queue_.get();
-    if (!q->async) {
+    if (internal::t_running_queue == q) {
+      // Recorded by the stream's own work (memory an op frees as it runs): the stream's
+      // position is that work, not the end of what the host queued after it.
+      mark->queue = stream.queue_;
+      mark->ticket = internal::t_running_ticket;
+      mark->stamp_ns->store(NanosSinceOrigin());
+    } else if (!q->async) {
       // Everything issued so far has run.
       mark->stamp_ns->store(NanosSinceOrigin());
     } else if (timing_) {

@@ -90,6 +90,7 @@ class Event {
   Event& operator=(const Event&) = delete;
 
   // Marks the current end of `stream`'s work (cudaEventRecord); recording again moves it.
+  // Recorded by an item of a CPU stream's own work, it marks that item.
   absl::Status Record(Stream& stream);
   // Makes work issued to `stream` after this call wait until the event has completed, without
   // blocking the host (cudaStreamWaitEvent). An event never recorded is complete.

@@ -167,7 +167,7 @@ int Main() {
     std::printf("host syncs per step %lld (median; the step's loss read)\n",
                 static_cast<long long>(step_syncs[step_syncs.size() / 2]));
     if (c.device.is_cuda()) {
-      // MFU against the bf16 dense peak of an H100/H200 (DESIGN.md, "Measured, always").
+      // MFU against the bf16 dense peak of an H100/H200 (docs/DESIGN.md, "Measured, always").
       std::printf("MFU %.1f%% (6 x %lld matmul parameters x tokens/s over 989 TFLOP/s)\n",
                   100.0 * 6 * c.model.num_matmul_params() * tokens_per_second / 989e12,
                   static_cast<long long>(c.model.num_matmul_params()));

@@ -1,6 +1,6 @@
 // Training on one device: the whole model as one stage, gradient accumulation over
 // micro-batches, clipping, the optimizer and its schedule, loss scaling, checkpoints.
-// This is the baseline every parallel strategy must match (DESIGN.md, invariant 1).
+// This is the baseline every parallel strategy must match (docs/DESIGN.md, invariant 1).
 #ifndef TANDEM_MODEL_TRAINER_H_
 #define TANDEM_MODEL_TRAINER_H_
 

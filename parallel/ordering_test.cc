@@ -4,8 +4,9 @@
 // and TANDEM_CPU_STREAM_JITTER_US delays every item of work by a random time. A missing event
 // (the communication thread not waiting for the compute stream, a forward not waiting for
 // its receive, memory reused too early) then changes the numbers. Each case's losses are
-// written, as bits, to --losses_out; the script compares the jittered asynchronous run's with
-// the immediate one's (where work runs as it is issued, so no ordering can be missing). Here
+// written, as bits, to --losses_out; the script compares the asynchronous runs' (with and
+// without jitter) with the immediate one's (where work runs as it is issued, so no ordering
+// can be missing). Here
 // each case is also held to one worker within the parity tolerance, and every strategy to
 // one host synchronization per read of the loss.
 #include <cmath>

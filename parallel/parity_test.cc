@@ -1,7 +1,7 @@
-// Run under mpirun with 1 to 4 ranks (see parity_test.sh): every strategy, schedule and
-// micro-batch count that fits the world size trains a small model for a number of steps and
-// must give the losses and weights of one worker on the same global batch and seed, within
-// 1e-5 relative (DESIGN.md, invariant 1).
+// Run under mpirun with 1 to 4 ranks (parity_test_np1 to _np4, through comm/mpirun_test.sh):
+// every strategy, schedule and micro-batch count that fits the world size trains a small model
+// for a number of steps and must give the losses and weights of one worker on the same global
+// batch and seed, the losses within 1e-5 relative (docs/DESIGN.md, invariant 1).
 #include <cmath>
 #include <map>
 
@@ -75,9 +75,8 @@ Result Distributed(const ParallelConfig& pc) {
 }
 
 // Losses: within 1e-5 relative each (the invariant). Weights: within `weight_tol` of the
-// tensor's largest magnitude: 1e-5 under SGD. Under AdamW the losses hold to 1e-5, the
-// weights to 1e-4 with one micro-batch and 1e-3 with gradient accumulation (seen: 1.3e-4 at
-// 4 ranks x 2 micro-batches): summing gradients in another order changes them by rounding, and
+// tensor's largest magnitude: 1e-5 under SGD, 1e-3 under AdamW (seen: 1.3e-4 at 4 ranks x 2
+// micro-batches, the most): summing gradients in another order changes them by rounding, and
 // AdamW divides each gradient by its own running RMS, so a parameter whose true gradient is
 // zero (the attention key bias: softmax ignores a constant added to every key) or nearly
 // so turns that rounding into updates of up to the full learning rate.

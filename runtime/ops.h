@@ -2,9 +2,10 @@
 // Every op checks its arguments (shapes, dtypes, devices; errors name the op and shapes),
 // then dispatches on the device of its tensors: plain loops and OpenBLAS on the CPU,
 // cuBLASLt and fused kernels on CUDA, issued in `stream`'s order. On both an op returns once
-// it is queued (on an immediate CPU stream, once it ran: runtime/stream.h); an error found
-// while it runs is the stream's, returned by the next op or synchronization. The layer code
-// above calls only these functions, so it is the same for both.
+// it is queued, and an error found while it runs is the stream's, returned by the next op or
+// synchronization (on an immediate CPU stream an op returns once it ran, with its own error:
+// runtime/stream.h). The layer code above calls only these functions, so it is the same for
+// both.
 //
 // Conventions (after llm.c): outputs first, then what backward needs, then inputs.
 // Legend: N = rows (batch * sequence), C = channels, OC = output channels, V = vocabulary,

@@ -61,10 +61,11 @@ class Stream {
   bool async() const;
 
   // CPU streams only: runs `work` in stream order: queued for the stream's thread, or run now
-  // on an immediate stream. As on CUDA, an error of earlier work that the host has not been
-  // told of yet is returned instead (and `work` is not run); an error `work` returns is the
-  // stream's, returned by the next Launch or synchronization on the host, and the work queued
-  // before the host learned of it is skipped.
+  // on an immediate stream (whose work's error is then this call's). As on CUDA, an error of
+  // earlier work that the host has not been told of yet is returned instead (and `work` is not
+  // run); on an asynchronous stream an error `work` returns is the stream's, returned by the
+  // next Launch or synchronization on the host, and the work queued before the host learned
+  // of it is skipped.
   absl::Status Launch(std::function<absl::Status()> work);
   // Blocks the host until all work issued to the stream has finished (a host
   // synchronization); returns the stream's error, if any.

@@ -1,6 +1,6 @@
 #!/bin/bash
-# examples/slurm/train.sbatch on a real Slurm cluster (one node is enough; ENVIRONMENT.md
-# says how to run one on a build machine): srun starts 2 workers, rank 0 hosts the
+# examples/slurm/train.sbatch on a real Slurm cluster (one node is enough;
+# tools/start_slurm.sh runs one on a build machine): srun starts 2 workers, rank 0 hosts the
 # coordinator, the job trains; then a job sent SIGTERM mid-run (scancel --signal=TERM, as
 # preemption does) checkpoints, exits 75, requeues itself and finishes from its checkpoint
 # with the losses of an uninterrupted run, bit for bit.

@@ -632,6 +632,76 @@ void OptimizerCase(int64_t n) {
   EXPECT_TRUE(Close("sgd low copy", Floats(low), Rounded<L>(q), 0.0));
 }
 
+// The device scale (GradScale's factor, read by every thread): the CPU backend's update given
+// the same scale on the device, and a scale that is not finite leaves everything unchanged.
+template <typename L>
+void DeviceScaleCase(int64_t n) {
+  SCOPED_TRACE(::testing::Message() << "n=" << n);
+  const std::vector<float> p0 = Random(n, 40), g = Random(n, 41), m0 = Random(n, 42, 0.1f);
+  std::vector<float> v0 = Random(n, 43, 0.1f);
+  for (float& x : v0) x = std::fabs(x);
+  AdamWConfig c;
+  c.weight_decay = 0.1f;
+  c.step = 2;
+  const optimizer::AdamWArgs a = optimizer::AdamWArgsOf(c);
+  const int64_t work = optimizer::WorkItems(true, n);
+  for (float scale : {0.37f, NAN, INFINITY}) {
+    std::vector<float> p = p0, m = m0, v = v0;
+    std::vector<L> low(n, FromF32<L>(0.0f));
+    const float device_scale = scale;
+    LaunchAndCheck(std::min(BlocksFor(work), 2u), kThreads, 0, [&] {
+      optimizer::AdamWKernel<L, true>(p.data(), g.data(), m.data(), v.data(), low.data(), n, a,
+                                      &device_scale);
+    });
+    Tensor want_p = F32(p0, {n}), want_m = F32(m0, {n}), want_v = F32(v0, {n});
+    ASSERT_OK(AdamWUpdate(Cpu(), want_p, F32(g, {n}), want_m, want_v, c, Tensor(),
+                          F32({scale}, {1})));
+    EXPECT_TRUE(Close("adamw params", p, Values(want_p), 1e-6)) << scale;
+    EXPECT_TRUE(Close("adamw m", m, Values(want_m), 1e-6)) << scale;
+    if (!std::isfinite(scale)) EXPECT_EQ(p, p0) << "a skipped update wrote";
+    std::vector<float> q = p0, buf = m0;
+    SgdConfig sc;
+    const optimizer::SgdArgs sa = optimizer::SgdArgsOf(sc);
+    LaunchAndCheck(std::min(BlocksFor(work), 2u), kThreads, 0, [&] {
+      optimizer::SgdKernel<L, true>(q.data(), g.data(), buf.data(), low.data(), n, sa,
+                                    &device_scale);
+    });
+    Tensor want_q = F32(p0, {n}), want_buf = F32(m0, {n});
+    ASSERT_OK(SgdMomentumUpdate(Cpu(), want_q, F32(g, {n}), want_buf, sc, Tensor(),
+                                F32({scale}, {1})));
+    EXPECT_TRUE(Close("sgd params", q, Values(want_q), 1e-6)) << scale;
+    if (!std::isfinite(scale)) EXPECT_EQ(q, p0) << "a skipped update wrote";
+  }
+}
+
+// GradScaleKernel gives the CPU backend's bits: the same operations in the same order.
+TEST(KernelEmulationTest, GradScaleIsTheCpuBackends) {
+  for (float sumsq : {0.0f, 0.3f, 4.0f, 123.0f, 1e30f, NAN, INFINITY}) {
+    for (float unscale : {1.0f, 1.0f / 1024, 3.0f}) {
+      for (float clip : {0.0f, 1.0f, 2.5f}) {
+        float got = -1;
+        const float in = sumsq;
+        LaunchAndCheck(1, 1, 0, [&] { optimizer::GradScaleKernel(&got, &in, unscale, clip); });
+        Tensor want = F32({0.0f}, {1});
+        ASSERT_OK(GradScale(Cpu(), want, F32({sumsq}, {1}), unscale, clip));
+        const float w = Values(want)[0];
+        if (std::isnan(w)) {
+          EXPECT_TRUE(std::isnan(got)) << sumsq << " " << unscale << " " << clip;
+        } else {
+          EXPECT_EQ(got, w) << sumsq << " " << unscale << " " << clip;
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelEmulationTest, DeviceScale) {
+  for (int64_t n : {1, 8, 4099}) {
+    DeviceScaleCase<__nv_bfloat16>(n);
+    DeviceScaleCase<__half>(n);
+  }
+}
+
 TEST(KernelEmulationTest, Optimizers) {
   for (int64_t n : {1, 5, 8, 1027, 4099}) {
     OptimizerCase<__nv_bfloat16, false>(n);

@@ -112,6 +112,16 @@ class Communicator {
   // Completes once every rank has reached it.
   virtual absl::StatusOr<std::unique_ptr<Work>> Barrier() = 0;
 
+  // A communicator over the ranks of this one that pass the same `color` (>= 0), ranked by
+  // `key` (ties by rank here), called `name` in its messages ("the data-parallel group of
+  // stage 1": an error then reads "rank 3 (1 of the data-parallel group of stage 1): ...").
+  // Collective over every rank of this communicator (MPI_Comm_split; ncclCommSplit). The new
+  // communicator has its own operations' order and sequence numbers; its device is this one's.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
+                                                              const std::string& name) = 0;
+  // Its name in messages: "" for the job's communicator.
+  virtual const std::string& name() const = 0;
+
   // Stops communication for good: every unfinished Work returns Aborted(reason) at once and
   // later operations are refused. Thread-safe; meant for the coordinator's abort.
   virtual void Abort(absl::string_view reason) = 0;

@@ -46,6 +46,8 @@ constexpr int kTag = 7301;                   // every point-to-point message of 
 constexpr int64_t kMaxChunk = int64_t{1} << 30;  // elements per MPI call (counts are int)
 // How long a destructor waits for an operation stuck inside MPI before leaving the thread.
 constexpr absl::Duration kStopGrace = absl::Seconds(2);
+// How long a split waits for every rank to reach it.
+constexpr absl::Duration kSplitTimeout = absl::Minutes(5);
 // How long the communication thread keeps looking for the next operation before it sleeps.
 constexpr std::chrono::microseconds kIdleSpin(50);
 
@@ -146,7 +148,7 @@ struct CommState {
     if (failed_sequence != 0 && op.sequence >= failed_sequence) {
       if (op.sequence == failed_sequence) return failure;
       return absl::FailedPreconditionError(
-          absl::StrCat("rank ", id.rank, ": ", op.Describe(), " not run: operation #",
+          absl::StrCat(id.Who(), ": ", op.Describe(), " not run: operation #",
                        failed_sequence, " failed before it: ", failure.message()));
     }
     return absl::OkStatus();
@@ -200,7 +202,7 @@ class MpiWork : public OpWork {
   absl::Status WaitOn(Stream& stream, absl::Duration timeout) override {
     if (!stream.device().is_cpu()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", state_->id.rank, ": ", description_, " waited on a stream of ",
+          state_->id.Who(), ": ", description_, " waited on a stream of ",
           stream.device().ToString(), "; the MPI communicator's work is the CPU's"));
     }
     if (state_->completed_atomic.load(std::memory_order_acquire) >= info_.sequence) {
@@ -554,6 +556,34 @@ class MpiCommunicator : public Communicator {
     });
   }
 
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
+                                                      const std::string& name) override {
+    if (color < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(state_->id.Who(), ": split: color ", color, " is negative"));
+    }
+    // On the communication thread, in this communicator's order: MPI_Comm_split is a
+    // collective on it.
+    auto split = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    ASSIGN_OR_RETURN(std::unique_ptr<Work> w,
+                     Enqueue(SplitInfo(), {}, [split, color, key](CommState& st) -> absl::Status {
+                       MPI_RETURN_IF_ERROR(MPI_Comm_split(st.comm, color, key, split.get()));
+                       return absl::OkStatus();
+                     }));
+    RETURN_IF_ERROR(w->Wait(kSplitTimeout));
+    auto state = std::make_shared<CommState>();
+    state->comm = *split;
+    MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(state->comm, MPI_ERRORS_RETURN));
+    MPI_RETURN_IF_ERROR(MPI_Comm_rank(state->comm, &state->id.rank));
+    MPI_RETURN_IF_ERROR(MPI_Comm_size(state->comm, &state->id.world_size));
+    state->id.device = Device::Cpu();
+    state->id.group = name;
+    state->id.job_rank = state_->id.job_rank >= 0 ? state_->id.job_rank : state_->id.rank;
+    return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(state)));
+  }
+
+  const std::string& name() const override { return state_->id.group; }
+
   void Abort(absl::string_view reason) override {
     std::deque<QueuedOp> dropped;
     {
@@ -593,8 +623,8 @@ class MpiCommunicator : public Communicator {
   absl::Status CheckIntCount(const OpInfo& info, int64_t count) {
     if (count <= INT_MAX) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrFormat("rank %d: %s: %d elements in one block exceed MPI's int count",
-                        rank(), OpKindName(info.kind), count));
+        absl::StrFormat("%s: %s: %d elements in one block exceed MPI's int count",
+                        state_->id.Who(), OpKindName(info.kind), count));
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Enqueue(

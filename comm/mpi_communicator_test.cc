@@ -354,6 +354,39 @@ TEST_F(MpiCommunicatorTest, WaitTimeoutNamesRankOperationAndSequence) {
   }
 }
 
+// Split: ranks of one color form a group ranked by key; its collectives run among them only,
+// with their own sequence numbers, and its messages name the group and the job's rank.
+TEST_F(MpiCommunicatorTest, SplitMakesGroupsOfOneColor) {
+  const int color = rank_ % 2;
+  // Keys reverse the order inside each group.
+  auto group = comm_->Split(color, world_ - rank_, absl::StrCat("the group of color ", color));
+  ASSERT_TRUE(group.ok()) << group.status();
+  Communicator& g = **group;
+  const int size = (world_ + 1 - color) / 2;  // ranks of this parity
+  EXPECT_EQ(g.world_size(), size);
+  EXPECT_EQ(g.rank(), size - 1 - rank_ / 2);
+  EXPECT_EQ(g.name(), absl::StrCat("the group of color ", color));
+  EXPECT_EQ(g.last_issued_sequence(), 0u);
+  // The sum over the group's job ranks.
+  Tensor t = Make({static_cast<float>(rank_)});
+  ASSERT_TRUE(Run(g.AllReduce(t)).ok());
+  float want = 0;
+  for (int r = color; r < world_; r += 2) want += static_cast<float>(r);
+  EXPECT_EQ(Floats(t)[0], want);
+  EXPECT_EQ(g.last_issued_sequence(), 1u);
+  // An argument error names the job's rank and the group.
+  auto bad = g.Send(Make({1.0f}), g.world_size());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(absl::StrCat("rank ", rank_, " (", g.rank(),
+                                                     " of the group of color ", color, ")")),
+            std::string::npos)
+      << bad.status();
+  EXPECT_FALSE(comm_->Split(-1, 0, "nothing").ok());
+  // The job's communicator goes on after its groups: the split was its operation #1.
+  EXPECT_EQ(comm_->last_issued_sequence(), 1u);
+  ASSERT_TRUE(Run(comm_->Barrier()).ok());
+}
+
 TEST_F(MpiCommunicatorTest, AbortFailsPendingWorkAndRefusesMore) {
   // Rank 0 aborts while its communication thread is inside a receive that rank 1 satisfies
   // only afterwards; the other ranks abort an idle communicator. Rank 1 does not abort.

@@ -166,7 +166,7 @@ struct NcclState {
       }
       if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrFormat(
-            "rank %d: %s still in progress after %s", id.rank, what,
+            "%s: %s still in progress after %s", id.Who(), what,
             absl::FormatDuration(timeout)));
       }
       mu.Unlock();
@@ -214,8 +214,8 @@ class NcclWork : public OpWork {
   absl::Status WaitOn(Stream& stream, absl::Duration) override {
     if (stream.device() != state_->id.device || stream.native() == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "rank %d: %s waited on a stream of %s; the NCCL communicator's work is on %s",
-          state_->id.rank, description_, stream.device().ToString(),
+          "%s: %s waited on a stream of %s; the NCCL communicator's work is on %s",
+          state_->id.Who(), description_, stream.device().ToString(),
           state_->id.device.ToString()));
     }
     absl::MutexLock lock(&state_->mu);
@@ -389,6 +389,59 @@ class NcclCommunicator : public Communicator {
       return ncclAllReduce(t.raw(), t.raw(), 1, ncclFloat32, ncclSum, comm, stream);
     });
   }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
+                                                      const std::string& name) override {
+    NcclState* s = state_.get();
+    if (color < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(s->id.Who(), ": split: color ", color, " is negative"));
+    }
+    RETURN_IF_ERROR(SetCurrentDevice(s->id.device));
+    auto state = std::make_shared<NcclState>();
+    state->accept_timeout = s->accept_timeout;
+    ASSIGN_OR_RETURN(state->stream, Stream::Create(s->id.device));
+    ASSIGN_OR_RETURN(std::unique_ptr<Event> compute_ready, Event::Create(s->id.device, false));
+    ASSIGN_OR_RETURN(Tensor barrier, Tensor::Empty(Shape{1}, DType::kF32, s->id.device));
+    ncclComm_t comm = nullptr;
+    {
+      // In this communicator's order: no operation may be issued to it meanwhile.
+      absl::MutexLock issue_lock(&s->issue_mu);
+      absl::MutexLock lock(&s->mu);
+      if (s->aborted) return RefusedAfterAbortError(s->id, OpKind::kSplit, s->abort_reason);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t r = ncclCommSplit(s->comm, color, key, &comm, &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        return NcclErrorStatus(r, "ncclCommSplit", __FILE__, __LINE__);
+      }
+      RETURN_IF_ERROR(s->WaitAcceptedLocked(s->accept_timeout, "ncclCommSplit"));
+    }
+    int rank = 0, size = 1;
+    {
+      absl::MutexLock lock(&state->mu);
+      state->comm = comm;
+      absl::Status joined = state->WaitAcceptedLocked(
+          s->accept_timeout, absl::StrCat("the split of ", name, " (every rank joining it)"));
+      if (joined.ok() && ncclCommUserRank(comm, &rank) != ncclSuccess) {
+        joined = absl::InternalError("ncclCommUserRank failed after a split");
+      }
+      if (joined.ok() && ncclCommCount(comm, &size) != ncclSuccess) {
+        joined = absl::InternalError("ncclCommCount failed after a split");
+      }
+      if (!joined.ok()) {
+        ncclCommAbort(comm);
+        state->comm = nullptr;
+        return joined;
+      }
+      state->id = CommIdentity{rank, size, s->id.device, name,
+                               s->id.job_rank >= 0 ? s->id.job_rank : s->id.rank};
+    }
+    return std::unique_ptr<Communicator>(
+        new NcclCommunicator(std::move(state), std::move(compute_ready), std::move(barrier)));
+  }
+
+  const std::string& name() const override { return state_->id.group; }
 
   void Abort(absl::string_view reason) override {
     // The caller may be any thread (a watchdog, a signal's): queries go to this rank's GPU.

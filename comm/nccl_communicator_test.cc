@@ -200,6 +200,35 @@ TEST_F(NcclCommunicatorTest, DestroyedWithWorkInFlightAbortsAtOnce) {
   ASSERT_TRUE(Stream::Compute(Device::Cuda(0)).value()->Synchronize().ok());
 }
 
+// Work::WaitOn: the compute stream waits for the operation, the host does not; a copy queued
+// on the compute stream after it reads the reduced values.
+TEST_F(NcclCommunicatorTest, TheComputeStreamWaitsOnTheOperation) {
+  const std::vector<float> v = Values(100003);
+  Tensor t = OnGpu(v), busy_src, busy_dst;
+  std::unique_ptr<Work> w = UnfinishedAllReduce(*nccl_.comm, t, &busy_src, &busy_dst);
+  ASSERT_NE(w, nullptr);
+  Stream* compute = Stream::Compute(Device::Cuda(0)).value();
+  ASSERT_TRUE(w->WaitOn(*compute, kTimeout).ok());
+  Tensor host = Tensor::Empty(t.shape(), DType::kF32, Device::Cpu(), HostMemoryKind::kPinned)
+                    .value();
+  ASSERT_TRUE(Copy(host, t, *compute).ok());
+  ASSERT_TRUE(compute->Synchronize().ok());
+  ExpectValues(host, v, "a copy after the compute stream waited on the all-reduce");
+}
+
+// A group split from the job's communicator (one rank here: ncclCommSplit with one color).
+TEST_F(NcclCommunicatorTest, SplitMakesAGroup) {
+  auto g = nccl_.comm->Split(0, 0, "the data-parallel group of stage 0");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)->world_size(), 1);
+  EXPECT_EQ((*g)->name(), "the data-parallel group of stage 0");
+  const std::vector<float> v = Values(1001);
+  Tensor t = OnGpu(v);
+  ASSERT_TRUE((*g)->AllReduce(t).value()->Wait(kTimeout).ok());
+  ExpectValues(t, v, "all_reduce in a group of one");
+  EXPECT_EQ((*g)->last_issued_sequence(), 1u);
+}
+
 TEST_F(NcclCommunicatorTest, BadArgumentsAreRefused) {
   auto cpu = Tensor::FromVector({1, 2}, Shape{2});
   ASSERT_TRUE(cpu.ok());

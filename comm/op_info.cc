@@ -12,7 +12,7 @@ bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DTy
 
 absl::Status Bad(const CommIdentity& c, OpKind kind, absl::string_view what) {
   return absl::InvalidArgumentError(
-      absl::StrCat("rank ", c.rank, ": ", OpKindName(kind), ": ", what));
+      absl::StrCat(c.Who(), ": ", OpKindName(kind), ": ", what));
 }
 
 absl::Status CheckTensor(const CommIdentity& c, OpKind kind, absl::string_view arg,
@@ -51,6 +51,12 @@ absl::Status CheckNotSelf(const CommIdentity& c, OpKind kind, int peer) {
 
 }  // namespace
 
+std::string CommIdentity::Who() const {
+  const int in_job = job_rank >= 0 ? job_rank : rank;
+  if (group.empty()) return absl::StrCat("rank ", in_job);
+  return absl::StrCat("rank ", in_job, " (", rank, " of ", group, ")");
+}
+
 const char* OpKindName(OpKind kind) {
   switch (kind) {
     case OpKind::kAllReduce:
@@ -69,6 +75,8 @@ const char* OpKindName(OpKind kind) {
       return "send_recv";
     case OpKind::kBarrier:
       return "barrier";
+    case OpKind::kSplit:
+      return "split";
   }
   return "?";
 }
@@ -93,6 +101,7 @@ std::string OpInfo::Describe() const {
       return absl::StrCat(head, " (to ranks [", absl::StrJoin(sends, ", "),
                           "], from ranks [", absl::StrJoin(recvs, ", "), "])");
     case OpKind::kBarrier:
+    case OpKind::kSplit:
       return head;
   }
   return head;
@@ -234,28 +243,34 @@ OpInfo BarrierInfo() {
   return info;
 }
 
+OpInfo SplitInfo() {
+  OpInfo info;
+  info.kind = OpKind::kSplit;
+  return info;
+}
+
 absl::Status WaitTimeoutError(const CommIdentity& c, const OpInfo& op, absl::Duration timeout,
                               absl::string_view progress) {
   return absl::DeadlineExceededError(absl::StrCat(
-      "rank ", c.rank, ": ", op.Describe(), " not finished after ",
+      c.Who(), ": ", op.Describe(), " not finished after ",
       absl::FormatDuration(timeout), ": waiting for ", op.WaitingFor(c.world_size),
       progress.empty() ? "" : "; ", progress));
 }
 
 absl::Status OpFailedError(const CommIdentity& c, absl::string_view description,
                            const absl::Status& cause) {
-  return absl::Status(cause.code(), absl::StrCat("rank ", c.rank, ": ", description,
+  return absl::Status(cause.code(), absl::StrCat(c.Who(), ": ", description,
                                                  " failed: ", cause.message()));
 }
 
 absl::Status OpAbortedError(const CommIdentity& c, const OpInfo& op, absl::string_view reason) {
   return absl::AbortedError(
-      absl::StrCat("rank ", c.rank, ": ", op.Describe(), " aborted: ", reason));
+      absl::StrCat(c.Who(), ": ", op.Describe(), " aborted: ", reason));
 }
 
 absl::Status RefusedAfterAbortError(const CommIdentity& c, OpKind kind,
                                     absl::string_view reason) {
-  return absl::AbortedError(absl::StrCat("rank ", c.rank, ": ", OpKindName(kind),
+  return absl::AbortedError(absl::StrCat(c.Who(), ": ", OpKindName(kind),
                                          " refused: the communicator was aborted: ", reason));
 }
 

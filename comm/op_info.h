@@ -30,6 +30,7 @@ enum class OpKind {
   kRecv,
   kSendRecv,
   kBarrier,
+  kSplit,
 };
 
 // "all_reduce", "broadcast", ...
@@ -104,11 +105,17 @@ class TensorStash {
   std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
 };
 
-// Who is checking: the communicator's rank, size and device.
+// Who is checking: the communicator's rank, size and device, and for a group split from the
+// job's communicator (Communicator::Split) its name and this process's rank in the job.
 struct CommIdentity {
   int rank = 0;
   int world_size = 1;
   Device device = Device::Cpu();
+  std::string group;  // "" for the job's communicator; "the data-parallel group of stage 1"
+  int job_rank = -1;  // -1: the same as rank
+  // "rank 3" in the job's communicator; "rank 3 (1 of the data-parallel group of stage 1)"
+  // in a group.
+  std::string Who() const;
 };
 
 // Each returns the operation (sequence number unset) or InvalidArgument naming the rank,
@@ -124,6 +131,7 @@ absl::StatusOr<OpInfo> CheckRecv(const CommIdentity& c, const Tensor& t, int pee
 absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
                                      const std::vector<PeerTransfer>& transfers);
 OpInfo BarrierInfo();
+OpInfo SplitInfo();
 
 // DeadlineExceeded: "rank 1: all_reduce #42 (f32 x 1024, sum) not finished after 5s:
 // waiting for all 4 ranks to join it; <progress>".

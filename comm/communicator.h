@@ -100,6 +100,18 @@ class Communicator {
   // `in` (world_size * out.numel() elements) is reduced over ranks; rank r keeps block r.
   virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(
       const Tensor& out, const Tensor& in, const ReduceScatterOptions& options = {}) = 0;
+  // In-place collectives over parts of one tensor: rank r owns the elements
+  // [offsets[r], offsets[r + 1]) of `t` (world_size + 1 offsets from 0 to t.numel(), never
+  // decreasing; a part may be empty); `t` has the same size on every rank. f32 only: they
+  // move ZeRO's gradient and parameter shards, which are f32.
+  // Each rank's part of `t` becomes the sum over all ranks of that part; the rest of `t` is
+  // left unspecified (MPI_Reduce_scatter with counts; NCCL: grouped ncclReduce to each owner).
+  virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatterParts(
+      const Tensor& t, const std::vector<int64_t>& offsets) = 0;
+  // Every rank's part of `t` goes to every rank (MPI_Allgatherv; NCCL: grouped ncclBroadcast
+  // from each owner).
+  virtual absl::StatusOr<std::unique_ptr<Work>> AllGatherParts(
+      const Tensor& t, const std::vector<int64_t>& offsets) = 0;
   // Point to point, matched in order with the peer's Recv / Send. Standalone transfers run
   // in issue order like everything else, so two ranks that both Send first may deadlock
   // (as with NCCL): exchanges among several peers go through SendRecv.

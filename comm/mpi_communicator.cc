@@ -12,6 +12,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <random>
@@ -301,6 +302,38 @@ absl::Status RunReduceScatter(CommState& st, const Tensor& out, const Tensor& in
   return absl::OkStatus();
 }
 
+// Each rank's element count and displacement in a parts collective, as MPI counts them.
+void PartCounts(const std::vector<int64_t>& offsets, std::vector<int>* counts,
+                std::vector<int>* displacements) {
+  for (size_t r = 0; r + 1 < offsets.size(); ++r) {
+    counts->push_back(static_cast<int>(offsets[r + 1] - offsets[r]));  // checked at issue
+    displacements->push_back(static_cast<int>(offsets[r]));
+  }
+}
+
+absl::Status RunReduceScatterParts(CommState& st, const Tensor& t,
+                                   const std::vector<int64_t>& offsets) {
+  std::vector<int> counts, displacements;
+  PartCounts(offsets, &counts, &displacements);
+  float* base = t.data<float>();
+  // In place, MPI takes the whole vector from the buffer and writes this rank's sums at its
+  // start; they go to this rank's part.
+  MPI_RETURN_IF_ERROR(
+      MPI_Reduce_scatter(MPI_IN_PLACE, base, counts.data(), MPI_FLOAT, MPI_SUM, st.comm));
+  const int mine = st.id.rank;
+  std::memmove(base + offsets[mine], base, sizeof(float) * counts[mine]);
+  return absl::OkStatus();
+}
+
+absl::Status RunAllGatherParts(CommState& st, const Tensor& t,
+                               const std::vector<int64_t>& offsets) {
+  std::vector<int> counts, displacements;
+  PartCounts(offsets, &counts, &displacements);
+  MPI_RETURN_IF_ERROR(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw(), counts.data(),
+                                     displacements.data(), MPI_FLOAT, st.comm));
+  return absl::OkStatus();
+}
+
 absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want, int peer) {
   int got = 0;
   MPI_RETURN_IF_ERROR(MPI_Get_count(&status, type, &got));
@@ -521,6 +554,25 @@ class MpiCommunicator : public Communicator {
                    [o = out.Unowned(), i = in.Unowned(), options](CommState& st) {
                      return RunReduceScatter(st, o, i, options.op);
                    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterParts(
+      const Tensor& t, const std::vector<int64_t>& offsets) override {
+    ASSIGN_OR_RETURN(OpInfo info,
+                     CheckParts(state_->id, OpKind::kReduceScatterParts, t, offsets));
+    RETURN_IF_ERROR(CheckIntCount(info, t.numel()));
+    return Enqueue(std::move(info), {t}, [u = t.Unowned(), offsets](CommState& st) {
+      return RunReduceScatterParts(st, u, offsets);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllGatherParts(
+      const Tensor& t, const std::vector<int64_t>& offsets) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckParts(state_->id, OpKind::kAllGatherParts, t, offsets));
+    RETURN_IF_ERROR(CheckIntCount(info, t.numel()));
+    return Enqueue(std::move(info), {t}, [u = t.Unowned(), offsets](CommState& st) {
+      return RunAllGatherParts(st, u, offsets);
+    });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Send(const Tensor& t, int peer) override {

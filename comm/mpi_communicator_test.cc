@@ -354,6 +354,46 @@ TEST_F(MpiCommunicatorTest, WaitTimeoutNamesRankOperationAndSequence) {
   }
 }
 
+// The parts collectives: rank r owns [offsets[r], offsets[r + 1]) of one tensor (uneven and
+// empty parts included); after ReduceScatterParts each rank's part holds the sum over ranks,
+// after AllGatherParts every rank holds every rank's part.
+TEST_F(MpiCommunicatorTest, ReduceScatterAndAllGatherParts) {
+  for (int64_t n : {int64_t{1}, int64_t{10}, int64_t{1003}}) {
+    std::vector<int64_t> offsets = {0};
+    for (int r = 0; r < world_; ++r) {
+      // Part r: about n / world elements, rank 1's empty.
+      const int64_t end = r == world_ - 1 ? n : std::min(n, (r + 1) * n / world_ + (r == 0));
+      offsets.push_back(r == 1 ? offsets.back() : std::max(offsets.back(), end));
+    }
+    offsets.back() = n;
+    Tensor t = Make(RankValues(rank_, n));
+    ASSERT_TRUE(Run(comm_->ReduceScatterParts(t, offsets)).ok());
+    const std::vector<float> got = Floats(t);
+    for (int64_t i = offsets[rank_]; i < offsets[rank_ + 1]; ++i) {
+      ASSERT_EQ(got[i], SumOver(world_, i)) << "element " << i << " of " << n;
+    }
+    // Each rank's part, written by its owner, reaches everyone.
+    Tensor u = Make(std::vector<float>(n, -1.0f));
+    {
+      std::vector<float> mine = Floats(u);
+      for (int64_t i = offsets[rank_]; i < offsets[rank_ + 1]; ++i) mine[i] = 1000.0f * rank_ + i;
+      u = Make(mine);
+    }
+    ASSERT_TRUE(Run(comm_->AllGatherParts(u, offsets)).ok());
+    const std::vector<float> all = Floats(u);
+    for (int r = 0; r < world_; ++r) {
+      for (int64_t i = offsets[r]; i < offsets[r + 1]; ++i) {
+        ASSERT_EQ(all[i], 1000.0f * r + i) << "element " << i << " of rank " << r << "'s part";
+      }
+    }
+  }
+  // Offsets that do not split the tensor in order are refused, naming them.
+  auto bad = comm_->AllGatherParts(Make({1, 2, 3}), std::vector<int64_t>(world_ + 1, 0));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("do not split 3 elements"), std::string::npos)
+      << bad.status();
+}
+
 // Split: ranks of one color form a group ranked by key; its collectives run among them only,
 // with their own sequence numbers, and its messages name the group and the job's rank.
 TEST_F(MpiCommunicatorTest, SplitMakesGroupsOfOneColor) {

@@ -73,6 +73,23 @@ ncclDataType_t NcclType(DType t) {
 
 ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
 
+// Calls call(rank, begin, count) for every rank's non-empty part, in one NCCL group.
+template <typename Call>
+ncclResult_t EachPart(const std::vector<int64_t>& offsets, Call call) {
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  for (size_t k = 0; k + 1 < offsets.size(); ++k) {
+    const int64_t count = offsets[k + 1] - offsets[k];
+    if (count == 0) continue;
+    r = call(static_cast<int>(k), offsets[k], count);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      ncclGroupEnd();
+      return r;
+    }
+  }
+  return ncclGroupEnd();
+}
+
 // A CUDA event before or after one operation; timed, for the communicator's busy time.
 class CudaEvent {
  public:
@@ -343,6 +360,29 @@ class NcclCommunicator : public Communicator {
     return Issue(info, {out, in}, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduceScatter(in.raw(), out.raw(), out.numel(), NcclType(in.dtype()),
                                NcclOp(options.op), comm, stream);
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterParts(
+      const Tensor& t, const std::vector<int64_t>& offsets) override {
+    ASSIGN_OR_RETURN(OpInfo info,
+                     CheckParts(state_->id, OpKind::kReduceScatterParts, t, offsets));
+    return Issue(info, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return EachPart(offsets, [&](int r, int64_t begin, int64_t count) {
+        float* part = static_cast<float*>(t.raw()) + begin;
+        return ncclReduce(part, part, count, ncclFloat32, ncclSum, r, comm, stream);
+      });
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllGatherParts(
+      const Tensor& t, const std::vector<int64_t>& offsets) override {
+    ASSIGN_OR_RETURN(OpInfo info, CheckParts(state_->id, OpKind::kAllGatherParts, t, offsets));
+    return Issue(info, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+      return EachPart(offsets, [&](int r, int64_t begin, int64_t count) {
+        float* part = static_cast<float*>(t.raw()) + begin;
+        return ncclBroadcast(part, part, count, ncclFloat32, r, comm, stream);
+      });
     });
   }
 

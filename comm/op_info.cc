@@ -1,9 +1,12 @@
 // Descriptions and argument checks shared by the MPI and NCCL communicators.
 #include "comm/op_info.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "runtime/status.h"
 
 namespace tandem {
 namespace {
@@ -77,9 +80,23 @@ const char* OpKindName(OpKind kind) {
       return "barrier";
     case OpKind::kSplit:
       return "split";
+    case OpKind::kReduceScatterParts:
+      return "reduce_scatter_parts";
+    case OpKind::kAllGatherParts:
+      return "all_gather_parts";
   }
   return "?";
 }
+
+namespace {
+
+std::vector<int64_t> PartSizes(const std::vector<int64_t>& offsets) {
+  std::vector<int64_t> sizes;
+  for (size_t r = 0; r + 1 < offsets.size(); ++r) sizes.push_back(offsets[r + 1] - offsets[r]);
+  return sizes;
+}
+
+}  // namespace
 
 std::string OpInfo::Describe() const {
   std::string head = absl::StrCat(OpKindName(kind), " #", sequence);
@@ -100,6 +117,10 @@ std::string OpInfo::Describe() const {
     case OpKind::kSendRecv:
       return absl::StrCat(head, " (to ranks [", absl::StrJoin(sends, ", "),
                           "], from ranks [", absl::StrJoin(recvs, ", "), "])");
+    case OpKind::kReduceScatterParts:
+    case OpKind::kAllGatherParts:
+      return absl::StrCat(head, " (", data, " in parts of ", absl::StrJoin(PartSizes(offsets), "/"),
+                          ")");
     case OpKind::kBarrier:
     case OpKind::kSplit:
       return head;
@@ -234,6 +255,27 @@ absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
     info.count += x.tensor.numel();
   }
   info.dtype = transfers[0].tensor.dtype();
+  return info;
+}
+
+absl::StatusOr<OpInfo> CheckParts(const CommIdentity& c, OpKind kind, const Tensor& t,
+                                  const std::vector<int64_t>& offsets) {
+  OpInfo info;
+  info.kind = kind;
+  RETURN_IF_ERROR(CheckTensor(c, kind, "t", t));
+  if (t.dtype() != DType::kF32) {
+    return Bad(c, kind, absl::StrCat("t is ", t.ToString(), "; the parts collectives move f32"));
+  }
+  if (static_cast<int>(offsets.size()) != c.world_size + 1 || offsets.front() != 0 ||
+      offsets.back() != t.numel() ||
+      !std::is_sorted(offsets.begin(), offsets.end())) {
+    return Bad(c, kind,
+               absl::StrFormat("offsets [%s] do not split %d elements into %d parts in order",
+                               absl::StrJoin(offsets, ", "), t.numel(), c.world_size));
+  }
+  info.dtype = t.dtype();
+  info.count = t.numel();
+  info.offsets = offsets;
   return info;
 }
 

@@ -31,6 +31,8 @@ enum class OpKind {
   kSendRecv,
   kBarrier,
   kSplit,
+  kReduceScatterParts,
+  kAllGatherParts,
 };
 
 // "all_reduce", "broadcast", ...
@@ -45,6 +47,7 @@ struct OpInfo {
   int peer = -1;           // broadcast root, send/recv peer
   std::vector<int> sends;  // send_recv: peers sent to, in order
   std::vector<int> recvs;  // send_recv: peers received from, in order
+  std::vector<int64_t> offsets;  // the *_parts collectives: each rank's part (see Parts)
 
   // "all_reduce #42 (f32 x 1024, sum)".
   std::string Describe() const;
@@ -130,6 +133,10 @@ absl::StatusOr<OpInfo> CheckSend(const CommIdentity& c, const Tensor& t, int pee
 absl::StatusOr<OpInfo> CheckRecv(const CommIdentity& c, const Tensor& t, int peer);
 absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
                                      const std::vector<PeerTransfer>& transfers);
+// ReduceScatterParts and AllGatherParts: `t` f32 and `offsets` a split of it into one part
+// per rank (Communicator::ReduceScatterParts).
+absl::StatusOr<OpInfo> CheckParts(const CommIdentity& c, OpKind kind, const Tensor& t,
+                                  const std::vector<int64_t>& offsets);
 OpInfo BarrierInfo();
 OpInfo SplitInfo();
 

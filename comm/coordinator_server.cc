@@ -520,16 +520,18 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                         absl::StrCat(what, ": job aborted: ", abort_reason_));
   }
 
+  // The token is all that identifies a caller: without it, or with another, the caller is
+  // unknown (UNAUTHENTICATED). A holder of the token may make every call.
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kTokenMetadataKey);
     if (it == md.end()) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           absl::StrCat("request without the job token (", kTokenMetadataKey,
                                        " metadata)"));
     }
     if (!TokensEqual(absl::string_view(it->second.data(), it->second.size()), options_.token)) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong job token");
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong job token");
     }
     return grpc::Status::OK;
   }

@@ -504,17 +504,17 @@ TEST_F(CoordinatorTest, WrongOrMissingTokenIsRefused) {
   StartServer(2);
   auto bad = Client(0, "fedcba9876543210fedcba9876543210");
   auto reg = bad->Register(Identity(0), absl::Seconds(5));
-  EXPECT_CODE(reg.status(), kPermissionDenied);
+  EXPECT_CODE(reg.status(), kUnauthenticated);
   EXPECT_THAT(std::string(reg.status().message()), HasSubstr("wrong job token"));
   EXPECT_EQ(std::string(reg.status().message()).find("fedcba98"), std::string::npos)
       << "a token must never appear in messages";
-  EXPECT_CODE(bad->Set("k", "v"), kPermissionDenied);
-  EXPECT_CODE(bad->Get("k").status(), kPermissionDenied);
-  EXPECT_CODE(bad->Wait("k", absl::Seconds(1)).status(), kPermissionDenied);
-  EXPECT_CODE(bad->Barrier("b", absl::Seconds(1)), kPermissionDenied);
-  EXPECT_CODE(bad->Heartbeat({}).status(), kPermissionDenied);
-  EXPECT_CODE(bad->Abort("sabotage"), kPermissionDenied);
-  EXPECT_CODE(bad->GetStatus().status(), kPermissionDenied);
+  EXPECT_CODE(bad->Set("k", "v"), kUnauthenticated);
+  EXPECT_CODE(bad->Get("k").status(), kUnauthenticated);
+  EXPECT_CODE(bad->Wait("k", absl::Seconds(1)).status(), kUnauthenticated);
+  EXPECT_CODE(bad->Barrier("b", absl::Seconds(1)), kUnauthenticated);
+  EXPECT_CODE(bad->Heartbeat({}).status(), kUnauthenticated);
+  EXPECT_CODE(bad->Abort("sabotage"), kUnauthenticated);
+  EXPECT_CODE(bad->GetStatus().status(), kUnauthenticated);
   EXPECT_FALSE(server_->aborted());
   // No token at all: a raw stub.
   auto stub = rpc::Coordinator::NewStub(
@@ -523,7 +523,7 @@ TEST_F(CoordinatorTest, WrongOrMissingTokenIsRefused) {
   rpc::GetStatusRequest req;
   rpc::GetStatusResponse resp;
   grpc::Status s = stub->GetStatus(&ctx, req, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(s.error_message(), HasSubstr("without the job token"));
   ExpectStillServing();
 }

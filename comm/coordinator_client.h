@@ -26,7 +26,8 @@ struct CoordinatorClientOptions {
   // Deadline of calls that do not wait for other ranks.
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  // Heartbeats failing for this long count as an abort ("lost the coordinator").
+  // Heartbeats failing for this long count as an abort ("lost the coordinator", or "was
+  // refused by the coordinator" when it answered each with a refusal).
   absl::Duration coordinator_timeout = absl::Seconds(60);
 
   // Address and token from TANDEM_COORDINATOR and TANDEM_JOB_TOKEN; InvalidArgument naming

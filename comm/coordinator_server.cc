@@ -8,8 +8,10 @@
 #include <grpcpp/resource_quota.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -83,6 +85,51 @@ grpc::Status CheckTimeout(int64_t timeout_ms) {
   return grpc::Status::OK;
 }
 
+// A heartbeat's report, of a rank already checked: only what a worker can have measured is
+// stored. A refusal names the rank, the field and the value; the rank's next good report is
+// taken as usual.
+grpc::Status CheckReport(const rpc::HeartbeatRequest& req) {
+  const std::string rank = absl::StrCat("Heartbeat: rank ", req.rank(), ": ");
+  GRPC_RETURN_IF_ERROR_(CheckText(rank + "phase", req.phase(), kMaxTextBytes, false));
+  GRPC_RETURN_IF_ERROR_(CheckText(rank + "device", req.device(), kMaxTextBytes, false));
+  if (req.step() < 0) return Invalid(absl::StrCat(rank, "step ", req.step(), " < 0"));
+  // Sequence numbers count up from 0 (Communicator::last_issued_sequence): one above the
+  // largest int64 is a negative count sent as unsigned.
+  constexpr uint64_t kMaxSequence = std::numeric_limits<int64_t>::max();
+  for (const auto& [field, value] : {std::make_pair("collective_issued", req.collective_issued()),
+                                     std::make_pair("collective_completed",
+                                                    req.collective_completed())}) {
+    if (value > kMaxSequence) {
+      return Invalid(absl::StrFormat("%s%s %d is more than %d (a negative count sent unsigned?)",
+                                     rank, field, value, kMaxSequence));
+    }
+  }
+  // A worker reads the completed number before the issued one, and an operation is issued
+  // before it completes: never more completed than issued.
+  if (req.collective_completed() > req.collective_issued()) {
+    return Invalid(absl::StrFormat("%scollective #%d completed but only #%d issued", rank,
+                                   req.collective_completed(), req.collective_issued()));
+  }
+  // The loss is not checked: a skipped f16 step's is inf or nan and training goes on (a worker
+  // whose loss diverged aborts the job itself).
+  const rpc::Metrics& m = req.metrics();
+  if (!std::isfinite(m.step_time_ms()) || m.step_time_ms() < 0) {
+    return Invalid(absl::StrFormat("%sstep_time_ms %g is not a finite time >= 0", rank,
+                                   m.step_time_ms()));
+  }
+  for (const auto& [field, value] :
+       {std::make_pair("memory_allocated_bytes", m.memory_allocated_bytes()),
+        std::make_pair("memory_peak_bytes", m.memory_peak_bytes())}) {
+    if (value < 0) return Invalid(absl::StrFormat("%s%s %d < 0", rank, field, value));
+  }
+  // Both come from one snapshot of the allocator, whose peak is the most it ever held.
+  if (m.memory_allocated_bytes() > m.memory_peak_bytes()) {
+    return Invalid(absl::StrFormat("%smemory_allocated_bytes %d is more than memory_peak_bytes %d",
+                                   rank, m.memory_allocated_bytes(), m.memory_peak_bytes()));
+  }
+  return grpc::Status::OK;
+}
+
 bool IsLoopbackHost(absl::string_view host) {
   return host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
 }
@@ -116,6 +163,7 @@ struct RankRecord {
   rpc::Metrics metrics;
   bool finished = false;
   absl::Time last_heard;  // registration or last heartbeat, on the options' clock
+  std::string refused;    // why the last heartbeat was refused ("" if it was taken)
 };
 
 struct BarrierState {
@@ -326,15 +374,13 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                          rpc::HeartbeatResponse* resp) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
     GRPC_RETURN_IF_ERROR_(CheckWorkerRank("Heartbeat", req->rank()));
-    GRPC_RETURN_IF_ERROR_(CheckText("Heartbeat: phase", req->phase(), kMaxTextBytes, false));
-    GRPC_RETURN_IF_ERROR_(CheckText("Heartbeat: device", req->device(), kMaxTextBytes, false));
-    if (req->step() < 0) return Invalid(absl::StrCat("Heartbeat: step ", req->step(), " < 0"));
-    if (req->collective_completed() > req->collective_issued()) {
-      return Invalid(absl::StrFormat("Heartbeat: collective %d completed but only %d issued",
-                                     req->collective_completed(), req->collective_issued()));
-    }
+    const grpc::Status valid = CheckReport(*req);
     absl::MutexLock lock(&mu_);
     RankRecord& r = ranks_[req->rank()];
+    // Kept for the watchdog: a rank whose every heartbeat is refused is not heard from, and
+    // its verdict says why.
+    if (r.registered) r.refused = valid.error_message();
+    if (!valid.ok()) return valid;
     if (!r.registered) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrFormat("Heartbeat: rank %d has not registered", req->rank()));
@@ -458,6 +504,9 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                                          "finished",
                                          r.step, r.phase, r.issued, r.completed)
                        : std::string("nothing since registering"));
+        if (!r.refused.empty()) {
+          absl::StrAppend(&reason, "; its last heartbeat was refused: ", r.refused);
+        }
         const std::string lag = LaggingLocked();
         if (!lag.empty()) absl::StrAppend(&reason, "; ", lag);
       } else if (!unregistered.empty() && options_.registration_timeout > absl::ZeroDuration() &&

@@ -4,8 +4,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -67,6 +69,15 @@ class CoordinatorTest : public ::testing::Test {
     world_ = world;
   }
 
+  // A server whose heartbeat ages are measured on `clock`; the test runs the watchdog by hand
+  // (CheckHeartbeats).
+  void StartServerOnClock(int world, ManualClock* clock, CoordinatorServerOptions o = {}) {
+    o.clock = clock;
+    o.heartbeat_timeout = absl::Seconds(10);
+    o.watchdog_interval = absl::Hours(1);
+    StartServer(world, std::move(o));
+  }
+
   CoordinatorClientOptions ClientOptions(int rank, std::string token = kToken) {
     CoordinatorClientOptions o;
     o.address = server_->address();
@@ -100,6 +111,19 @@ class CoordinatorTest : public ::testing::Test {
       EXPECT_TRUE(job.ok()) << job.status();
     }
     return clients;
+  }
+
+  // A registered client whose heartbeats, every 50 ms, count as an abort after failing for
+  // 300 ms.
+  std::unique_ptr<CoordinatorClient> ImpatientClient(int rank) {
+    auto o = ClientOptions(rank);
+    o.coordinator_timeout = absl::Milliseconds(300);
+    o.heartbeat_interval = absl::Milliseconds(50);
+    auto c = CoordinatorClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    auto job = (*c)->Register(Identity(rank), absl::Seconds(5));
+    EXPECT_TRUE(job.ok()) << job.status();
+    return std::move(*c);
   }
 
   // The server still answers a well-formed request.
@@ -253,11 +277,7 @@ TEST_F(CoordinatorTest, BarrierTimeoutNamesTheMissingRank) {
 
 TEST_F(CoordinatorTest, HeartbeatLossNamesTheSilentRankAndAbortsEveryone) {
   ManualClock clock;
-  CoordinatorServerOptions o;
-  o.clock = &clock;
-  o.heartbeat_timeout = absl::Seconds(10);
-  o.watchdog_interval = absl::Hours(1);  // this test runs the watchdog by hand
-  StartServer(3, o);
+  StartServerOnClock(3, &clock);
   auto clients = RegisterAll();
   WorkerReport in_collective;
   in_collective.step = 17;
@@ -306,11 +326,7 @@ TEST_F(CoordinatorTest, HeartbeatLossNamesTheSilentRankAndAbortsEveryone) {
 
 TEST_F(CoordinatorTest, FinishedRanksAreNotDeclaredHung) {
   ManualClock clock;
-  CoordinatorServerOptions o;
-  o.clock = &clock;
-  o.heartbeat_timeout = absl::Seconds(10);
-  o.watchdog_interval = absl::Hours(1);
-  StartServer(2, o);
+  StartServerOnClock(2, &clock);
   auto clients = RegisterAll();
   WorkerReport done;
   done.finished = true;
@@ -338,10 +354,8 @@ TEST_F(CoordinatorTest, TheDeviceAWorkerLearnsAfterRegistrationReachesTheStatus)
 TEST_F(CoordinatorTest, UnregisteredRanksAbortAfterTheRegistrationTimeout) {
   ManualClock clock;
   CoordinatorServerOptions o;
-  o.clock = &clock;
   o.registration_timeout = absl::Seconds(60);
-  o.watchdog_interval = absl::Hours(1);
-  StartServer(4, o);
+  StartServerOnClock(4, &clock, o);
   auto c0 = Client(0);
   ASSERT_TRUE(c0->Register(Identity(0), absl::Seconds(5)).ok());
   auto c2 = Client(2);
@@ -615,6 +629,138 @@ TEST_F(CoordinatorTest, MalformedFieldsAreRefusedAndTheServerKeepsServing) {
   ExpectStillServing();
 }
 
+// Each report a worker cannot have measured, with what its refusal must name.
+struct BadReport {
+  std::function<void(WorkerReport*)> spoil;
+  std::string message;
+};
+
+std::vector<BadReport> BadReports() {
+  return {
+      {[](WorkerReport* w) { w->step = -1; }, "Heartbeat: rank 1: step -1 < 0"},
+      {[](WorkerReport* w) { w->step_time_ms = -3; },
+       "Heartbeat: rank 1: step_time_ms -3 is not a finite time >= 0"},
+      {[](WorkerReport* w) { w->step_time_ms = std::nan(""); },
+       "Heartbeat: rank 1: step_time_ms nan is not a finite time >= 0"},
+      {[](WorkerReport* w) { w->step_time_ms = HUGE_VAL; },
+       "Heartbeat: rank 1: step_time_ms inf is not a finite time >= 0"},
+      {[](WorkerReport* w) { w->memory_allocated_bytes = -1; },
+       "Heartbeat: rank 1: memory_allocated_bytes -1 < 0"},
+      {[](WorkerReport* w) { w->memory_peak_bytes = -4096; },
+       "Heartbeat: rank 1: memory_peak_bytes -4096 < 0"},
+      {[](WorkerReport* w) { w->memory_allocated_bytes = w->memory_peak_bytes + 1; },
+       "Heartbeat: rank 1: memory_allocated_bytes 1048577 is more than memory_peak_bytes "
+       "1048576"},
+      {[](WorkerReport* w) { w->collective_issued = static_cast<uint64_t>(int64_t{-1}); },
+       "Heartbeat: rank 1: collective_issued 18446744073709551615 is more than "
+       "9223372036854775807"},
+      {[](WorkerReport* w) {
+         w->collective_issued = uint64_t{1} << 63;
+         w->collective_completed = uint64_t{1} << 63;
+       },
+       "Heartbeat: rank 1: collective_issued 9223372036854775808 is more than"},
+      {[](WorkerReport* w) { w->collective_completed = w->collective_issued + 1; },
+       "Heartbeat: rank 1: collective #43 completed but only #42 issued"},
+      {[](WorkerReport* w) { w->phase = "train\x1b[2J"; },
+       "Heartbeat: rank 1: phase has a non-printable character"},
+      {[](WorkerReport* w) { w->device = std::string(kMaxTextBytes + 1, 'd'); },
+       "Heartbeat: rank 1: device is 257 bytes, more than the 256 allowed"},
+  };
+}
+
+TEST_F(CoordinatorTest, ImpossibleMetricsAreRefusedAndTheRankTrainsOn) {
+  StartServer(2);
+  auto clients = RegisterAll();
+  WorkerReport good;
+  good.step = 7;
+  good.phase = "train";
+  good.collective_issued = 42;
+  good.collective_completed = 41;
+  good.loss = 3.25;
+  good.step_time_ms = 12.5;
+  good.memory_allocated_bytes = 1 << 19;
+  good.memory_peak_bytes = 1 << 20;
+  ASSERT_TRUE(clients[1]->Heartbeat(good).ok());
+  for (const BadReport& bad : BadReports()) {
+    WorkerReport w = good;
+    bad.spoil(&w);
+    const absl::Status s = clients[1]->Heartbeat(w).status();
+    EXPECT_CODE(s, kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(bad.message));
+    // Nothing of a refused report is stored.
+    const rpc::RankStatus st = server_->Status().ranks(1);
+    EXPECT_EQ(st.step(), 7) << bad.message;
+    EXPECT_EQ(st.phase(), "train");
+    EXPECT_EQ(st.collective_issued(), 42u);
+    EXPECT_EQ(st.metrics().step_time_ms(), 12.5);
+    EXPECT_EQ(st.metrics().memory_peak_bytes(), 1 << 20);
+  }
+  EXPECT_FALSE(server_->aborted()) << server_->abort_reason();
+  // The loss may be anything: a skipped f16 step's is inf or nan, and training goes on.
+  for (double loss : {HUGE_VAL, -HUGE_VAL, std::nan(""), -1.0}) {
+    WorkerReport w = good;
+    w.loss = loss;
+    EXPECT_TRUE(clients[1]->Heartbeat(w).ok()) << loss;
+  }
+  // The rank's next good report is taken.
+  good.step = 8;
+  good.collective_issued = good.collective_completed = 44;
+  good.memory_allocated_bytes = good.memory_peak_bytes;
+  ASSERT_TRUE(clients[1]->Heartbeat(good).ok());
+  const rpc::RankStatus st = server_->Status().ranks(1);
+  EXPECT_EQ(st.step(), 8);
+  EXPECT_EQ(st.collective_completed(), 44u);
+  EXPECT_EQ(st.metrics().memory_allocated_bytes(), 1 << 20);
+  EXPECT_TRUE(clients[0]->Heartbeat({}).ok());
+  EXPECT_FALSE(server_->aborted()) << server_->abort_reason();
+  ExpectStillServing();
+}
+
+TEST_F(CoordinatorTest, ARankWhoseHeartbeatsAreRefusedIsHungAndTheVerdictSaysWhy) {
+  ManualClock clock;
+  StartServerOnClock(2, &clock);
+  auto clients = RegisterAll();
+  WorkerReport good;
+  good.step = 3;
+  ASSERT_TRUE(clients[0]->Heartbeat(good).ok());
+  ASSERT_TRUE(clients[1]->Heartbeat(good).ok());
+  WorkerReport bad = good;
+  bad.step_time_ms = std::nan("");
+  for (int i = 0; i < 2; ++i) {  // rank 1 keeps sending, and nothing it sends is taken
+    clock.Advance(absl::Seconds(6));
+    ASSERT_TRUE(clients[0]->Heartbeat(good).ok());
+    EXPECT_CODE(clients[1]->Heartbeat(bad).status(), kInvalidArgument);
+  }
+  server_->CheckHeartbeats();
+  ASSERT_TRUE(server_->aborted());
+  EXPECT_THAT(server_->abort_reason(), HasSubstr("watchdog: rank 1 hung: no heartbeat for 12s"));
+  EXPECT_THAT(server_->abort_reason(),
+              HasSubstr("its last heartbeat was refused: Heartbeat: rank 1: step_time_ms nan is "
+                        "not a finite time >= 0"));
+}
+
+TEST_F(CoordinatorTest, AWorkerWhoseHeartbeatsAreAllRefusedSaysSo) {
+  StartServer(1);
+  auto c = ImpatientClient(0);
+  absl::Notification refused;
+  std::string reason;
+  ASSERT_TRUE(c->StartHeartbeats(
+                      [] {
+                        WorkerReport w;
+                        w.memory_peak_bytes = -1;
+                        return w;
+                      },
+                      [&](const std::string& r) {
+                        reason = r;
+                        refused.Notify();
+                      })
+                  .ok());
+  ASSERT_TRUE(refused.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_THAT(reason, HasSubstr("rank 0 was refused by the coordinator at "));
+  EXPECT_THAT(reason, HasSubstr("no heartbeat accepted for 300ms"));
+  EXPECT_THAT(reason, HasSubstr("Heartbeat: rank 0: memory_peak_bytes -1 < 0"));
+}
+
 TEST_F(CoordinatorTest, RegisterWaitsForTheCoordinatorUpToItsTimeout) {
   // Nothing listens on this port: registration must give up at its timeout and say so.
   StartServer(1);
@@ -638,15 +784,10 @@ TEST_F(CoordinatorTest, RegisterWaitsForTheCoordinatorUpToItsTimeout) {
 
 TEST_F(CoordinatorTest, LostCoordinatorCountsAsAbort) {
   StartServer(1);
-  auto o = ClientOptions(0);
-  o.coordinator_timeout = absl::Milliseconds(300);
-  o.heartbeat_interval = absl::Milliseconds(50);
-  auto c = CoordinatorClient::Connect(o);
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*c)->Register(Identity(0), absl::Seconds(5)).ok());
+  auto c = ImpatientClient(0);
   absl::Notification lost;
   std::string reason;
-  ASSERT_TRUE((*c)->StartHeartbeats([] { return WorkerReport{}; },
+  ASSERT_TRUE(c->StartHeartbeats([] { return WorkerReport{}; },
                                     [&](const std::string& r) {
                                       reason = r;
                                       lost.Notify();
@@ -655,7 +796,7 @@ TEST_F(CoordinatorTest, LostCoordinatorCountsAsAbort) {
   server_.reset();  // the coordinator goes away
   ASSERT_TRUE(lost.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_THAT(reason, HasSubstr("rank 0 lost the coordinator"));
-  EXPECT_TRUE((*c)->aborted());
+  EXPECT_TRUE(c->aborted());
 }
 
 }  // namespace

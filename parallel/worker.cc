@@ -381,8 +381,11 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       progress->report.step = last.step + 1;
       progress->report.loss = last.loss;
       progress->report.step_time_ms = last.seconds * 1e3;
-      progress->report.collective_issued = raw_comm->last_issued_sequence();
+      // Completed first: an operation is issued before it completes, so the pair read in this
+      // order never has more completed than issued, whichever thread issues (the coordinator
+      // refuses a report that has).
       progress->report.collective_completed = raw_comm->last_completed_sequence();
+      progress->report.collective_issued = raw_comm->last_issued_sequence();
       progress->report.memory_allocated_bytes = mem.allocated_bytes;
       progress->report.memory_peak_bytes = mem.peak_allocated_bytes;
     }

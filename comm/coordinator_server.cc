@@ -270,7 +270,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status KeySet(grpc::ServerContext* ctx, const rpc::KeySetRequest* req,
                       rpc::KeySetResponse*) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("KeySet", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("KeySet", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckName("KeySet: key", req->key()));
     if (req->value().size() > kMaxValueBytes) {
       return Invalid(absl::StrFormat("KeySet: value for '%s' is %d bytes, more than the %d "
@@ -298,7 +298,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status KeyGet(grpc::ServerContext* ctx, const rpc::KeyGetRequest* req,
                       rpc::KeyGetResponse* resp) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("KeyGet", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("KeyGet", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckName("KeyGet: key", req->key()));
     absl::MutexLock lock(&mu_);
     auto it = store_.find(req->key());
@@ -313,7 +313,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status KeyWait(grpc::ServerContext* ctx, const rpc::KeyWaitRequest* req,
                        rpc::KeyWaitResponse* resp) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("KeyWait", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("KeyWait", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckName("KeyWait: key", req->key()));
     GRPC_RETURN_IF_ERROR_(CheckTimeout(req->timeout_ms()));
     const absl::Duration timeout = CapWait(req->timeout_ms());
@@ -403,11 +403,9 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status Abort(grpc::ServerContext* ctx, const rpc::AbortRequest* req,
                      rpc::AbortResponse*) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("Abort", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("Abort", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckText("Abort: reason", req->reason(), kMaxReasonBytes, true));
-    AbortJob(req->rank() < 0 ? absl::StrCat("the launcher aborted the job: ", req->reason())
-                             : absl::StrCat("rank ", req->rank(),
-                                            " aborted the job: ", req->reason()));
+    AbortJob(absl::StrCat("rank ", req->rank(), " aborted the job: ", req->reason()));
     return grpc::Status::OK;
   }
 
@@ -585,19 +583,13 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  // Every request comes from a worker. The launcher (rank -1 in messages) calls its
+  // coordinator in its own process, never over RPC: no request can speak for it.
   grpc::Status CheckWorkerRank(absl::string_view op, int rank) const {
     if (rank < 0 || rank >= options_.world_size) {
-      return Invalid(absl::StrFormat("%s: rank %d is outside 0..%d", op, rank,
-                                     options_.world_size - 1));
-    }
-    return grpc::Status::OK;
-  }
-
-  // A worker rank, or -1 for the launcher.
-  grpc::Status CheckAnyRank(absl::string_view op, int rank) const {
-    if (rank < -1 || rank >= options_.world_size) {
-      return Invalid(absl::StrFormat("%s: rank %d is outside 0..%d (or -1 for the launcher)",
-                                     op, rank, options_.world_size - 1));
+      return Invalid(absl::StrFormat(
+          "%s: rank %d is outside 0..%d%s", op, rank, options_.world_size - 1,
+          rank == -1 ? " (requests come from workers; the launcher is not a caller)" : ""));
     }
     return grpc::Status::OK;
   }

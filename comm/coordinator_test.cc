@@ -230,7 +230,7 @@ TEST_F(CoordinatorTest, RendezvousOfNClients) {
     EXPECT_TRUE(errors[r].ok()) << "rank " << r << ": " << errors[r];
     EXPECT_EQ(got[r], id) << "rank " << r;
   }
-  auto c = Client(-1);
+  auto c = Client(0);
   auto v = c->Get("nccl/unique_id");
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(*v, id);
@@ -483,6 +483,38 @@ TEST_F(CoordinatorTest, LauncherAbortReachesClients) {
   }
 }
 
+TEST_F(CoordinatorTest, NoRequestCanSpeakForTheLauncher) {
+  StartServer(2);
+  auto clients = RegisterAll();
+  // The launcher aborts in its own process; over RPC, rank -1 is refused like any rank
+  // outside the job.
+  auto impostor = Client(-1);
+  const absl::Status abort = impostor->Abort("pretending to be the launcher");
+  EXPECT_CODE(abort, kInvalidArgument);
+  EXPECT_THAT(std::string(abort.message()),
+              HasSubstr("Abort: rank -1 is outside 0..1 (requests come from workers; the "
+                        "launcher is not a caller)"));
+  for (int rank : {-2, 2, 1 << 30}) {
+    const absl::Status s = Client(rank)->Abort("no such rank");
+    EXPECT_CODE(s, kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("Abort: rank ", rank,
+                                                                 " is outside 0..1")));
+  }
+  EXPECT_CODE(impostor->Set("k", "v"), kInvalidArgument);
+  EXPECT_CODE(impostor->Get("k").status(), kInvalidArgument);
+  EXPECT_CODE(impostor->Wait("k", absl::Seconds(1)).status(), kInvalidArgument);
+  EXPECT_FALSE(server_->aborted()) << server_->abort_reason();
+  for (auto& c : clients) {
+    auto s = c->Heartbeat({});
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_FALSE(s->aborted);
+  }
+  // A worker's abort names the worker.
+  ASSERT_TRUE(clients[1]->Abort("out of memory").ok());
+  EXPECT_EQ(server_->abort_reason(), "rank 1 aborted the job: out of memory");
+  ExpectStillServing();
+}
+
 TEST_F(CoordinatorTest, StopRequestReachesClientsWithoutAborting) {
   LogSink events;
   CoordinatorServerOptions o;
@@ -553,6 +585,8 @@ TEST_F(CoordinatorTest, DuplicateAndOutOfRangeRanksAreRefused) {
   EXPECT_THAT(std::string(high.status().message()), HasSubstr("rank 2 is outside 0..1"));
   EXPECT_CODE(Client(-1)->Register(Identity(0), absl::Seconds(5)).status(), kInvalidArgument);
   EXPECT_CODE(Client(-7)->Set("k", "v"), kInvalidArgument);
+  EXPECT_CODE(Client(2)->Heartbeat({}).status(), kInvalidArgument);
+  EXPECT_CODE(Client(-1)->Barrier("b", absl::Seconds(1)), kInvalidArgument);
   WorkerIdentity wrong_world = Identity(0);
   wrong_world.world_size = 8;
   auto ww = Client(0)->Register(wrong_world, absl::Seconds(5));

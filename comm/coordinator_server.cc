@@ -425,7 +425,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
       if (aborted_) return;
       aborted_ = true;
       abort_reason_ = reason;
-      report = absl::StrCat("coordinator: job aborted: ", reason, "\n", TableLocked());
+      report = absl::StrCat("coordinator: ", reason, "\n", TableLocked());
     }
     Log(report);
   }
@@ -514,7 +514,12 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                                  absl::FormatDuration(options_.registration_timeout));
       }
     }
-    if (!reason.empty()) AbortJob(reason);
+    if (!reason.empty()) AbortByOwner(reason);
+  }
+
+  // The program the coordinator runs in aborts the job: "the launcher aborted the job: why".
+  void AbortByOwner(absl::string_view why) {
+    AbortJob(absl::StrCat(options_.owner, " aborted the job: ", why));
   }
 
  private:
@@ -564,7 +569,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
 
   grpc::Status AbortedStatus(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return grpc::Status(grpc::StatusCode::ABORTED,
-                        absl::StrCat(what, ": job aborted: ", abort_reason_));
+                        absl::StrCat(what, ": ", abort_reason_));
   }
 
   // The token is all that identifies a caller: without it, or with another, the caller is
@@ -698,6 +703,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "coordinator: the job token must have at least ", kMinTokenLength, " characters"));
   }
+  if (options.owner.empty()) {
+    return absl::InvalidArgumentError("coordinator: the owner, who aborts the job, is unnamed");
+  }
   if (options.heartbeat_timeout <= absl::ZeroDuration() ||
       options.watchdog_interval <= absl::ZeroDuration() ||
       options.max_wait <= absl::ZeroDuration()) {
@@ -723,9 +731,7 @@ CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::mo
 CoordinatorServer::~CoordinatorServer() { impl_->Stop(); }
 int CoordinatorServer::port() const { return impl_->port(); }
 std::string CoordinatorServer::address() const { return impl_->address(); }
-void CoordinatorServer::Abort(absl::string_view reason) {
-  impl_->AbortJob(absl::StrCat("the launcher aborted the job: ", reason));
-}
+void CoordinatorServer::Abort(absl::string_view why) { impl_->AbortByOwner(why); }
 bool CoordinatorServer::aborted() const { return impl_->aborted(); }
 void CoordinatorServer::RequestStop() { impl_->RequestStop(); }
 bool CoordinatorServer::stop_requested() const { return impl_->stop_requested(); }

@@ -31,6 +31,7 @@ namespace tandem {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
 
@@ -301,14 +302,17 @@ TEST_F(CoordinatorTest, HeartbeatLossNamesTheSilentRankAndAbortsEveryone) {
   server_->CheckHeartbeats();
   ASSERT_TRUE(server_->aborted());
   const std::string reason = server_->abort_reason();
-  EXPECT_THAT(reason, HasSubstr("watchdog: rank 2 hung: no heartbeat for 12s"));
+  // The watchdog is the launcher's, in whose process the coordinator runs.
+  EXPECT_THAT(reason, StartsWith("the launcher aborted the job: watchdog: rank 2 hung: no "
+                                 "heartbeat for 12s"));
   EXPECT_THAT(reason, HasSubstr("step 17, phase 'backward', collective #41 issued"));
   EXPECT_THAT(reason,
               HasSubstr("collective #42: entered by ranks 0, 1; never entered by rank 2"));
   // The printed report: every rank's last report, the silent one marked.
   const std::string report = log_.Get();
   std::printf("%s", report.c_str());  // what an operator would see
-  EXPECT_THAT(report, HasSubstr("coordinator: job aborted: watchdog: rank 2 hung"));
+  EXPECT_THAT(report,
+              HasSubstr("coordinator: the launcher aborted the job: watchdog: rank 2 hung"));
   EXPECT_THAT(report, HasSubstr("all_reduce"));
   EXPECT_THAT(report, HasSubstr("backward"));
   EXPECT_THAT(report, HasSubstr("12.0s ago  <-- silent"));
@@ -369,7 +373,8 @@ TEST_F(CoordinatorTest, UnregisteredRanksAbortAfterTheRegistrationTimeout) {
   ASSERT_TRUE(c0->Heartbeat({}).ok());
   ASSERT_TRUE(c2->Heartbeat({}).ok());
   server_->CheckHeartbeats();
-  EXPECT_EQ(server_->abort_reason(), "watchdog: ranks 1, 3 never registered within 1m");
+  EXPECT_EQ(server_->abort_reason(),
+            "the launcher aborted the job: watchdog: ranks 1, 3 never registered within 1m");
   EXPECT_THAT(log_.Get(), HasSubstr("never registered  <-- missing"));
 }
 
@@ -464,7 +469,7 @@ TEST_F(CoordinatorTest, AbortReachesEveryClientWithinOneHeartbeatInterval) {
     // One interval, plus an allowance for the RPC on a loaded machine.
     EXPECT_LE(when[r] - aborted_at, interval + absl::Milliseconds(300)) << "rank " << r;
   }
-  EXPECT_THAT(log_.Get(), HasSubstr("coordinator: job aborted: rank 1 aborted the job"));
+  EXPECT_THAT(log_.Get(), HasSubstr("coordinator: rank 1 aborted the job: loss is nan"));
   // Late registration is refused; the server still answers.
   auto late = Client(0)->Register(Identity(0), absl::Seconds(2));
   EXPECT_FALSE(late.ok());
@@ -474,13 +479,37 @@ TEST_F(CoordinatorTest, AbortReachesEveryClientWithinOneHeartbeatInterval) {
 TEST_F(CoordinatorTest, LauncherAbortReachesClients) {
   StartServer(2);
   auto clients = RegisterAll();
-  server_->Abort("user pressed Ctrl-C");
+  server_->Abort("interrupted (SIGINT)");
   for (auto& c : clients) {
     auto s = c->Heartbeat({});
     ASSERT_TRUE(s.ok());
     EXPECT_TRUE(s->aborted);
-    EXPECT_EQ(s->reason, "the launcher aborted the job: user pressed Ctrl-C");
+    EXPECT_EQ(s->reason, "the launcher aborted the job: interrupted (SIGINT)");
   }
+  // The first abort stands: a later one, a worker's or the launcher's, changes nothing.
+  ASSERT_TRUE(clients[0]->Abort("bad data").ok());
+  server_->Abort("a second SIGTERM");
+  EXPECT_EQ(server_->abort_reason(), "the launcher aborted the job: interrupted (SIGINT)");
+}
+
+TEST_F(CoordinatorTest, TheOwnerNamedInAbortsIsWhoeverRunsTheCoordinator) {
+  // Under Slurm, rank 0 runs it; its watchdog's aborts say so.
+  ManualClock clock;
+  CoordinatorServerOptions o;
+  o.owner = "the coordinator in rank 0";
+  StartServerOnClock(2, &clock, o);
+  auto clients = RegisterAll();
+  ASSERT_TRUE(clients[0]->Heartbeat({}).ok());
+  clock.Advance(absl::Seconds(11));
+  ASSERT_TRUE(clients[0]->Heartbeat({}).ok());
+  server_->CheckHeartbeats();
+  EXPECT_THAT(server_->abort_reason(),
+              StartsWith("the coordinator in rank 0 aborted the job: watchdog: rank 1 hung"));
+  o.token = kToken;
+  o.owner = "";
+  const absl::Status unnamed = CoordinatorServer::Start(o).status();
+  EXPECT_CODE(unnamed, kInvalidArgument);
+  EXPECT_THAT(std::string(unnamed.message()), HasSubstr("the owner, who aborts the job"));
 }
 
 TEST_F(CoordinatorTest, NoRequestCanSpeakForTheLauncher) {
@@ -767,7 +796,9 @@ TEST_F(CoordinatorTest, ARankWhoseHeartbeatsAreRefusedIsHungAndTheVerdictSaysWhy
   }
   server_->CheckHeartbeats();
   ASSERT_TRUE(server_->aborted());
-  EXPECT_THAT(server_->abort_reason(), HasSubstr("watchdog: rank 1 hung: no heartbeat for 12s"));
+  EXPECT_THAT(server_->abort_reason(),
+              HasSubstr("the launcher aborted the job: watchdog: rank 1 hung: no heartbeat for "
+                        "12s"));
   EXPECT_THAT(server_->abort_reason(),
               HasSubstr("its last heartbeat was refused: Heartbeat: rank 1: step_time_ms nan is "
                         "not a finite time >= 0"));

@@ -255,10 +255,17 @@ class CoordinatorClient::Impl {
         last_ok = absl::Now();
         if (state->aborted) reason = state->reason;
       } else if (absl::Now() - last_ok > options_.coordinator_timeout) {
-        reason = absl::StrFormat(
-            "rank %d lost the coordinator at %s: no heartbeat answered for %s; last error: %s",
-            options_.rank, options_.address, absl::FormatDuration(options_.coordinator_timeout),
-            state.status().message());
+        // A refusal is an answer: then the coordinator is there, and this rank's reports wrong.
+        const absl::StatusCode code = state.status().code();
+        const bool refused = code != absl::StatusCode::kUnavailable &&
+                             code != absl::StatusCode::kDeadlineExceeded &&
+                             code != absl::StatusCode::kCancelled;
+        reason = absl::StrFormat("rank %d %s the coordinator at %s: no heartbeat %s for %s; last "
+                                 "error: %s",
+                                 options_.rank, refused ? "was refused by" : "lost",
+                                 options_.address, refused ? "accepted" : "answered",
+                                 absl::FormatDuration(options_.coordinator_timeout),
+                                 state.status().message());
         NoteAbort(reason);
       }
       if (!reason.empty()) {

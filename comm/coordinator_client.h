@@ -1,7 +1,8 @@
-// The coordinator's client, used by workers (and by the launcher as rank -1). Every call
-// carries the job token and has a timeout; errors name the rank, the call and what it
-// waited for. An optional heartbeat thread reports the worker's progress every interval and
-// delivers the job's abort (or the loss of the coordinator) within one interval.
+// The coordinator's client, used by workers (the launcher calls its coordinator in its own
+// process). Every call carries the job token and has a timeout; errors name the rank, the
+// call and what it waited for. An optional heartbeat thread reports the worker's progress
+// every interval and delivers the job's abort (or the loss of the coordinator) within one
+// interval.
 #ifndef TANDEM_COMM_COORDINATOR_CLIENT_H_
 #define TANDEM_COMM_COORDINATOR_CLIENT_H_
 
@@ -22,11 +23,12 @@ namespace tandem {
 struct CoordinatorClientOptions {
   std::string address;  // "127.0.0.1:PORT"
   std::string token;    // the job token; never logged
-  int rank = -1;        // -1: the launcher
+  int rank = -1;        // the worker's; every call but GetStatus refuses one outside 0..N-1
   // Deadline of calls that do not wait for other ranks.
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  // Heartbeats failing for this long count as an abort ("lost the coordinator").
+  // Heartbeats failing for this long count as an abort ("lost the coordinator", or "was
+  // refused by the coordinator" when it answered each with a refusal).
   absl::Duration coordinator_timeout = absl::Seconds(60);
 
   // Address and token from TANDEM_COORDINATOR and TANDEM_JOB_TOKEN; InvalidArgument naming

@@ -8,8 +8,10 @@
 #include <grpcpp/resource_quota.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -83,6 +85,51 @@ grpc::Status CheckTimeout(int64_t timeout_ms) {
   return grpc::Status::OK;
 }
 
+// A heartbeat's report, of a rank already checked: only what a worker can have measured is
+// stored. A refusal names the rank, the field and the value; the rank's next good report is
+// taken as usual.
+grpc::Status CheckReport(const rpc::HeartbeatRequest& req) {
+  const std::string rank = absl::StrCat("Heartbeat: rank ", req.rank(), ": ");
+  GRPC_RETURN_IF_ERROR_(CheckText(rank + "phase", req.phase(), kMaxTextBytes, false));
+  GRPC_RETURN_IF_ERROR_(CheckText(rank + "device", req.device(), kMaxTextBytes, false));
+  if (req.step() < 0) return Invalid(absl::StrCat(rank, "step ", req.step(), " < 0"));
+  // Sequence numbers count up from 0 (Communicator::last_issued_sequence): one above the
+  // largest int64 is a negative count sent as unsigned.
+  constexpr uint64_t kMaxSequence = std::numeric_limits<int64_t>::max();
+  for (const auto& [field, value] : {std::make_pair("collective_issued", req.collective_issued()),
+                                     std::make_pair("collective_completed",
+                                                    req.collective_completed())}) {
+    if (value > kMaxSequence) {
+      return Invalid(absl::StrFormat("%s%s %d is more than %d (a negative count sent unsigned?)",
+                                     rank, field, value, kMaxSequence));
+    }
+  }
+  // A worker reads the completed number before the issued one, and an operation is issued
+  // before it completes: never more completed than issued.
+  if (req.collective_completed() > req.collective_issued()) {
+    return Invalid(absl::StrFormat("%scollective #%d completed but only #%d issued", rank,
+                                   req.collective_completed(), req.collective_issued()));
+  }
+  // The loss is not checked: a skipped f16 step's is inf or nan and training goes on (a worker
+  // whose loss diverged aborts the job itself).
+  const rpc::Metrics& m = req.metrics();
+  if (!std::isfinite(m.step_time_ms()) || m.step_time_ms() < 0) {
+    return Invalid(absl::StrFormat("%sstep_time_ms %g is not a finite time >= 0", rank,
+                                   m.step_time_ms()));
+  }
+  for (const auto& [field, value] :
+       {std::make_pair("memory_allocated_bytes", m.memory_allocated_bytes()),
+        std::make_pair("memory_peak_bytes", m.memory_peak_bytes())}) {
+    if (value < 0) return Invalid(absl::StrFormat("%s%s %d < 0", rank, field, value));
+  }
+  // Both come from one snapshot of the allocator, whose peak is the most it ever held.
+  if (m.memory_allocated_bytes() > m.memory_peak_bytes()) {
+    return Invalid(absl::StrFormat("%smemory_allocated_bytes %d is more than memory_peak_bytes %d",
+                                   rank, m.memory_allocated_bytes(), m.memory_peak_bytes()));
+  }
+  return grpc::Status::OK;
+}
+
 bool IsLoopbackHost(absl::string_view host) {
   return host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
 }
@@ -116,6 +163,7 @@ struct RankRecord {
   rpc::Metrics metrics;
   bool finished = false;
   absl::Time last_heard;  // registration or last heartbeat, on the options' clock
+  std::string refused;    // why the last heartbeat was refused ("" if it was taken)
 };
 
 struct BarrierState {
@@ -222,7 +270,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status KeySet(grpc::ServerContext* ctx, const rpc::KeySetRequest* req,
                       rpc::KeySetResponse*) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("KeySet", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("KeySet", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckName("KeySet: key", req->key()));
     if (req->value().size() > kMaxValueBytes) {
       return Invalid(absl::StrFormat("KeySet: value for '%s' is %d bytes, more than the %d "
@@ -250,7 +298,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status KeyGet(grpc::ServerContext* ctx, const rpc::KeyGetRequest* req,
                       rpc::KeyGetResponse* resp) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("KeyGet", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("KeyGet", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckName("KeyGet: key", req->key()));
     absl::MutexLock lock(&mu_);
     auto it = store_.find(req->key());
@@ -265,7 +313,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status KeyWait(grpc::ServerContext* ctx, const rpc::KeyWaitRequest* req,
                        rpc::KeyWaitResponse* resp) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("KeyWait", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("KeyWait", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckName("KeyWait: key", req->key()));
     GRPC_RETURN_IF_ERROR_(CheckTimeout(req->timeout_ms()));
     const absl::Duration timeout = CapWait(req->timeout_ms());
@@ -326,15 +374,13 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                          rpc::HeartbeatResponse* resp) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
     GRPC_RETURN_IF_ERROR_(CheckWorkerRank("Heartbeat", req->rank()));
-    GRPC_RETURN_IF_ERROR_(CheckText("Heartbeat: phase", req->phase(), kMaxTextBytes, false));
-    GRPC_RETURN_IF_ERROR_(CheckText("Heartbeat: device", req->device(), kMaxTextBytes, false));
-    if (req->step() < 0) return Invalid(absl::StrCat("Heartbeat: step ", req->step(), " < 0"));
-    if (req->collective_completed() > req->collective_issued()) {
-      return Invalid(absl::StrFormat("Heartbeat: collective %d completed but only %d issued",
-                                     req->collective_completed(), req->collective_issued()));
-    }
+    const grpc::Status valid = CheckReport(*req);
     absl::MutexLock lock(&mu_);
     RankRecord& r = ranks_[req->rank()];
+    // Kept for the watchdog: a rank whose every heartbeat is refused is not heard from, and
+    // its verdict says why.
+    if (r.registered) r.refused = valid.error_message();
+    if (!valid.ok()) return valid;
     if (!r.registered) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrFormat("Heartbeat: rank %d has not registered", req->rank()));
@@ -357,11 +403,9 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
   grpc::Status Abort(grpc::ServerContext* ctx, const rpc::AbortRequest* req,
                      rpc::AbortResponse*) override {
     GRPC_RETURN_IF_ERROR_(CheckToken(ctx));
-    GRPC_RETURN_IF_ERROR_(CheckAnyRank("Abort", req->rank()));
+    GRPC_RETURN_IF_ERROR_(CheckWorkerRank("Abort", req->rank()));
     GRPC_RETURN_IF_ERROR_(CheckText("Abort: reason", req->reason(), kMaxReasonBytes, true));
-    AbortJob(req->rank() < 0 ? absl::StrCat("the launcher aborted the job: ", req->reason())
-                             : absl::StrCat("rank ", req->rank(),
-                                            " aborted the job: ", req->reason()));
+    AbortJob(absl::StrCat("rank ", req->rank(), " aborted the job: ", req->reason()));
     return grpc::Status::OK;
   }
 
@@ -381,7 +425,7 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
       if (aborted_) return;
       aborted_ = true;
       abort_reason_ = reason;
-      report = absl::StrCat("coordinator: job aborted: ", reason, "\n", TableLocked());
+      report = absl::StrCat("coordinator: ", reason, "\n", TableLocked());
     }
     Log(report);
   }
@@ -458,6 +502,9 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                                          "finished",
                                          r.step, r.phase, r.issued, r.completed)
                        : std::string("nothing since registering"));
+        if (!r.refused.empty()) {
+          absl::StrAppend(&reason, "; its last heartbeat was refused: ", r.refused);
+        }
         const std::string lag = LaggingLocked();
         if (!lag.empty()) absl::StrAppend(&reason, "; ", lag);
       } else if (!unregistered.empty() && options_.registration_timeout > absl::ZeroDuration() &&
@@ -467,7 +514,12 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
                                  absl::FormatDuration(options_.registration_timeout));
       }
     }
-    if (!reason.empty()) AbortJob(reason);
+    if (!reason.empty()) AbortByOwner(reason);
+  }
+
+  // The program the coordinator runs in aborts the job: "the launcher aborted the job: why".
+  void AbortByOwner(absl::string_view why) {
+    AbortJob(absl::StrCat(options_.owner, " aborted the job: ", why));
   }
 
  private:
@@ -517,36 +569,32 @@ class CoordinatorServer::Impl final : public rpc::Coordinator::Service {
 
   grpc::Status AbortedStatus(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return grpc::Status(grpc::StatusCode::ABORTED,
-                        absl::StrCat(what, ": job aborted: ", abort_reason_));
+                        absl::StrCat(what, ": ", abort_reason_));
   }
 
+  // The token is all that identifies a caller: without it, or with another, the caller is
+  // unknown (UNAUTHENTICATED). A holder of the token may make every call.
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kTokenMetadataKey);
     if (it == md.end()) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           absl::StrCat("request without the job token (", kTokenMetadataKey,
                                        " metadata)"));
     }
     if (!TokensEqual(absl::string_view(it->second.data(), it->second.size()), options_.token)) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong job token");
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong job token");
     }
     return grpc::Status::OK;
   }
 
+  // Every request comes from a worker. The launcher (rank -1 in messages) calls its
+  // coordinator in its own process, never over RPC: no request can speak for it.
   grpc::Status CheckWorkerRank(absl::string_view op, int rank) const {
     if (rank < 0 || rank >= options_.world_size) {
-      return Invalid(absl::StrFormat("%s: rank %d is outside 0..%d", op, rank,
-                                     options_.world_size - 1));
-    }
-    return grpc::Status::OK;
-  }
-
-  // A worker rank, or -1 for the launcher.
-  grpc::Status CheckAnyRank(absl::string_view op, int rank) const {
-    if (rank < -1 || rank >= options_.world_size) {
-      return Invalid(absl::StrFormat("%s: rank %d is outside 0..%d (or -1 for the launcher)",
-                                     op, rank, options_.world_size - 1));
+      return Invalid(absl::StrFormat(
+          "%s: rank %d is outside 0..%d%s", op, rank, options_.world_size - 1,
+          rank == -1 ? " (requests come from workers; the launcher is not a caller)" : ""));
     }
     return grpc::Status::OK;
   }
@@ -655,6 +703,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "coordinator: the job token must have at least ", kMinTokenLength, " characters"));
   }
+  if (options.owner.empty()) {
+    return absl::InvalidArgumentError("coordinator: the owner, who aborts the job, is unnamed");
+  }
   if (options.heartbeat_timeout <= absl::ZeroDuration() ||
       options.watchdog_interval <= absl::ZeroDuration() ||
       options.max_wait <= absl::ZeroDuration()) {
@@ -680,9 +731,7 @@ CoordinatorServer::CoordinatorServer(std::unique_ptr<Impl> impl) : impl_(std::mo
 CoordinatorServer::~CoordinatorServer() { impl_->Stop(); }
 int CoordinatorServer::port() const { return impl_->port(); }
 std::string CoordinatorServer::address() const { return impl_->address(); }
-void CoordinatorServer::Abort(absl::string_view reason) {
-  impl_->AbortJob(absl::StrCat("the launcher aborted the job: ", reason));
-}
+void CoordinatorServer::Abort(absl::string_view why) { impl_->AbortByOwner(why); }
 bool CoordinatorServer::aborted() const { return impl_->aborted(); }
 void CoordinatorServer::RequestStop() { impl_->RequestStop(); }
 bool CoordinatorServer::stop_requested() const { return impl_->stop_requested(); }

@@ -3,6 +3,9 @@
 // key-value store and barriers with bounded waits, keeps each rank's last report, and runs
 // a watchdog that declares a rank silent past the heartbeat timeout hung, prints what every
 // rank last reported and aborts the job. Bad requests are refused; they never stop it.
+// An abort reason names who aborted: "rank R aborted the job: why" (a worker's Abort call),
+// or "<owner> aborted the job: why" (Abort below, and the watchdog: "... watchdog: rank 2
+// hung: ...").
 #ifndef TANDEM_COMM_COORDINATOR_SERVER_H_
 #define TANDEM_COMM_COORDINATOR_SERVER_H_
 
@@ -39,6 +42,9 @@ struct CoordinatorServerOptions {
   std::string job_config;
   // A registered rank silent for longer is declared hung and the job aborted.
   absl::Duration heartbeat_timeout = absl::Seconds(30);
+  // Who aborts the job through Abort() and the watchdog, as abort reasons name it: the program
+  // the coordinator runs in.
+  std::string owner = "the launcher";
   // Ranks still unregistered this long after Start abort the job; zero disables.
   absl::Duration registration_timeout = absl::Minutes(5);
   // How often the watchdog looks (real time).
@@ -68,8 +74,8 @@ class CoordinatorServer {
   int port() const;
   std::string address() const;
 
-  // Aborts the job on the launcher's behalf (no effect once aborted).
-  void Abort(absl::string_view reason);
+  // The owner aborts the job: "<owner> aborted the job: <why>" (no effect once aborted).
+  void Abort(absl::string_view why);
   // Asks every worker, through its next heartbeat, to stop after its current step and
   // checkpoint (preemption). The job is not aborted.
   void RequestStop();

@@ -4,8 +4,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +31,7 @@ namespace tandem {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
 
@@ -67,6 +70,15 @@ class CoordinatorTest : public ::testing::Test {
     world_ = world;
   }
 
+  // A server whose heartbeat ages are measured on `clock`; the test runs the watchdog by hand
+  // (CheckHeartbeats).
+  void StartServerOnClock(int world, ManualClock* clock, CoordinatorServerOptions o = {}) {
+    o.clock = clock;
+    o.heartbeat_timeout = absl::Seconds(10);
+    o.watchdog_interval = absl::Hours(1);
+    StartServer(world, std::move(o));
+  }
+
   CoordinatorClientOptions ClientOptions(int rank, std::string token = kToken) {
     CoordinatorClientOptions o;
     o.address = server_->address();
@@ -100,6 +112,19 @@ class CoordinatorTest : public ::testing::Test {
       EXPECT_TRUE(job.ok()) << job.status();
     }
     return clients;
+  }
+
+  // A registered client whose heartbeats, every 50 ms, count as an abort after failing for
+  // 300 ms.
+  std::unique_ptr<CoordinatorClient> ImpatientClient(int rank) {
+    auto o = ClientOptions(rank);
+    o.coordinator_timeout = absl::Milliseconds(300);
+    o.heartbeat_interval = absl::Milliseconds(50);
+    auto c = CoordinatorClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    auto job = (*c)->Register(Identity(rank), absl::Seconds(5));
+    EXPECT_TRUE(job.ok()) << job.status();
+    return std::move(*c);
   }
 
   // The server still answers a well-formed request.
@@ -206,7 +231,7 @@ TEST_F(CoordinatorTest, RendezvousOfNClients) {
     EXPECT_TRUE(errors[r].ok()) << "rank " << r << ": " << errors[r];
     EXPECT_EQ(got[r], id) << "rank " << r;
   }
-  auto c = Client(-1);
+  auto c = Client(0);
   auto v = c->Get("nccl/unique_id");
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(*v, id);
@@ -253,11 +278,7 @@ TEST_F(CoordinatorTest, BarrierTimeoutNamesTheMissingRank) {
 
 TEST_F(CoordinatorTest, HeartbeatLossNamesTheSilentRankAndAbortsEveryone) {
   ManualClock clock;
-  CoordinatorServerOptions o;
-  o.clock = &clock;
-  o.heartbeat_timeout = absl::Seconds(10);
-  o.watchdog_interval = absl::Hours(1);  // this test runs the watchdog by hand
-  StartServer(3, o);
+  StartServerOnClock(3, &clock);
   auto clients = RegisterAll();
   WorkerReport in_collective;
   in_collective.step = 17;
@@ -281,14 +302,17 @@ TEST_F(CoordinatorTest, HeartbeatLossNamesTheSilentRankAndAbortsEveryone) {
   server_->CheckHeartbeats();
   ASSERT_TRUE(server_->aborted());
   const std::string reason = server_->abort_reason();
-  EXPECT_THAT(reason, HasSubstr("watchdog: rank 2 hung: no heartbeat for 12s"));
+  // The watchdog is the launcher's, in whose process the coordinator runs.
+  EXPECT_THAT(reason, StartsWith("the launcher aborted the job: watchdog: rank 2 hung: no "
+                                 "heartbeat for 12s"));
   EXPECT_THAT(reason, HasSubstr("step 17, phase 'backward', collective #41 issued"));
   EXPECT_THAT(reason,
               HasSubstr("collective #42: entered by ranks 0, 1; never entered by rank 2"));
   // The printed report: every rank's last report, the silent one marked.
   const std::string report = log_.Get();
   std::printf("%s", report.c_str());  // what an operator would see
-  EXPECT_THAT(report, HasSubstr("coordinator: job aborted: watchdog: rank 2 hung"));
+  EXPECT_THAT(report,
+              HasSubstr("coordinator: the launcher aborted the job: watchdog: rank 2 hung"));
   EXPECT_THAT(report, HasSubstr("all_reduce"));
   EXPECT_THAT(report, HasSubstr("backward"));
   EXPECT_THAT(report, HasSubstr("12.0s ago  <-- silent"));
@@ -306,11 +330,7 @@ TEST_F(CoordinatorTest, HeartbeatLossNamesTheSilentRankAndAbortsEveryone) {
 
 TEST_F(CoordinatorTest, FinishedRanksAreNotDeclaredHung) {
   ManualClock clock;
-  CoordinatorServerOptions o;
-  o.clock = &clock;
-  o.heartbeat_timeout = absl::Seconds(10);
-  o.watchdog_interval = absl::Hours(1);
-  StartServer(2, o);
+  StartServerOnClock(2, &clock);
   auto clients = RegisterAll();
   WorkerReport done;
   done.finished = true;
@@ -338,10 +358,8 @@ TEST_F(CoordinatorTest, TheDeviceAWorkerLearnsAfterRegistrationReachesTheStatus)
 TEST_F(CoordinatorTest, UnregisteredRanksAbortAfterTheRegistrationTimeout) {
   ManualClock clock;
   CoordinatorServerOptions o;
-  o.clock = &clock;
   o.registration_timeout = absl::Seconds(60);
-  o.watchdog_interval = absl::Hours(1);
-  StartServer(4, o);
+  StartServerOnClock(4, &clock, o);
   auto c0 = Client(0);
   ASSERT_TRUE(c0->Register(Identity(0), absl::Seconds(5)).ok());
   auto c2 = Client(2);
@@ -355,7 +373,8 @@ TEST_F(CoordinatorTest, UnregisteredRanksAbortAfterTheRegistrationTimeout) {
   ASSERT_TRUE(c0->Heartbeat({}).ok());
   ASSERT_TRUE(c2->Heartbeat({}).ok());
   server_->CheckHeartbeats();
-  EXPECT_EQ(server_->abort_reason(), "watchdog: ranks 1, 3 never registered within 1m");
+  EXPECT_EQ(server_->abort_reason(),
+            "the launcher aborted the job: watchdog: ranks 1, 3 never registered within 1m");
   EXPECT_THAT(log_.Get(), HasSubstr("never registered  <-- missing"));
 }
 
@@ -450,7 +469,7 @@ TEST_F(CoordinatorTest, AbortReachesEveryClientWithinOneHeartbeatInterval) {
     // One interval, plus an allowance for the RPC on a loaded machine.
     EXPECT_LE(when[r] - aborted_at, interval + absl::Milliseconds(300)) << "rank " << r;
   }
-  EXPECT_THAT(log_.Get(), HasSubstr("coordinator: job aborted: rank 1 aborted the job"));
+  EXPECT_THAT(log_.Get(), HasSubstr("coordinator: rank 1 aborted the job: loss is nan"));
   // Late registration is refused; the server still answers.
   auto late = Client(0)->Register(Identity(0), absl::Seconds(2));
   EXPECT_FALSE(late.ok());
@@ -460,13 +479,69 @@ TEST_F(CoordinatorTest, AbortReachesEveryClientWithinOneHeartbeatInterval) {
 TEST_F(CoordinatorTest, LauncherAbortReachesClients) {
   StartServer(2);
   auto clients = RegisterAll();
-  server_->Abort("user pressed Ctrl-C");
+  server_->Abort("interrupted (SIGINT)");
   for (auto& c : clients) {
     auto s = c->Heartbeat({});
     ASSERT_TRUE(s.ok());
     EXPECT_TRUE(s->aborted);
-    EXPECT_EQ(s->reason, "the launcher aborted the job: user pressed Ctrl-C");
+    EXPECT_EQ(s->reason, "the launcher aborted the job: interrupted (SIGINT)");
   }
+  // The first abort stands: a later one, a worker's or the launcher's, changes nothing.
+  ASSERT_TRUE(clients[0]->Abort("bad data").ok());
+  server_->Abort("a second SIGTERM");
+  EXPECT_EQ(server_->abort_reason(), "the launcher aborted the job: interrupted (SIGINT)");
+}
+
+TEST_F(CoordinatorTest, TheOwnerNamedInAbortsIsWhoeverRunsTheCoordinator) {
+  // Under Slurm, rank 0 runs it; its watchdog's aborts say so.
+  ManualClock clock;
+  CoordinatorServerOptions o;
+  o.owner = "the coordinator in rank 0";
+  StartServerOnClock(2, &clock, o);
+  auto clients = RegisterAll();
+  ASSERT_TRUE(clients[0]->Heartbeat({}).ok());
+  clock.Advance(absl::Seconds(11));
+  ASSERT_TRUE(clients[0]->Heartbeat({}).ok());
+  server_->CheckHeartbeats();
+  EXPECT_THAT(server_->abort_reason(),
+              StartsWith("the coordinator in rank 0 aborted the job: watchdog: rank 1 hung"));
+  o.token = kToken;
+  o.owner = "";
+  const absl::Status unnamed = CoordinatorServer::Start(o).status();
+  EXPECT_CODE(unnamed, kInvalidArgument);
+  EXPECT_THAT(std::string(unnamed.message()), HasSubstr("the owner, who aborts the job"));
+}
+
+TEST_F(CoordinatorTest, NoRequestCanSpeakForTheLauncher) {
+  StartServer(2);
+  auto clients = RegisterAll();
+  // The launcher aborts in its own process; over RPC, rank -1 is refused like any rank
+  // outside the job.
+  auto impostor = Client(-1);
+  const absl::Status abort = impostor->Abort("pretending to be the launcher");
+  EXPECT_CODE(abort, kInvalidArgument);
+  EXPECT_THAT(std::string(abort.message()),
+              HasSubstr("Abort: rank -1 is outside 0..1 (requests come from workers; the "
+                        "launcher is not a caller)"));
+  for (int rank : {-2, 2, 1 << 30}) {
+    const absl::Status s = Client(rank)->Abort("no such rank");
+    EXPECT_CODE(s, kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("Abort: rank ", rank,
+                                                                 " is outside 0..1")));
+  }
+  EXPECT_CODE(impostor->Set("k", "v"), kInvalidArgument);
+  EXPECT_CODE(impostor->Get("k").status(), kInvalidArgument);
+  EXPECT_CODE(impostor->Wait("k", absl::Seconds(1)).status(), kInvalidArgument);
+  EXPECT_FALSE(server_->aborted()) << server_->abort_reason();
+  for (auto& c : clients) {
+    auto s = c->Heartbeat({});
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_FALSE(s->aborted);
+  }
+  // A worker's abort names the worker.
+  ASSERT_TRUE(clients[1]->Abort("out of memory").ok());
+  EXPECT_EQ(server_->abort_reason(), "rank 1 aborted the job: out of memory");
+  ExpectStillServing();
 }
 
 TEST_F(CoordinatorTest, StopRequestReachesClientsWithoutAborting) {
@@ -504,17 +579,17 @@ TEST_F(CoordinatorTest, WrongOrMissingTokenIsRefused) {
   StartServer(2);
   auto bad = Client(0, "fedcba9876543210fedcba9876543210");
   auto reg = bad->Register(Identity(0), absl::Seconds(5));
-  EXPECT_CODE(reg.status(), kPermissionDenied);
+  EXPECT_CODE(reg.status(), kUnauthenticated);
   EXPECT_THAT(std::string(reg.status().message()), HasSubstr("wrong job token"));
   EXPECT_EQ(std::string(reg.status().message()).find("fedcba98"), std::string::npos)
       << "a token must never appear in messages";
-  EXPECT_CODE(bad->Set("k", "v"), kPermissionDenied);
-  EXPECT_CODE(bad->Get("k").status(), kPermissionDenied);
-  EXPECT_CODE(bad->Wait("k", absl::Seconds(1)).status(), kPermissionDenied);
-  EXPECT_CODE(bad->Barrier("b", absl::Seconds(1)), kPermissionDenied);
-  EXPECT_CODE(bad->Heartbeat({}).status(), kPermissionDenied);
-  EXPECT_CODE(bad->Abort("sabotage"), kPermissionDenied);
-  EXPECT_CODE(bad->GetStatus().status(), kPermissionDenied);
+  EXPECT_CODE(bad->Set("k", "v"), kUnauthenticated);
+  EXPECT_CODE(bad->Get("k").status(), kUnauthenticated);
+  EXPECT_CODE(bad->Wait("k", absl::Seconds(1)).status(), kUnauthenticated);
+  EXPECT_CODE(bad->Barrier("b", absl::Seconds(1)), kUnauthenticated);
+  EXPECT_CODE(bad->Heartbeat({}).status(), kUnauthenticated);
+  EXPECT_CODE(bad->Abort("sabotage"), kUnauthenticated);
+  EXPECT_CODE(bad->GetStatus().status(), kUnauthenticated);
   EXPECT_FALSE(server_->aborted());
   // No token at all: a raw stub.
   auto stub = rpc::Coordinator::NewStub(
@@ -523,7 +598,7 @@ TEST_F(CoordinatorTest, WrongOrMissingTokenIsRefused) {
   rpc::GetStatusRequest req;
   rpc::GetStatusResponse resp;
   grpc::Status s = stub->GetStatus(&ctx, req, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(s.error_message(), HasSubstr("without the job token"));
   ExpectStillServing();
 }
@@ -539,6 +614,8 @@ TEST_F(CoordinatorTest, DuplicateAndOutOfRangeRanksAreRefused) {
   EXPECT_THAT(std::string(high.status().message()), HasSubstr("rank 2 is outside 0..1"));
   EXPECT_CODE(Client(-1)->Register(Identity(0), absl::Seconds(5)).status(), kInvalidArgument);
   EXPECT_CODE(Client(-7)->Set("k", "v"), kInvalidArgument);
+  EXPECT_CODE(Client(2)->Heartbeat({}).status(), kInvalidArgument);
+  EXPECT_CODE(Client(-1)->Barrier("b", absl::Seconds(1)), kInvalidArgument);
   WorkerIdentity wrong_world = Identity(0);
   wrong_world.world_size = 8;
   auto ww = Client(0)->Register(wrong_world, absl::Seconds(5));
@@ -615,6 +692,140 @@ TEST_F(CoordinatorTest, MalformedFieldsAreRefusedAndTheServerKeepsServing) {
   ExpectStillServing();
 }
 
+// Each report a worker cannot have measured, with what its refusal must name.
+struct BadReport {
+  std::function<void(WorkerReport*)> spoil;
+  std::string message;
+};
+
+std::vector<BadReport> BadReports() {
+  return {
+      {[](WorkerReport* w) { w->step = -1; }, "Heartbeat: rank 1: step -1 < 0"},
+      {[](WorkerReport* w) { w->step_time_ms = -3; },
+       "Heartbeat: rank 1: step_time_ms -3 is not a finite time >= 0"},
+      {[](WorkerReport* w) { w->step_time_ms = std::nan(""); },
+       "Heartbeat: rank 1: step_time_ms nan is not a finite time >= 0"},
+      {[](WorkerReport* w) { w->step_time_ms = HUGE_VAL; },
+       "Heartbeat: rank 1: step_time_ms inf is not a finite time >= 0"},
+      {[](WorkerReport* w) { w->memory_allocated_bytes = -1; },
+       "Heartbeat: rank 1: memory_allocated_bytes -1 < 0"},
+      {[](WorkerReport* w) { w->memory_peak_bytes = -4096; },
+       "Heartbeat: rank 1: memory_peak_bytes -4096 < 0"},
+      {[](WorkerReport* w) { w->memory_allocated_bytes = w->memory_peak_bytes + 1; },
+       "Heartbeat: rank 1: memory_allocated_bytes 1048577 is more than memory_peak_bytes "
+       "1048576"},
+      {[](WorkerReport* w) { w->collective_issued = static_cast<uint64_t>(int64_t{-1}); },
+       "Heartbeat: rank 1: collective_issued 18446744073709551615 is more than "
+       "9223372036854775807"},
+      {[](WorkerReport* w) {
+         w->collective_issued = uint64_t{1} << 63;
+         w->collective_completed = uint64_t{1} << 63;
+       },
+       "Heartbeat: rank 1: collective_issued 9223372036854775808 is more than"},
+      {[](WorkerReport* w) { w->collective_completed = w->collective_issued + 1; },
+       "Heartbeat: rank 1: collective #43 completed but only #42 issued"},
+      {[](WorkerReport* w) { w->phase = "train\x1b[2J"; },
+       "Heartbeat: rank 1: phase has a non-printable character"},
+      {[](WorkerReport* w) { w->device = std::string(kMaxTextBytes + 1, 'd'); },
+       "Heartbeat: rank 1: device is 257 bytes, more than the 256 allowed"},
+  };
+}
+
+TEST_F(CoordinatorTest, ImpossibleMetricsAreRefusedAndTheRankTrainsOn) {
+  StartServer(2);
+  auto clients = RegisterAll();
+  WorkerReport good;
+  good.step = 7;
+  good.phase = "train";
+  good.collective_issued = 42;
+  good.collective_completed = 41;
+  good.loss = 3.25;
+  good.step_time_ms = 12.5;
+  good.memory_allocated_bytes = 1 << 19;
+  good.memory_peak_bytes = 1 << 20;
+  ASSERT_TRUE(clients[1]->Heartbeat(good).ok());
+  for (const BadReport& bad : BadReports()) {
+    WorkerReport w = good;
+    bad.spoil(&w);
+    const absl::Status s = clients[1]->Heartbeat(w).status();
+    EXPECT_CODE(s, kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(bad.message));
+    // Nothing of a refused report is stored.
+    const rpc::RankStatus st = server_->Status().ranks(1);
+    EXPECT_EQ(st.step(), 7) << bad.message;
+    EXPECT_EQ(st.phase(), "train");
+    EXPECT_EQ(st.collective_issued(), 42u);
+    EXPECT_EQ(st.metrics().step_time_ms(), 12.5);
+    EXPECT_EQ(st.metrics().memory_peak_bytes(), 1 << 20);
+  }
+  EXPECT_FALSE(server_->aborted()) << server_->abort_reason();
+  // The loss may be anything: a skipped f16 step's is inf or nan, and training goes on.
+  for (double loss : {HUGE_VAL, -HUGE_VAL, std::nan(""), -1.0}) {
+    WorkerReport w = good;
+    w.loss = loss;
+    EXPECT_TRUE(clients[1]->Heartbeat(w).ok()) << loss;
+  }
+  // The rank's next good report is taken.
+  good.step = 8;
+  good.collective_issued = good.collective_completed = 44;
+  good.memory_allocated_bytes = good.memory_peak_bytes;
+  ASSERT_TRUE(clients[1]->Heartbeat(good).ok());
+  const rpc::RankStatus st = server_->Status().ranks(1);
+  EXPECT_EQ(st.step(), 8);
+  EXPECT_EQ(st.collective_completed(), 44u);
+  EXPECT_EQ(st.metrics().memory_allocated_bytes(), 1 << 20);
+  EXPECT_TRUE(clients[0]->Heartbeat({}).ok());
+  EXPECT_FALSE(server_->aborted()) << server_->abort_reason();
+  ExpectStillServing();
+}
+
+TEST_F(CoordinatorTest, ARankWhoseHeartbeatsAreRefusedIsHungAndTheVerdictSaysWhy) {
+  ManualClock clock;
+  StartServerOnClock(2, &clock);
+  auto clients = RegisterAll();
+  WorkerReport good;
+  good.step = 3;
+  ASSERT_TRUE(clients[0]->Heartbeat(good).ok());
+  ASSERT_TRUE(clients[1]->Heartbeat(good).ok());
+  WorkerReport bad = good;
+  bad.step_time_ms = std::nan("");
+  for (int i = 0; i < 2; ++i) {  // rank 1 keeps sending, and nothing it sends is taken
+    clock.Advance(absl::Seconds(6));
+    ASSERT_TRUE(clients[0]->Heartbeat(good).ok());
+    EXPECT_CODE(clients[1]->Heartbeat(bad).status(), kInvalidArgument);
+  }
+  server_->CheckHeartbeats();
+  ASSERT_TRUE(server_->aborted());
+  EXPECT_THAT(server_->abort_reason(),
+              HasSubstr("the launcher aborted the job: watchdog: rank 1 hung: no heartbeat for "
+                        "12s"));
+  EXPECT_THAT(server_->abort_reason(),
+              HasSubstr("its last heartbeat was refused: Heartbeat: rank 1: step_time_ms nan is "
+                        "not a finite time >= 0"));
+}
+
+TEST_F(CoordinatorTest, AWorkerWhoseHeartbeatsAreAllRefusedSaysSo) {
+  StartServer(1);
+  auto c = ImpatientClient(0);
+  absl::Notification refused;
+  std::string reason;
+  ASSERT_TRUE(c->StartHeartbeats(
+                      [] {
+                        WorkerReport w;
+                        w.memory_peak_bytes = -1;
+                        return w;
+                      },
+                      [&](const std::string& r) {
+                        reason = r;
+                        refused.Notify();
+                      })
+                  .ok());
+  ASSERT_TRUE(refused.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_THAT(reason, HasSubstr("rank 0 was refused by the coordinator at "));
+  EXPECT_THAT(reason, HasSubstr("no heartbeat accepted for 300ms"));
+  EXPECT_THAT(reason, HasSubstr("Heartbeat: rank 0: memory_peak_bytes -1 < 0"));
+}
+
 TEST_F(CoordinatorTest, RegisterWaitsForTheCoordinatorUpToItsTimeout) {
   // Nothing listens on this port: registration must give up at its timeout and say so.
   StartServer(1);
@@ -638,15 +849,10 @@ TEST_F(CoordinatorTest, RegisterWaitsForTheCoordinatorUpToItsTimeout) {
 
 TEST_F(CoordinatorTest, LostCoordinatorCountsAsAbort) {
   StartServer(1);
-  auto o = ClientOptions(0);
-  o.coordinator_timeout = absl::Milliseconds(300);
-  o.heartbeat_interval = absl::Milliseconds(50);
-  auto c = CoordinatorClient::Connect(o);
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE((*c)->Register(Identity(0), absl::Seconds(5)).ok());
+  auto c = ImpatientClient(0);
   absl::Notification lost;
   std::string reason;
-  ASSERT_TRUE((*c)->StartHeartbeats([] { return WorkerReport{}; },
+  ASSERT_TRUE(c->StartHeartbeats([] { return WorkerReport{}; },
                                     [&](const std::string& r) {
                                       reason = r;
                                       lost.Notify();
@@ -655,7 +861,7 @@ TEST_F(CoordinatorTest, LostCoordinatorCountsAsAbort) {
   server_.reset();  // the coordinator goes away
   ASSERT_TRUE(lost.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_THAT(reason, HasSubstr("rank 0 lost the coordinator"));
-  EXPECT_TRUE((*c)->aborted());
+  EXPECT_TRUE(c->aborted());
 }
 
 }  // namespace

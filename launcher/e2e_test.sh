@@ -148,6 +148,8 @@ case "$case_name" in
     [ "$rc" -ne 0 ] || fail "the launcher exited 0 after a worker crashed"
     grep -q "rank 1" "$out" || fail "the output does not name rank 1"
     grep -q "signal 9" "$out" || fail "the output does not say signal 9"
+    grep -qF "result      rank 1 failed (signal 9 SIGKILL)" "$out" ||
+      fail "the summary's result does not say rank 1 failed"
     grep -q "last 20 lines of .*rank-1.log" "$out" || fail "no log tail of rank 1"
     # Rank 1 wrote its last metrics line just before it died.
     crashed=$(stat -c %Y "$dir/metrics/rank-1.jsonl")
@@ -181,7 +183,11 @@ case "$case_name" in
     end=$(date +%s)
     cat "$out"
     [ "$rc" -eq 130 ] || fail "the launcher exited $rc after SIGINT, not 130"
-    grep -q '"exit": "interrupted"' "$dir/run.json" || fail "run.json does not say interrupted"
+    # The final line says who stopped the job, and why.
+    grep -qF '"exit": "the launcher aborted the job: interrupted (SIGINT)"' "$dir/run.json" ||
+      fail "run.json does not say the launcher aborted the job, interrupted"
+    grep -qF "result      the launcher aborted the job: interrupted (SIGINT)" "$out" ||
+      fail "the summary's result does not say the launcher aborted the job, interrupted"
     no_worker_left
     echo "PASSED: interrupted, stopped in $((end - start)) s"
     ;;

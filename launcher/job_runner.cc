@@ -49,15 +49,9 @@ std::string StrategyWords(const std::string& s) {
 struct Attempt {
   Outcome outcome = Outcome::kSucceeded;
   Failure failure;
-  std::string abort_reason;
-  std::string exit;  // run.json's "exit" when not ok
+  std::string abort_reason;  // who aborted the job and why, as the coordinator says it
+  std::string exit;  // run.json's "exit" when not ok: the summary's final line
 };
-
-// "rank 3 failed (how)" for a failure of a known rank; no parentheses when `how` is empty.
-std::string RankFailed(const Failure& f) {
-  return absl::StrFormat("rank %d failed%s", f.rank,
-                         f.how.empty() ? "" : absl::StrCat(" (", f.how, ")"));
-}
 
 // The step a job resuming from `resume` (a checkpoint, or "" for none) starts at.
 int StartStep(const std::string& resume) { return resume.empty() ? 0 : CheckpointStep(resume); }
@@ -167,7 +161,7 @@ class Runner {
       if (interrupts() > 0 && !interrupted) {
         interrupted = true;
         Say("interrupted: stopping the workers");
-        server->Abort("interrupted");
+        server->Abort("interrupted (SIGINT)");
         stop_at = std::min(stop_at, now + absl::Seconds(2));
       }
       if (interrupts() > 1) stop_at = now;  // asked twice: no more waiting
@@ -193,7 +187,7 @@ class Runner {
       if (stop_asked && terminations() > terminations_asking && !interrupted) {
         interrupted = true;
         Say("SIGTERM again: stopping every worker now, without waiting for the checkpoint");
-        server->Abort("terminated");
+        server->Abort("a second SIGTERM: stopped without waiting for the checkpoint");
         stop_at = now;
       }
       if (server->aborted() && !abort_seen) {
@@ -202,6 +196,12 @@ class Runner {
       }
       if (now >= stop_at) {
         stopped_early = true;
+        // Unless something else stopped the job first (then this has no effect).
+        if (stop_asked) {
+          server->Abort(absl::StrFormat(
+              "the workers did not checkpoint and exit within %d s of SIGTERM",
+              kPreemptGraceSeconds));
+        }
         break;
       }
       std::this_thread::sleep_for(kPollInterval);
@@ -220,7 +220,7 @@ class Runner {
                            status->code == kPreemptedExitCode && a.abort_reason.empty();
     if (interrupted) {
       a.outcome = Outcome::kInterrupted;
-      a.exit = "interrupted";
+      a.exit = a.abort_reason.empty() ? "interrupted" : a.abort_reason;
     } else if (preempted) {
       a.outcome = Outcome::kPreempted;
       a.exit = "preempted";
@@ -231,21 +231,7 @@ class Runner {
         absl::StrAppend(&mpirun_output, l, "\n");
       }
       a.failure = IdentifyFailure(mpirun_output, a.abort_reason, status, we_signaled_before_exit);
-      if (stop_asked && stopped_early) {
-        a.failure.how = absl::StrFormat("the workers did not checkpoint and exit within %d s "
-                                        "of SIGTERM",
-                                        kPreemptGraceSeconds);
-      }
-      if (a.failure.rank >= 0) {
-        a.exit = RankFailed(a.failure);
-      } else if (!a.abort_reason.empty()) {
-        a.exit = a.abort_reason;
-      } else if (!a.failure.how.empty()) {
-        a.exit = a.failure.how;
-      } else {
-        a.exit = absl::StrCat("mpirun failed (", status ? status->ToString() : "still running",
-                              ")");
-      }
+      a.exit = FailureLine(a.failure, a.abort_reason, status);
     }
     return a;
   }
@@ -305,10 +291,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
     absl::StatusOr<std::string> latest = FindLatestCheckpoint(checkpoints);
     job.resume = latest.ok() ? *latest : plan.job.resume;
     const int from = StartStep(job.resume);
-    const std::string what =
-        a.failure.rank >= 0 ? RankFailed(a.failure)
-                            : absl::StrFormat("the job failed (%s)", a.exit);
-    runner.Say(absl::StrFormat("%s; restarting from step %d (restart %d of %d)", what, from,
+    runner.Say(absl::StrFormat("%s; restarting from step %d (restart %d of %d)", a.exit, from,
                                restarts, plan.max_restarts));
   }
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
@@ -333,10 +316,10 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
                              latest.ok() ? CheckpointStep(*latest) : final_state.step);
   }
   if (a.outcome != Outcome::kSucceeded) rec.exit = a.exit;
+  rec.abort_reason = a.abort_reason;
   if (a.outcome == Outcome::kFailed) {
     rec.failed_rank = a.failure.rank;
     rec.failure = a.failure.how;
-    rec.abort_reason = a.abort_reason;
   }
   const std::string json_path = absl::StrCat(job.run_dir, "/run.json");
   absl::Status written = WriteFileAtomically(json_path, RunJson(rec));
@@ -346,15 +329,10 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
 
   const std::string mpirun_log = absl::StrCat(job.run_dir, "/logs/mpirun.log");
   if (a.outcome == Outcome::kFailed) {
-    std::string text;
-    if (a.failure.rank >= 0) {
-      absl::StrAppend(&text, "launcher: ", RankFailed(a.failure), "\n");
-    } else {
-      absl::StrAppendFormat(&text, "launcher: the job failed (%s)\n",
-                            a.failure.how.empty() ? "no rank reported a failure" : a.failure.how);
-    }
-    if (!a.abort_reason.empty()) {
-      absl::StrAppendFormat(&text, "launcher: job aborted: %s\n", a.abort_reason);
+    // Who ended the job and why; and who aborted it, when a crash came first.
+    std::string text = absl::StrCat("launcher: ", a.exit, "\n");
+    if (!a.abort_reason.empty() && a.abort_reason != a.exit) {
+      absl::StrAppend(&text, "launcher: ", a.abort_reason, "\n");
     }
     if (restarts > 0) {
       absl::StrAppendFormat(&text, "launcher: giving up after %d restart%s (--max-restarts=%d)\n",

@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "comm/job_token.h"
 #include "launcher/paths.h"
 
@@ -458,11 +459,16 @@ Failure IdentifyFailure(const std::string& mpirun_output, const std::string& abo
                         const std::optional<ExitStatus>& mpirun_status, bool we_signaled) {
   Failure f;
   const std::optional<RankExit> reported = ParseMpirunOutput(mpirun_output);
-  const bool launcher_abort = absl::StartsWith(abort_reason, "the launcher aborted");
-  const int blamed = launcher_abort ? -1 : RankFromAbortReason(abort_reason).value_or(-1);
+  // As CoordinatorServer phrases its owner's aborts.
+  absl::string_view why = abort_reason;
+  const bool launcher_abort = absl::ConsumePrefix(&why, "the launcher aborted the job: ");
+  const int blamed = !launcher_abort || absl::StartsWith(why, "watchdog: ")
+                         ? RankFromAbortReason(std::string(why)).value_or(-1)
+                         : -1;
   if (reported && reported->status.signaled && !we_signaled) {
     f.rank = reported->rank;
     f.how = reported->status.ToString();
+    f.crashed = true;
   } else if (blamed >= 0) {
     f.rank = blamed;
     if (reported && reported->rank == blamed) {
@@ -472,6 +478,8 @@ Failure IdentifyFailure(const std::string& mpirun_output, const std::string& abo
     } else if (absl::StrContains(abort_reason, "never registered")) {
       f.how = "never registered with the coordinator";
     }
+  } else if (launcher_abort) {
+    // No rank failed: the launcher stopped them all.
   } else if (reported) {
     f.rank = reported->rank;
     f.how = reported->status.ToString();
@@ -479,6 +487,18 @@ Failure IdentifyFailure(const std::string& mpirun_output, const std::string& abo
     f.how = absl::StrCat("mpirun: ", mpirun_status->ToString());
   }
   return f;
+}
+
+std::string FailureLine(const Failure& f, const std::string& abort_reason,
+                        const std::optional<ExitStatus>& mpirun_status) {
+  const std::string rank_failed = absl::StrFormat(
+      "rank %d failed%s", f.rank, f.how.empty() ? "" : absl::StrCat(" (", f.how, ")"));
+  if (f.crashed) return rank_failed;
+  if (!abort_reason.empty()) return abort_reason;
+  if (f.rank >= 0) return rank_failed;
+  if (!f.how.empty()) return f.how;
+  return absl::StrCat("mpirun failed (",
+                      mpirun_status ? mpirun_status->ToString() : "still running", ")");
 }
 
 std::vector<std::string> LastLines(const std::string& path, int n) {

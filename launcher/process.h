@@ -147,14 +147,24 @@ std::optional<int> RankFromAbortReason(const std::string& reason);
 
 // Which rank failed and how, from mpirun's output, the coordinator's abort reason and
 // mpirun's own exit. A crash by a signal we did not send wins over an abort reason (a peer
-// may abort first, reporting the broken connection); then the rank the abort names; then
-// whatever mpirun reported.
+// may abort first, reporting the broken connection); then the rank the abort names: the rank
+// that aborted, or the one the launcher's watchdog found hung ("the launcher aborted the job:
+// watchdog: rank 2 hung: ..."); then, unless the launcher aborted the job for a reason of its
+// own (its workers then end because it stopped them), whatever mpirun reported.
 struct Failure {
   int rank = -1;    // -1: no rank identified
   std::string how;  // "signal 9 SIGKILL", "exit code 1", or empty
+  bool crashed = false;  // killed by a signal we did not send: that, not any abort, ended it
 };
 Failure IdentifyFailure(const std::string& mpirun_output, const std::string& abort_reason,
                         const std::optional<ExitStatus>& mpirun_status, bool we_signaled);
+
+// The final line of a job that failed: who ended it and why. A crash: "rank 1 failed (signal
+// 9 SIGKILL)"; else the abort as the coordinator phrased it, which names who aborted ("rank 1
+// aborted the job: ...", "the launcher aborted the job: interrupted (SIGINT)"); else the rank
+// that failed, or how mpirun ended.
+std::string FailureLine(const Failure& f, const std::string& abort_reason,
+                        const std::optional<ExitStatus>& mpirun_status);
 
 // The last `n` lines of a file (fewer if it is shorter; none if it cannot be read).
 std::vector<std::string> LastLines(const std::string& path, int n);

@@ -222,14 +222,47 @@ TEST(IdentifyFailure, ExitCodeOfTheBlamedRank) {
                               ExitStatus{false, 3, 0}, false);
   EXPECT_EQ(f.rank, 3);
   EXPECT_EQ(f.how, "exit code 3");
-  // The launcher's own abort blames nobody; mpirun's report decides.
+  // The launcher's own abort blames nobody, not even the rank mpirun reports: the workers
+  // ended because it stopped them.
   f = IdentifyFailure(kExitOutput, "the launcher aborted the job: rank 9 something",
                       ExitStatus{false, 3, 0}, false);
-  EXPECT_EQ(f.rank, 3);
+  EXPECT_EQ(f.rank, -1);
+  EXPECT_EQ(f.how, "");
+  // Its watchdog's verdict blames the rank it found hung.
+  f = IdentifyFailure(kExitOutput,
+                      "the launcher aborted the job: watchdog: rank 1 hung: no heartbeat for 61s",
+                      ExitStatus{false, 3, 0}, true);
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.how, "hung: no heartbeat within the timeout");
   // Nothing reported: mpirun's own exit.
   f = IdentifyFailure("", "", ExitStatus{false, 1, 0}, false);
   EXPECT_EQ(f.rank, -1);
   EXPECT_EQ(f.how, "mpirun: exit code 1");
+}
+
+TEST(FailureLine, NamesWhoEndedTheJob) {
+  // A worker's abort: the coordinator's words, which name the rank.
+  const std::string worker_abort = "rank 3 aborted the job: bad data";
+  Failure f = IdentifyFailure(kExitOutput, worker_abort, ExitStatus{false, 3, 0}, false);
+  EXPECT_EQ(FailureLine(f, worker_abort, ExitStatus{false, 3, 0}), worker_abort);
+  // The launcher's: why it aborted.
+  const std::string launcher_abort =
+      "the launcher aborted the job: the workers did not checkpoint and exit within 60 s of "
+      "SIGTERM";
+  f = IdentifyFailure(kExitOutput, launcher_abort, ExitStatus{true, 0, 15}, true);
+  EXPECT_EQ(FailureLine(f, launcher_abort, ExitStatus{true, 0, 15}), launcher_abort);
+  // A crash comes first: the crashed rank, whoever aborted after it.
+  f = IdentifyFailure(kSignalOutput, "rank 0 aborted the job: MPI error", ExitStatus{false, 137, 0},
+                      false);
+  EXPECT_TRUE(f.crashed);
+  EXPECT_EQ(FailureLine(f, "rank 0 aborted the job: MPI error", ExitStatus{false, 137, 0}),
+            "rank 1 failed (signal 9 SIGKILL)");
+  // No abort: the rank mpirun reports, else mpirun itself.
+  f = IdentifyFailure(kExitOutput, "", ExitStatus{false, 3, 0}, false);
+  EXPECT_EQ(FailureLine(f, "", ExitStatus{false, 3, 0}), "rank 3 failed (exit code 3)");
+  f = IdentifyFailure("", "", ExitStatus{false, 1, 0}, false);
+  EXPECT_EQ(FailureLine(f, "", ExitStatus{false, 1, 0}), "mpirun: exit code 1");
+  EXPECT_EQ(FailureLine(Failure{}, "", std::nullopt), "mpirun failed (still running)");
 }
 
 TEST(SignalName, Known) {

@@ -1,5 +1,6 @@
 // Tests of metrics parsing and following, per-rank totals and throughput, run.json's content
-// and escaping, the atomic write and the summary table.
+// and escaping, the atomic write and the summary table, whose final line names who aborted
+// the job.
 #include "launcher/report.h"
 
 #include <unistd.h>
@@ -7,13 +8,16 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <set>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launcher/process.h"
 #include "runtime/files.h"
 #include "runtime/test_files.h"
 
@@ -22,6 +26,7 @@ namespace launcher {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A line exactly as worker.cc writes it.
 constexpr char kLine[] =
@@ -279,6 +284,52 @@ TEST(RunJson, Failure) {
   EXPECT_THAT(json, HasSubstr("\"failed_rank\": 1"));
   EXPECT_THAT(json, HasSubstr("\"losses\": [5, 4.5]"));
   EXPECT_THAT(json, HasSubstr("\"steps_completed\": 2"));
+}
+
+// The final line (the summary's result, run.json's exit and abort_reason) names who aborted
+// the job, as the coordinator phrases it, and why.
+TEST(SummaryTable, TheFinalLineNamesWhoAbortedTheJob) {
+  const std::string mpirun_output =
+      "mpirun noticed that process rank 0 with PID 0 on node vm exited on signal 15 "
+      "(Terminated).\n";
+  const std::optional<ExitStatus> mpirun = ExitStatus{true, 0, 15};
+  struct Case {
+    std::string abort_reason;
+    std::string result;
+    int failed_rank;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"rank 1 aborted the job: step 5: the loss is nan: training diverged",
+            "rank 1 aborted the job: step 5: the loss is nan: training diverged", 1},
+           {"the launcher aborted the job: watchdog: rank 1 hung: no heartbeat for 61s",
+            "the launcher aborted the job: watchdog: rank 1 hung: no heartbeat for 61s", 1},
+           {"the launcher aborted the job: the workers did not checkpoint and exit within 60 s "
+            "of SIGTERM",
+            "the launcher aborted the job: the workers did not checkpoint and exit within 60 s "
+            "of SIGTERM",
+            -1},
+       }) {
+    RunRecord r = Sample();
+    const Failure f = IdentifyFailure(mpirun_output, c.abort_reason, mpirun, true);
+    r.exit = FailureLine(f, c.abort_reason, mpirun);
+    r.failed_rank = f.rank;
+    r.failure = f.how;
+    r.abort_reason = c.abort_reason;
+    EXPECT_THAT(SummaryTable(r), HasSubstr(absl::StrCat("\nresult      ", c.result, "\n")));
+    const std::string json = RunJson(r);
+    EXPECT_THAT(json, HasSubstr(absl::StrCat("\"exit\": \"", c.result, "\"")));
+    EXPECT_THAT(json, HasSubstr(absl::StrCat("\"abort_reason\": \"", c.abort_reason, "\"")));
+    if (c.failed_rank >= 0) {
+      EXPECT_THAT(json, HasSubstr(absl::StrCat("\"failed_rank\": ", c.failed_rank)));
+    } else {
+      EXPECT_THAT(json, Not(HasSubstr("failed_rank"))) << c.result;
+    }
+  }
+  // An interrupted job's final line is the launcher's abort.
+  RunRecord r = Sample();
+  r.exit = r.abort_reason = "the launcher aborted the job: interrupted (SIGINT)";
+  EXPECT_THAT(SummaryTable(r),
+              HasSubstr("\nresult      the launcher aborted the job: interrupted (SIGINT)\n"));
 }
 
 TEST(JsonWriter, EscapesAndNonFinite) {

@@ -155,6 +155,7 @@ class SlurmRendezvous {
       co.job_config = text;
       co.heartbeat_timeout = absl::Seconds(job.heartbeat_timeout_s);
       co.events = RunEventsLog(job.run_dir);
+      co.owner = "the coordinator in rank 0";  // its watchdog's aborts
       ASSIGN_OR_RETURN(server_, CoordinatorServer::Start(co));
       address = absl::StrCat(host, ":", server_->port());
       RETURN_IF_ERROR(WriteFileAtomically(file, absl::StrCat(tag, " ", address, "\n")));
@@ -381,8 +382,11 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       progress->report.step = last.step + 1;
       progress->report.loss = last.loss;
       progress->report.step_time_ms = last.seconds * 1e3;
-      progress->report.collective_issued = raw_comm->last_issued_sequence();
+      // Completed first: an operation is issued before it completes, so the pair read in this
+      // order never has more completed than issued, whichever thread issues (the coordinator
+      // refuses a report that has).
       progress->report.collective_completed = raw_comm->last_completed_sequence();
+      progress->report.collective_issued = raw_comm->last_issued_sequence();
       progress->report.memory_allocated_bytes = mem.allocated_bytes;
       progress->report.memory_peak_bytes = mem.peak_allocated_bytes;
     }
@@ -521,14 +525,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s%s\n", absl::StartsWith(s.message(), said) ? "" : said.c_str(),
                  std::string(s.message()).c_str());
     std::fflush(stderr);
-    // Tell every other rank, unless the job was aborted already (then this is the echo).
+    // Tell every other rank, unless the job was aborted already (then this is the echo). The
+    // coordinator says who: "rank R aborted the job: <the error>".
     if (s.code() != absl::StatusCode::kAborted) {
       auto options = tandem::CoordinatorClientOptions::FromEnvironment(rank);
       if (options.ok()) {
         options->rpc_timeout = absl::Seconds(3);
         auto client = tandem::CoordinatorClient::Connect(*options);
         if (client.ok()) {
-          (void)(*client)->Abort(absl::StrFormat("rank %d failed: %s", rank, s.message()));
+          (void)(*client)->Abort(absl::StripPrefix(s.message(), said));
         }
       }
     }

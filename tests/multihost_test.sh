@@ -8,19 +8,11 @@
 # worker must have reached the coordinator over the veth addresses.
 # Usage: multihost_test.sh LAUNCHER. Needs root and iproute2; skips, saying why, otherwise.
 set -u
+. "$(dirname "$0")/../tools/junit.sh"  # check, fail, skip; the checks as JUnit XML
 launcher="$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 export TMPDIR="$tmp"  # Open MPI's session files stay in the test's directory
 small=(--model=gpt --n-layer=2 --d-model=32 --n-head=2 --seq-len=16 --batch=8 --steps=6)
-
-skip() {
-  echo "SKIPPED: $*"
-  exit 0
-}
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
 
 [ "$(id -u)" -eq 0 ] || skip "creating network namespaces needs root (running as uid $(id -u))"
 command -v ip >/dev/null 2>&1 || skip "no 'ip' command: install iproute2 (tools/setup.sh does)"
@@ -43,11 +35,12 @@ cleanup() {
     fi
   done
 }
-trap cleanup EXIT
+on_exit cleanup
 
 if ! ip netns add "$ns_a" 2>"$tmp/netns.err"; then
   skip "cannot create a network namespace: $(cat "$tmp/netns.err")"
 fi
+check "two hosts: network namespaces joined by a veth pair"
 ip netns add "$ns_b" || fail "cannot create namespace $ns_b"
 ip link add "tv${id}a" type veth peer name "tv${id}b" || fail "cannot create a veth pair"
 ip link set "tv${id}a" netns "$ns_a" && ip link set "tv${id}b" netns "$ns_b" ||
@@ -83,6 +76,7 @@ losses() {  # run dir: run.json's losses, one per line
 }
 
 # The reference: one worker, on this host.
+check "one worker's losses, the reference"
 ref="$tmp/run-one"
 timeout 120 "$launcher" --strategy=data --gpus=1 "${small[@]}" --run-dir="$ref" \
   >"$tmp/out-one.txt" 2>&1 || { cat "$tmp/out-one.txt"; fail "the one-worker run failed"; }
@@ -90,6 +84,7 @@ timeout 120 "$launcher" --strategy=data --gpus=1 "${small[@]}" --run-dir="$ref" 
 
 check_two_hosts() {  # strategy
   local strategy="$1" dir="$tmp/run-$1" out="$tmp/out-$1.txt" start end
+  check "--strategy=$strategy on 2 hosts x 2 workers matches one worker"
   start=$(date +%s)
   timeout 180 ip netns exec "$ns_a" "$launcher" --strategy="$strategy" --gpus=4 "${small[@]}" \
     --run-dir="$dir" --hostfile="$tmp/hosts" --mpirun-args="$mpirun_args" >"$out" 2>&1

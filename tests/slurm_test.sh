@@ -6,6 +6,7 @@
 # with the losses of an uninterrupted run, bit for bit.
 # Usage: slurm_test.sh LAUNCHER WORKER SBATCH_SCRIPT. Skips, saying why, without a cluster.
 set -u
+. "$(dirname "$0")/../tools/junit.sh"  # check, fail, skip; the checks as JUnit XML
 abs() { echo "$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"; }
 launcher="$(abs "$1")"
 worker="$(abs "$2")"
@@ -13,15 +14,6 @@ script="$(abs "$3")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 export TMPDIR="$tmp"
 small="--device=cpu --model=gpt --n-layer=2 --d-model=32 --n-head=2 --seq-len=16 --batch=8"
-
-skip() {
-  echo "SKIPPED: $*"
-  exit 0
-}
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
 
 for c in sbatch squeue scancel scontrol sinfo srun; do
   command -v $c >/dev/null 2>&1 || skip "no Slurm here ($c not found)"
@@ -33,7 +25,7 @@ jobs=()
 cleanup() {
   for j in "${jobs[@]}"; do scancel "$j" 2>/dev/null; done
 }
-trap cleanup EXIT
+on_exit cleanup
 
 # submit RUN_DIR TRAIN_FLAGS: the example script on one node, 2 CPU tasks; prints the job id.
 submit() {
@@ -58,6 +50,7 @@ step_losses() {
 }
 
 # 1. A job trains.
+check "srun starts 2 workers, rank 0 hosts the coordinator, the job trains"
 run="$tmp/run-train"
 job=$(submit "$run" "--strategy=data $small --steps=6") || fail "sbatch refused the job"
 jobs+=("$job")
@@ -73,6 +66,7 @@ done
 echo "PASSED: srun, 2 tasks, rank 0 hosting the coordinator: 6 steps trained"
 
 # 2. Preempted: SIGTERM to the tasks mid-run; checkpoint, exit 75, requeue, continue.
+check "SIGTERM: every worker checkpoints, the job requeues itself and resumes bit for bit"
 flags="--strategy=pipeline $small --steps=24"
 ref="$tmp/run-reference"
 timeout 120 "$launcher" --gpus=2 $flags --run-dir="$ref" >"$tmp/out-reference.txt" 2>&1 ||

@@ -4,17 +4,14 @@
 # start is reported as such while the others run; a SIGTERM stops the run under way cleanly.
 # Usage: compare_test.sh COMPARE
 set -u
+. "$(dirname "$0")/junit.sh"  # check, fail; the checks as JUnit XML
 compare="$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 export TMPDIR="$tmp"  # Open MPI's session files stay inside the test's directory
 small=(--model=gpt --n-layer=2 --d-model=32 --n-head=2 --seq-len=16 --batch=8 --steps=3)
 
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
-
 # A flag every run shares is wrong: its problem once, exit 2, no output folder.
+check "a flag every run shares is wrong: refused once, nothing written"
 timeout 60 "$compare" --gpus=2 "${small[@]}" --lr=abc --out="$tmp/bad" >"$tmp/bad.txt" 2>&1
 rc=$?
 cat "$tmp/bad.txt"
@@ -24,6 +21,7 @@ cat "$tmp/bad.txt"
 [ ! -e "$tmp/bad" ] || fail "--lr=abc: $tmp/bad was created"
 
 # No run fits in memory, each for its own figures: a line per run, exit 2, nothing written.
+check "no run fits in memory: a line per run, nothing written"
 timeout 60 "$compare" --gpus=2 --model=gpt --n-layer=2 --d-model=32 --n-head=2 \
   --seq-len=200000 --batch=8 --steps=3 --out="$tmp/big" >"$tmp/big.txt" 2>&1
 rc=$?
@@ -37,6 +35,7 @@ done
 [ ! -e "$tmp/big" ] || fail "--seq-len=200000: $tmp/big was created"
 
 # Flags that would make the launcher only check or prepare: refused, nothing written.
+check "--check refused, nothing written"
 timeout 60 "$compare" --gpus=2 "${small[@]}" --check --out="$tmp/check" >"$tmp/check.txt" 2>&1
 rc=$?
 cat "$tmp/check.txt"
@@ -46,6 +45,7 @@ grep -qF "compare: --check: compare runs the strategies" "$tmp/check.txt" || fai
 
 # The one-worker baseline would start but none of the 5-worker runs (5 stages for 4 blocks;
 # a batch of 8 over 5 replicas): refused, nothing written.
+check "only the baseline would start: refused, nothing written"
 timeout 60 "$compare" --gpus=5 "${small[@]}" --out="$tmp/five" >"$tmp/five.txt" 2>&1
 rc=$?
 cat "$tmp/five.txt"
@@ -57,6 +57,7 @@ grep -qF "one worker" "$tmp/five.txt" && fail "--gpus=5: the baseline reported a
 
 # SIGTERM to compare alone: passed on to the running launcher, whose worker checkpoints and
 # stops; compare says so and exits 143 with no report, and nothing is left running.
+check "SIGTERM stops the run under way: exit 143, no report, nothing left running"
 TANDEM_TEST_STEP_SLEEP_MS=100 "$compare" --gpus=2 "${small[@]/--steps=3/--steps=300}" \
   --out="$tmp/term" >"$tmp/term.txt" 2>&1 &
 pid=$!
@@ -77,6 +78,7 @@ sleep 1
 pgrep -f "$tmp/term" >/dev/null && fail "SIGTERM: processes of the run are still running"
 
 # 3 workers: a batch of 8 does not split over 3 data-parallel replicas, but 3 stages run.
+check "a strategy that alone cannot start is reported while the others run"
 timeout 300 "$compare" --gpus=3 "${small[@]}" --out="$tmp/mixed" >"$tmp/mixed.txt" 2>&1
 rc=$?
 cat "$tmp/mixed.txt"

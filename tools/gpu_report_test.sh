@@ -4,22 +4,17 @@
 # replaced in place with the rest untouched, a measured section kept by bench_report.py, and a
 # log with no results refused. Usage: gpu_report_test.sh GPU_REPORT SAMPLE_LOG
 set -u
-if ! command -v python3 >/dev/null 2>&1; then
-  echo "SKIPPED: python3 is not installed; gpu_report.py not run"
-  exit 0
-fi
+. "$(dirname "$0")/junit.sh"  # check, fail, skip; the checks as JUnit XML
+command -v python3 >/dev/null 2>&1 || skip "python3 is not installed; gpu_report.py not run"
 report="$1"
 sample="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
 expect() {  # FILE TEXT
   grep -qF -- "$2" "$1" || fail "$1 lacks: $2"
 }
 
+check "the GPU section's figures and ratios from the sample log"
 python3 "$report" "$sample" --commit abc1234 --date 2026-12-01 >"$tmp/section.md" ||
   fail "gpu_report.py failed on the sample"
 cat "$tmp/section.md"
@@ -40,6 +35,7 @@ expect "$s" "LinearBackward                  147       60.00"
 expect "$s" "with the faster Tandem run (Tandem, flash attention): MFU 19.2% (not met), 1.07x PyTorch (met)."
 
 # In place: the GPU section between two others replaced, the rest byte for byte.
+check "--into replaces the GPU section in place, the rest byte for byte"
 doc="$tmp/BENCHMARKS.md"
 printf '# Benchmarks\n\n## CPU\n\nfigures\n\n## GPU\n\nNot measured.\n\n## Later\n\nmore\n' >"$doc"
 python3 "$report" "$sample" --commit abc1234 --into "$doc" || fail "--into failed"
@@ -53,6 +49,7 @@ expect "$doc" "| Tandem, flash attention | 32.00 | 256,000 | 19.2% | 1 | 1.07 |"
 grep -q "Not measured" "$doc" && fail "--into left the old GPU section"
 
 # bench_report.py keeps a measured GPU section, and not a placeholder.
+check "bench_report.py keeps a measured GPU section, not a placeholder"
 dir="$(dirname "$report")"
 kept="$(cd "$dir" && python3 -c 'import sys, gpu_report; print(gpu_report.measured_section(open(sys.argv[1]).read()) is not None)' "$doc")"
 [ "$kept" = "True" ] || fail "a measured GPU section is not kept by bench_report.py"
@@ -60,6 +57,7 @@ kept="$(cd "$dir" && python3 -c 'import sys, gpu_report; print(gpu_report.measur
 [ "$kept" = "False" ] || fail "a placeholder GPU section would be kept"
 
 # A log without results: refused, naming it, and the file left as it was.
+check "a log without results is refused, the file left as it was"
 echo "gpu: nvidia-smi not found" >"$tmp/empty.log"
 cp "$doc" "$tmp/before.md"
 python3 "$report" "$tmp/empty.log" --into "$doc" 2>"$tmp/err.txt" && fail "an empty log was taken"

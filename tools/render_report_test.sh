@@ -3,6 +3,7 @@
 # workers under every strategy, then report.html is screenshotted and the screenshot checked
 # (exists, the page's size, the charts' colours present). Usage: render_report_test.sh COMPARE
 set -u
+. "$(dirname "$0")/junit.sh"  # check, fail, skip; the checks as JUnit XML
 browser=""
 for b in chromium chromium-browser; do
   if command -v "$b" >/dev/null 2>&1; then
@@ -10,10 +11,7 @@ for b in chromium chromium-browser; do
     break
   fi
 done
-if [ -z "$browser" ]; then
-  echo "SKIPPED: chromium is not installed (tools/setup.sh installs it); nothing rendered"
-  exit 0
-fi
+[ -n "$browser" ] || skip "chromium is not installed (tools/setup.sh installs it); nothing rendered"
 
 compare="$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -21,11 +19,7 @@ export TMPDIR="$tmp"  # Open MPI's session files stay inside the test's director
 out="$tmp/report"
 png="$tmp/report.png"
 
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
-
+check "compare runs every strategy"
 start=$(date +%s)
 timeout 300 "$compare" --gpus=2 --model=gpt --n-layer=2 --d-model=32 --n-head=2 --seq-len=16 \
   --batch=8 --steps=4 --out="$out" >"$tmp/compare.txt" 2>&1
@@ -33,6 +27,8 @@ rc=$?
 cat "$tmp/compare.txt"
 [ "$rc" -eq 0 ] || fail "compare exited $rc"
 echo "compare took $(( $(date +%s) - start )) s"
+
+check "the report's files, merged traces, op tables and inlined charts"
 
 for f in report.md report.html report.json throughput.svg step-time.svg memory.svg \
   timeline-baseline.svg timeline-data.svg timeline-model.svg timeline-gpipe.svg \
@@ -60,10 +56,11 @@ if grep -q -E '<script|<link|src=' "$out/report.html"; then
   fail "report.html refers to something outside itself"
 fi
 
+check "headless Chromium's screenshot: a 1200x2000 PNG"
 # Chromium's profile and sockets need a short path (a Unix socket path has at most 107
 # bytes; the test's own directory is longer).
 short="$(mktemp -d /tmp/tandem-render.XXXXXX)" || fail "cannot make a directory under /tmp"
-trap 'rm -rf "$short"' EXIT
+on_exit 'rm -rf "$short"'
 HOME="$short" TMPDIR="$short" timeout 120 "$browser" --headless --no-sandbox --disable-gpu \
   --user-data-dir="$short/profile" --screenshot="$png" --window-size=1200,2000 \
   "file://$out/report.html" >"$tmp/chromium.txt" 2>&1
@@ -78,6 +75,7 @@ dims="$(od -An -tu1 -j16 -N8 "$png" | tr -s ' ' | sed 's/^ //')"
 
 # The charts' colours must be on screen: data parallel's throughput bar, the compute share of
 # the step-time bars, pipeline 1F1B's bar, the optimizer segments.
+check "the charts' colours on the screenshot"
 if command -v python3 >/dev/null 2>&1; then
   python3 - "$png" <<'EOF' || fail "the screenshot lacks the charts' colours"
 import struct, sys, zlib
@@ -124,7 +122,7 @@ for px, name in want.items():
 sys.exit(0 if ok else 1)
 EOF
 else
-  echo "python3 not found: the screenshot's colours are not checked"
+  skip_check "python3 not found: the screenshot's colours are not checked"
 fi
 
 if [ -n "${TEST_UNDECLARED_OUTPUTS_DIR:-}" ]; then

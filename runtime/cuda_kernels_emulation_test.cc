@@ -676,7 +676,8 @@ void DeviceScaleCase(int64_t n) {
 
 // GradScaleKernel gives the CPU backend's bits: the same operations in the same order.
 TEST(KernelEmulationTest, GradScaleIsTheCpuBackends) {
-  for (float sumsq : {0.0f, 0.3f, 4.0f, 123.0f, 1e30f, NAN, INFINITY}) {
+  // 3e38 * 3 * 3 overflows: nan, the update skipped.
+  for (float sumsq : {0.0f, 0.3f, 4.0f, 123.0f, 1e30f, 3e38f, NAN, INFINITY}) {
     for (float unscale : {1.0f, 1.0f / 1024, 3.0f}) {
       for (float clip : {0.0f, 1.0f, 2.5f}) {
         float got = -1;
@@ -707,27 +708,6 @@ TEST(KernelEmulationTest, Optimizers) {
     OptimizerCase<__nv_bfloat16, false>(n);
     OptimizerCase<__nv_bfloat16, true>(n);
     OptimizerCase<__half, true>(n);
-  }
-}
-
-// The device scale of an update: unscale times the clipping factor of the unscaled norm, the
-// CPU backend's bits; nan where that norm is not finite.
-TEST(KernelEmulationTest, GradScale) {
-  struct Case {
-    float sumsq, unscale, clip_norm;
-  };
-  for (const Case& c : {Case{4.0f, 0.5f, 0.0f}, Case{400.0f, 0.25f, 1.0f},
-                        Case{0.01f, 2.0f, 1.0f}, Case{3e38f, 1e10f, 1.0f},
-                        Case{INFINITY, 1.0f, 0.0f}, Case{NAN, 0.5f, 1.0f}}) {
-    SCOPED_TRACE(::testing::Message() << "sumsq=" << c.sumsq << " unscale=" << c.unscale
-                                      << " clip_norm=" << c.clip_norm);
-    float scale = 0.0f;
-    LaunchAndCheck(1, 1, 0, [&] {
-      optimizer::GradScaleKernel(&scale, &c.sumsq, c.unscale, c.clip_norm);
-    });
-    Tensor want = F32({0.0f}, {1});
-    ASSERT_OK(GradScale(Cpu(), want, F32({c.sumsq}, {1}), c.unscale, c.clip_norm));
-    EXPECT_TRUE(Close("scale", {scale}, Values(want), 0.0));
   }
 }
 

@@ -130,6 +130,8 @@ struct CommState {
   uint64_t completed_at_abort ABSL_GUARDED_BY(mu) = 0;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool exited ABSL_GUARDED_BY(mu) = false;
+  // The communicators split from this one: aborted with it (a watchdog knows the job's).
+  std::vector<std::weak_ptr<CommState>> children ABSL_GUARDED_BY(mu);
 
   // Written under `mu` only, so readers holding `mu` see the latest values; readable
   // without the lock too (heartbeat reports, Wait's fast path).
@@ -631,19 +633,16 @@ class MpiCommunicator : public Communicator {
     state->id.device = Device::Cpu();
     state->id.group = name;
     state->id.job_rank = state_->id.job_rank >= 0 ? state_->id.job_rank : state_->id.rank;
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->children.push_back(state);
+    }
     return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(state)));
   }
 
   const std::string& name() const override { return state_->id.group; }
 
-  void Abort(absl::string_view reason) override {
-    std::deque<QueuedOp> dropped;
-    {
-      absl::MutexLock lock(&state_->mu);
-      dropped = AbortLocked(reason);
-    }
-    // `dropped` (and the tensors it holds) goes here, outside the lock.
-  }
+  void Abort(absl::string_view reason) override { AbortTree(state_.get(), reason); }
 
   uint64_t last_issued_sequence() const override {
     return state_->issued_atomic.load(std::memory_order_acquire);
@@ -660,7 +659,26 @@ class MpiCommunicator : public Communicator {
  private:
   std::deque<QueuedOp> AbortLocked(absl::string_view reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    CommState* s = state_.get();
+    return AbortStateLocked(state_.get(), reason);
+  }
+
+  // Aborts `s` and every communicator split from it.
+  static void AbortTree(CommState* s, absl::string_view reason) {
+    std::deque<QueuedOp> dropped;
+    std::vector<std::shared_ptr<CommState>> children;
+    {
+      absl::MutexLock lock(&s->mu);
+      dropped = AbortStateLocked(s, reason);
+      for (const auto& c : s->children) {
+        if (auto child = c.lock()) children.push_back(std::move(child));
+      }
+    }
+    // `dropped` (and the tensors it holds) goes at the end, outside the lock.
+    for (const auto& c : children) AbortTree(c.get(), reason);
+  }
+
+  static std::deque<QueuedOp> AbortStateLocked(CommState* s, absl::string_view reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->aborted) return {};
     s->aborted = true;
     s->abort_reason = std::string(reason);

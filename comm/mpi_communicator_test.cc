@@ -465,6 +465,39 @@ TEST_F(MpiCommunicatorTest, AbortFailsPendingWorkAndRefusesMore) {
   if (world_ > 1) WorldBarrier();
 }
 
+// Aborting the job's communicator (what the heartbeat thread does on the coordinator's word)
+// aborts the groups split from it: an operation pending in one fails, and they refuse more.
+TEST_F(MpiCommunicatorTest, AbortReachesTheGroupsSplitFromIt) {
+  auto split = comm_->Split(0, rank_, "the data-parallel group of stage 0");
+  ASSERT_TRUE(split.ok()) << split.status();
+  Communicator& group = **split;
+  Tensor t = MakeEmpty(4);
+  // Rank 1 keeps its communicators and later sends what rank 0's pending receive waits for.
+  if (world_ > 1 && rank_ == 1) {
+    WorldBarrier();  // rank 0 has aborted
+    ASSERT_TRUE(Run(group.Send(Make(RankValues(1, 4)), 0)).ok());
+    return;
+  }
+  std::unique_ptr<Work> pending;
+  if (rank_ == 0 && world_ > 1) {
+    auto w = group.Recv(t, 1);
+    ASSERT_TRUE(w.ok());
+    pending = std::move(*w);
+  }
+  comm_->Abort("the coordinator aborted the job: rank 2 hung");
+  if (pending) {
+    absl::Status s = pending->Wait(absl::Seconds(5));
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("rank 2 hung"), std::string::npos) << s;
+  }
+  auto refused = group.AllReduce(t);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(refused.status().message().find("the data-parallel group of stage 0"),
+            std::string::npos)
+      << refused.status();
+  if (world_ > 1) WorldBarrier();
+}
+
 TEST_F(MpiCommunicatorTest, BadArgumentsAreRefusedWithTheirReason) {
   Tensor t = Make(RankValues(rank_, 4));
   auto bad_root = comm_->Broadcast(t, {world_});

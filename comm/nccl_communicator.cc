@@ -134,6 +134,8 @@ struct NcclState {
   std::atomic<uint64_t> issued_atomic{0};  // written under `mu` only
   std::atomic<uint64_t> completed_atomic{0};
   BusyLedger busy;  // the operations' time on the stream, by their events
+  // The communicators split from this one: aborted with it (a watchdog knows the job's).
+  std::vector<std::weak_ptr<NcclState>> children ABSL_GUARDED_BY(mu);
 
   // Drops finished operations from the front (they finish in stream order).
   void RetireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -477,23 +479,40 @@ class NcclCommunicator : public Communicator {
       state->id = CommIdentity{rank, size, s->id.device, name,
                                s->id.job_rank >= 0 ? s->id.job_rank : s->id.rank};
     }
+    {
+      absl::MutexLock lock(&s->mu);
+      s->children.push_back(state);
+    }
     return std::unique_ptr<Communicator>(
         new NcclCommunicator(std::move(state), std::move(compute_ready), std::move(barrier)));
   }
 
   const std::string& name() const override { return state_->id.group; }
 
+  // Aborts `s` and every communicator split from it.
+  static void AbortTree(NcclState* s, absl::string_view reason) {
+    std::vector<std::shared_ptr<NcclState>> children;
+    {
+      absl::MutexLock lock(&s->mu);
+      for (const auto& c : s->children) {
+        if (auto child = c.lock()) children.push_back(std::move(child));
+      }
+      if (!s->aborted) {
+        s->RetireLocked();
+        s->aborted = true;
+        s->abort_reason = std::string(reason);
+        s->completed_at_abort = s->completed_atomic.load();
+        if (s->comm != nullptr) ncclCommAbort(s->comm);
+        s->comm = nullptr;
+      }
+    }
+    for (const auto& c : children) AbortTree(c.get(), reason);
+  }
+
   void Abort(absl::string_view reason) override {
     // The caller may be any thread (a watchdog, a signal's): queries go to this rank's GPU.
     (void)SetCurrentDevice(state_->id.device);
-    absl::MutexLock lock(&state_->mu);
-    if (state_->aborted) return;
-    state_->RetireLocked();
-    state_->aborted = true;
-    state_->abort_reason = std::string(reason);
-    state_->completed_at_abort = state_->completed_atomic.load();
-    if (state_->comm != nullptr) ncclCommAbort(state_->comm);
-    state_->comm = nullptr;
+    AbortTree(state_.get(), reason);
   }
 
   uint64_t last_issued_sequence() const override {

@@ -56,8 +56,15 @@ absl::StatusOr<Optimizer> Optimizer::Create(const OptimizerConfig& c, int64_t nu
 
 absl::Status Optimizer::Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
                              float grad_scale, const Tensor& params_low,
-                             const Tensor& device_scale) {
+                             const Tensor& device_scale, int64_t state_offset) {
   const float lr = LearningRate(c_, step);
+  Tensor m = m_, v = v_;
+  if (state_offset != 0 || params.numel() != m_.numel()) {
+    ASSIGN_OR_RETURN(m, m_.View(state_offset, {params.numel()}));
+    if (v_.defined()) {
+      ASSIGN_OR_RETURN(v, v_.View(state_offset, {params.numel()}));
+    }
+  }
   if (c_.kind == "adamw") {
     ops::AdamWConfig a;
     a.lr = lr;
@@ -67,14 +74,14 @@ absl::Status Optimizer::Step(Stream& s, const Tensor& params, const Tensor& grad
     a.weight_decay = c_.weight_decay;
     a.step = step + 1;
     a.grad_scale = grad_scale;
-    return ops::AdamWUpdate(s, params, grads, m_, v_, a, params_low, device_scale);
+    return ops::AdamWUpdate(s, params, grads, m, v, a, params_low, device_scale);
   }
   ops::SgdConfig g;
   g.lr = lr;
   g.momentum = c_.momentum;
   g.weight_decay = c_.weight_decay;
   g.grad_scale = grad_scale;
-  return ops::SgdMomentumUpdate(s, params, grads, m_, g, params_low, device_scale);
+  return ops::SgdMomentumUpdate(s, params, grads, m, g, params_low, device_scale);
 }
 
 float ClipFactor(float sum_squares, float clip_norm) {

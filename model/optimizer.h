@@ -36,10 +36,12 @@ class Optimizer {
                                           Device device);
   // One update at 0-based `step` with gradients multiplied by grad_scale first (unscaling
   // and clipping folded into one pass over memory), and by the device scalar device_scale
-  // when defined (ops.h: not finite, the update is skipped).
+  // when defined (ops.h: not finite, the update is skipped). The state updated is elements
+  // [state_offset, state_offset + params.numel()) of the optimizer's own (a part of a
+  // ZeRO shard, updated bucket by bucket).
   absl::Status Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
                     float grad_scale, const Tensor& params_low = Tensor(),
-                    const Tensor& device_scale = Tensor());
+                    const Tensor& device_scale = Tensor(), int64_t state_offset = 0);
   // The state tensors (AdamW: m, v; SGD: momentum, v undefined), for checkpoints.
   const Tensor& state0() const { return m_; }
   const Tensor& state1() const { return v_; }

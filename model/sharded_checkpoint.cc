@@ -274,7 +274,7 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
 absl::Status LoadStateFromShards(
     const std::vector<std::pair<std::string, const CheckpointData*>>& shards,
     const std::string& what, const TrainConfig& c, Stage& stage, Optimizer* optimizer,
-    LossScaler* scaler, int* step) {
+    LossScaler* scaler, int* step, StateRange range) {
   if (shards.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat("checkpoint %s: no shard to load", what));
   }
@@ -358,6 +358,13 @@ absl::Status LoadStateFromShards(
       !absl::SimpleAtoi(good, &new_good)) {
     return CorruptCheckpointError(what, "bad step or loss scale entry");
   }
+  const int64_t end = range.end < 0 ? layout.numel() : range.end;
+  if (range.begin < 0 || end > layout.numel() || range.begin > end ||
+      optimizer->state0().numel() != end - range.begin) {
+    return absl::InternalError(absl::StrFormat(
+        "loading %s: an optimizer state of %d elements for elements [%d, %d) of %d", what,
+        optimizer->state0().numel(), range.begin, end, layout.numel()));
+  }
   std::vector<Tensor> targets = {stage.params().flat(), optimizer->state0()};
   if (two_states) targets.push_back(optimizer->state1());
   for (size_t a = 0; a < targets.size(); ++a) {
@@ -366,6 +373,7 @@ absl::Status LoadStateFromShards(
       const Source& src = by_name[e.spec.name];
       std::copy_n(src.arrays[a]->data() + src.offset, src.numel, host.data() + e.offset);
     }
+    if (a > 0) host = std::vector<float>(host.begin() + range.begin, host.begin() + end);
     ASSIGN_OR_RETURN(Tensor t, Tensor::FromVector(host, targets[a].shape()));
     RETURN_IF_ERROR(CopySync(targets[a], t));
   }
@@ -377,7 +385,7 @@ absl::Status LoadStateFromShards(
 
 absl::Status LoadShardedTrainingState(const std::string& prefix, const TrainConfig& c,
                                       Stage& stage, Optimizer* optimizer, LossScaler* scaler,
-                                      int* step) {
+                                      int* step, StateRange range) {
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(prefix));
   const std::string manifest = ManifestPath(prefix);
   if (m.model != c.model.ToString()) {
@@ -401,7 +409,7 @@ absl::Status LoadShardedTrainingState(const std::string& prefix, const TrainConf
     return absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint %s has no shard holding blocks %d-%d", prefix, stage.begin(), stage.end()));
   }
-  return LoadStateFromShards(shards, prefix, c, stage, optimizer, scaler, step);
+  return LoadStateFromShards(shards, prefix, c, stage, optimizer, scaler, step, range);
 }
 
 }  // namespace tandem

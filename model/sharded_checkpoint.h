@@ -85,22 +85,30 @@ absl::Status VerifyCheckpoint(const std::string& prefix, const Manifest& m);
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
                                                  std::vector<std::string>* passed_over = nullptr);
 
+// The part of a stage's flat buffer an optimizer's state covers: all of it, or, under
+// ZeRO-1, one data-parallel rank's shard [begin, end).
+struct StateRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // -1: to the end
+};
+
 // The training state of one stage, assembled from shards by parameter name: the stage's
 // parameters and optimizer state are found, each by its name, in whichever shards hold them
-// (written by any strategy and world size), after checking model, optimizer and batch. On
-// any error nothing is changed. `shards` pairs each shard's path (for messages) with its
-// contents; `what` names the checkpoint in messages.
+// (written by any strategy and world size, with ZeRO-1 or without: a checkpoint holds the
+// whole state), after checking model, optimizer and batch. The optimizer receives `range` of
+// its state. On any error nothing is changed. `shards` pairs each shard's path (for
+// messages) with its contents; `what` names the checkpoint in messages.
 absl::Status LoadStateFromShards(
     const std::vector<std::pair<std::string, const CheckpointData*>>& shards,
     const std::string& what, const TrainConfig& c, Stage& stage, Optimizer* optimizer,
-    LossScaler* scaler, int* step);
+    LossScaler* scaler, int* step, StateRange range = {});
 
 // Loads a stage's state from checkpoint `prefix`: reads the manifest and only the shards
 // holding the stage's blocks, refusing a missing, corrupt or foreign shard by name before
 // anything changes.
 absl::Status LoadShardedTrainingState(const std::string& prefix, const TrainConfig& c,
                                       Stage& stage, Optimizer* optimizer, LossScaler* scaler,
-                                      int* step);
+                                      int* step, StateRange range = {});
 
 }  // namespace tandem
 

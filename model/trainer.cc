@@ -225,14 +225,22 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
                                const Optimizer& optimizer, const LossScaler& scaler, int step,
                                const std::map<std::string, std::string>& extra,
                                CheckpointFileInfo* info) {
+  std::vector<Tensor> state = {optimizer.state0()};
+  if (optimizer.state1().defined()) state.push_back(optimizer.state1());
+  return SaveTrainingState(path, c, stage, state, scaler, step, extra, info);
+}
+
+absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+                               const std::vector<Tensor>& optimizer_state,
+                               const LossScaler& scaler, int step,
+                               const std::map<std::string, std::string>& extra,
+                               CheckpointFileInfo* info) {
   CheckpointData d;
   ASSIGN_OR_RETURN(std::vector<float> p, stage.params().flat().ToFloatVector());
   d.arrays.emplace_back("params", std::move(p));
-  ASSIGN_OR_RETURN(std::vector<float> m, optimizer.state0().ToFloatVector());
-  d.arrays.emplace_back("optimizer.0", std::move(m));
-  if (optimizer.state1().defined()) {
-    ASSIGN_OR_RETURN(std::vector<float> v, optimizer.state1().ToFloatVector());
-    d.arrays.emplace_back("optimizer.1", std::move(v));
+  for (size_t i = 0; i < optimizer_state.size(); ++i) {
+    ASSIGN_OR_RETURN(std::vector<float> v, optimizer_state[i].ToFloatVector());
+    d.arrays.emplace_back(absl::StrCat("optimizer.", i), std::move(v));
   }
   d.meta["model"] = c.model.ToString();
   d.meta["model_blocks"] = absl::StrCat(c.model.num_blocks());

@@ -127,6 +127,13 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
                                const Optimizer& optimizer, const LossScaler& scaler, int step,
                                const std::map<std::string, std::string>& extra = {},
                                CheckpointFileInfo* info = nullptr);
+// The same with the optimizer's state given as whole-stage tensors (its m and, for AdamW, v,
+// each as many elements as the stage's parameters): ZeRO-1 gathers them from the shards.
+absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, const Stage& stage,
+                               const std::vector<Tensor>& optimizer_state,
+                               const LossScaler& scaler, int step,
+                               const std::map<std::string, std::string>& extra = {},
+                               CheckpointFileInfo* info = nullptr);
 // Loads what SaveTrainingState wrote, by parameter name, after checking it is of the same
 // model, optimizer and batch and holds every parameter of the stage; on any error nothing
 // is changed.

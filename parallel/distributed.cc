@@ -45,10 +45,20 @@ void AddPhase(const StreamTimeline::Phase& p, StepTiming* t) {
   }
 }
 
-// The schedule a pipeline follows; model parallelism is GPipe over its one micro-batch.
-absl::StatusOr<PipelineSchedule> StrategySchedule(const ParallelConfig& c, int world) {
+// The schedule a pipeline of `stages` follows; model parallelism is GPipe over its one
+// micro-batch.
+absl::StatusOr<PipelineSchedule> StrategySchedule(const ParallelConfig& c, int stages) {
   const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
-  return MakeSchedule(schedule, world, c.train.micro_batches);
+  return MakeSchedule(schedule, stages, c.train.micro_batches);
+}
+
+// ZeRO-1's shards: `n` elements in `parts` contiguous parts of ceil(n / parts) (the last ones
+// shorter, or empty): part r is [offsets[r], offsets[r + 1]).
+std::vector<int64_t> EvenParts(int64_t n, int parts) {
+  const int64_t size = (n + parts - 1) / parts;
+  std::vector<int64_t> offsets;
+  for (int r = 0; r <= parts; ++r) offsets.push_back(std::min(n, r * size));
+  return offsets;
 }
 
 }  // namespace
@@ -142,10 +152,21 @@ absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world) {
   return BalancedSizes(seconds, world);
 }
 
+absl::StatusOr<ProcessGrid> GridOf(const ParallelConfig& c, int world) {
+  if (c.strategy == StrategyKind::kData) return ProcessGrid::Make(world, world);
+  return ProcessGrid::Make(world, c.data_parallel);
+}
+
 absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
   const TrainConfig& t = c.train;
   RETURN_IF_ERROR(t.Validate());
   const int blocks = t.model.num_blocks();
+  if (c.zero != 0 && c.zero != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--zero=%d: use 0 (every replica keeps the whole optimizer state) or 1 (ZeRO-1: each "
+        "keeps its shard)",
+        c.zero));
+  }
   if (c.strategy == StrategyKind::kData) {
     if (t.batch % (world * t.micro_batches) != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -160,11 +181,31 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
     }
     return StageBounds{0, blocks};
   }
+  ASSIGN_OR_RETURN(ProcessGrid grid, GridOf(c, world));
+  const int stages = grid.stages;
   if (c.strategy == StrategyKind::kModel && t.micro_batches != 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--micro-batches=%d with --strategy=model: model parallelism runs one batch at a "
         "time; use --strategy=pipeline for micro-batches",
         t.micro_batches));
+  }
+  if (t.batch % (grid.replicas * t.micro_batches) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--batch=%d is not divisible by %d replicas x %d micro-batch%s: each of the "
+        "--data-parallel=%d replicas takes an equal share of the batch in micro-batches; use "
+        "a --batch that is a multiple of %d",
+        t.batch, grid.replicas, t.micro_batches, t.micro_batches == 1 ? "" : "es",
+        grid.replicas, grid.replicas * t.micro_batches));
+  }
+  if (c.zero == 1 && grid.replicas < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--zero=1 with --strategy=%s and --data-parallel=1: ZeRO-1 shards the optimizer "
+        "state over data-parallel replicas; add --data-parallel=D (D >= 2 dividing --gpus) or "
+        "use --strategy=data",
+        StrategyName(c.strategy)));
+  }
+  if (grid.replicas > 1 && c.bucket_bytes < 1) {
+    return absl::InvalidArgumentError("--bucket-mb must be positive");
   }
   StageBounds bounds;
   if (c.balance == "params") {
@@ -174,14 +215,14 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
       for (const ParamSpec& p : b->Params()) n += p.shape.numel();
       cost.push_back(n);
     }
-    ASSIGN_OR_RETURN(bounds, BalancedPartition(cost, world));
+    ASSIGN_OR_RETURN(bounds, BalancedPartition(cost, stages));
   } else if (c.balance == "time") {
-    ASSIGN_OR_RETURN(std::string sizes, ResolveBalance(c, world));
-    ASSIGN_OR_RETURN(bounds, ExplicitPartition(sizes, blocks, world));
+    ASSIGN_OR_RETURN(std::string sizes, ResolveBalance(c, stages));
+    ASSIGN_OR_RETURN(bounds, ExplicitPartition(sizes, blocks, stages));
   } else {
-    ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, world));
+    ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, stages));
   }
-  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, world));
+  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, stages));
   RETURN_IF_ERROR(ValidateSchedule(s));
   return bounds;
 }
@@ -189,27 +230,38 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
 absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
                                                         const StageBounds& bounds, int world_size) {
   const TrainConfig& t = c.train;
+  ASSIGN_OR_RETURN(ProcessGrid grid, GridOf(c, world_size));
+  // Under ZeRO-1 a rank keeps the optimizer state of its shard, ceil(numel / D) elements.
+  auto shard_optimizer = [&](MemoryNeed* n) {
+    if (c.zero != 1) return;
+    const int64_t numel = n->grads / 4;  // f32 gradients
+    const int64_t per_element = numel > 0 ? n->optimizer / numel : 0;
+    n->optimizer = (numel + grid.replicas - 1) / grid.replicas * per_element;
+  };
   if (c.strategy == StrategyKind::kData) {
     // Every rank: the whole model, its share of the batch, one micro-batch after another.
-    return std::vector<MemoryNeed>(
-        world_size,
+    MemoryNeed n =
         EstimateStageMemory(t.model, 0, bounds.back(), t.batch / world_size / t.micro_batches,
-                            /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind, t.device));
+                            /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind, t.device);
+    shard_optimizer(&n);
+    return std::vector<MemoryNeed>(world_size, n);
   }
-  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, world_size));
-  const int64_t rows = t.batch / t.micro_batches;
+  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, grid.stages));
+  const int64_t rows = t.batch / grid.replicas / t.micro_batches;
   // A tensor crossing a stage boundary, for one micro-batch.
   const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
                            static_cast<int64_t>(DTypeSize(t.dtype));
   std::vector<MemoryNeed> needs;
   for (int r = 0; r < world_size; ++r) {
-    MemoryNeed n = EstimateStageMemory(t.model, bounds[r], bounds[r + 1], rows,
-                                       PeakInFlight(s, r), c.recompute, t.dtype,
+    const int stage = grid.StageOf(r);
+    MemoryNeed n = EstimateStageMemory(t.model, bounds[stage], bounds[stage + 1], rows,
+                                       PeakInFlight(s, stage), c.recompute, t.dtype,
                                        t.optimizer.kind, t.device);
+    shard_optimizer(&n);
     // The host issues a whole step ahead of the device, and each send keeps its tensor until
     // the compute stream waited for it at the step's end (Work::WaitOn): every micro-batch's
     // output (a stage before the last) and input gradient (a stage after the first) at once.
-    const int directions = (r + 1 < world_size ? 1 : 0) + (r > 0 ? 1 : 0);
+    const int directions = (stage + 1 < grid.stages ? 1 : 0) + (stage > 0 ? 1 : 0);
     n.activations += directions * int64_t{t.micro_batches} * boundary;
     needs.push_back(n);
   }
@@ -225,6 +277,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
         c.train.device.ToString()));
   }
   const int rank = comm->rank();
+  ASSIGN_OR_RETURN(ProcessGrid grid, GridOf(c, comm->world_size()));
   ASSIGN_OR_RETURN(std::vector<MemoryNeed> needs, RankMemoryNeeds(c, bounds, comm->world_size()));
   ASSIGN_OR_RETURN(MemoryCheck memory,
                    CheckDeviceMemory(needs[rank], c.train.device,
@@ -233,25 +286,54 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   std::unique_ptr<DistributedTrainer> t(new DistributedTrainer(c, comm, std::move(data)));
   t->bounds_ = bounds;
   t->memory_ = memory;
-  const bool data_parallel = c.strategy == StrategyKind::kData;
-  const auto [begin, end] = t->BlockRange(rank);
+  t->grid_ = grid;
+  t->replica_ = grid.ReplicaOf(rank);
+  t->stage_index_ = grid.StageOf(rank);
+  // The groups, split from the job's communicator in the same order on every rank.
+  if (grid.stages == 1) {
+    t->dp_ = comm;
+  } else if (grid.replicas > 1) {
+    ASSIGN_OR_RETURN(t->dp_owned_,
+                     comm->Split(t->stage_index_, t->replica_,
+                                 absl::StrFormat("the data-parallel group of stage %d",
+                                                 t->stage_index_)));
+    t->dp_ = t->dp_owned_.get();
+  }
+  if (grid.replicas == 1) {
+    t->pp_ = comm;
+  } else if (grid.stages > 1) {
+    ASSIGN_OR_RETURN(t->pp_owned_,
+                     comm->Split(t->replica_, t->stage_index_,
+                                 absl::StrFormat("the pipeline of replica %d", t->replica_)));
+    t->pp_ = t->pp_owned_.get();
+  }
+  const auto [begin, end] = t->BlockRange(t->stage_index_);
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
                                             c.train.seed, c.train.dtype));
   t->stage_->set_recompute(c.recompute);
+  const int64_t numel = t->stage_->layout().numel();
+  t->shard_begin_ = 0;
+  t->shard_end_ = numel;
+  if (t->zero()) {
+    const std::vector<int64_t> shards = t->ShardOffsets();
+    t->shard_begin_ = shards[t->replica_];
+    t->shard_end_ = shards[t->replica_ + 1];
+  }
   ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(c.train.optimizer,
-                                                    t->stage_->layout().numel(),
+                                                    t->shard_end_ - t->shard_begin_,
                                                     c.train.device));
   ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.train.device));
-  if (data_parallel) {
+  if (t->replicated()) {
     t->buckets_ = PlanBuckets(t->stage_->layout(), t->stage_->ParamBlocks(), c.bucket_bytes);
-    // Every replica starts from rank 0's weights.
-    ASSIGN_OR_RETURN(auto w, comm->Broadcast(t->stage_->params().flat()));
-    RETURN_IF_ERROR(t->Wait(*w, "the broadcast of rank 0's parameters"));
+    // Every replica starts from the first replica's weights.
+    ASSIGN_OR_RETURN(auto w, t->dp_->Broadcast(t->stage_->params().flat()));
+    RETURN_IF_ERROR(t->Wait(*w, "the broadcast of the first replica's parameters"));
     ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c.train.device));
     RETURN_IF_ERROR(t->stage_->ParamsChanged(*s));
-  } else {
-    ASSIGN_OR_RETURN(t->schedule_, StrategySchedule(c, comm->world_size()));
-    t->exchange_groups_ = ExchangeGroups(t->schedule_)[rank];
+  }
+  if (c.strategy != StrategyKind::kData) {
+    ASSIGN_OR_RETURN(t->schedule_, StrategySchedule(c, grid.stages));
+    t->exchange_groups_ = ExchangeGroups(t->schedule_)[t->stage_index_];
     RETURN_IF_ERROR(t->ConnectNeighbours());
   }
   if (!c.train.resume.empty()) {
@@ -261,11 +343,23 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   return t;
 }
 
+std::vector<int64_t> DistributedTrainer::ShardOffsets() const {
+  return EvenParts(stage_->layout().numel(), grid_.replicas);
+}
+
+std::vector<int64_t> DistributedTrainer::BucketParts(size_t i) const {
+  const Bucket& b = buckets_[i];
+  std::vector<int64_t> parts;
+  for (int64_t o : ShardOffsets()) parts.push_back(std::clamp(o, b.begin, b.end) - b.begin);
+  return parts;
+}
+
 absl::Status DistributedTrainer::ConnectNeighbours() {
-  const int rank = comm_->rank(), world = comm_->world_size();
+  const int rank = pp_->rank(), world = pp_->world_size();
   if (world == 1) return absl::OkStatus();
   const TrainConfig& tc = c_.train;
-  const Shape activation{tc.batch / tc.micro_batches, tc.model.seq_len, tc.model.d_model};
+  const Shape activation{tc.batch / grid_.replicas / tc.micro_batches, tc.model.seq_len,
+                         tc.model.d_model};
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
   std::vector<PeerTransfer> group;
   ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(activation, tc.dtype, tc.device));
@@ -277,22 +371,22 @@ absl::Status DistributedTrainer::ConnectNeighbours() {
     group.push_back(PeerTransfer::Recv(in, peer));
   }
   // The transfers' tensors stay referenced by the work until it completes.
-  ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
+  ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->SendRecv(group));
   return Wait(*w, "the first exchange with the neighbouring stages");
 }
 
 absl::Status DistributedTrainer::Wait(Work& w, const char* what, absl::Duration timeout) {
   absl::Status s = w.Wait(timeout);
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrFormat("rank %d, step %d, waiting for %s: %s",
-                                                comm_->rank(), step_, what, s.message()));
+  return absl::Status(s.code(), absl::StrFormat("%s, step %d, waiting for %s: %s", Where(),
+                                                step_, what, s.message()));
 }
 
 absl::Status DistributedTrainer::WaitOn(Work& w, Stream& s, const char* what) {
   absl::Status st = w.WaitOn(s, c_.timeout);
   if (st.ok()) return st;
-  return absl::Status(st.code(), absl::StrFormat("rank %d, step %d, waiting for %s: %s",
-                                                 comm_->rank(), step_, what, st.message()));
+  return absl::Status(st.code(), absl::StrFormat("%s, step %d, waiting for %s: %s", Where(),
+                                                 step_, what, st.message()));
 }
 
 absl::StatusOr<MicroBatch> DistributedTrainer::LoadMicroBatch(int64_t row_begin, int64_t rows) {
@@ -301,25 +395,92 @@ absl::StatusOr<MicroBatch> DistributedTrainer::LoadMicroBatch(int64_t row_begin,
                       scaler_.scale() / static_cast<float>(int64_t{t.batch} * t.model.seq_len));
 }
 
+absl::Status DistributedTrainer::IssueBucket(size_t i, Pending* p) {
+  const Bucket& b = buckets_[i];
+  ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(b.begin, {b.end - b.begin}));
+  std::unique_ptr<Work> w;
+  if (zero()) {
+    ASSIGN_OR_RETURN(w, dp_->ReduceScatterParts(g, BucketParts(i)));
+  } else {
+    ASSIGN_OR_RETURN(w, dp_->AllReduce(g));
+  }
+  p->timing.comm_bytes += static_cast<int64_t>(g.bytes());
+  bucket_works_.push_back(std::move(w));
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::IssueBucketsReadyAt(int block, Pending* p) {
+  // Each bucket's reduction is issued once backward has issued its last gradient, and runs
+  // after that work (the communicator orders it after the compute stream).
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
+    RETURN_IF_ERROR(IssueBucket(next_bucket_++, p));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::WaitForBuckets(Stream& s, Pending* p) {
+  while (next_bucket_ < buckets_.size()) RETURN_IF_ERROR(IssueBucket(next_bucket_++, p));
+  // The optimizer's work waits on the stream for every bucket; the host does not.
+  for (auto& w : bucket_works_) RETURN_IF_ERROR(WaitOn(*w, s, w->description().c_str()));
+  bucket_works_.clear();
+  return p->timeline->Mark(kExposedComm, "wait for gradients");
+}
+
+absl::Status DistributedTrainer::ZeroStepEnd(Stream& s, const Tensor& grad_sumsq,
+                                             const Tensor& scale, Pending* p) {
+  const TrainConfig& tc = c_.train;
+  RETURN_IF_ERROR(
+      ops::GradScale(s, scale, grad_sumsq, 1.0f / scaler_.scale(), tc.optimizer.clip_norm));
+  const Tensor& params = stage_->params().flat();
+  const Tensor& grads = stage_->grads().flat();
+  std::vector<std::unique_ptr<Work>> gathers;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    // This rank's part of the bucket, updated with its part of the optimizer state; then the
+    // bucket's parameters gathered from every part's owner, while the next part updates.
+    const Bucket& b = buckets_[i];
+    const std::vector<int64_t> parts = BucketParts(i);
+    const int64_t lo = b.begin + parts[replica_], hi = b.begin + parts[replica_ + 1];
+    if (hi > lo) {
+      ASSIGN_OR_RETURN(Tensor pv, params.View(lo, {hi - lo}));
+      ASSIGN_OR_RETURN(Tensor gv, grads.View(lo, {hi - lo}));
+      // The 16-bit copy is refreshed whole once every part is gathered.
+      RETURN_IF_ERROR(optimizer_.Step(s, pv, gv, step_, /*grad_scale=*/1.0f, Tensor(), scale,
+                                      lo - shard_begin_));
+    }
+    ASSIGN_OR_RETURN(Tensor bucket, params.View(b.begin, {b.end - b.begin}));
+    ASSIGN_OR_RETURN(std::unique_ptr<Work> w, dp_->AllGatherParts(bucket, parts));
+    p->timing.comm_bytes += static_cast<int64_t>(bucket.bytes());
+    gathers.push_back(std::move(w));
+  }
+  RETURN_IF_ERROR(stage_->ZeroGrads(s));
+  RETURN_IF_ERROR(p->timeline->Mark(kOptimizer, "optimizer"));
+  // The next step's forward (and the 16-bit copy) wait on the stream for every parameter.
+  for (auto& w : gathers) RETURN_IF_ERROR(WaitOn(*w, s, w->description().c_str()));
+  RETURN_IF_ERROR(p->timeline->Mark(kExposedComm, "gather parameters"));
+  return stage_->ParamsChanged(s);
+}
+
+std::string DistributedTrainer::Where() const {
+  const int rank = comm_->rank();
+  if (grid_.replicas == 1 || grid_.stages == 1) return absl::StrCat("rank ", rank);
+  return absl::StrCat("rank ", rank, " ", grid_.Place(rank));
+}
+
+std::vector<Communicator*> DistributedTrainer::Comms() const {
+  std::vector<Communicator*> comms = {comm_};
+  for (const auto& c : {dp_owned_.get(), pp_owned_.get()}) {
+    if (c != nullptr) comms.push_back(c);
+  }
+  return comms;
+}
+
 absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, Pending* p) {
   const TrainConfig& tc = c_.train;
-  StepTiming* t = &p->timing;
   StreamTimeline& timeline = *p->timeline;
-  const int world = comm_->world_size();
-  const int64_t share = tc.batch / world;
+  const int64_t share = tc.batch / grid_.replicas;
   const int64_t rows = share / tc.micro_batches;
-  std::vector<std::unique_ptr<Work>> pending;
-  size_t next = 0;
   ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty({1}, DType::kF32, tc.device));
-  auto issue = [&](size_t i) -> absl::Status {
-    ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(
-                                   buckets_[i].begin, {buckets_[i].end - buckets_[i].begin}));
-    ASSIGN_OR_RETURN(auto w, comm_->AllReduce(g));
-    t->comm_bytes += static_cast<int64_t>(g.bytes());
-    pending.push_back(std::move(w));
-    return absl::OkStatus();
-  };
-  auto load = [&](int m) { return LoadMicroBatch(comm_->rank() * share + m * rows, rows); };
+  auto load = [&](int m) { return LoadMicroBatch(replica_ * share + m * rows, rows); };
   ASSIGN_OR_RETURN(MicroBatch next_mb, load(0));
   for (int m = 0; m < tc.micro_batches; ++m) {
     MicroBatch mb = std::move(next_mb);
@@ -334,33 +495,34 @@ absl::Status DistributedTrainer::DataParallelPass(Stream& s, Tensor* loss_sum, P
     RETURN_IF_ERROR(stage_->Forward(s, m, mb, Tensor(), &losses));
     RETURN_IF_ERROR(AccumulateLoss(s, *loss_sum, losses, scratch));
     RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("forward ", m), m));
-    // Gradient accumulation communicates only after the last micro-batch's gradients: each
-    // bucket's all-reduce is issued once backward has issued its last gradient, and runs
-    // after that work (the communicator orders it after the compute stream).
+    // Gradient accumulation communicates only after the last micro-batch's gradients.
     auto block_done = [&](int block) -> absl::Status {
-      if (!last || !c_.overlap) return absl::OkStatus();
-      while (next < buckets_.size() && buckets_[next].ready_block >= block) {
-        RETURN_IF_ERROR(issue(next++));
-      }
-      return absl::OkStatus();
+      if (!last || !c_.overlap || !replicated()) return absl::OkStatus();
+      return IssueBucketsReadyAt(block, p);
     };
     RETURN_IF_ERROR(stage_->Backward(s, m, mb, Tensor(), &dx, block_done));
     RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward ", m), m));
   }
-  while (next < buckets_.size()) RETURN_IF_ERROR(issue(next++));
-  // The optimizer's work waits on the stream for every bucket; the host does not.
-  for (auto& w : pending) RETURN_IF_ERROR(WaitOn(*w, s, w->description().c_str()));
-  return timeline.Mark(kExposedComm, "wait for gradients");
+  if (!replicated()) return absl::OkStatus();
+  return WaitForBuckets(s, p);
 }
 
 absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pending* p) {
   const TrainConfig& tc = c_.train;
   StepTiming* t = &p->timing;
   StreamTimeline& timeline = *p->timeline;
-  const int rank = comm_->rank();
+  const int rank = pp_->rank();  // this replica's stage
   const int M = tc.micro_batches;
-  const int64_t rows = tc.batch / M, T = tc.model.seq_len, C = tc.model.d_model;
+  // This replica's share of the batch, in M micro-batches.
+  const int64_t share = tc.batch / grid_.replicas;
+  const int64_t rows = share / M, T = tc.model.seq_len, C = tc.model.d_model;
   const std::vector<Action>& actions = schedule_.actions[rank];
+  // The stage's last backward (of the last micro-batch under both schedules) completes its
+  // gradients: the data-parallel buckets go out during it.
+  size_t last_backward = 0;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].type == ActionType::kBackward) last_backward = i;
+  }
   std::map<int, Tensor> outputs, input_grads, act_in, grad_in;
   std::map<int, std::shared_ptr<Work>> act_ready, grad_ready;
   std::vector<std::shared_ptr<Work>> all;
@@ -373,7 +535,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   auto batch = [&](int m) -> absl::StatusOr<MicroBatch*> {
     auto it = batches.find(m);
     if (it == batches.end()) {
-      ASSIGN_OR_RETURN(MicroBatch mb, LoadMicroBatch(m * rows, rows));
+      ASSIGN_OR_RETURN(MicroBatch mb, LoadMicroBatch(replica_ * share + m * rows, rows));
       it = batches.emplace(m, std::move(mb)).first;
     }
     return &it->second;
@@ -427,7 +589,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       }
       t->comm_bytes += static_cast<int64_t>(group.back().tensor.bytes());
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->SendRecv(group));
+    ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->SendRecv(group));
     std::shared_ptr<Work> shared(std::move(w));
     for (auto& [ready, m] : receives) (*ready)[m] = shared;
     all.push_back(shared);
@@ -466,7 +628,11 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
       RETURN_IF_ERROR(prefetch_after(i));
       Tensor dx;
-      RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx));
+      std::function<absl::Status(int)> block_done;
+      if (i == last_backward && c_.overlap && replicated()) {
+        block_done = [&](int block) { return IssueBucketsReadyAt(block, p); };
+      }
+      RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx, block_done));
       grad_in.erase(m);
       batches.erase(m);
       if (!stage_->is_first()) input_grads[m] = dx;
@@ -477,7 +643,9 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // Every transfer finished before the step's end on the stream: waiting for a neighbour's
   // last gradient or for the sends to be taken is the pipeline's bubble too.
   for (auto& w : all) RETURN_IF_ERROR(WaitOn(*w, s, w->description().c_str()));
-  return timeline.Mark(kBubble, "wait for transfers");
+  RETURN_IF_ERROR(timeline.Mark(kBubble, "wait for transfers"));
+  if (!replicated()) return absl::OkStatus();
+  return WaitForBuckets(s, p);
 }
 
 absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_requested) {
@@ -487,7 +655,9 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   Pending p;
   p.report.step = step_;
   p.report.lr = LearningRate(tc.optimizer, step_);
-  p.first_sequence = comm_->last_issued_sequence();
+  for (Communicator* c : Comms()) p.first_sequences.push_back(c->last_issued_sequence());
+  bucket_works_.clear();
+  next_bucket_ = 0;
   ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
   p.timeline = std::make_unique<StreamTimeline>(std::move(timeline));
   stage_->ResetPeakInFlight();
@@ -505,12 +675,21 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   } else {
     RETURN_IF_ERROR(PipelinePass(*s, &loss_sum, &p));
   }
-  RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
-  const int world = comm_->world_size();
-  if (c_.strategy == StrategyKind::kData) {
-    // The gradients are the same on every rank after the all-reduce, and so is their norm;
-    // reducing it too would only add rounding. Give every rank the same share.
-    RETURN_IF_ERROR(ops::Scale(*s, sumsq, 1.0f / world));
+  if (zero()) {
+    // Each rank holds the reduced gradients of its shard only; the shards' sums of squares
+    // add up to the stage's.
+    if (shard_end_ > shard_begin_) {
+      ASSIGN_OR_RETURN(Tensor owned, stage_->grads().flat().View(
+                                         shard_begin_, {shard_end_ - shard_begin_}));
+      RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, owned));
+    }
+  } else {
+    RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
+    if (replicated()) {
+      // The stage's gradients are the same on each of its D ranks after the all-reduce, and
+      // so is their norm; reducing it too would only add rounding. Each takes a 1/D share.
+      RETURN_IF_ERROR(ops::Scale(*s, sumsq, 1.0f / grid_.replicas));
+    }
   }
   if (stop_requested && stop_requested()) {
     ASSIGN_OR_RETURN(Tensor flag, buffer.View(2, {1}));
@@ -522,12 +701,17 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
     RETURN_IF_ERROR(WaitOn(*w, *s, "the reduction of the step's loss and gradient norm"));
   }
   RETURN_IF_ERROR(p.timeline->Mark(kExposedComm, "reduce loss"));
-  RETURN_IF_ERROR(
-      IssueStepEnd(*s, tc, *stage_, optimizer_, scaler_.scale(), step_, sumsq, scale));
+  if (zero()) {
+    RETURN_IF_ERROR(ZeroStepEnd(*s, sumsq, scale, &p));
+  } else {
+    RETURN_IF_ERROR(
+        IssueStepEnd(*s, tc, *stage_, optimizer_, scaler_.scale(), step_, sumsq, scale));
+  }
   // The values the host reads, in memory it reads without another copy.
   ASSIGN_OR_RETURN(p.host, Tensor::Empty({3}, DType::kF32, Device::Cpu(), HostMemoryKind::kPinned));
   RETURN_IF_ERROR(Copy(p.host, p.reduced, *s));
   RETURN_IF_ERROR(p.timeline->Mark(kOptimizer, "optimizer"));
+  for (Communicator* c : Comms()) p.last_sequences.push_back(c->last_issued_sequence());
   p.timing.last_sequence = comm_->last_issued_sequence();
   p.timing.peak_in_flight = stage_->peak_in_flight();
   p.timing.host_syncs = HostSync::Count() - syncs_before;
@@ -547,7 +731,7 @@ absl::Status DistributedTrainer::ReadPending() {
     ExpectedHostSync reading;
     absl::Status st = s->Synchronize();
     if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrFormat("rank %d, steps %d-%d: %s", comm_->rank(),
+      return absl::Status(st.code(), absl::StrFormat("%s, steps %d-%d: %s", Where(),
                                                      pending_.front().report.step + 1,
                                                      pending_.back().report.step + 1,
                                                      st.message()));
@@ -576,8 +760,11 @@ absl::Status DistributedTrainer::ReadPending() {
     // The stream's time from where the step's work began to its end.
     ASSIGN_OR_RETURN(float ms, p.timeline->end().ElapsedMsSince(p.timeline->start()));
     done.report.seconds = ms * 1e-3;
-    done.timing.comm_seconds = comm_->busy_seconds_through(p.timing.last_sequence) -
-                               comm_->busy_seconds_through(p.first_sequence);
+    const std::vector<Communicator*> comms = Comms();
+    for (size_t i = 0; i < comms.size(); ++i) {
+      done.timing.comm_seconds += comms[i]->busy_seconds_through(p.last_sequences[i]) -
+                                  comms[i]->busy_seconds_through(p.first_sequences[i]);
+    }
     read_.push_back(std::move(done));
   }
   pending_.clear();
@@ -601,14 +788,38 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
   return done.back().report;
 }
 
-std::pair<int, int> DistributedTrainer::BlockRange(int rank) const {
-  if (c_.strategy == StrategyKind::kData) return {0, bounds_.back()};
-  return {bounds_[rank], bounds_[rank + 1]};
+std::pair<int, int> DistributedTrainer::BlockRange(int stage) const {
+  return {bounds_[stage], bounds_[stage + 1]};
 }
 
-std::string DistributedTrainer::ShardName(const std::string& prefix, int rank) const {
-  if (c_.strategy == StrategyKind::kData) return prefix + ".ckpt";
-  return absl::StrFormat("%s.stage-%d.ckpt", prefix, rank);
+std::string DistributedTrainer::ShardName(const std::string& prefix, int stage) const {
+  if (grid_.stages == 1) return prefix + ".ckpt";
+  return absl::StrFormat("%s.stage-%d.ckpt", prefix, stage);
+}
+
+absl::StatusOr<std::vector<Tensor>> DistributedTrainer::GatherOptimizerState() {
+  std::vector<Tensor> state = {optimizer_.state0()};
+  if (optimizer_.state1().defined()) state.push_back(optimizer_.state1());
+  if (!zero()) return state;
+  // Each shard into its place in a whole-stage tensor, then every shard from its owner.
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.train.device));
+  const std::vector<int64_t> shards = ShardOffsets();
+  std::vector<std::unique_ptr<Work>> works;
+  for (Tensor& t : state) {
+    ASSIGN_OR_RETURN(Tensor whole, Tensor::Empty({stage_->layout().numel()}, DType::kF32,
+                                                 c_.train.device));
+    if (shard_end_ > shard_begin_) {
+      ASSIGN_OR_RETURN(Tensor mine, whole.View(shard_begin_, {shard_end_ - shard_begin_}));
+      RETURN_IF_ERROR(Copy(mine, t, *s));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Work> w, dp_->AllGatherParts(whole, shards));
+    works.push_back(std::move(w));
+    t = whole;
+  }
+  for (auto& w : works) {
+    RETURN_IF_ERROR(Wait(*w, "the optimizer state's shards", kCheckpointWriteTimeout));
+  }
+  return state;
 }
 
 absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
@@ -622,17 +833,24 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
   // checkpoint must make.
   ExpectedHostSync checkpoint;
   const int rank = comm_->rank(), world = comm_->world_size();
-  const bool writes = c_.strategy != StrategyKind::kData || rank == 0;
+  // One file per stage, written by its first replica: the replicas' weights are the same.
+  // A checkpoint holds the whole optimizer state whatever the sharding (ZeRO-1 gathers it).
+  const bool writes = replica_ == 0;
   const std::string prefix = CheckpointPrefixFor(dir, step_);
-  const std::string path = ShardName(prefix, rank);
+  const std::string path = ShardName(prefix, stage_index_);
   absl::Status saved = absl::OkStatus();
   CheckpointFileInfo info;
-  if (writes) {
+  absl::StatusOr<std::vector<Tensor>> state = GatherOptimizerState();
+  if (!state.ok()) saved = state.status();
+  if (writes && saved.ok()) {
     const std::map<std::string, std::string> extra = {
         {"strategy", StrategyName(c_.strategy)},
         {"world_size", absl::StrCat(world)},
-        {"rank", absl::StrCat(rank)}};
-    saved = SaveTrainingState(path, c_.train, *stage_, optimizer_, scaler_, step_, extra, &info);
+        {"data_parallel", absl::StrCat(grid_.replicas)},
+        {"zero", absl::StrCat(c_.zero)},
+        {"rank", absl::StrCat(rank)},
+        {"stage", absl::StrCat(stage_index_)}};
+    saved = SaveTrainingState(path, c_.train, *stage_, *state, scaler_, step_, extra, &info);
   }
   // Every rank's outcome, size and checksum: {state (1 written, 0 none, -1 failed),
   // bytes low, bytes high, checksum low, checksum high} as 32-bit integers.
@@ -669,8 +887,8 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
       const int32_t* f = v.data() + r * kFields;
       if (f[0] == 0) continue;
       ShardRecord s;
-      s.file = ShardName(CheckpointName(step_), r);
-      std::tie(s.block_begin, s.block_end) = BlockRange(r);
+      s.file = ShardName(CheckpointName(step_), grid_.StageOf(r));
+      std::tie(s.block_begin, s.block_end) = BlockRange(grid_.StageOf(r));
       s.bytes = static_cast<int64_t>(static_cast<uint32_t>(f[1]) |
                                      (static_cast<uint64_t>(static_cast<uint32_t>(f[2])) << 32));
       s.checksum = static_cast<uint32_t>(f[3]) |
@@ -696,7 +914,9 @@ absl::Status DistributedTrainer::LoadCheckpoint(const std::string& prefix) {
   if (!pending_.empty()) {
     return absl::FailedPreconditionError("checkpoint loaded with steps not read: Read() first");
   }
-  return LoadShardedTrainingState(prefix, c_.train, *stage_, &optimizer_, &scaler_, &step_);
+  // Under ZeRO-1 this rank takes its shard of the (whole) optimizer state.
+  return LoadShardedTrainingState(prefix, c_.train, *stage_, &optimizer_, &scaler_, &step_,
+                                  StateRange{shard_begin_, shard_end_});
 }
 
 }  // namespace tandem

@@ -3,10 +3,16 @@
 //   data parallel: every rank holds the whole model and a contiguous share of each global
 //     batch; gradient buckets are all-reduced (summed: the loss is already scaled by the
 //     global token count) while backward still runs, on the last micro-batch only;
-//   pipeline: rank r holds stage r of a balanced split and runs a validated schedule
-//     (GPipe or 1F1B) with asynchronous sends and receives;
+//   pipeline: each rank holds one stage of a balanced split and runs a validated schedule
+//     (GPipe or 1F1B) with asynchronous sends and receives; with --data-parallel=D, D
+//     replicas of the pipeline (parallel/grid.h) each take a share of the batch, and each
+//     stage's D ranks all-reduce its gradients in buckets during the last backward;
 //   model parallel: the pipeline with one micro-batch.
-// Every rank calls Step() in lockstep; it is collective.
+// With ZeRO-1 (zero = 1; data parallel or D >= 2) each data-parallel rank keeps the optimizer
+// state of one contiguous shard of the stage's flat buffer: the buckets are reduce-scattered
+// instead of all-reduced, each rank updates its shard, and the updated parameters are
+// all-gathered bucket by bucket, each as soon as its part is updated.
+// Every rank calls Issue() and Read() in lockstep; they are collective.
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_H_
 
@@ -23,6 +29,7 @@
 #include "model/input.h"
 #include "model/trainer.h"
 #include "parallel/buckets.h"
+#include "parallel/grid.h"
 #include "parallel/partition.h"
 #include "parallel/schedule.h"
 #include "runtime/timeline.h"
@@ -38,15 +45,21 @@ struct ParallelConfig {
   StrategyKind strategy = StrategyKind::kData;
   std::string schedule = "gpipe";    // pipeline: gpipe or 1f1b
   std::string balance = "params";    // pipeline: params, or explicit sizes "3,3,2"
+  int data_parallel = 1;             // pipeline and model: replicas D (D x stages = world)
+  int zero = 0;                      // 1: ZeRO-1, optimizer state sharded over the replicas
   int64_t bucket_bytes = 25 << 20;   // data parallel
   bool overlap = true;               // data parallel: all-reduce during backward
   bool recompute = false;            // keep only stage inputs; recompute forward in backward
   absl::Duration timeout = absl::Minutes(5);  // any one wait for communication
 };
 
+// The grid a job runs on: data parallel is `world` replicas of one stage; a pipeline (or
+// model parallelism) is c.data_parallel replicas of world / D stages.
+absl::StatusOr<ProcessGrid> GridOf(const ParallelConfig& c, int world);
+
 // Checks that the strategy fits the model and world size (batch divisible, stages <= blocks,
-// schedule valid), before any worker starts. Returns the stage bounds (pipeline / model) or
-// {0, num_blocks} (data parallel).
+// schedule valid), before any worker starts. Returns the bounds of the grid's stages
+// (pipeline / model) or {0, num_blocks} (data parallel).
 absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world_size);
 
 // Forward + backward seconds of each block of `model` on `device`, computing in `compute`
@@ -64,8 +77,8 @@ absl::StatusOr<std::string> BalancedSizes(const std::vector<double>& seconds, in
 absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_size);
 
 // What each of `world_size` ranks must hold during a step (model/memory.h), given the stage
-// bounds PlanStages returned: its stage's model state and the activations of as many
-// micro-batches as its schedule holds at once.
+// bounds PlanStages returned: its stage's model state (under ZeRO-1 its shard of the optimizer
+// state) and the activations of as many micro-batches as its schedule holds at once.
 absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
                                                         const StageBounds& bounds, int world_size);
 
@@ -139,7 +152,8 @@ class DistributedTrainer {
     Tensor host;        // the same, copied to pinned host memory at the step's end
     std::unique_ptr<StreamTimeline> timeline;
     StepTiming timing;  // the host's figures: bytes, sequence numbers, in flight, host syncs
-    uint64_t first_sequence = 0;  // its operations are (first_sequence, timing.last_sequence]
+    // Its operations on each of Comms() are (first_sequences[i], last_sequences[i]].
+    std::vector<uint64_t> first_sequences, last_sequences;
   };
   absl::StatusOr<MicroBatch> LoadMicroBatch(int64_t row_begin, int64_t rows);
   // Reads the pending steps into read_ (one synchronization).
@@ -153,18 +167,55 @@ class DistributedTrainer {
   absl::Status ConnectNeighbours();
   absl::Status DataParallelPass(Stream& s, Tensor* loss_sum, Pending* p);
   absl::Status PipelinePass(Stream& s, Tensor* loss_sum, Pending* p);
+  // The gradient buckets' reduction among this stage's data-parallel ranks (all-reduce, or
+  // under ZeRO-1 reduce-scatter to the shards): bucket `i` once backward has issued its last
+  // gradient; those whose last block is `block` or later after `block`'s backward.
+  absl::Status IssueBucket(size_t i, Pending* p);
+  absl::Status IssueBucketsReadyAt(int block, Pending* p);
+  // The stream waits for every bucket's reduction (exposed communication).
+  absl::Status WaitForBuckets(Stream& s, Pending* p);
+  // The end of a ZeRO-1 step: the shard updated bucket by bucket, each bucket's parameters
+  // all-gathered as soon as its part is updated, the gradients zeroed, and the stream waiting
+  // for the gathers.
+  absl::Status ZeroStepEnd(Stream& s, const Tensor& grad_sumsq, const Tensor& scale,
+                           Pending* p);
+  // "rank 3", or in a hybrid grid "rank 3 (replica 1, stage 1)", for messages.
+  std::string Where() const;
+  // The job's communicator and the groups split from it.
+  std::vector<Communicator*> Comms() const;
+  // Each data-parallel rank's part of bucket `i` (offsets relative to the bucket) and of the
+  // whole flat buffer (ZeRO-1's shards).
+  std::vector<int64_t> BucketParts(size_t i) const;
+  std::vector<int64_t> ShardOffsets() const;
+  // ZeRO-1 with more than one replica to shard over (with one it is the plain update).
+  bool zero() const { return c_.zero == 1 && replicated(); }
+  bool replicated() const { return dp_ != nullptr && dp_->world_size() > 1; }
   // The host waits up to c_.timeout, or up to `timeout` (set-up and checkpoints only).
   absl::Status Wait(Work& w, const char* what) { return Wait(w, what, c_.timeout); }
   absl::Status Wait(Work& w, const char* what, absl::Duration timeout);
   // The stream `s` waits for `w`, up to c_.timeout; the host goes on.
   absl::Status WaitOn(Work& w, Stream& s, const char* what);
-  // The model blocks rank `rank` holds, [begin, end): all of them under data parallelism.
-  std::pair<int, int> BlockRange(int rank) const;
-  // Rank `rank`'s shard file under checkpoint `prefix` (data parallel: the one file).
-  std::string ShardName(const std::string& prefix, int rank) const;
+  // The model blocks stage `stage` holds, [begin, end): all of them under data parallelism.
+  std::pair<int, int> BlockRange(int stage) const;
+  // Stage `stage`'s shard file under checkpoint `prefix` (data parallel: the one file).
+  std::string ShardName(const std::string& prefix, int stage) const;
+  // The optimizer's state for the whole stage: its own, or under ZeRO-1 gathered from the
+  // shards (collective among the stage's data-parallel ranks).
+  absl::StatusOr<std::vector<Tensor>> GatherOptimizerState();
 
   ParallelConfig c_;
-  Communicator* comm_;
+  Communicator* comm_;  // the job's
+  ProcessGrid grid_;
+  int replica_ = 0, stage_index_ = 0;  // this rank's place in the grid
+  // The data-parallel group of this stage (the job's communicator under data parallelism;
+  // null without replicas) and the pipeline of this replica (the job's without replicas).
+  std::unique_ptr<Communicator> dp_owned_, pp_owned_;
+  Communicator* dp_ = nullptr;
+  Communicator* pp_ = nullptr;
+  int64_t shard_begin_ = 0, shard_end_ = 0;  // ZeRO-1: this rank's part of the flat buffer
+  // The step being issued: its bucket reductions and the next bucket to issue.
+  std::vector<std::unique_ptr<Work>> bucket_works_;
+  size_t next_bucket_ = 0;
   TokenDataset data_;
   DataOrder order_;
   std::unique_ptr<Stage> stage_;

@@ -2,13 +2,12 @@
 // every strategy, schedule and micro-batch count that fits the world size trains a small model
 // for a number of steps and must give the losses and weights of one worker on the same global
 // batch and seed, the losses within 1e-5 relative (docs/DESIGN.md, invariant 1).
-#include <cmath>
 #include <map>
 
 #include "absl/strings/str_format.h"
 #include "comm/mpi_test_main.h"
 #include "gtest/gtest.h"
-#include "parallel/distributed.h"
+#include "parallel/parity_testing.h"
 
 namespace tandem {
 namespace {
@@ -17,91 +16,10 @@ Communicator* comm = nullptr;
 constexpr int kSteps = 20;
 
 TrainConfig Base(ModelKind kind, int micro_batches, const std::string& optimizer) {
-  TrainConfig c;
-  c.model = *ModelPreset(kind == ModelKind::kGpt ? "gpt" : "mlp");
-  c.model.n_layer = 3;
-  c.model.d_model = 16;
-  c.model.n_head = 2;
-  c.model.seq_len = 8;
-  c.batch = 24;  // divisible by 1..4 workers and by 1, 4, 8 micro-batches where needed
-  c.micro_batches = micro_batches;
-  c.steps = kSteps;
-  c.optimizer.kind = optimizer;
-  c.optimizer.lr = 1e-2f;
-  c.optimizer.warmup_steps = 3;
-  c.optimizer.total_steps = kSteps;
-  c.optimizer.weight_decay = 0.05f;
-  c.synthetic_data = false;
-  c.seed = 42;
-  return c;
+  return ParityConfig(kind, micro_batches, optimizer, kSteps);
 }
 
-struct Result {
-  std::vector<float> losses;
-  std::map<std::string, std::vector<float>> params;  // by name
-};
-
-Result Collect(const Stage& st, std::vector<float> losses) {
-  Result r;
-  r.losses = std::move(losses);
-  std::vector<float> flat = *st.params().flat().ToFloatVector();
-  for (const ParamEntry& e : st.layout().entries()) {
-    r.params[e.spec.name] = std::vector<float>(flat.begin() + e.offset,
-                                               flat.begin() + e.offset + e.spec.shape.numel());
-  }
-  return r;
-}
-
-Result SingleWorker(TrainConfig c) {
-  c.micro_batches = 1;
-  auto t = *Trainer::Create(c);
-  std::vector<float> losses;
-  EXPECT_TRUE(t->Run([&](const StepReport& r) { losses.push_back(r.loss); }).ok());
-  return Collect(t->stage(), losses);
-}
-
-Result Distributed(const ParallelConfig& pc) {
-  auto t = DistributedTrainer::Create(pc, comm);
-  EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return {};
-  std::vector<float> losses;
-  for (int i = 0; i < kSteps; ++i) {
-    auto r = (*t)->Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return {};
-    losses.push_back(r->loss);
-  }
-  return Collect((*t)->stage(), losses);
-}
-
-// Losses: within 1e-5 relative each (the invariant). Weights: within `weight_tol` of the
-// tensor's largest magnitude: 1e-5 under SGD, 1e-3 under AdamW (seen: 1.3e-4 at 4 ranks x 2
-// micro-batches, the most): summing gradients in another order changes them by rounding, and
-// AdamW divides each gradient by its own running RMS, so a parameter whose true gradient is
-// zero (the attention key bias: softmax ignores a constant added to every key) or nearly
-// so turns that rounding into updates of up to the full learning rate.
-void ExpectClose(const std::vector<float>& want, const std::vector<float>& got,
-                 const std::string& what, double weight_tol) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  float scale = 0;
-  for (float w : want) scale = std::max(scale, std::fabs(w));
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double tol = weight_tol > 0 ? weight_tol * scale : 1e-5 * std::fabs(want[i]) + 1e-7;
-    ASSERT_NEAR(got[i], want[i], tol)
-        << what << " element " << i << " on rank " << comm->rank();
-  }
-}
-
-void Check(const ParallelConfig& pc, const std::string& name) {
-  SCOPED_TRACE(absl::StrFormat("%s %s on %d ranks", name, pc.train.optimizer.kind,
-                               comm->world_size()));
-  Result one = SingleWorker(pc.train);
-  Result many = Distributed(pc);
-  ExpectClose(one.losses, many.losses, name + " losses", 0);
-  EXPECT_FALSE(many.params.empty());
-  for (const auto& [param, values] : many.params) ExpectClose(one.params[param], values, name + " " + param,
-                pc.train.optimizer.kind == "sgd" ? 1e-5 : 1e-3);
-}
+void Check(const ParallelConfig& pc, const std::string& name) { CheckParity(pc, comm, name); }
 
 const std::vector<std::string> kOptimizers = {"sgd", "adamw"};
 

@@ -1,0 +1,118 @@
+#include "parallel/parity_testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+
+TrainConfig ParityConfig(ModelKind kind, int micro_batches, const std::string& optimizer,
+                         int steps) {
+  TrainConfig c;
+  c.model = *ModelPreset(kind == ModelKind::kGpt ? "gpt" : "mlp");
+  c.model.n_layer = 3;
+  c.model.d_model = 16;
+  c.model.n_head = 2;
+  c.model.seq_len = 8;
+  c.batch = 24;
+  c.micro_batches = micro_batches;
+  c.steps = steps;
+  c.optimizer.kind = optimizer;
+  c.optimizer.lr = 1e-2f;
+  c.optimizer.warmup_steps = 3;
+  c.optimizer.total_steps = steps;
+  c.optimizer.weight_decay = 0.05f;
+  c.synthetic_data = false;
+  c.seed = 42;
+  return c;
+}
+
+Trained Collect(const Stage& st, std::vector<float> losses) {
+  Trained r;
+  r.losses = std::move(losses);
+  std::vector<float> flat = *st.params().flat().ToFloatVector();
+  for (const ParamEntry& e : st.layout().entries()) {
+    r.params[e.spec.name] = std::vector<float>(flat.begin() + e.offset,
+                                               flat.begin() + e.offset + e.spec.shape.numel());
+  }
+  return r;
+}
+
+Trained TrainOneWorker(TrainConfig c) {
+  c.micro_batches = 1;
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return {};
+  std::vector<float> losses;
+  EXPECT_TRUE((*t)->Run([&](const StepReport& r) { losses.push_back(r.loss); }).ok());
+  return Collect((*t)->stage(), losses);
+}
+
+Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps,
+                         const std::string& resume, const std::string& save_dir) {
+  auto t = DistributedTrainer::Create(pc, comm);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return {};
+  if (!resume.empty()) {
+    absl::Status s = (*t)->LoadCheckpoint(resume);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) return {};
+  }
+  std::vector<float> losses;
+  for (int i = 0; i < steps; ++i) {
+    auto r = (*t)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    losses.push_back(r->loss);
+  }
+  if (!save_dir.empty()) {
+    absl::Status s = (*t)->SaveCheckpoint(save_dir);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return Collect((*t)->stage(), losses);
+}
+
+void ExpectClose(const std::vector<float>& want, const std::vector<float>& got,
+                 const std::string& what, double weight_tol, int rank, bool absolute) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  float scale = 0;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  if (absolute) scale = 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double tol = weight_tol > 0 ? weight_tol * scale : 1e-5 * std::fabs(want[i]) + 1e-7;
+    ASSERT_NEAR(got[i], want[i], tol) << what << " element " << i << " on rank " << rank;
+  }
+}
+
+void ExpectSameWeights(const Trained& want, const Trained& got, const std::string& what,
+                       double weight_tol, int rank, bool absolute) {
+  EXPECT_FALSE(got.params.empty()) << what;
+  for (const auto& [param, values] : got.params) {
+    auto it = want.params.find(param);
+    ASSERT_NE(it, want.params.end()) << what << ": " << param;
+    ExpectClose(it->second, values, what + " " + param, weight_tol, rank, absolute);
+  }
+}
+
+double WeightTolerance(const std::string& optimizer) {
+  return optimizer == "sgd" ? 1e-5 : 1e-3;
+}
+
+void CheckParity(const ParallelConfig& pc, Communicator* comm, const std::string& name,
+                 double weight_abs_tol) {
+  SCOPED_TRACE(absl::StrFormat("%s %s on %d ranks", name, pc.train.optimizer.kind,
+                               comm->world_size()));
+  Trained one = TrainOneWorker(pc.train);
+  Trained many = TrainDistributed(pc, comm, pc.train.steps);
+  ExpectClose(one.losses, many.losses, name + " losses", 0, comm->rank());
+  if (weight_abs_tol > 0) {
+    ExpectSameWeights(one, many, name, weight_abs_tol, comm->rank(), /*absolute=*/true);
+  } else {
+    ExpectSameWeights(one, many, name, WeightTolerance(pc.train.optimizer.kind), comm->rank());
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,58 @@
+// Training a small model on one worker and across ranks, and comparing the two: the parity
+// checks of parallel/parity_test.cc and parallel/hybrid_test.cc (docs/DESIGN.md, invariant
+// 1). Test-only.
+#ifndef TANDEM_PARALLEL_PARITY_TESTING_H_
+#define TANDEM_PARALLEL_PARITY_TESTING_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "parallel/distributed.h"
+
+namespace tandem {
+
+// A 3-layer model (d_model 16, sequence 8) over a batch of 24, divisible by 1 to 4 workers
+// and by 1, 4 and 8 micro-batches, trained for `steps` steps with warm-up and weight decay.
+TrainConfig ParityConfig(ModelKind kind, int micro_batches, const std::string& optimizer,
+                         int steps);
+
+struct Trained {
+  std::vector<float> losses;
+  std::map<std::string, std::vector<float>> params;  // this rank's, by name
+};
+
+// The stage's parameters by name, with `losses`.
+Trained Collect(const Stage& st, std::vector<float> losses);
+// c.steps steps on one worker in one micro-batch (or from c.resume, to c.steps).
+Trained TrainOneWorker(TrainConfig c);
+// `steps` steps of `pc` on `comm`'s ranks, from checkpoint `resume` when not empty, then a
+// checkpoint into `save_dir` when not empty.
+Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps,
+                         const std::string& resume = "", const std::string& save_dir = "");
+
+// Losses within 1e-5 relative each (the invariant). Weights within `weight_tol` of the
+// tensor's largest magnitude (`absolute`: within weight_tol), or relative like the losses
+// when weight_tol is 0.
+void ExpectClose(const std::vector<float>& want, const std::vector<float>& got,
+                 const std::string& what, double weight_tol, int rank, bool absolute = false);
+// Every weight of `got` (a rank's stage) close to the same parameter's in `want`.
+void ExpectSameWeights(const Trained& want, const Trained& got, const std::string& what,
+                       double weight_tol, int rank, bool absolute = false);
+
+// The weight tolerance of a parity check: 1e-5 under SGD; under AdamW 1e-3: summing
+// gradients in another order changes them by rounding, and AdamW divides each gradient by
+// its own running RMS, so a parameter whose true gradient is zero (the attention key bias:
+// softmax ignores a constant added to every key) or nearly so turns that rounding into
+// updates of up to the full learning rate (seen: 1.3e-4 at 4 ranks x 2 micro-batches).
+double WeightTolerance(const std::string& optimizer);
+
+// pc.train.steps steps of `pc` across `comm` against one worker: losses, and weights within
+// WeightTolerance, or within `weight_abs_tol` (absolute) when it is positive.
+void CheckParity(const ParallelConfig& pc, Communicator* comm, const std::string& name,
+                 double weight_abs_tol = 0);
+
+}  // namespace tandem
+
+#endif  // TANDEM_PARALLEL_PARITY_TESTING_H_

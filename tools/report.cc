@@ -17,12 +17,11 @@
 #include "absl/strings/str_split.h"
 #include "launcher/report.h"
 #include "runtime/files.h"
+#include "runtime/json.h"
 
 namespace tandem {
 namespace tools {
 namespace {
-
-using launcher::JsonValue;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Losses further than this (relative) from one worker's are called out.
@@ -132,29 +131,28 @@ std::string Millis(double seconds) {
 // ---- reading ----
 
 absl::StatusOr<RunData> ReadRun(const std::string& dir) {
-  absl::StatusOr<JsonValue> run = launcher::ReadJsonFile(dir + "/run.json");
+  absl::StatusOr<Json> run = ReadJsonFile(dir + "/run.json");
   if (!run.ok()) return run.status();
   if (!run->is_object()) return absl::InvalidArgumentError(dir + "/run.json: not an object");
   RunData d;
   d.dir = dir;
-  const JsonValue* config = run->Find("config");
-  const JsonValue empty;
-  const JsonValue& c = config != nullptr ? *config : empty;
-  d.strategy = run->StringOr("strategy", c.StringOr("strategy", ""));
-  d.schedule = c.StringOr("schedule", "");
-  d.model = c.StringOr("model", "");
-  d.seed = c.StringOr("seed", "");
-  d.device = run->StringOr("device", c.StringOr("device", ""));
-  d.exit = run->StringOr("exit", "ok");
-  d.workers = static_cast<int>(run->NumberOr("workers", c.NumberOr("workers", 0)));
-  d.batch = static_cast<int>(c.NumberOr("batch", 0));
-  d.steps = static_cast<int>(c.NumberOr("steps", 0));
-  d.micro_batches = static_cast<int>(run->NumberOr("micro_batches", 1));
-  d.bucket_mb = c.NumberOr("bucket_mb", 25);
-  d.overlap = c.NumberOr("overlap", 1) != 0;
-  d.tokens_per_step = static_cast<int64_t>(run->NumberOr("tokens_per_step", 0));
-  if (const JsonValue* l = run->Find("losses"); l != nullptr && l->is_array()) {
-    for (const JsonValue& v : l->array) d.losses.push_back(v.is_number() ? v.number : kNaN);
+  const Json c = run->value("config", Json::object());
+  d.strategy = StringOr(*run, "strategy", StringOr(c, "strategy", ""));
+  d.schedule = StringOr(c, "schedule", "");
+  d.model = StringOr(c, "model", "");
+  d.seed = StringOr(c, "seed", "");
+  d.device = StringOr(*run, "device", StringOr(c, "device", ""));
+  d.exit = StringOr(*run, "exit", "ok");
+  d.workers = static_cast<int>(NumberOr(*run, "workers", NumberOr(c, "workers", 0)));
+  d.batch = static_cast<int>(NumberOr(c, "batch", 0));
+  d.steps = static_cast<int>(NumberOr(c, "steps", 0));
+  d.micro_batches = static_cast<int>(NumberOr(*run, "micro_batches", 1));
+  d.bucket_mb = NumberOr(c, "bucket_mb", 25);
+  d.overlap = NumberOr(c, "overlap", 1) != 0;
+  d.tokens_per_step = static_cast<int64_t>(NumberOr(*run, "tokens_per_step", 0));
+  if (const auto l = run->find("losses"); l != run->end() && l->is_array()) {
+    // null: a step without a loss (nan or infinite).
+    for (const Json& v : *l) d.losses.push_back(v.is_number() ? v.get<double>() : kNaN);
   }
   if (d.workers < 1) return absl::InvalidArgumentError(dir + "/run.json: no workers");
   for (int r = 0; r < d.workers; ++r) {

@@ -36,7 +36,8 @@ step_losses() {
 }
 
 # Fails unless every step of run $2 has the loss of the same step of run $1 within a relative
-# tolerance $3 (0: the same digits, i.e. bit for bit: the metrics carry 9 significant digits).
+# tolerance $3 (0: the same digits, i.e. bit for bit: the metrics carry each loss as the
+# shortest decimal that reads back as the same float).
 same_losses() {
   local steps
   steps=$(join <(step_losses "$1" | sort -k1,1) <(step_losses "$2" | sort -k1,1) | awk -v tol="$3" '

@@ -90,7 +90,7 @@ class Runner {
     // before any worker opens its file.
     const int from = StartStep(job.resume);
     for (int r = 0;; ++r) {
-      const std::string path = absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r);
+      const std::string path = MetricsPath(run_dir, r);
       if (!PathExists(path)) break;
       RETURN_IF_ERROR(TruncateMetricsFile(path, from));
     }
@@ -132,7 +132,7 @@ class Runner {
     // appends to files holding earlier steps; run.json reads them whole at the end).
     std::vector<MetricsTail> tails;
     for (int r = 0; r < n; ++r) {
-      tails.emplace_back(absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r));
+      tails.emplace_back(MetricsPath(run_dir, r));
       tails.back().ReadNew();
     }
     ProgressTracker tracker(n, job.steps, tokens_per_step_);
@@ -321,8 +321,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
   rec.restarts = restarts;
   rec.first_step = StartStep(plan.job.resume);
   for (int r = 0; r < job.workers; ++r) {
-    rec.ranks.push_back(
-        ReadMetricsFile(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, r)));
+    rec.ranks.push_back(ReadMetricsFile(MetricsPath(job.run_dir, r)));
   }
   const ProgressState final_state = ComputeProgress(rec.ranks, job.steps, tokens_per_step);
   std::string preempted_at;

@@ -9,122 +9,12 @@
 #include <map>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/files.h"
 
 namespace tandem {
 namespace launcher {
-namespace {
-
-// A flat JSON object: string keys, values that are numbers, booleans, null or strings.
-// Numbers and booleans (as 1/0) land in `numbers`.
-absl::Status ParseFlatObject(absl::string_view s, std::map<std::string, double>* numbers) {
-  size_t i = 0;
-  auto skip = [&] {
-    while (i < s.size() && absl::ascii_isspace(s[i])) ++i;
-  };
-  auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("metrics line: %s at offset %d: %s", what, i, s));
-  };
-  auto read_string = [&](std::string* out) -> bool {
-    if (i >= s.size() || s[i] != '"') return false;
-    ++i;
-    out->clear();
-    while (i < s.size() && s[i] != '"') {
-      if (s[i] == '\\' && i + 1 < s.size()) ++i;  // escapes kept as the escaped character
-      out->push_back(s[i++]);
-    }
-    if (i >= s.size()) return false;
-    ++i;
-    return true;
-  };
-  skip();
-  if (i >= s.size() || s[i] != '{') return bad("expected '{'");
-  ++i;
-  skip();
-  if (i < s.size() && s[i] == '}') return absl::OkStatus();
-  for (;;) {
-    skip();
-    std::string key;
-    if (!read_string(&key)) return bad("expected a quoted key");
-    skip();
-    if (i >= s.size() || s[i] != ':') return bad("expected ':'");
-    ++i;
-    skip();
-    if (i < s.size() && s[i] == '"') {
-      std::string ignored;
-      if (!read_string(&ignored)) return bad("unterminated string");
-    } else {
-      size_t end = i;
-      while (end < s.size() && s[end] != ',' && s[end] != '}' && !absl::ascii_isspace(s[end])) {
-        ++end;
-      }
-      const absl::string_view v = s.substr(i, end - i);
-      double d;
-      if (v == "true") {
-        (*numbers)[key] = 1;
-      } else if (v == "false") {
-        (*numbers)[key] = 0;
-      } else if (v == "null") {
-        (*numbers)[key] = std::numeric_limits<double>::quiet_NaN();  // JSON's nan or inf
-      } else if (absl::SimpleAtod(v, &d)) {
-        (*numbers)[key] = d;
-      } else {
-        return bad(absl::StrCat("bad value for \"", key, "\""));
-      }
-      i = end;
-    }
-    skip();
-    if (i < s.size() && s[i] == ',') {
-      ++i;
-      continue;
-    }
-    if (i < s.size() && s[i] == '}') {
-      ++i;
-      skip();
-      if (i != s.size()) return bad("text after the object");
-      return absl::OkStatus();
-    }
-    return bad("expected ',' or '}'");
-  }
-}
-
-}  // namespace
-
-absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
-  std::map<std::string, double> v;
-  absl::Status s = ParseFlatObject(line, &v);
-  if (!s.ok()) return s;
-  if (v.count("step") == 0 || v.count("loss") == 0 || v.count("seconds") == 0 ||
-      !std::isfinite(v["step"]) || !std::isfinite(v["seconds"])) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics line without a step, loss or seconds (numbers): ", line));
-  }
-  auto get = [&](const char* k) { return v.count(k) ? v[k] : 0.0; };
-  StepRecord r;
-  r.step = static_cast<int>(get("step"));
-  r.loss = get("loss");
-  r.seconds = get("seconds");
-  r.compute = get("compute");
-  r.comm = get("comm");
-  r.exposed_comm = get("exposed_comm");
-  r.bubble = get("bubble");
-  r.optimizer = get("optimizer");
-  r.input = get("input");
-  r.host_syncs = static_cast<int64_t>(get("host_syncs"));
-  r.comm_bytes = static_cast<int64_t>(get("comm_bytes"));
-  r.allocated_bytes = static_cast<int64_t>(get("allocated_bytes"));
-  r.peak_bytes = static_cast<int64_t>(get("peak_bytes"));
-  r.param_bytes = static_cast<int64_t>(get("param_bytes"));
-  r.grad_bytes = static_cast<int64_t>(get("grad_bytes"));
-  r.optimizer_bytes = static_cast<int64_t>(get("optimizer_bytes"));
-  r.peak_in_flight = static_cast<int>(get("peak_in_flight"));
-  return r;
-}
-
 std::vector<StepRecord> MetricsTail::ReadNew(std::vector<std::string>* errors) {
   std::vector<StepRecord> out;
   std::ifstream in(path_, std::ios::binary);

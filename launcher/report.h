@@ -1,5 +1,5 @@
-// What the launcher makes of the workers' measurements: reading the per-step metrics lines
-// (<run_dir>/metrics/rank-<r>.jsonl), per-rank totals and throughput, run.json (written
+// What the launcher makes of the workers' measurements: following and reading the per-step
+// metrics files (<run_dir>/metrics/rank-<r>.jsonl, parallel/metrics.h), per-rank totals and throughput, run.json (written
 // atomically), and the summary table printed at the end.
 #ifndef TANDEM_LAUNCHER_REPORT_H_
 #define TANDEM_LAUNCHER_REPORT_H_
@@ -14,33 +14,10 @@
 #include "absl/strings/string_view.h"
 #include "model/memory.h"  // FormatBytes
 #include "parallel/job.h"
+#include "parallel/metrics.h"  // StepRecord, ParseMetricsLine
 
 namespace tandem {
 namespace launcher {
-
-// One worker's line for one step (worker.cc writes them).
-struct StepRecord {
-  int step = 0;  // 0-based
-  double loss = 0;
-  double seconds = 0;       // the whole step
-  double compute = 0;       // forward and backward
-  double comm = 0;          // the communicator's busy time on the step's operations
-  double exposed_comm = 0;  // waiting for communication
-  double bubble = 0;        // pipeline: waiting for activations or gradients
-  double optimizer = 0;
-  double input = 0;         // waiting for a micro-batch's copy to the device
-  int64_t host_syncs = 0;   // host synchronizations the rank made during the step
-  int64_t comm_bytes = 0;
-  int64_t allocated_bytes = 0;
-  int64_t peak_bytes = 0;
-  int64_t param_bytes = 0;      // model state: parameters (and their 16-bit copy),
-  int64_t grad_bytes = 0;       // gradients,
-  int64_t optimizer_bytes = 0;  // optimizer moments
-  int peak_in_flight = 0;       // micro-batches whose activations were held at once
-};
-
-// Parses one metrics line (a flat JSON object); an error names what is wrong.
-absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line);
 
 // Follows one metrics file as a worker appends to it: each ReadNew() returns the complete
 // lines added since the last call (a line still being written waits for its end). A missing

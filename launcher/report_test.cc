@@ -1,5 +1,5 @@
-// Tests of metrics parsing and following, per-rank totals and throughput, run.json's content
-// and escaping, the atomic write and the summary table.
+// Tests of following and reading metrics files, per-rank totals and throughput, run.json's
+// content and escaping, the atomic write and the summary table.
 #include "launcher/report.h"
 
 #include <unistd.h>
@@ -23,13 +23,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A line exactly as worker.cc writes it.
-constexpr char kLine[] =
-    "{\"step\": 3, \"loss\": 5.48474979, \"seconds\": 0.000391, \"compute\": 0.000270, "
-    "\"exposed_comm\": 0.000041, \"bubble\": 0.000000, \"optimizer\": 0.000072, "
-    "\"comm_bytes\": 169472, \"sequence\": 5, \"lr\": 0.0003, \"grad_norm\": 2.7244, "
-    "\"skipped\": false, \"allocated_bytes\": 677888, \"peak_bytes\": 1135104}";
-
 StepRecord Rec(int step, double loss, double seconds, int64_t peak = 0) {
   StepRecord r;
   r.step = step;
@@ -46,37 +39,6 @@ StepRecord Rec(int step, double loss, double seconds, int64_t peak = 0) {
   r.optimizer_bytes = peak / 4;
   r.peak_in_flight = 3;
   return r;
-}
-
-TEST(ParseMetricsLine, WorkersLine) {
-  absl::StatusOr<StepRecord> r = ParseMetricsLine(kLine);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->step, 3);
-  EXPECT_DOUBLE_EQ(r->loss, 5.48474979);
-  EXPECT_DOUBLE_EQ(r->seconds, 0.000391);
-  EXPECT_DOUBLE_EQ(r->compute, 0.000270);
-  EXPECT_DOUBLE_EQ(r->exposed_comm, 0.000041);
-  EXPECT_DOUBLE_EQ(r->optimizer, 0.000072);
-  EXPECT_EQ(r->comm_bytes, 169472);
-  EXPECT_EQ(r->allocated_bytes, 677888);
-  EXPECT_EQ(r->peak_bytes, 1135104);
-}
-
-TEST(ParseMetricsLine, ToleratesStringsAndSpacing) {
-  absl::StatusOr<StepRecord> r =
-      ParseMetricsLine("  {\"step\":1,\"loss\":2.5,\"seconds\":1e-3,\"note\":\"a, \\\"b\\\" }\"} ");
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->step, 1);
-  EXPECT_DOUBLE_EQ(r->seconds, 1e-3);
-}
-
-TEST(ParseMetricsLine, Errors) {
-  EXPECT_FALSE(ParseMetricsLine("").ok());
-  EXPECT_FALSE(ParseMetricsLine("not json").ok());
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": 2").ok());
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": x, \"seconds\": 1}").ok());
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"seconds\": 1}").ok());  // no loss
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": 1, \"seconds\": 1} trailing").ok());
 }
 
 TEST(MetricsTail, CompleteLinesOnly) {
@@ -110,12 +72,11 @@ TEST(ReadMetricsFile, LastRecordOfAStepWins) {
   EXPECT_DOUBLE_EQ(r[1].loss, 3);
 }
 
-TEST(ParseMetricsLine, NullIsNotANumber) {
+TEST(RunJson, ANullLossIsNoLoss) {
   // A diverged step: the worker writes its nan loss and norm as JSON's null.
   const absl::StatusOr<StepRecord> r =
       ParseMetricsLine("{\"step\": 2, \"loss\": null, \"seconds\": 0.1, \"grad_norm\": null}");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(std::isnan(r->loss));
   RunRecord run;
   run.ranks = {{*r}};
   EXPECT_THAT(RunJson(run), HasSubstr("\"losses\": [null]"));

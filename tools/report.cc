@@ -156,8 +156,7 @@ absl::StatusOr<RunData> ReadRun(const std::string& dir) {
   }
   if (d.workers < 1) return absl::InvalidArgumentError(dir + "/run.json: no workers");
   for (int r = 0; r < d.workers; ++r) {
-    absl::StatusOr<std::vector<StepMetrics>> m =
-        ReadMetrics(absl::StrFormat("%s/metrics/rank-%d.jsonl", dir, r));
+    absl::StatusOr<std::vector<StepMetrics>> m = ReadMetrics(MetricsPath(dir, r));
     if (!m.ok()) return m.status();
     d.ranks.push_back(std::move(*m));
   }

@@ -119,29 +119,6 @@ std::string FormatThousands(double v);
 std::string FormatDuration(double seconds);
 
 
-// A minimal JSON writer: objects, arrays, strings (escaped), numbers (non-finite become
-// null), booleans. Commas and nesting are tracked; the caller keeps keys and values paired.
-class JsonWriter {
- public:
-  JsonWriter& BeginObject();
-  JsonWriter& EndObject();
-  JsonWriter& BeginArray();
-  JsonWriter& EndArray();
-  JsonWriter& Key(absl::string_view key);
-  JsonWriter& String(absl::string_view s);
-  JsonWriter& Number(double v);
-  JsonWriter& Int(int64_t v);
-  JsonWriter& Bool(bool b);
-  const std::string& str() const { return out_; }
-  static std::string Quote(absl::string_view s);
-
- private:
-  void BeforeValue();
-  std::string out_;
-  std::vector<bool> first_;  // per open container: nothing written into it yet
-  bool after_key_ = false;
-};
-
 }  // namespace launcher
 }  // namespace tandem
 

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/files.h"
+#include "runtime/json.h"
 #include "runtime/test_files.h"
 
 namespace tandem {
@@ -196,6 +197,24 @@ TEST(RunJson, Content) {
   EXPECT_THAT(json, HasSubstr("\"run_dir\": \"/runs/a \\\"quoted\\\"\\nname\""));
 }
 
+TEST(RunJson, LayoutTheShellTestsRead) {
+  RunRecord r = Sample();
+  r.ranks[0][1].loss = 5.48474979f;
+  const std::string json = RunJson(r);
+  // One member a line; the losses on one line, each float in full; the ranks' objects open.
+  EXPECT_TRUE(absl::StartsWith(json, "{\n  \"config\": {\n    \"strategy\": \"pipeline\",\n    \""))
+      << json;
+  EXPECT_THAT(json, HasSubstr("\n  \"losses\": [5, 5.48475, 4, 3.5, 3],\n"));
+  EXPECT_THAT(json, HasSubstr("\n  \"ranks\": [{\n      \"rank\": 0,\n"));
+  EXPECT_THAT(json, HasSubstr("\n      \"host_syncs_per_step\": 0\n    }, {\n      \"rank\": 1,"));
+  EXPECT_TRUE(absl::EndsWith(json, "\n    }]\n}\n")) << json;
+  // What it says reads back.
+  absl::StatusOr<Json> back = ParseJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(static_cast<float>((*back)["losses"][1].get<double>()), 5.48474979f);
+  EXPECT_EQ(StringOr((*back)["config"], "run_dir", ""), r.job.run_dir);
+}
+
 TEST(RunJson, AResumedRunsFiguresAreOfItsOwnSteps) {
   // Steps 0-4 of an earlier run into this directory (at 0.01 and 0.02 s), then this one's,
   // resumed at step 5, at 1 s a step with no bubble.
@@ -240,15 +259,6 @@ TEST(RunJson, Failure) {
   EXPECT_THAT(json, HasSubstr("\"failed_rank\": 1"));
   EXPECT_THAT(json, HasSubstr("\"losses\": [5, 4.5]"));
   EXPECT_THAT(json, HasSubstr("\"steps_completed\": 2"));
-}
-
-TEST(JsonWriter, EscapesAndNonFinite) {
-  EXPECT_EQ(JsonWriter::Quote("a\"b\\c\n\t\x01"), "\"a\\\"b\\\\c\\n\\t\\u0001\"");
-  EXPECT_EQ(JsonWriter::Quote("h\xc3\xa9"), "\"h\xc3\xa9\"");  // UTF-8 as is
-  JsonWriter w;
-  w.BeginObject().Key("a").BeginArray().Number(1.5).Number(NAN).Number(INFINITY).Int(-3).Bool(true)
-      .EndArray().Key("b").BeginObject().EndObject().Key("c").String("x").EndObject();
-  EXPECT_EQ(w.str(), "{\n  \"a\": [1.5, null, null, -3, true],\n  \"b\": {},\n  \"c\": \"x\"\n}");
 }
 
 TEST(WriteFileAtomically, WritesAndLeavesNoTemporary) {

@@ -40,7 +40,9 @@ ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
 ABSL_FLAG(std::string, checkpoint_dir, "", "directory the checkpoints go to (made if missing)");
-ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints, and one at the end (0: none)");
+ABSL_FLAG(int, checkpoint_every, 0,
+          "steps between checkpoints, and one at the end; a run from its start also keeps its "
+          "initial weights, as step 0 (0: none)");
 ABSL_FLAG(std::string, resume, "", "checkpoint file (.ckpt) to resume from");
 ABSL_FLAG(int, profile_steps, 0,
           "profile the last N steps: each op's time on its device (events around it on the "

@@ -33,7 +33,8 @@ grep -qF "train: --checkpoint-every=1 needs --checkpoint-dir=DIR" "$tmp/nodir.tx
 ck="$tmp/not/yet/there"
 "$train" "${small[@]}" --steps=4 --checkpoint-every=2 --checkpoint-dir="$ck" >"$tmp/run.txt" 2>&1 ||
   { cat "$tmp/run.txt"; fail "the run with checkpoints failed"; }
-[ -f "$ck/step-000002.ckpt" ] && [ -f "$ck/step-000004.ckpt" ] || fail "checkpoints missing"
+[ -f "$ck/step-000000.ckpt" ] && [ -f "$ck/step-000002.ckpt" ] && [ -f "$ck/step-000004.ckpt" ] ||
+  fail "checkpoints missing"
 grep -q "^step    4/4  loss" "$tmp/run.txt" || fail "no step 4 line"
 
 "$train" "${small[@]}" --steps=4 --resume="$ck/step-000004.ckpt" >"$tmp/done.txt" 2>&1
@@ -47,4 +48,10 @@ grep -qF "the checkpoint is at step 4 and --steps=4: nothing left to train; rais
 [ "$(grep '^step    [34]/4' "$tmp/resumed.txt" | awk '{print $4}')" = \
   "$(grep '^step    [34]/4' "$tmp/run.txt" | awk '{print $4}')" ] ||
   fail "the resumed losses differ from the uninterrupted run's"
+# Resumed from the initial weights (step 0), every step has the uninterrupted run's loss.
+"$train" "${small[@]}" --steps=4 --resume="$ck/step-000000.ckpt" >"$tmp/from0.txt" 2>&1 ||
+  { cat "$tmp/from0.txt"; fail "the run from step 0 failed"; }
+[ "$(grep '^step    [1-4]/4' "$tmp/from0.txt" | awk '{print $4}')" = \
+  "$(grep '^step    [1-4]/4' "$tmp/run.txt" | awk '{print $4}')" ] ||
+  fail "the losses from step 0 differ from the uninterrupted run's"
 echo "PASSED: examples/train's command line"

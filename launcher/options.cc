@@ -72,7 +72,9 @@ ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks
 ABSL_FLAG(std::string, run_dir, "",
           "where logs, metrics, checkpoints and run.json go; empty: "
           "runs/<YYYYmmdd-HHMMSS>-<strategy> in the directory the launcher was started from");
-ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
+ABSL_FLAG(int, checkpoint_every, 0,
+          "steps between checkpoints; a run from its start also keeps its initial weights, as "
+          "step 0 (0: none)");
 ABSL_FLAG(std::string, resume, "",
           "checkpoint to resume from: auto (the newest complete one in --run-dir; none: start "
           "fresh), or <dir>/step-NNNNNN (or one of its files); written by any strategy and "

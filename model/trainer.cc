@@ -196,18 +196,23 @@ absl::Status CheckNotDiverged(const StepReport& r, DType dtype) {
   return absl::FailedPreconditionError(absl::StrFormat(
       "step %d: the loss is %s: %s (learning rate %g); lower --lr and start again%s", r.step + 1,
       std::isnan(r.loss) ? "nan" : "infinite", kTrainingDiverged, r.lr,
-      r.step > 1 ? absl::StrFormat(", or resume from a checkpoint older than step %d", r.step)
+      r.step > 0 ? absl::StrFormat(", or resume from a checkpoint older than step %d", r.step)
                  : ""));
 }
 
 absl::Status Trainer::Run(const std::function<void(const StepReport&)>& report) {
+  const bool checkpoints = !c_.checkpoint_dir.empty() && c_.checkpoint_every > 0;
+  auto checkpoint = [&] {
+    return SaveCheckpoint(CheckpointPrefixFor(c_.checkpoint_dir, step_) + ".ckpt");
+  };
+  // A run from its start keeps the initial weights too, as step 0 (before the first step).
+  if (checkpoints && step_ == 0 && c_.resume.empty()) RETURN_IF_ERROR(checkpoint());
   while (step_ < c_.steps) {
     ASSIGN_OR_RETURN(StepReport r, Step());
     if (report) report(r);
     RETURN_IF_ERROR(CheckNotDiverged(r, c_.dtype));
-    if (!c_.checkpoint_dir.empty() && c_.checkpoint_every > 0 &&
-        (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {
-      RETURN_IF_ERROR(SaveCheckpoint(CheckpointPrefixFor(c_.checkpoint_dir, step_) + ".ckpt"));
+    if (checkpoints && (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {
+      RETURN_IF_ERROR(checkpoint());
     }
   }
   return absl::OkStatus();

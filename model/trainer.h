@@ -33,7 +33,7 @@ struct TrainConfig {
   std::string data;              // text file; empty: the default corpus
   bool synthetic_data = false;
   std::string checkpoint_dir;    // where checkpoints go; empty: none
-  int checkpoint_every = 0;      // steps; 0: only none
+  int checkpoint_every = 0;      // steps between checkpoints (and step 0, and the last); 0: none
   std::string resume;            // a checkpoint file to start from
   absl::Status Validate() const;
 };

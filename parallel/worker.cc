@@ -302,6 +302,11 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   const int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
   // Memory the model state holds (the rest of the peak is activations and workspace).
   const MemoryNeed& state = trainer->memory().need;
+  // A run from its start keeps the initial weights too, as step 0 (before the first step):
+  // the run can be reproduced, or compared, from its beginning (--resume=<dir>/step-000000).
+  if (job.checkpoint_every > 0 && trainer->step() == 0 && job.resume.empty()) {
+    RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
+  }
   Profiler::Enable(job.profile);
   // A run that fails (an error, another rank's abort) keeps what it recorded: its trace
   // shows where it stopped.

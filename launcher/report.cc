@@ -79,6 +79,20 @@ absl::Status TruncateMetricsFile(const std::string& path, int from) {
   return dropped ? WriteFileAtomically(path, kept) : absl::OkStatus();
 }
 
+absl::Status TruncateRunMetrics(const std::string& run_dir, int from) {
+  for (int r = 0;; ++r) {
+    const std::string path = MetricsPath(run_dir, r);
+    if (!PathExists(path)) return absl::OkStatus();
+    if (absl::Status s = TruncateMetricsFile(path, from); !s.ok()) return s;
+  }
+}
+
+std::vector<std::vector<StepRecord>> ReadRunMetrics(const std::string& run_dir, int workers) {
+  std::vector<std::vector<StepRecord>> ranks;
+  for (int r = 0; r < workers; ++r) ranks.push_back(ReadMetricsFile(MetricsPath(run_dir, r)));
+  return ranks;
+}
+
 RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
   RankTotals t;
   t.rank = rank;
@@ -96,6 +110,7 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
         std::max(t.peak_activation_bytes,
                  s.peak_bytes - s.param_bytes - s.grad_bytes - s.optimizer_bytes);
     t.peak_in_flight = std::max(t.peak_in_flight, s.peak_in_flight);
+    t.breakdown = t.breakdown || s.breakdown;
   }
   std::vector<int64_t> syncs;
   for (const StepRecord& s : steps) syncs.push_back(s.host_syncs);
@@ -283,21 +298,24 @@ std::string RunJson(const RunRecord& r) {
     k["rank"] = t.rank;
     k["steps"] = t.steps;
     k["peak_memory_bytes"] = t.peak_memory_bytes;
-    k["compute_seconds"] = JsonNumber(t.compute_seconds);
-    k["optimizer_seconds"] = JsonNumber(t.optimizer_seconds);
-    // communication_seconds: the communicator's busy time (MPI's communication thread; on
-    // NCCL the operations' time on the communication stream, by events); exposed: the part
-    // the compute stream waited for; the rest ran hidden behind compute. Left out where no
-    // busy time was measured.
-    if (t.comm_seconds > 0) {
-      k["communication_seconds"] = JsonNumber(t.comm_seconds);
-      k["hidden_communication_share"] = JsonNumber(t.hidden_comm_share());
+    // Where the steps' time went; left out where only whole steps were measured (one device).
+    if (t.breakdown) {
+      k["compute_seconds"] = JsonNumber(t.compute_seconds);
+      k["optimizer_seconds"] = JsonNumber(t.optimizer_seconds);
+      // communication_seconds: the communicator's busy time (MPI's communication thread; on
+      // NCCL the operations' time on the communication stream, by events); exposed: the part
+      // the compute stream waited for; the rest ran hidden behind compute. Left out where no
+      // busy time was measured.
+      if (t.comm_seconds > 0) {
+        k["communication_seconds"] = JsonNumber(t.comm_seconds);
+        k["hidden_communication_share"] = JsonNumber(t.hidden_comm_share());
+      }
+      k["exposed_communication_seconds"] = JsonNumber(t.exposed_comm_seconds);
+      k["bubble_seconds"] = JsonNumber(t.bubble_seconds);
+      k["bubble_fraction"] = JsonNumber(t.bubble_fraction());
+      k["busy_seconds"] = JsonNumber(t.compute_seconds + t.optimizer_seconds);
+      k["idle_seconds"] = JsonNumber(t.exposed_comm_seconds + t.bubble_seconds);
     }
-    k["exposed_communication_seconds"] = JsonNumber(t.exposed_comm_seconds);
-    k["bubble_seconds"] = JsonNumber(t.bubble_seconds);
-    k["bubble_fraction"] = JsonNumber(t.bubble_fraction());
-    k["busy_seconds"] = JsonNumber(t.compute_seconds + t.optimizer_seconds);
-    k["idle_seconds"] = JsonNumber(t.exposed_comm_seconds + t.bubble_seconds);
     k["peak_activation_bytes"] = t.peak_activation_bytes;
     k["peak_micro_batches_in_flight"] = t.peak_in_flight;
     k["communication_bytes"] = t.comm_bytes;
@@ -307,6 +325,10 @@ std::string RunJson(const RunRecord& r) {
   j["ranks"] = std::move(ranks);
   // Objects one member a line, arrays on one line: `"losses": [...]` is one line to grep.
   return JsonText(j, JsonLayout::kObjects) + "\n";
+}
+
+absl::Status WriteRunJson(const RunRecord& r) {
+  return WriteFileAtomically(absl::StrCat(r.job.run_dir, "/run.json"), RunJson(r));
 }
 
 std::string SummaryTable(const RunRecord& r) {

@@ -1,6 +1,6 @@
 // What the launcher makes of the workers' measurements: following and reading the per-step
-// metrics files (<run_dir>/metrics/rank-<r>.jsonl, parallel/metrics.h), per-rank totals and throughput, run.json (written
-// atomically), and the summary table printed at the end.
+// metrics files (<run_dir>/metrics/rank-<r>.jsonl, parallel/metrics.h), per-rank totals and
+// throughput, run.json (written atomically), and the summary table printed at the end.
 #ifndef TANDEM_LAUNCHER_REPORT_H_
 #define TANDEM_LAUNCHER_REPORT_H_
 
@@ -45,6 +45,13 @@ std::vector<StepRecord> ByStep(const std::vector<StepRecord>& records);
 // step `from` writes again (a missing file is left missing). The file is replaced atomically.
 absl::Status TruncateMetricsFile(const std::string& path, int from);
 
+// Drops the records of step `from` and later from every rank's metrics file under `run_dir`
+// (rank-0.jsonl, rank-1.jsonl, ... while they exist): what a run starting at step `from` (0,
+// or its checkpoint's) writes again.
+absl::Status TruncateRunMetrics(const std::string& run_dir, int from);
+// Ranks 0..workers-1's records under `run_dir`, each as ReadMetricsFile reads them.
+std::vector<std::vector<StepRecord>> ReadRunMetrics(const std::string& run_dir, int workers);
+
 // Per-rank sums over the steps run.
 struct RankTotals {
   int rank = 0;
@@ -59,6 +66,9 @@ struct RankTotals {
   int64_t peak_memory_bytes = 0;
   int64_t peak_activation_bytes = 0;  // peak - parameters, gradients and optimizer state
   int peak_in_flight = 0;
+  // Whether the step times were split into compute, communication, bubble and optimizer (a
+  // one-device run measures only whole steps).
+  bool breakdown = false;
   // The median over the steps of the host synchronizations in a step: 1 when the loss is
   // read every step (--log-every=1), 0 when it is read less often.
   double host_syncs_per_step = 0;
@@ -109,6 +119,8 @@ struct RunRecord {
 
 // run.json's text.
 std::string RunJson(const RunRecord& r);
+// Writes it to <run_dir>/run.json, atomically.
+absl::Status WriteRunJson(const RunRecord& r);
 // The table printed at the end: one row per rank, then loss, throughput, wall time, run dir.
 std::string SummaryTable(const RunRecord& r);
 

@@ -23,6 +23,7 @@ namespace launcher {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 StepRecord Rec(int step, double loss, double seconds, int64_t peak = 0) {
   StepRecord r;
@@ -213,6 +214,19 @@ TEST(RunJson, LayoutTheShellTestsRead) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(static_cast<float>((*back)["losses"][1].get<double>()), 5.48474979f);
   EXPECT_EQ(StringOr((*back)["config"], "run_dir", ""), r.job.run_dir);
+}
+
+TEST(RunJson, OneDevicesWholeStepsOnly) {
+  // examples/train measures whole steps: no split of their time to report.
+  RunRecord r = Sample();
+  r.ranks.resize(1);
+  for (StepRecord& s : r.ranks[0]) s.breakdown = false;
+  const std::string json = RunJson(r);
+  EXPECT_THAT(json, HasSubstr("\"step_seconds_mean\": 0.01,"));
+  EXPECT_THAT(json, HasSubstr("\"host_syncs_per_step\": 0"));
+  for (const char* key : {"compute_seconds", "busy_seconds", "bubble_seconds", "idle_seconds"}) {
+    EXPECT_THAT(json, Not(HasSubstr(key))) << key;
+  }
 }
 
 TEST(RunJson, AResumedRunsFiguresAreOfItsOwnSteps) {

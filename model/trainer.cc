@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
 }
 
 absl::StatusOr<StepReport> Trainer::Step() {
+  const int64_t syncs_before = HostSync::Count();
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.device));
   ASSIGN_OR_RETURN(std::unique_ptr<Event> start, Event::Create(c_.device));
   RETURN_IF_ERROR(start->Record(*s));
@@ -120,6 +121,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   // The stream's time from where this step's work began to its end.
   ASSIGN_OR_RETURN(float ms, end->ElapsedMsSince(*start));
   r.seconds = ms * 1e-3;
+  r.host_syncs = HostSync::Count() - syncs_before;
   ++step_;
   return r;
 }

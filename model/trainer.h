@@ -4,6 +4,7 @@
 #ifndef TANDEM_MODEL_TRAINER_H_
 #define TANDEM_MODEL_TRAINER_H_
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -46,6 +47,9 @@ struct StepReport {
   bool skipped = false;  // loss scaler found inf/nan
   float loss_scale = 1;  // the loss scaler's, after this step (1 unless f16)
   double seconds = 0;
+  // Host synchronizations during Trainer::Step (the read of its loss). The distributed
+  // trainer counts its own per step (StepTiming).
+  int64_t host_syncs = 0;
 };
 
 // The words CheckNotDiverged's error holds, which the launcher looks for in a failure: a

@@ -19,6 +19,7 @@ StepRecord StepRecordOf(const StepReport& r) {
   s.grad_norm = r.grad_norm;
   s.skipped = r.skipped;
   s.seconds = r.seconds;
+  s.host_syncs = r.host_syncs;
   return s;
 }
 

@@ -48,7 +48,8 @@ struct StepRecord {
   int64_t optimizer_bytes = 0;  // optimizer moments
 };
 
-// A record with what a step's report holds: step, loss, learning rate, norm, skip, seconds.
+// A record with what a step's report holds: step, loss, learning rate, norm, skip, seconds
+// and host synchronizations.
 StepRecord StepRecordOf(const StepReport& r);
 
 // <run_dir>/metrics/rank-<rank>.jsonl.

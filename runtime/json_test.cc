@@ -34,7 +34,8 @@ TEST(JsonNumbers, EveryFloatReadsBackTheSame) {
     EXPECT_EQ(static_cast<float>(std::strtod(text.c_str(), nullptr)), f) << text;
   }
   for (int i = 0; i < 100000; ++i) {
-    const float f = std::ldexp(static_cast<float>(i * 7919 % 100003) / 100003.0f + 0.5f, i % 80 - 40);
+    const float mantissa = static_cast<float>(i * 7919 % 100003) / 100003.0f + 0.5f;
+    const float f = std::ldexp(mantissa, i % 80 - 40);
     const std::string text = JsonFloat(f).dump();
     ASSERT_EQ(static_cast<float>(std::strtod(text.c_str(), nullptr)), f) << text;
   }

@@ -1,6 +1,8 @@
 // Trains one model on one device and prints the loss of every step and the throughput:
 //   bazel run //examples:train -- --model=gpt-tiny --steps=300
-// It is the single-worker baseline that every parallel strategy is checked against.
+// It is the single-worker baseline that every parallel strategy is checked against. With
+// --run-dir it also writes what a launcher run writes there, with the same code: run.json and
+// metrics/rank-0.jsonl (launcher/report.h, parallel/metrics.h), and the checkpoints.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,14 +10,20 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "launcher/flags.h"
 #include "launcher/paths.h"
+#include "launcher/report.h"
 #include "model/trainer.h"
+#include "parallel/job.h"
+#include "parallel/metrics.h"
 #include "runtime/files.h"
-#include "runtime/host_sync.h"
 #include "runtime/profiler.h"
 
 ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp");
@@ -39,8 +47,16 @@ ABSL_FLAG(std::string, data, "", "text file to train on (default: /usr/share/com
 ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
-ABSL_FLAG(std::string, checkpoint_dir, "", "directory the checkpoints go to (made if missing)");
-ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints, and one at the end (0: none)");
+ABSL_FLAG(std::string, run_dir, "",
+          "write run.json, metrics/rank-0.jsonl and the checkpoints into this directory, as "
+          "the launcher does (made if missing); auto: runs/<time>-train, the launcher's naming; "
+          "empty: print only");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "directory the checkpoints go to (made if missing; default with --run-dir: "
+          "<run_dir>/checkpoints)");
+ABSL_FLAG(int, checkpoint_every, 0,
+          "steps between checkpoints, and one at the end; a run from its start also keeps its "
+          "initial weights, as step 0 (0: none)");
 ABSL_FLAG(std::string, resume, "", "checkpoint file (.ckpt) to resume from");
 ABSL_FLAG(int, profile_steps, 0,
           "profile the last N steps: each op's time on its device (events around it on the "
@@ -50,38 +66,85 @@ ABSL_FLAG(int, profile_steps, 0,
 namespace tandem {
 namespace {
 
-absl::StatusOr<TrainConfig> ConfigFromFlags() {
-  TrainConfig c;
-  auto model = ModelPreset(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_n_layer),
-                           absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_head),
-                           absl::GetFlag(FLAGS_seq_len), absl::GetFlag(FLAGS_attention));
-  if (!model.ok()) return model.status();
-  c.model = *model;
-  c.steps = absl::GetFlag(FLAGS_steps);
-  c.batch = absl::GetFlag(FLAGS_batch);
-  c.micro_batches = absl::GetFlag(FLAGS_micro_batches);
-  c.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
-  c.optimizer.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
-  c.optimizer.warmup_steps = absl::GetFlag(FLAGS_warmup);
-  c.optimizer.total_steps = c.steps;
-  c.optimizer.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  c.optimizer.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
-  c.seed = absl::GetFlag(FLAGS_seed);
-  // Relative paths are the user's: under `bazel run` this process runs in its runfiles.
-  auto users = [bwd = launcher::BuildWorkingDirectory()](const std::string& path) {
-    return bwd.empty() ? path : launcher::AbsolutePath(bwd, path);
-  };
-  c.data = users(absl::GetFlag(FLAGS_data));
-  c.synthetic_data = absl::GetFlag(FLAGS_synthetic);
+// What the flags ask for: the training, and with --run-dir where it is recorded and the job
+// run.json describes: one worker, as the launcher's --strategy=data --gpus=1 (the same
+// training), with the launcher's defaults where one device has no use for a setting.
+struct Setup {
+  JobConfig job;
+  TrainConfig train;
+  std::string run_dir;  // resolved; empty: print only
+};
+
+// Where the user's relative paths are: under `bazel run`, the directory it was started from
+// (this process runs in its runfiles).
+std::string UserDir() {
+  const std::string bwd = launcher::BuildWorkingDirectory();
+  if (!bwd.empty()) return bwd;
+  char buf[4096];
+  return getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
+}
+
+absl::StatusOr<Setup> SetupFromFlags() {
+  Setup setup;
+  const std::string user_dir = UserDir();
+  auto users = [&](const std::string& path) { return launcher::AbsolutePath(user_dir, path); };
+  JobConfig& job = setup.job;
+  job.strategy = "data";
+  job.workers = 1;
+  job.model = absl::GetFlag(FLAGS_model);
+  job.n_layer = absl::GetFlag(FLAGS_n_layer);
+  job.d_model = absl::GetFlag(FLAGS_d_model);
+  job.n_head = absl::GetFlag(FLAGS_n_head);
+  job.seq_len = absl::GetFlag(FLAGS_seq_len);
+  job.attention = absl::GetFlag(FLAGS_attention);
+  job.dtype = absl::GetFlag(FLAGS_dtype);
+  job.steps = absl::GetFlag(FLAGS_steps);
+  job.batch = absl::GetFlag(FLAGS_batch);
+  job.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  job.lr = absl::GetFlag(FLAGS_lr);
+  job.warmup = absl::GetFlag(FLAGS_warmup);
+  job.optimizer = absl::GetFlag(FLAGS_optimizer);
+  job.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
+  job.seed = absl::GetFlag(FLAGS_seed);
+  job.data = users(absl::GetFlag(FLAGS_data));
+  job.synthetic = absl::GetFlag(FLAGS_synthetic);
+  job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  job.resume = users(absl::GetFlag(FLAGS_resume));
+  job.profile = absl::GetFlag(FLAGS_profile_steps) > 0;
   auto device = ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
-  c.device = *device;
-  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return dtype.status();
-  c.dtype = *dtype;
+  job.device = device->is_cuda() ? "cuda" : "cpu";
+  const std::string run_dir = absl::GetFlag(FLAGS_run_dir);
+  if (run_dir == "auto") {
+    setup.run_dir = launcher::NewRunDir(user_dir, absl::Now(), "train");
+  } else if (!run_dir.empty()) {
+    setup.run_dir = users(run_dir);
+    bool exists, is_dir;
+    const bool non_empty = launcher::IsNonEmptyDirectory(setup.run_dir, &exists, &is_dir);
+    if (exists && !is_dir) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--run-dir=%s exists and is not a directory", run_dir));
+    }
+    if (non_empty && job.resume.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
+          run_dir));
+    }
+  }
+  job.run_dir = setup.run_dir;
+  // The training the job's workers would run, on this device.
+  auto pc = job.ToParallelConfig(*device);
+  if (!pc.ok()) return pc.status();
+  TrainConfig& c = setup.train;
+  c = pc->train;
+  c.micro_batches = job.micro_batches;  // as given: 0 is refused, not a default
+  c.checkpoint_every = job.checkpoint_every;
+  c.resume = job.resume;
   c.checkpoint_dir = users(absl::GetFlag(FLAGS_checkpoint_dir));
-  c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  c.resume = users(absl::GetFlag(FLAGS_resume));
+  if (c.checkpoint_dir.empty() && !setup.run_dir.empty()) {
+    c.checkpoint_dir = setup.run_dir + "/checkpoints";
+  }
   if (c.device.is_cuda()) {
     std::string why;
     if (CudaDeviceCount(&why) <= c.device.index()) {
@@ -89,19 +152,44 @@ absl::StatusOr<TrainConfig> ConfigFromFlags() {
           "--device=%s: no such CUDA device (%s); use --device=cpu", c.device.ToString(), why));
     }
   }
-  return c;
+  return setup;
 }
 
 int Main() {
-  auto config = ConfigFromFlags();
-  if (!config.ok()) {
-    std::fprintf(stderr, "train: %s\n", std::string(config.status().message()).c_str());
+  auto setup = SetupFromFlags();
+  if (!setup.ok()) {
+    std::fprintf(stderr, "train: %s\n", std::string(setup.status().message()).c_str());
     return 2;
   }
-  const TrainConfig& c = *config;
+  const TrainConfig& c = setup->train;
+  const std::string& run_dir = setup->run_dir;
   if (absl::Status v = c.Validate(); !v.ok()) {
     std::fprintf(stderr, "train: %s\n", std::string(v.message()).c_str());
     return 2;
+  }
+  auto trainer = Trainer::Create(c);
+  if (!trainer.ok()) {
+    const absl::Status e = ExplainOutOfMemory(trainer.status(), '-');
+    std::fprintf(stderr, "train: %s\n", std::string(e.message()).c_str());
+    return 2;
+  }
+  const int first_step = (*trainer)->step();
+  if (first_step >= c.steps) {
+    std::fprintf(stderr,
+                 "train: --resume=%s: the checkpoint is at step %d and --steps=%d: nothing left "
+                 "to train; raise --steps\n",
+                 c.resume.c_str(), first_step, c.steps);
+    return 2;
+  }
+  if (!run_dir.empty()) {
+    // As the launcher: the steps from the one this run starts at are written again.
+    absl::Status made = launcher::CreateRunDirectory(run_dir);
+    if (made.ok()) made = launcher::TruncateRunMetrics(run_dir, first_step);
+    if (!made.ok()) {
+      std::fprintf(stderr, "train: --run-dir=%s: %s\n", run_dir.c_str(),
+                   std::string(made.message()).c_str());
+      return 2;
+    }
   }
   if (c.checkpoint_every > 0) {
     if (absl::Status made = MakeDirs(c.checkpoint_dir); !made.ok()) {
@@ -110,44 +198,72 @@ int Main() {
       return 2;
     }
   }
-  auto trainer = Trainer::Create(c);
-  if (!trainer.ok()) {
-    const absl::Status e = ExplainOutOfMemory(trainer.status(), '-');
-    std::fprintf(stderr, "train: %s\n", std::string(e.message()).c_str());
-    return 2;
-  }
-  if ((*trainer)->step() >= c.steps) {
-    std::fprintf(stderr,
-                 "train: --resume=%s: the checkpoint is at step %d and --steps=%d: nothing left "
-                 "to train; raise --steps\n",
-                 c.resume.c_str(), (*trainer)->step(), c.steps);
-    return 2;
-  }
   std::printf("model  %s\ndata   %s (%lld tokens, %lld samples)\ndevice %s, batch %d x %d tokens\n",
               c.model.ToString().c_str(), (*trainer)->data().source().c_str(),
               static_cast<long long>((*trainer)->data().num_tokens()),
               static_cast<long long>((*trainer)->data().num_samples()),
               c.device.ToString().c_str(), c.batch, c.model.seq_len);
   std::printf("memory %s\n", DescribeMemory((*trainer)->memory()).c_str());
+  if (!run_dir.empty()) {
+    std::printf("run    %s (run.json, metrics/rank-0.jsonl)\n", run_dir.c_str());
+  }
   std::fflush(stdout);  // before any error on stderr, in a log that takes both
+  auto allocator = GetAllocator(c.device);
+  // The step records of metrics/rank-0.jsonl, as a worker's, less the split of the step's time
+  // (one device measures only its whole).
+  std::unique_ptr<MetricsWriter> metrics;
+  if (!run_dir.empty()) metrics = std::make_unique<MetricsWriter>(MetricsPath(run_dir, 0));
+  absl::Status written;
+  auto record = [&](const StepReport& r) {
+    if (metrics == nullptr || !written.ok()) return;
+    StepRecord m = StepRecordOf(r);
+    m.breakdown = false;
+    m.peak_in_flight = 1;  // micro-batches run one after another
+    if (allocator.ok()) {
+      const AllocatorStats mem = (*allocator)->stats();
+      m.allocated_bytes = mem.allocated_bytes;
+      m.peak_bytes = mem.peak_allocated_bytes;
+    }
+    const MemoryNeed& state = (*trainer)->memory().need;
+    m.param_bytes = state.params;
+    m.grad_bytes = state.grads;
+    m.optimizer_bytes = state.optimizer;
+    written = metrics->Append(m);
+  };
   const int profile_steps = std::max(0, std::min(absl::GetFlag(FLAGS_profile_steps), c.steps));
   const int first_profiled = c.steps - profile_steps;
   if (first_profiled == 0 && profile_steps > 0) Profiler::Enable(true);
   std::vector<double> step_seconds;  // after the first two, which warm caches and the allocator
-  std::vector<int64_t> step_syncs;   // host synchronizations from one report to the next
-  int64_t syncs_before = HostSync::Count();
+  std::vector<int64_t> step_syncs;   // host synchronizations in each of those steps
+  const absl::Time start = absl::Now();
   absl::Status s = (*trainer)->Run([&](const StepReport& r) {
     const double tok_s = c.batch * c.model.seq_len / r.seconds;
     if (r.step >= 2 && r.step < first_profiled) {
       step_seconds.push_back(r.seconds);
-      step_syncs.push_back(HostSync::Count() - syncs_before);
+      step_syncs.push_back(r.host_syncs);
     }
     if (r.step + 1 == first_profiled) Profiler::Enable(true);
     std::printf("step %4d/%d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s%s\n", r.step + 1,
                 c.steps, r.loss, r.lr, r.grad_norm, tok_s, r.skipped ? "  (skipped)" : "");
     std::fflush(stdout);
-    syncs_before = HostSync::Count();
+    record(r);
   });
+  if (s.ok()) s = written;
+  if (!run_dir.empty()) {
+    // run.json as the launcher writes it, of every step recorded in this directory.
+    launcher::RunRecord rec;
+    rec.job = setup->job;
+    rec.seq_len = c.model.seq_len;
+    rec.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    rec.first_step = first_step;
+    rec.ranks = launcher::ReadRunMetrics(run_dir, 1);
+    if (!s.ok()) {
+      rec.exit = "rank 0 failed";
+      rec.failed_rank = 0;
+      rec.failure = std::string(s.message());
+    }
+    if (absl::Status w = launcher::WriteRunJson(rec); !w.ok() && s.ok()) s = w;
+  }
   if (!s.ok()) {
     s = ExplainOutOfMemory(s, '-');
     std::fprintf(stderr, "train: %s\n", std::string(s.message()).c_str());
@@ -178,7 +294,6 @@ int Main() {
     std::printf("op table, last %d steps:\n%s", profile_steps,
                 Profiler::FormatOpTable(Profiler::OpTable()).c_str());
   }
-  auto allocator = GetAllocator(c.device);
   if (allocator.ok()) std::printf("allocator %s\n", (*allocator)->stats().ToString().c_str());
   return 0;
 }
@@ -188,14 +303,14 @@ int Main() {
 
 int main(int argc, char** argv) {
   const tandem::launcher::FlagSet flags{"examples/train.cc",
-                                        {"model",        "n_layer",        "d_model",
-                                         "n_head",       "seq_len",        "attention",
-                                         "steps",        "batch",          "micro_batches",
-                                         "lr",           "warmup",         "optimizer",
-                                         "weight_decay", "clip_norm",      "seed",
-                                         "data",         "synthetic",      "device",
-                                         "dtype",        "checkpoint_dir", "checkpoint_every",
-                                         "resume",       "profile_steps"}};
+                                        {"model",          "n_layer",        "d_model",
+                                         "n_head",         "seq_len",        "attention",
+                                         "steps",          "batch",          "micro_batches",
+                                         "lr",             "warmup",         "optimizer",
+                                         "weight_decay",   "clip_norm",      "seed",
+                                         "data",           "synthetic",      "device",
+                                         "dtype",          "run_dir",        "checkpoint_dir",
+                                         "checkpoint_every", "resume",       "profile_steps"}};
   bool help = false;
   const absl::Status parsed =
       tandem::launcher::ParseFlags(flags, std::vector<std::string>(argv + 1, argv + argc), &help);
@@ -204,7 +319,8 @@ int main(int argc, char** argv) {
                    flags,
                    "Usage: bazel run //examples:train -- [flags]\n"
                    "Trains one model on one device, without the launcher, and prints the loss\n"
-                   "of every step and the throughput.\n"
+                   "of every step and the throughput; with --run-dir it also writes run.json and\n"
+                   "metrics/rank-0.jsonl there, as the launcher does.\n"
                    "  e.g. bazel run //examples:train -- --model=gpt-tiny --steps=300\n")
                    .c_str(),
                stdout);

@@ -5,9 +5,10 @@
 # (SIGINT to the launcher), bad_flags (nothing starts, nothing is created; nor with --check),
 # preempt_launcher and preempt_worker (SIGTERM: every worker checkpoints, exit 75;
 # --resume=auto continues bit for bit), restart (--max-restarts after an injected crash),
-# reshard (checkpoints moved between strategies and worker counts), bad_checkpoint (missing
-# or corrupt shards refused), slow_start (workers slow to set up are not taken for hung),
-# log_every (the host reads the loss every --log-every steps and synchronizes nowhere else).
+# reshard (checkpoints moved between strategies and worker counts; a run resumed from the
+# initial weights' checkpoint, step 0), bad_checkpoint (missing or corrupt shards refused),
+# slow_start (workers slow to set up are not taken for hung), log_every (the host reads the
+# loss every --log-every steps and synchronizes nowhere else).
 set -u
 case_name="$1"
 launcher="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
@@ -36,7 +37,8 @@ step_losses() {
 }
 
 # Fails unless every step of run $2 has the loss of the same step of run $1 within a relative
-# tolerance $3 (0: the same digits, i.e. bit for bit: the metrics carry 9 significant digits).
+# tolerance $3 (0: the same digits, i.e. bit for bit: the metrics carry each loss as the
+# shortest decimal that reads back as the same float).
 same_losses() {
   local steps
   steps=$(join <(step_losses "$1" | sort -k1,1) <(step_losses "$2" | sort -k1,1) | awk -v tol="$3" '
@@ -346,8 +348,22 @@ case "$case_name" in
       [ "$first" -eq "$(basename "$from" | sed 's/step-0*//')" ] || fail "did not start at $from"
       [ "$next" = - ] || from="$dir/checkpoints/step-$(printf %06d "$next")"
     done
+    # The initial weights are checkpoint step 0: a run resumed from it (--resume=auto, where it
+    # is the only one) trains the unchanged run's 10 steps, bit for bit.
+    [ -f "$never/checkpoints/step-000000.manifest" ] || fail "no checkpoint of step 0"
+    dir="$tmp/run-from-0"
+    mkdir -p "$dir/checkpoints"
+    cp "$never"/checkpoints/step-000000.* "$dir/checkpoints/"
+    timeout 60 "$launcher" --strategy=data --gpus=2 "${common[@]}" --resume=auto \
+      --run-dir="$dir" >"$tmp/out-from-0.txt" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || { cat "$tmp/out-from-0.txt"; fail "the run from step 0 exited $rc"; }
+    grep -q "resuming from $dir/checkpoints/step-000000 (step 0)" "$tmp/out-from-0.txt" ||
+      { cat "$tmp/out-from-0.txt"; fail "--resume=auto did not resume from step 0"; }
+    [ "$(same_losses "$never" "$dir" 0)" -eq 10 ] || fail "the run from step 0 lacks steps"
+    echo "data x2 from step-000000: steps 0-9 as the unchanged run's, bit for bit"
     no_worker_left
-    echo "PASSED: data x2 -> pipeline x4 -> pipeline x2 -> data x2 resharded"
+    echo "PASSED: data x2 -> pipeline x4 -> pipeline x2 -> data x2 resharded; resumed from step 0"
     ;;
 
   bad_checkpoint)

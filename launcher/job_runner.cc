@@ -82,12 +82,7 @@ class Runner {
     // This attempt writes the steps from the one it starts at (its checkpoint's, else 0)
     // again: the records an earlier attempt or run left of them go (of every rank it had),
     // before any worker opens its file.
-    const int from = StartStep(job.resume);
-    for (int r = 0;; ++r) {
-      const std::string path = absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r);
-      if (!PathExists(path)) break;
-      RETURN_IF_ERROR(TruncateMetricsFile(path, from));
-    }
+    RETURN_IF_ERROR(TruncateRunMetrics(run_dir, StartStep(job.resume)));
     // A fresh coordinator and token for every start.
     ASSIGN_OR_RETURN(std::string token, GenerateJobToken());
     CoordinatorServerOptions co;
@@ -126,7 +121,7 @@ class Runner {
     // appends to files holding earlier steps; run.json reads them whole at the end).
     std::vector<MetricsTail> tails;
     for (int r = 0; r < n; ++r) {
-      tails.emplace_back(absl::StrFormat("%s/metrics/rank-%d.jsonl", run_dir, r));
+      tails.emplace_back(MetricsPath(run_dir, r));
       tails.back().ReadNew();
     }
     ProgressTracker tracker(n, job.steps, tokens_per_step_);
@@ -303,10 +298,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
   rec.wall_seconds = wall;
   rec.restarts = restarts;
   rec.first_step = StartStep(plan.job.resume);
-  for (int r = 0; r < job.workers; ++r) {
-    rec.ranks.push_back(
-        ReadMetricsFile(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, r)));
-  }
+  rec.ranks = ReadRunMetrics(job.run_dir, job.workers);
   const ProgressState final_state = ComputeProgress(rec.ranks, job.steps, tokens_per_step);
   std::string preempted_at;
   if (a.outcome == Outcome::kPreempted) {
@@ -321,8 +313,7 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
     rec.failed_rank = a.failure.rank;
     rec.failure = a.failure.how;
   }
-  const std::string json_path = absl::StrCat(job.run_dir, "/run.json");
-  absl::Status written = WriteFileAtomically(json_path, RunJson(rec));
+  absl::Status written = WriteRunJson(rec);
 
   if (!rec.ranks.empty() && !rec.ranks[0].empty()) display.Finish(FormatProgress(final_state));
   else display.Finish(absl::StrFormat("step 0/%d", job.steps));

@@ -3,7 +3,6 @@
 // every problem is reported, one line each, and nothing is created on disk.
 #include "launcher/options.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,7 +71,9 @@ ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks
 ABSL_FLAG(std::string, run_dir, "",
           "where logs, metrics, checkpoints and run.json go; empty: "
           "runs/<YYYYmmdd-HHMMSS>-<strategy> in the directory the launcher was started from");
-ABSL_FLAG(int, checkpoint_every, 0, "steps between checkpoints (0: none)");
+ABSL_FLAG(int, checkpoint_every, 0,
+          "steps between checkpoints; a run from its start also keeps its initial weights, as "
+          "step 0 (0: none)");
 ABSL_FLAG(std::string, resume, "",
           "checkpoint to resume from: auto (the newest complete one in --run-dir; none: start "
           "fresh), or <dir>/step-NNNNNN (or one of its files); written by any strategy and "
@@ -115,25 +116,6 @@ ABSL_FLAG(double, heartbeat_timeout, 60,
 namespace tandem {
 namespace launcher {
 namespace {
-
-bool IsNonEmptyDirectory(const std::string& path, bool* exists, bool* is_dir) {
-  struct stat st;
-  *exists = ::stat(path.c_str(), &st) == 0;
-  *is_dir = *exists && S_ISDIR(st.st_mode);
-  if (!*is_dir) return false;
-  // Any entry besides . and .. makes it non-empty.
-  bool non_empty = false;
-  if (DIR* d = opendir(path.c_str())) {
-    while (struct dirent* e = readdir(d)) {
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        non_empty = true;
-        break;
-      }
-    }
-    closedir(d);
-  }
-  return non_empty;
-}
 
 // Whether `a` and `b` name the same existing directory.
 bool SameDirectory(const std::string& a, const std::string& b) {
@@ -308,13 +290,6 @@ HostInfo HostInfo::Detect(bool probe_cuda) {
   }
   h.now = absl::Now();
   return h;
-}
-
-std::string DefaultRunDir(const std::string& user_dir, absl::Time now,
-                          const std::string& strategy) {
-  return absl::StrCat(AbsolutePath(user_dir, "runs"), "/",
-                      absl::FormatTime("%Y%m%d-%H%M%S", now, absl::LocalTimeZone()), "-",
-                      strategy);
 }
 
 std::string CheckpointPrefix(const std::string& resume) {
@@ -595,10 +570,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
                               o.job.run_dir, why));
     }
   } else {
-    const std::string base =
-        DefaultRunDir(host.user_dir, host.now, strategy_ok ? o.job.strategy : "run");
-    job.run_dir = base;
-    for (int n = 2; PathExists(job.run_dir); ++n) job.run_dir = absl::StrCat(base, "-", n);
+    job.run_dir = NewRunDir(host.user_dir, host.now, strategy_ok ? o.job.strategy : "run");
     if (const std::string why = WhyNotCreatable(job.run_dir); !why.empty()) {
       problem(absl::StrFormat("the run directory %s cannot be created: %s; pass --run-dir=DIR",
                               job.run_dir, why));
@@ -741,14 +713,6 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
 
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
   return plan;
-}
-
-absl::Status CreateRunDirectory(const std::string& dir) {
-  for (const char* sub : {"logs", "metrics", "checkpoints"}) {
-    absl::Status s = MakeDirs(absl::StrCat(dir, "/", sub));
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace launcher

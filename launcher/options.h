@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "launcher/flags.h"
+#include "launcher/paths.h"  // CreateRunDirectory, DefaultRunDir
 #include "parallel/job.h"
 
 namespace tandem {
@@ -80,13 +81,6 @@ struct LaunchPlan {
 // Checks everything before any worker starts; creates nothing. An error's message holds one
 // line per problem (a pipeline schedule problem may add its grid below its line).
 absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host);
-
-// Makes the run directory with logs/, metrics/ and checkpoints/.
-absl::Status CreateRunDirectory(const std::string& dir);
-
-// "<user_dir>/runs/YYYYmmdd-HHMMSS-<strategy>" in local time.
-std::string DefaultRunDir(const std::string& user_dir, absl::Time now,
-                          const std::string& strategy);
 
 // --resume accepts the step prefix "<dir>/step-NNNNNN" or one of its files
 // ("<prefix>.manifest", "<prefix>.ckpt", "<prefix>.stage-R.ckpt"); this returns the prefix.

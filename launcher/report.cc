@@ -1,5 +1,5 @@
-// Reading the workers' metrics lines, per-rank totals and throughput, run.json through a small
-// JSON writer, and the summary table.
+// Reading the workers' metrics lines, per-rank totals and throughput, run.json, and the summary
+// table.
 #include "launcher/report.h"
 
 #include <algorithm>
@@ -9,122 +9,13 @@
 #include <map>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/files.h"
+#include "runtime/json.h"
 
 namespace tandem {
 namespace launcher {
-namespace {
-
-// A flat JSON object: string keys, values that are numbers, booleans, null or strings.
-// Numbers and booleans (as 1/0) land in `numbers`.
-absl::Status ParseFlatObject(absl::string_view s, std::map<std::string, double>* numbers) {
-  size_t i = 0;
-  auto skip = [&] {
-    while (i < s.size() && absl::ascii_isspace(s[i])) ++i;
-  };
-  auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("metrics line: %s at offset %d: %s", what, i, s));
-  };
-  auto read_string = [&](std::string* out) -> bool {
-    if (i >= s.size() || s[i] != '"') return false;
-    ++i;
-    out->clear();
-    while (i < s.size() && s[i] != '"') {
-      if (s[i] == '\\' && i + 1 < s.size()) ++i;  // escapes kept as the escaped character
-      out->push_back(s[i++]);
-    }
-    if (i >= s.size()) return false;
-    ++i;
-    return true;
-  };
-  skip();
-  if (i >= s.size() || s[i] != '{') return bad("expected '{'");
-  ++i;
-  skip();
-  if (i < s.size() && s[i] == '}') return absl::OkStatus();
-  for (;;) {
-    skip();
-    std::string key;
-    if (!read_string(&key)) return bad("expected a quoted key");
-    skip();
-    if (i >= s.size() || s[i] != ':') return bad("expected ':'");
-    ++i;
-    skip();
-    if (i < s.size() && s[i] == '"') {
-      std::string ignored;
-      if (!read_string(&ignored)) return bad("unterminated string");
-    } else {
-      size_t end = i;
-      while (end < s.size() && s[end] != ',' && s[end] != '}' && !absl::ascii_isspace(s[end])) {
-        ++end;
-      }
-      const absl::string_view v = s.substr(i, end - i);
-      double d;
-      if (v == "true") {
-        (*numbers)[key] = 1;
-      } else if (v == "false") {
-        (*numbers)[key] = 0;
-      } else if (v == "null") {
-        (*numbers)[key] = std::numeric_limits<double>::quiet_NaN();  // JSON's nan or inf
-      } else if (absl::SimpleAtod(v, &d)) {
-        (*numbers)[key] = d;
-      } else {
-        return bad(absl::StrCat("bad value for \"", key, "\""));
-      }
-      i = end;
-    }
-    skip();
-    if (i < s.size() && s[i] == ',') {
-      ++i;
-      continue;
-    }
-    if (i < s.size() && s[i] == '}') {
-      ++i;
-      skip();
-      if (i != s.size()) return bad("text after the object");
-      return absl::OkStatus();
-    }
-    return bad("expected ',' or '}'");
-  }
-}
-
-}  // namespace
-
-absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
-  std::map<std::string, double> v;
-  absl::Status s = ParseFlatObject(line, &v);
-  if (!s.ok()) return s;
-  if (v.count("step") == 0 || v.count("loss") == 0 || v.count("seconds") == 0 ||
-      !std::isfinite(v["step"]) || !std::isfinite(v["seconds"])) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics line without a step, loss or seconds (numbers): ", line));
-  }
-  auto get = [&](const char* k) { return v.count(k) ? v[k] : 0.0; };
-  StepRecord r;
-  r.step = static_cast<int>(get("step"));
-  r.loss = get("loss");
-  r.seconds = get("seconds");
-  r.compute = get("compute");
-  r.comm = get("comm");
-  r.exposed_comm = get("exposed_comm");
-  r.bubble = get("bubble");
-  r.optimizer = get("optimizer");
-  r.input = get("input");
-  r.host_syncs = static_cast<int64_t>(get("host_syncs"));
-  r.comm_bytes = static_cast<int64_t>(get("comm_bytes"));
-  r.allocated_bytes = static_cast<int64_t>(get("allocated_bytes"));
-  r.peak_bytes = static_cast<int64_t>(get("peak_bytes"));
-  r.param_bytes = static_cast<int64_t>(get("param_bytes"));
-  r.grad_bytes = static_cast<int64_t>(get("grad_bytes"));
-  r.optimizer_bytes = static_cast<int64_t>(get("optimizer_bytes"));
-  r.peak_in_flight = static_cast<int>(get("peak_in_flight"));
-  return r;
-}
-
 std::vector<StepRecord> MetricsTail::ReadNew(std::vector<std::string>* errors) {
   std::vector<StepRecord> out;
   std::ifstream in(path_, std::ios::binary);
@@ -188,6 +79,20 @@ absl::Status TruncateMetricsFile(const std::string& path, int from) {
   return dropped ? WriteFileAtomically(path, kept) : absl::OkStatus();
 }
 
+absl::Status TruncateRunMetrics(const std::string& run_dir, int from) {
+  for (int r = 0;; ++r) {
+    const std::string path = MetricsPath(run_dir, r);
+    if (!PathExists(path)) return absl::OkStatus();
+    if (absl::Status s = TruncateMetricsFile(path, from); !s.ok()) return s;
+  }
+}
+
+std::vector<std::vector<StepRecord>> ReadRunMetrics(const std::string& run_dir, int workers) {
+  std::vector<std::vector<StepRecord>> ranks;
+  for (int r = 0; r < workers; ++r) ranks.push_back(ReadMetricsFile(MetricsPath(run_dir, r)));
+  return ranks;
+}
+
 RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
   RankTotals t;
   t.rank = rank;
@@ -205,6 +110,7 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
         std::max(t.peak_activation_bytes,
                  s.peak_bytes - s.param_bytes - s.grad_bytes - s.optimizer_bytes);
     t.peak_in_flight = std::max(t.peak_in_flight, s.peak_in_flight);
+    t.breakdown = t.breakdown || s.breakdown;
   }
   std::vector<int64_t> syncs;
   for (const StepRecord& s : steps) syncs.push_back(s.host_syncs);
@@ -312,206 +218,117 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
-// ---- JSON ----
-
-std::string JsonWriter::Quote(absl::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out.push_back(static_cast<char>(c));  // UTF-8 passes through
-        }
-    }
-  }
-  out += "\"";
-  return out;
-}
-
-void JsonWriter::BeforeValue() {
-  if (after_key_) {
-    after_key_ = false;
-    return;
-  }
-  if (!first_.empty()) {
-    if (!first_.back()) out_ += ", ";
-    first_.back() = false;
-  }
-}
-
-JsonWriter& JsonWriter::BeginObject() {
-  BeforeValue();
-  out_ += "{";
-  first_.push_back(true);
-  return *this;
-}
-
-JsonWriter& JsonWriter::EndObject() {
-  const bool empty = first_.back();
-  first_.pop_back();
-  if (!empty) out_ += "\n" + std::string(2 * first_.size(), ' ');
-  out_ += "}";
-  return *this;
-}
-
-JsonWriter& JsonWriter::BeginArray() {
-  BeforeValue();
-  out_ += "[";
-  first_.push_back(true);
-  return *this;
-}
-
-JsonWriter& JsonWriter::EndArray() {
-  first_.pop_back();
-  out_ += "]";
-  return *this;
-}
-
-JsonWriter& JsonWriter::Key(absl::string_view key) {
-  if (!first_.back()) out_ += ",";
-  first_.back() = false;
-  out_ += "\n" + std::string(2 * first_.size(), ' ') + Quote(key) + ": ";
-  after_key_ = true;
-  return *this;
-}
-
-JsonWriter& JsonWriter::String(absl::string_view s) {
-  BeforeValue();
-  out_ += Quote(s);
-  return *this;
-}
-
-JsonWriter& JsonWriter::Number(double v) {
-  BeforeValue();
-  out_ += std::isfinite(v) ? absl::StrFormat("%.9g", v) : "null";
-  return *this;
-}
-
-JsonWriter& JsonWriter::Int(int64_t v) {
-  BeforeValue();
-  out_ += absl::StrCat(v);
-  return *this;
-}
-
-JsonWriter& JsonWriter::Bool(bool b) {
-  BeforeValue();
-  out_ += b ? "true" : "false";
-  return *this;
-}
+// ---- run.json ----
 
 std::string RunJson(const RunRecord& r) {
   const JobConfig& c = r.job;
-  JsonWriter w;
-  w.BeginObject();
+  Json j;
   // The whole configuration, field by field with JSON types (the keys of JobConfig::ToText).
-  w.Key("config").BeginObject();
-  w.Key("strategy").String(c.strategy);
-  w.Key("workers").Int(c.workers);
-  w.Key("device").String(c.device);
-  w.Key("model").String(c.model);
-  w.Key("n_layer").Int(c.n_layer);
-  w.Key("d_model").Int(c.d_model);
-  w.Key("n_head").Int(c.n_head);
-  w.Key("seq_len").Int(c.seq_len);
-  w.Key("attention").String(c.attention);
-  w.Key("dtype").String(c.dtype);
-  w.Key("steps").Int(c.steps);
-  w.Key("batch").Int(c.batch);
-  w.Key("micro_batches").Int(c.micro_batches);
-  w.Key("schedule").String(c.schedule);
-  w.Key("balance").String(c.balance);
-  w.Key("lr").Number(c.lr);
-  w.Key("warmup").Int(c.warmup);
-  w.Key("optimizer").String(c.optimizer);
-  w.Key("weight_decay").Number(c.weight_decay);
-  w.Key("clip_norm").Number(c.clip_norm);
-  w.Key("seed").String(absl::StrCat(c.seed));  // a uint64 may not fit a JSON double
-  w.Key("data").String(c.data);
-  w.Key("synthetic").Bool(c.synthetic);
-  w.Key("run_dir").String(c.run_dir);
-  w.Key("checkpoint_every").Int(c.checkpoint_every);
-  w.Key("resume").String(c.resume);
-  w.Key("bucket_mb").Number(c.bucket_mb);
-  w.Key("overlap").Bool(c.overlap);
-  w.Key("recompute").Bool(c.recompute);
-  w.Key("heartbeat_timeout_s").Number(c.heartbeat_timeout_s);
-  w.Key("profile").Bool(c.profile);
-  w.Key("log_every").Int(c.log_every);
-  w.Key("debug_syncs").Bool(c.debug_syncs);
-  w.EndObject();
-
-  w.Key("strategy").String(c.strategy);
-  w.Key("workers").Int(c.workers);
-  w.Key("device").String(c.device);
-  w.Key("micro_batches").Int(c.EffectiveMicroBatches());
-  w.Key("exit").String(r.exit);
-  if (r.failed_rank >= 0) w.Key("failed_rank").Int(r.failed_rank);
-  if (!r.failure.empty()) w.Key("failure").String(r.failure);
-  if (!r.abort_reason.empty()) w.Key("abort_reason").String(r.abort_reason);
-  if (r.restarts > 0) w.Key("restarts").Int(r.restarts);
+  j["config"] = {
+      {"strategy", c.strategy},
+      {"workers", c.workers},
+      {"device", c.device},
+      {"model", c.model},
+      {"n_layer", c.n_layer},
+      {"d_model", c.d_model},
+      {"n_head", c.n_head},
+      {"seq_len", c.seq_len},
+      {"attention", c.attention},
+      {"dtype", c.dtype},
+      {"steps", c.steps},
+      {"batch", c.batch},
+      {"micro_batches", c.micro_batches},
+      {"schedule", c.schedule},
+      {"balance", c.balance},
+      {"lr", JsonNumber(c.lr)},
+      {"warmup", c.warmup},
+      {"optimizer", c.optimizer},
+      {"weight_decay", JsonNumber(c.weight_decay)},
+      {"clip_norm", JsonNumber(c.clip_norm)},
+      {"seed", absl::StrCat(c.seed)},  // a uint64 may not fit a JSON reader's double
+      {"data", c.data},
+      {"synthetic", c.synthetic},
+      {"run_dir", c.run_dir},
+      {"checkpoint_every", c.checkpoint_every},
+      {"resume", c.resume},
+      {"bucket_mb", JsonNumber(c.bucket_mb)},
+      {"overlap", c.overlap},
+      {"recompute", c.recompute},
+      {"heartbeat_timeout_s", JsonNumber(c.heartbeat_timeout_s)},
+      {"profile", c.profile},
+      {"log_every", c.log_every},
+      {"debug_syncs", c.debug_syncs},
+  };
+  j["strategy"] = c.strategy;
+  j["workers"] = c.workers;
+  j["device"] = c.device;
+  j["micro_batches"] = c.EffectiveMicroBatches();
+  j["exit"] = r.exit;
+  if (r.failed_rank >= 0) j["failed_rank"] = r.failed_rank;
+  if (!r.failure.empty()) j["failure"] = r.failure;
+  if (!r.abort_reason.empty()) j["abort_reason"] = r.abort_reason;
+  if (r.restarts > 0) j["restarts"] = r.restarts;
   const std::vector<StepRecord> empty;
   const std::vector<StepRecord>& rank0 = r.ranks.empty() ? empty : r.ranks[0];
   // Rank 0's loss is the global batch's (every strategy reduces it).
-  w.Key("first_step").Int(rank0.empty() ? 0 : rank0.front().step);  // the step of losses[0]
+  j["first_step"] = rank0.empty() ? 0 : rank0.front().step;  // the step of losses[0]
   // This run's figures (step times, throughput, the ranks' totals) are of its own steps: from
   // the step it started (or resumed) at; losses[] also holds the earlier runs' it continues.
-  w.Key("figures_from_step").Int(r.first_step);
-  w.Key("losses").BeginArray();
-  for (const StepRecord& s : rank0) w.Number(s.loss);
-  w.EndArray();
-  w.Key("steps_completed").Int(static_cast<int64_t>(rank0.size()));
+  j["figures_from_step"] = r.first_step;
+  Json losses = Json::array();  // floats, each written in full (null: not finite)
+  for (const StepRecord& s : rank0) losses.push_back(JsonFloat(static_cast<float>(s.loss)));
+  j["losses"] = std::move(losses);
+  j["steps_completed"] = rank0.size();
   const int64_t tokens_per_step = int64_t{c.batch} * r.seq_len;
-  w.Key("tokens_per_step").Int(tokens_per_step);
+  j["tokens_per_step"] = tokens_per_step;
   const std::vector<std::vector<StepRecord>> mine = ThisRun(r);
   const double step_seconds = MeanStepSeconds(mine);
-  w.Key("tokens_per_second").Number(TokensPerSecondAt(step_seconds, tokens_per_step));
-  w.Key("step_seconds_mean").Number(step_seconds);
-  w.Key("wall_seconds").Number(r.wall_seconds);
+  j["tokens_per_second"] = JsonNumber(TokensPerSecondAt(step_seconds, tokens_per_step));
+  j["step_seconds_mean"] = JsonNumber(step_seconds);
+  j["wall_seconds"] = JsonNumber(r.wall_seconds);
   const std::vector<RankTotals> totals = AllTotals(mine);
   if (c.strategy != "data" && !r.ranks.empty()) {
     const int K = static_cast<int>(r.ranks.size()), M = c.EffectiveMicroBatches();
-    w.Key("bubble_fraction_measured").Number(MeanBubbleFraction(totals));
-    w.Key("bubble_fraction_gpipe").Number(GpipeBubbleFraction(K, M));
+    j["bubble_fraction_measured"] = JsonNumber(MeanBubbleFraction(totals));
+    j["bubble_fraction_gpipe"] = JsonNumber(GpipeBubbleFraction(K, M));
   }
-  w.Key("ranks").BeginArray();
+  Json ranks = Json::array();
   for (const RankTotals& t : totals) {
-    w.BeginObject();
-    w.Key("rank").Int(t.rank);
-    w.Key("steps").Int(t.steps);
-    w.Key("peak_memory_bytes").Int(t.peak_memory_bytes);
-    w.Key("compute_seconds").Number(t.compute_seconds);
-    w.Key("optimizer_seconds").Number(t.optimizer_seconds);
-    // communication_seconds: the communicator's busy time (MPI's communication thread; on
-    // NCCL the operations' time on the communication stream, by events); exposed: the part
-    // the compute stream waited for; the rest ran hidden behind compute. Left out where no
-    // busy time was measured.
-    if (t.comm_seconds > 0) {
-      w.Key("communication_seconds").Number(t.comm_seconds);
-      w.Key("hidden_communication_share").Number(t.hidden_comm_share());
+    Json k;
+    k["rank"] = t.rank;
+    k["steps"] = t.steps;
+    k["peak_memory_bytes"] = t.peak_memory_bytes;
+    // Where the steps' time went; left out where only whole steps were measured (one device).
+    if (t.breakdown) {
+      k["compute_seconds"] = JsonNumber(t.compute_seconds);
+      k["optimizer_seconds"] = JsonNumber(t.optimizer_seconds);
+      // communication_seconds: the communicator's busy time (MPI's communication thread; on
+      // NCCL the operations' time on the communication stream, by events); exposed: the part
+      // the compute stream waited for; the rest ran hidden behind compute. Left out where no
+      // busy time was measured.
+      if (t.comm_seconds > 0) {
+        k["communication_seconds"] = JsonNumber(t.comm_seconds);
+        k["hidden_communication_share"] = JsonNumber(t.hidden_comm_share());
+      }
+      k["exposed_communication_seconds"] = JsonNumber(t.exposed_comm_seconds);
+      k["bubble_seconds"] = JsonNumber(t.bubble_seconds);
+      k["bubble_fraction"] = JsonNumber(t.bubble_fraction());
+      k["busy_seconds"] = JsonNumber(t.compute_seconds + t.optimizer_seconds);
+      k["idle_seconds"] = JsonNumber(t.exposed_comm_seconds + t.bubble_seconds);
     }
-    w.Key("exposed_communication_seconds").Number(t.exposed_comm_seconds);
-    w.Key("bubble_seconds").Number(t.bubble_seconds);
-    w.Key("bubble_fraction").Number(t.bubble_fraction());
-    w.Key("busy_seconds").Number(t.compute_seconds + t.optimizer_seconds);
-    w.Key("idle_seconds").Number(t.exposed_comm_seconds + t.bubble_seconds);
-    w.Key("peak_activation_bytes").Int(t.peak_activation_bytes);
-    w.Key("peak_micro_batches_in_flight").Int(t.peak_in_flight);
-    w.Key("communication_bytes").Int(t.comm_bytes);
-    w.Key("host_syncs_per_step").Number(t.host_syncs_per_step);
-    w.EndObject();
+    k["peak_activation_bytes"] = t.peak_activation_bytes;
+    k["peak_micro_batches_in_flight"] = t.peak_in_flight;
+    k["communication_bytes"] = t.comm_bytes;
+    k["host_syncs_per_step"] = JsonNumber(t.host_syncs_per_step);
+    ranks.push_back(std::move(k));
   }
-  w.EndArray();
-  w.EndObject();
-  return w.str() + "\n";
+  j["ranks"] = std::move(ranks);
+  // Objects one member a line, arrays on one line: `"losses": [...]` is one line to grep.
+  return JsonText(j, JsonLayout::kObjects) + "\n";
+}
+
+absl::Status WriteRunJson(const RunRecord& r) {
+  return WriteFileAtomically(absl::StrCat(r.job.run_dir, "/run.json"), RunJson(r));
 }
 
 std::string SummaryTable(const RunRecord& r) {

@@ -1,6 +1,6 @@
-// What the launcher makes of the workers' measurements: reading the per-step metrics lines
-// (<run_dir>/metrics/rank-<r>.jsonl), per-rank totals and throughput, run.json (written
-// atomically), and the summary table printed at the end.
+// What the launcher makes of the workers' measurements: following and reading the per-step
+// metrics files (<run_dir>/metrics/rank-<r>.jsonl, parallel/metrics.h), per-rank totals and
+// throughput, run.json (written atomically), and the summary table printed at the end.
 #ifndef TANDEM_LAUNCHER_REPORT_H_
 #define TANDEM_LAUNCHER_REPORT_H_
 
@@ -14,33 +14,10 @@
 #include "absl/strings/string_view.h"
 #include "model/memory.h"  // FormatBytes
 #include "parallel/job.h"
+#include "parallel/metrics.h"  // StepRecord, ParseMetricsLine
 
 namespace tandem {
 namespace launcher {
-
-// One worker's line for one step (worker.cc writes them).
-struct StepRecord {
-  int step = 0;  // 0-based
-  double loss = 0;
-  double seconds = 0;       // the whole step
-  double compute = 0;       // forward and backward
-  double comm = 0;          // the communicator's busy time on the step's operations
-  double exposed_comm = 0;  // waiting for communication
-  double bubble = 0;        // pipeline: waiting for activations or gradients
-  double optimizer = 0;
-  double input = 0;         // waiting for a micro-batch's copy to the device
-  int64_t host_syncs = 0;   // host synchronizations the rank made during the step
-  int64_t comm_bytes = 0;
-  int64_t allocated_bytes = 0;
-  int64_t peak_bytes = 0;
-  int64_t param_bytes = 0;      // model state: parameters (and their 16-bit copy),
-  int64_t grad_bytes = 0;       // gradients,
-  int64_t optimizer_bytes = 0;  // optimizer moments
-  int peak_in_flight = 0;       // micro-batches whose activations were held at once
-};
-
-// Parses one metrics line (a flat JSON object); an error names what is wrong.
-absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line);
 
 // Follows one metrics file as a worker appends to it: each ReadNew() returns the complete
 // lines added since the last call (a line still being written waits for its end). A missing
@@ -68,6 +45,13 @@ std::vector<StepRecord> ByStep(const std::vector<StepRecord>& records);
 // step `from` writes again (a missing file is left missing). The file is replaced atomically.
 absl::Status TruncateMetricsFile(const std::string& path, int from);
 
+// Drops the records of step `from` and later from every rank's metrics file under `run_dir`
+// (rank-0.jsonl, rank-1.jsonl, ... while they exist): what a run starting at step `from` (0,
+// or its checkpoint's) writes again.
+absl::Status TruncateRunMetrics(const std::string& run_dir, int from);
+// Ranks 0..workers-1's records under `run_dir`, each as ReadMetricsFile reads them.
+std::vector<std::vector<StepRecord>> ReadRunMetrics(const std::string& run_dir, int workers);
+
 // Per-rank sums over the steps run.
 struct RankTotals {
   int rank = 0;
@@ -82,6 +66,9 @@ struct RankTotals {
   int64_t peak_memory_bytes = 0;
   int64_t peak_activation_bytes = 0;  // peak - parameters, gradients and optimizer state
   int peak_in_flight = 0;
+  // Whether the step times were split into compute, communication, bubble and optimizer (a
+  // one-device run measures only whole steps).
+  bool breakdown = false;
   // The median over the steps of the host synchronizations in a step: 1 when the loss is
   // read every step (--log-every=1), 0 when it is read less often.
   double host_syncs_per_step = 0;
@@ -132,6 +119,8 @@ struct RunRecord {
 
 // run.json's text.
 std::string RunJson(const RunRecord& r);
+// Writes it to <run_dir>/run.json, atomically.
+absl::Status WriteRunJson(const RunRecord& r);
 // The table printed at the end: one row per rank, then loss, throughput, wall time, run dir.
 std::string SummaryTable(const RunRecord& r);
 
@@ -141,29 +130,6 @@ std::string FormatThousands(double v);
 // "0:42", "12:05", "1:02:03"; "-" for a negative or non-finite time.
 std::string FormatDuration(double seconds);
 
-
-// A minimal JSON writer: objects, arrays, strings (escaped), numbers (non-finite become
-// null), booleans. Commas and nesting are tracked; the caller keeps keys and values paired.
-class JsonWriter {
- public:
-  JsonWriter& BeginObject();
-  JsonWriter& EndObject();
-  JsonWriter& BeginArray();
-  JsonWriter& EndArray();
-  JsonWriter& Key(absl::string_view key);
-  JsonWriter& String(absl::string_view s);
-  JsonWriter& Number(double v);
-  JsonWriter& Int(int64_t v);
-  JsonWriter& Bool(bool b);
-  const std::string& str() const { return out_; }
-  static std::string Quote(absl::string_view s);
-
- private:
-  void BeforeValue();
-  std::string out_;
-  std::vector<bool> first_;  // per open container: nothing written into it yet
-  bool after_key_ = false;
-};
 
 }  // namespace launcher
 }  // namespace tandem

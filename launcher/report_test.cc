@@ -1,6 +1,6 @@
-// Tests of metrics parsing and following, per-rank totals and throughput, run.json's content
-// and escaping, the atomic write and the summary table, whose final line names who aborted
-// the job.
+// Tests of following and reading metrics files, per-rank totals and throughput, run.json's
+// content and escaping, the atomic write and the summary table, whose final line names who
+// aborted the job.
 #include "launcher/report.h"
 
 #include <unistd.h>
@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "launcher/process.h"
 #include "runtime/files.h"
+#include "runtime/json.h"
 #include "runtime/test_files.h"
 
 namespace tandem {
@@ -27,13 +28,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// A line exactly as worker.cc writes it.
-constexpr char kLine[] =
-    "{\"step\": 3, \"loss\": 5.48474979, \"seconds\": 0.000391, \"compute\": 0.000270, "
-    "\"exposed_comm\": 0.000041, \"bubble\": 0.000000, \"optimizer\": 0.000072, "
-    "\"comm_bytes\": 169472, \"sequence\": 5, \"lr\": 0.0003, \"grad_norm\": 2.7244, "
-    "\"skipped\": false, \"allocated_bytes\": 677888, \"peak_bytes\": 1135104}";
 
 StepRecord Rec(int step, double loss, double seconds, int64_t peak = 0) {
   StepRecord r;
@@ -51,37 +45,6 @@ StepRecord Rec(int step, double loss, double seconds, int64_t peak = 0) {
   r.optimizer_bytes = peak / 4;
   r.peak_in_flight = 3;
   return r;
-}
-
-TEST(ParseMetricsLine, WorkersLine) {
-  absl::StatusOr<StepRecord> r = ParseMetricsLine(kLine);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->step, 3);
-  EXPECT_DOUBLE_EQ(r->loss, 5.48474979);
-  EXPECT_DOUBLE_EQ(r->seconds, 0.000391);
-  EXPECT_DOUBLE_EQ(r->compute, 0.000270);
-  EXPECT_DOUBLE_EQ(r->exposed_comm, 0.000041);
-  EXPECT_DOUBLE_EQ(r->optimizer, 0.000072);
-  EXPECT_EQ(r->comm_bytes, 169472);
-  EXPECT_EQ(r->allocated_bytes, 677888);
-  EXPECT_EQ(r->peak_bytes, 1135104);
-}
-
-TEST(ParseMetricsLine, ToleratesStringsAndSpacing) {
-  absl::StatusOr<StepRecord> r =
-      ParseMetricsLine("  {\"step\":1,\"loss\":2.5,\"seconds\":1e-3,\"note\":\"a, \\\"b\\\" }\"} ");
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->step, 1);
-  EXPECT_DOUBLE_EQ(r->seconds, 1e-3);
-}
-
-TEST(ParseMetricsLine, Errors) {
-  EXPECT_FALSE(ParseMetricsLine("").ok());
-  EXPECT_FALSE(ParseMetricsLine("not json").ok());
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": 2").ok());
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": x, \"seconds\": 1}").ok());
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"seconds\": 1}").ok());  // no loss
-  EXPECT_FALSE(ParseMetricsLine("{\"step\": 1, \"loss\": 1, \"seconds\": 1} trailing").ok());
 }
 
 TEST(MetricsTail, CompleteLinesOnly) {
@@ -115,12 +78,11 @@ TEST(ReadMetricsFile, LastRecordOfAStepWins) {
   EXPECT_DOUBLE_EQ(r[1].loss, 3);
 }
 
-TEST(ParseMetricsLine, NullIsNotANumber) {
+TEST(RunJson, ANullLossIsNoLoss) {
   // A diverged step: the worker writes its nan loss and norm as JSON's null.
   const absl::StatusOr<StepRecord> r =
       ParseMetricsLine("{\"step\": 2, \"loss\": null, \"seconds\": 0.1, \"grad_norm\": null}");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(std::isnan(r->loss));
   RunRecord run;
   run.ranks = {{*r}};
   EXPECT_THAT(RunJson(run), HasSubstr("\"losses\": [null]"));
@@ -238,6 +200,37 @@ TEST(RunJson, Content) {
   EXPECT_THAT(json, HasSubstr("\"rank\": 1"));
   // Strings are escaped.
   EXPECT_THAT(json, HasSubstr("\"run_dir\": \"/runs/a \\\"quoted\\\"\\nname\""));
+}
+
+TEST(RunJson, LayoutTheShellTestsRead) {
+  RunRecord r = Sample();
+  r.ranks[0][1].loss = 5.48474979f;
+  const std::string json = RunJson(r);
+  // One member a line; the losses on one line, each float in full; the ranks' objects open.
+  EXPECT_TRUE(absl::StartsWith(json, "{\n  \"config\": {\n    \"strategy\": \"pipeline\",\n    \""))
+      << json;
+  EXPECT_THAT(json, HasSubstr("\n  \"losses\": [5, 5.48475, 4, 3.5, 3],\n"));
+  EXPECT_THAT(json, HasSubstr("\n  \"ranks\": [{\n      \"rank\": 0,\n"));
+  EXPECT_THAT(json, HasSubstr("\n      \"host_syncs_per_step\": 0\n    }, {\n      \"rank\": 1,"));
+  EXPECT_TRUE(absl::EndsWith(json, "\n    }]\n}\n")) << json;
+  // What it says reads back.
+  absl::StatusOr<Json> back = ParseJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(static_cast<float>((*back)["losses"][1].get<double>()), 5.48474979f);
+  EXPECT_EQ(StringOr((*back)["config"], "run_dir", ""), r.job.run_dir);
+}
+
+TEST(RunJson, OneDevicesWholeStepsOnly) {
+  // examples/train measures whole steps: no split of their time to report.
+  RunRecord r = Sample();
+  r.ranks.resize(1);
+  for (StepRecord& s : r.ranks[0]) s.breakdown = false;
+  const std::string json = RunJson(r);
+  EXPECT_THAT(json, HasSubstr("\"step_seconds_mean\": 0.01,"));
+  EXPECT_THAT(json, HasSubstr("\"host_syncs_per_step\": 0"));
+  for (const char* key : {"compute_seconds", "busy_seconds", "bubble_seconds", "idle_seconds"}) {
+    EXPECT_THAT(json, Not(HasSubstr(key))) << key;
+  }
 }
 
 TEST(RunJson, AResumedRunsFiguresAreOfItsOwnSteps) {

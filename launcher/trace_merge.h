@@ -1,12 +1,11 @@
 // --profile's end of a run: the workers' Chrome traces (<run_dir>/traces/rank-<r>.json) read
 // back, put on one clock and merged into <run_dir>/trace.json (one process lane per rank),
-// and the per-rank op tables printed. Also the small JSON reader these (and tools/) use.
+// and the per-rank op tables printed.
 #ifndef TANDEM_LAUNCHER_TRACE_MERGE_H_
 #define TANDEM_LAUNCHER_TRACE_MERGE_H_
 
 #include <cstdio>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,31 +15,6 @@
 
 namespace tandem {
 namespace launcher {
-
-// A parsed JSON document (RFC 8259; numbers as doubles, object keys in file order).
-struct JsonValue {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  Kind kind = Kind::kNull;
-  bool boolean = false;
-  double number = 0;
-  std::string string;
-  std::vector<JsonValue> array;
-  std::vector<std::pair<std::string, JsonValue>> object;
-
-  bool is_number() const { return kind == Kind::kNumber; }
-  bool is_array() const { return kind == Kind::kArray; }
-  bool is_object() const { return kind == Kind::kObject; }
-  // The member named `key` of an object; nullptr when absent or not an object.
-  const JsonValue* Find(absl::string_view key) const;
-  // The member's number (booleans as 1/0) or string, `fallback` when absent or of another type.
-  double NumberOr(absl::string_view key, double fallback) const;
-  std::string StringOr(absl::string_view key, const std::string& fallback) const;
-};
-
-// Parses one JSON document; an error names the offset and what was expected.
-absl::StatusOr<JsonValue> ParseJson(absl::string_view text);
-// Reads and parses a file.
-absl::StatusOr<JsonValue> ReadJsonFile(const std::string& path);
 
 // One worker's trace: its complete ("X") events sorted by start, on its own clock (each
 // worker measures from its own process start).

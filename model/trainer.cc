@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
 }
 
 absl::StatusOr<StepReport> Trainer::Step() {
+  const int64_t syncs_before = HostSync::Count();
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.device));
   ASSIGN_OR_RETURN(std::unique_ptr<Event> start, Event::Create(c_.device));
   RETURN_IF_ERROR(start->Record(*s));
@@ -120,6 +121,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   // The stream's time from where this step's work began to its end.
   ASSIGN_OR_RETURN(float ms, end->ElapsedMsSince(*start));
   r.seconds = ms * 1e-3;
+  r.host_syncs = HostSync::Count() - syncs_before;
   ++step_;
   return r;
 }
@@ -196,18 +198,23 @@ absl::Status CheckNotDiverged(const StepReport& r, DType dtype) {
   return absl::FailedPreconditionError(absl::StrFormat(
       "step %d: the loss is %s: %s (learning rate %g); lower --lr and start again%s", r.step + 1,
       std::isnan(r.loss) ? "nan" : "infinite", kTrainingDiverged, r.lr,
-      r.step > 1 ? absl::StrFormat(", or resume from a checkpoint older than step %d", r.step)
+      r.step > 0 ? absl::StrFormat(", or resume from a checkpoint older than step %d", r.step)
                  : ""));
 }
 
 absl::Status Trainer::Run(const std::function<void(const StepReport&)>& report) {
+  const bool checkpoints = !c_.checkpoint_dir.empty() && c_.checkpoint_every > 0;
+  auto checkpoint = [&] {
+    return SaveCheckpoint(CheckpointPrefixFor(c_.checkpoint_dir, step_) + ".ckpt");
+  };
+  // A run from its start keeps the initial weights too, as step 0 (before the first step).
+  if (checkpoints && step_ == 0 && c_.resume.empty()) RETURN_IF_ERROR(checkpoint());
   while (step_ < c_.steps) {
     ASSIGN_OR_RETURN(StepReport r, Step());
     if (report) report(r);
     RETURN_IF_ERROR(CheckNotDiverged(r, c_.dtype));
-    if (!c_.checkpoint_dir.empty() && c_.checkpoint_every > 0 &&
-        (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {
-      RETURN_IF_ERROR(SaveCheckpoint(CheckpointPrefixFor(c_.checkpoint_dir, step_) + ".ckpt"));
+    if (checkpoints && (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {
+      RETURN_IF_ERROR(checkpoint());
     }
   }
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 #ifndef TANDEM_MODEL_TRAINER_H_
 #define TANDEM_MODEL_TRAINER_H_
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,7 +34,7 @@ struct TrainConfig {
   std::string data;              // text file; empty: the default corpus
   bool synthetic_data = false;
   std::string checkpoint_dir;    // where checkpoints go; empty: none
-  int checkpoint_every = 0;      // steps; 0: only none
+  int checkpoint_every = 0;      // steps between checkpoints (and step 0, and the last); 0: none
   std::string resume;            // a checkpoint file to start from
   absl::Status Validate() const;
 };
@@ -46,6 +47,9 @@ struct StepReport {
   bool skipped = false;  // loss scaler found inf/nan
   float loss_scale = 1;  // the loss scaler's, after this step (1 unless f16)
   double seconds = 0;
+  // Host synchronizations during Trainer::Step (the read of its loss). The distributed
+  // trainer counts its own per step (StepTiming).
+  int64_t host_syncs = 0;
 };
 
 // The words CheckNotDiverged's error holds, which the launcher looks for in a failure: a

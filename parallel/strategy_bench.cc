@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_format.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/distributed.h"
 #include "runtime/allocator.h"
+#include "runtime/json.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -96,8 +96,9 @@ int Main(int argc, char** argv) {
       return 1;
     }
     const int world = (*comm)->world_size();
-    auto emit = [&](const std::string& json) {
-      if ((*comm)->rank() == 0) std::printf("%s\n", json.c_str());
+    // One JSON line per measurement (tools/bench_report.py reads them).
+    auto emit = [&](const Json& j) {
+      if ((*comm)->rank() == 0) std::printf("%s\n", JsonText(j, JsonLayout::kLine).c_str());
       std::fflush(stdout);
     };
     if (mode == "data") {
@@ -125,13 +126,16 @@ int Main(int argc, char** argv) {
           break;
         }
         if (std::string(k.name) == "warm-up") continue;
-        emit(absl::StrFormat(
-            "{\"bench\": \"data\", \"case\": \"%s\", \"workers\": %d, \"bucket_mb\": %g, "
-            "\"overlap\": %s, \"tokens_per_second\": %.1f, \"step_seconds\": %.6f, "
-            "\"comm_seconds\": %.6f, \"exposed_comm_seconds\": %.6f}",
-            k.name, world, k.bucket_mb, k.overlap ? "true" : "false",
-            batch * pc.train.model.seq_len / m->step_seconds, m->step_seconds, m->comm_seconds,
-            m->exposed_seconds));
+        emit({{"bench", "data"},
+              {"case", k.name},
+              {"workers", world},
+              {"bucket_mb", JsonNumber(k.bucket_mb)},
+              {"overlap", k.overlap},
+              {"tokens_per_second",
+               JsonRounded(batch * pc.train.model.seq_len / m->step_seconds, 1)},
+              {"step_seconds", JsonRounded(m->step_seconds, 6)},
+              {"comm_seconds", JsonRounded(m->comm_seconds, 6)},
+              {"exposed_comm_seconds", JsonRounded(m->exposed_seconds, 6)}});
       }
     } else if (mode == "pipeline") {
       bool warmed = false;  // the first run warms up and is not reported
@@ -150,14 +154,16 @@ int Main(int argc, char** argv) {
             break;
           }
           if (!report) break;
-          emit(absl::StrFormat(
-              "{\"bench\": \"pipeline\", \"schedule\": \"%s\", \"stages\": %d, "
-              "\"micro_batches\": %d, \"bubble_measured\": %.4f, \"bubble_gpipe\": %.4f, "
-              "\"step_seconds\": %.6f, \"tokens_per_second\": %.1f, "
-              "\"stage0_peak_activation_bytes\": %.0f}",
-              schedule, world, mbs, m->bubble_fraction, double(world - 1) / (mbs + world - 1),
-              m->step_seconds, 32 * pc.train.model.seq_len / m->step_seconds,
-              m->peak_activation_bytes));
+          emit({{"bench", "pipeline"},
+                {"schedule", schedule},
+                {"stages", world},
+                {"micro_batches", mbs},
+                {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
+                {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
+                {"step_seconds", JsonRounded(m->step_seconds, 6)},
+                {"tokens_per_second",
+                 JsonRounded(32 * pc.train.model.seq_len / m->step_seconds, 1)},
+                {"stage0_peak_activation_bytes", JsonRounded(m->peak_activation_bytes, 0)}});
         }
         if (rc) break;
       }
@@ -178,11 +184,13 @@ int Main(int argc, char** argv) {
           break;
         }
         if (std::string(strategy) == "warm-up") continue;
-        emit(absl::StrFormat(
-            "{\"bench\": \"streams\", \"cpu_streams\": \"%s\", \"strategy\": \"%s\", "
-            "\"workers\": %d, \"tokens_per_second\": %.1f, \"step_seconds\": %.6f}",
-            streams, strategy, world, pc.train.batch * pc.train.model.seq_len / m->step_seconds,
-            m->step_seconds));
+        emit({{"bench", "streams"},
+              {"cpu_streams", streams},
+              {"strategy", strategy},
+              {"workers", world},
+              {"tokens_per_second",
+               JsonRounded(pc.train.batch * pc.train.model.seq_len / m->step_seconds, 1)},
+              {"step_seconds", JsonRounded(m->step_seconds, 6)}});
       }
     } else {
       std::fprintf(stderr, "usage: strategy_bench data|pipeline|streams (under mpirun)\n");

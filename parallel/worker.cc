@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -41,6 +40,7 @@
 #include "model/trainer.h"
 #include "parallel/distributed.h"
 #include "parallel/job.h"
+#include "parallel/metrics.h"
 #include "runtime/device.h"
 #include "runtime/files.h"
 #include "runtime/host_sync.h"
@@ -51,11 +51,6 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace tandem {
 namespace {
-
-// `v` with `digits` significant digits, or null where JSON has no number for it (nan, inf).
-std::string JsonNumber(double v, int digits) {
-  return std::isfinite(v) ? absl::StrFormat("%.*g", digits, v) : "null";
-}
 
 // Set by SIGTERM (what Slurm and the launcher send before stopping a job): finish the
 // current step, checkpoint, exit with kPreemptedExitCode.
@@ -79,12 +74,6 @@ int EnvInt(const char* name, int fallback) {
 std::string EnvString(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read %s", path));
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // What the heartbeat thread reports; written by the training loop.
@@ -119,7 +108,7 @@ class SlurmRendezvous {
           "started by srun without TANDEM_COORDINATOR: pass --job-config=<run_dir>/job.conf "
           "(written by `launcher --prepare`), see examples/slurm/train.sbatch");
     }
-    ASSIGN_OR_RETURN(std::string text, ReadFile(job_config_path));
+    ASSIGN_OR_RETURN(std::string text, ReadWholeFile(job_config_path));
     ASSIGN_OR_RETURN(JobConfig job, JobConfig::FromText(text));
     if (job.workers != world) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -162,7 +151,7 @@ class SlurmRendezvous {
     } else {
       const absl::Time deadline = absl::Now() + absl::Minutes(5);
       for (;;) {
-        absl::StatusOr<std::string> got = ReadFile(file);
+        absl::StatusOr<std::string> got = ReadWholeFile(file);
         if (got.ok()) {
           std::vector<std::string> f =
               absl::StrSplit(absl::StripAsciiWhitespace(*got), ' ', absl::SkipEmpty());
@@ -300,8 +289,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     RETURN_IF_ERROR(trainer->LoadCheckpoint(job.resume));
     std::printf("resumed from %s at step %d\n", job.resume.c_str(), trainer->step());
   }
-  std::ofstream metrics(absl::StrFormat("%s/metrics/rank-%d.jsonl", job.run_dir, rank),
-                        std::ios::app);
+  MetricsWriter metrics(MetricsPath(job.run_dir, rank));
   Allocator* allocator = *GetAllocator(device);
   // Fault-injection hooks, for tests only (launcher/e2e_test.sh):
   //   TANDEM_TEST_CRASH_RANK=r, TANDEM_TEST_CRASH_STEP=s: rank r kills itself with SIGKILL
@@ -315,6 +303,11 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   const int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
   // Memory the model state holds (the rest of the peak is activations and workspace).
   const MemoryNeed& state = trainer->memory().need;
+  // A run from its start keeps the initial weights too, as step 0 (before the first step):
+  // the run can be reproduced, or compared, from its beginning (--resume=<dir>/step-000000).
+  if (job.checkpoint_every > 0 && trainer->step() == 0 && job.resume.empty()) {
+    RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
+  }
   Profiler::Enable(job.profile);
   // A run that fails (an error, another rank's abort) keeps what it recorded: its trace
   // shows where it stopped.
@@ -358,23 +351,24 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     const bool terminated = g_terminate.load();
     const AllocatorStats mem = allocator->stats();
     for (const CompletedStep& c : done) {
-      const StepReport& r = c.report;
       const StepTiming& t = c.timing;
-      metrics << absl::StrFormat(
-                     "{\"step\": %d, \"loss\": %s, \"seconds\": %.6f, \"compute\": %.6f, "
-                     "\"comm\": %.6f, \"exposed_comm\": %.6f, \"bubble\": %.6f, "
-                     "\"optimizer\": %.6f, \"input\": %.6f, \"host_syncs\": %d, "
-                     "\"peak_in_flight\": %d, "
-                     "\"comm_bytes\": %d, \"sequence\": %d, \"lr\": %.6g, \"grad_norm\": %s, "
-                     "\"skipped\": %s, \"allocated_bytes\": %d, \"peak_bytes\": %d, "
-                     "\"param_bytes\": %d, \"grad_bytes\": %d, \"optimizer_bytes\": %d}",
-                     r.step, JsonNumber(r.loss, 9), r.seconds, t.compute_seconds, t.comm_seconds,
-                     t.exposed_comm_seconds, t.bubble_seconds, t.optimizer_seconds,
-                     t.input_seconds, t.host_syncs, t.peak_in_flight, t.comm_bytes,
-                     t.last_sequence, r.lr, JsonNumber(r.grad_norm, 6),
-                     r.skipped ? "true" : "false", mem.allocated_bytes, mem.peak_allocated_bytes,
-                     state.params, state.grads, state.optimizer)
-              << std::endl;
+      StepRecord m = StepRecordOf(c.report);
+      m.compute = t.compute_seconds;
+      m.comm = t.comm_seconds;
+      m.exposed_comm = t.exposed_comm_seconds;
+      m.bubble = t.bubble_seconds;
+      m.optimizer = t.optimizer_seconds;
+      m.input = t.input_seconds;
+      m.host_syncs = t.host_syncs;
+      m.peak_in_flight = t.peak_in_flight;
+      m.comm_bytes = t.comm_bytes;
+      m.sequence = static_cast<int64_t>(t.last_sequence);
+      m.allocated_bytes = mem.allocated_bytes;
+      m.peak_bytes = mem.peak_allocated_bytes;
+      m.param_bytes = state.params;
+      m.grad_bytes = state.grads;
+      m.optimizer_bytes = state.optimizer;
+      RETURN_IF_ERROR(metrics.Append(m));
     }
     const StepReport& last = done.back().report;
     {
@@ -436,7 +430,7 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
 // "block B SECONDS" lines. A process of its own, so that the launcher holds no device memory
 // (and no CUDA context) while the job runs.
 absl::Status TimeBlocksForLauncher(const std::string& job_config_path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(job_config_path));
+  ASSIGN_OR_RETURN(std::string text, ReadWholeFile(job_config_path));
   ASSIGN_OR_RETURN(JobConfig job, JobConfig::FromText(text));
   const Device device = job.device == "cuda" ? Device::Cuda(0) : Device::Cpu();
   if (device.is_cpu()) openblas_set_num_threads(1);

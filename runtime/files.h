@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tandem {
 
@@ -12,6 +13,9 @@ namespace tandem {
 // directory), so a reader sees the old file or the whole new one, never part of it, and the
 // new one survives a crash once this returns.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
+
+// The whole content of the file `path`; NotFound ("cannot read <path>") when it cannot be read.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 // Whether anything exists at `path` (stat succeeds).
 bool PathExists(const std::string& path);

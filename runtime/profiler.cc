@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "runtime/host_sync.h"
+#include "runtime/json.h"
 
 #if TANDEM_CUDA
 // NVTX ranges let Nsight Systems show the same spans on its CUDA timeline; without a tool
@@ -151,41 +152,38 @@ std::string Profiler::FormatOpTable(const std::vector<OpStat>& table) {
   return out;
 }
 
-namespace {
-
-std::string JsonString(const std::string& in) {
-  std::string out = "\"";
-  for (char c : in) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
-
 std::string Profiler::ChromeTrace(const std::vector<TraceEvent>& events, int pid,
                                   const std::string& process_name) {
-  std::string out = "{\"traceEvents\": [\n";
-  out += absl::StrFormat(
-      "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": %d, \"args\": {\"name\": %s}},\n"
-      "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"compute\"}},\n"
-      "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": \"communication\"}}",
-      pid, JsonString(process_name), pid, pid);
-  for (const TraceEvent& e : events) {
-    out += absl::StrFormat(
-        ",\n{\"ph\": \"X\", \"name\": %s, \"cat\": %s, \"pid\": %d, \"tid\": %d, "
-        "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"micro_batch\": %d, \"sequence\": %d}}",
-        JsonString(e.name), JsonString(e.category), pid, e.thread, e.start_us, e.duration_us,
-        e.micro_batch, e.sequence);
+  return ChromeTrace({TraceProcess{pid, process_name, &events}});
+}
+
+std::string Profiler::ChromeTrace(const std::vector<TraceProcess>& processes) {
+  Json events = Json::array();
+  auto metadata = [&](const char* name, int pid, int tid, Json args) {
+    Json e = {{"ph", "M"}, {"name", name}, {"pid", pid}};
+    if (tid >= 0) e["tid"] = tid;
+    e["args"] = std::move(args);
+    events.push_back(std::move(e));
+  };
+  for (const TraceProcess& p : processes) {
+    metadata("process_name", p.pid, -1, {{"name", p.name}});
+    metadata("process_sort_index", p.pid, -1, {{"sort_index", p.pid}});
+    metadata("thread_name", p.pid, 0, {{"name", "compute"}});
+    metadata("thread_name", p.pid, 1, {{"name", "communication"}});
   }
-  return out + "\n]}\n";
+  for (const TraceProcess& p : processes) {
+    for (const TraceEvent& e : *p.events) {
+      events.push_back({{"ph", "X"},
+                        {"name", e.name},
+                        {"cat", e.category},
+                        {"pid", p.pid},
+                        {"tid", e.thread},
+                        {"ts", JsonRounded(e.start_us, 3)},  // to the nanosecond
+                        {"dur", JsonRounded(e.duration_us, 3)},
+                        {"args", {{"micro_batch", e.micro_batch}, {"sequence", e.sequence}}}});
+    }
+  }
+  return JsonText(Json{{"traceEvents", std::move(events)}}, JsonLayout::kRows) + "\n";
 }
 
 void OpScope::Begin() {

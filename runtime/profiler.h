@@ -52,6 +52,13 @@ struct TraceEvent {
   int thread = 0;         // lane within a rank: 0 compute, 1 communication
 };
 
+// One process of a Chrome trace: its pid, name and events (not owned).
+struct TraceProcess {
+  int pid = 0;
+  std::string name;
+  const std::vector<TraceEvent>* events = nullptr;
+};
+
 class Profiler {
  public:
   static void Enable(bool on);
@@ -73,11 +80,14 @@ class Profiler {
   // "op  count  total ms  mean us  share  GFLOP/s  GB/s" lines (the rates blank where the op
   // recorded no cost).
   static std::string FormatOpTable(const std::vector<OpStat>& table);
-  // A complete Chrome trace-event file ({"traceEvents": [...]}, loads in Perfetto and
-  // chrome://tracing) of `events`, as process `pid` named `process_name`, with lanes
-  // "compute" (thread 0) and "communication" (thread 1).
+  // A complete Chrome trace-event file ({"traceEvents": [...]}, one event a line; loads in
+  // Perfetto and chrome://tracing) of `events`, as process `pid` named `process_name`, with
+  // lanes "compute" (thread 0) and "communication" (thread 1).
   static std::string ChromeTrace(const std::vector<TraceEvent>& events, int pid,
                                  const std::string& process_name);
+  // The same for several processes, sorted by pid: each one's name and lanes first, then the
+  // events of each in turn.
+  static std::string ChromeTrace(const std::vector<TraceProcess>& processes);
 
  private:
   static std::atomic<bool> enabled_;

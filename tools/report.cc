@@ -17,12 +17,11 @@
 #include "absl/strings/str_split.h"
 #include "launcher/report.h"
 #include "runtime/files.h"
+#include "runtime/json.h"
 
 namespace tandem {
 namespace tools {
 namespace {
-
-using launcher::JsonValue;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Losses further than this (relative) from one worker's are called out.
@@ -132,34 +131,32 @@ std::string Millis(double seconds) {
 // ---- reading ----
 
 absl::StatusOr<RunData> ReadRun(const std::string& dir) {
-  absl::StatusOr<JsonValue> run = launcher::ReadJsonFile(dir + "/run.json");
+  absl::StatusOr<Json> run = ReadJsonFile(dir + "/run.json");
   if (!run.ok()) return run.status();
   if (!run->is_object()) return absl::InvalidArgumentError(dir + "/run.json: not an object");
   RunData d;
   d.dir = dir;
-  const JsonValue* config = run->Find("config");
-  const JsonValue empty;
-  const JsonValue& c = config != nullptr ? *config : empty;
-  d.strategy = run->StringOr("strategy", c.StringOr("strategy", ""));
-  d.schedule = c.StringOr("schedule", "");
-  d.model = c.StringOr("model", "");
-  d.seed = c.StringOr("seed", "");
-  d.device = run->StringOr("device", c.StringOr("device", ""));
-  d.exit = run->StringOr("exit", "ok");
-  d.workers = static_cast<int>(run->NumberOr("workers", c.NumberOr("workers", 0)));
-  d.batch = static_cast<int>(c.NumberOr("batch", 0));
-  d.steps = static_cast<int>(c.NumberOr("steps", 0));
-  d.micro_batches = static_cast<int>(run->NumberOr("micro_batches", 1));
-  d.bucket_mb = c.NumberOr("bucket_mb", 25);
-  d.overlap = c.NumberOr("overlap", 1) != 0;
-  d.tokens_per_step = static_cast<int64_t>(run->NumberOr("tokens_per_step", 0));
-  if (const JsonValue* l = run->Find("losses"); l != nullptr && l->is_array()) {
-    for (const JsonValue& v : l->array) d.losses.push_back(v.is_number() ? v.number : kNaN);
+  const Json c = run->value("config", Json::object());
+  d.strategy = StringOr(*run, "strategy", StringOr(c, "strategy", ""));
+  d.schedule = StringOr(c, "schedule", "");
+  d.model = StringOr(c, "model", "");
+  d.seed = StringOr(c, "seed", "");
+  d.device = StringOr(*run, "device", StringOr(c, "device", ""));
+  d.exit = StringOr(*run, "exit", "ok");
+  d.workers = static_cast<int>(NumberOr(*run, "workers", NumberOr(c, "workers", 0)));
+  d.batch = static_cast<int>(NumberOr(c, "batch", 0));
+  d.steps = static_cast<int>(NumberOr(c, "steps", 0));
+  d.micro_batches = static_cast<int>(NumberOr(*run, "micro_batches", 1));
+  d.bucket_mb = NumberOr(c, "bucket_mb", 25);
+  d.overlap = NumberOr(c, "overlap", 1) != 0;
+  d.tokens_per_step = static_cast<int64_t>(NumberOr(*run, "tokens_per_step", 0));
+  if (const auto l = run->find("losses"); l != run->end() && l->is_array()) {
+    // null: a step without a loss (nan or infinite).
+    for (const Json& v : *l) d.losses.push_back(v.is_number() ? v.get<double>() : kNaN);
   }
   if (d.workers < 1) return absl::InvalidArgumentError(dir + "/run.json: no workers");
   for (int r = 0; r < d.workers; ++r) {
-    absl::StatusOr<std::vector<StepMetrics>> m =
-        ReadMetrics(absl::StrFormat("%s/metrics/rank-%d.jsonl", dir, r));
+    absl::StatusOr<std::vector<StepMetrics>> m = ReadMetrics(MetricsPath(dir, r));
     if (!m.ok()) return m.status();
     d.ranks.push_back(std::move(*m));
   }
@@ -738,90 +735,82 @@ std::string MarkdownReport(const Report& r) {
 }
 
 std::string JsonReport(const Report& r) {
-  launcher::JsonWriter w;
-  w.BeginObject();
-  w.Key("model").String(r.model);
-  w.Key("device").String(r.device);
-  w.Key("gpus").Int(r.gpus);
-  w.Key("batch").Int(r.batch);
-  w.Key("steps").Int(r.steps);
-  w.Key("seed").String(r.seed);
-  w.Key("host_cores").Int(r.host_cores);
-  w.Key("warmup_steps_excluded").Int(static_cast<int64_t>(launcher::WarmupStepsOf(r.steps)));
-  w.Key("command").String(r.command);
-  w.Key("created").String(r.created);
-  w.Key("summary").BeginArray();
-  for (const std::string& s : r.summary) w.String(s);
-  w.EndArray();
-  w.Key("strategies").BeginArray();
+  Json j;
+  j["model"] = r.model;
+  j["device"] = r.device;
+  j["gpus"] = r.gpus;
+  j["batch"] = r.batch;
+  j["steps"] = r.steps;
+  j["seed"] = r.seed;
+  j["host_cores"] = r.host_cores;
+  j["warmup_steps_excluded"] = launcher::WarmupStepsOf(r.steps);
+  j["command"] = r.command;
+  j["created"] = r.created;
+  j["summary"] = r.summary;
+  Json strategies = Json::array();
   for (size_t i = 0; i < r.figures.size(); ++i) {
     const Figures& f = r.figures[i];
     const Entry& e = r.entries[i];
-    w.BeginObject();
-    w.Key("name").String(f.name);
-    w.Key("label").String(f.label);
-    w.Key("ran").Bool(f.ran);
-    if (!f.ran) w.Key("error").String(f.error);
-    w.Key("recommendation").String(f.recommendation);
+    Json s;
+    s["name"] = f.name;
+    s["label"] = f.label;
+    s["ran"] = f.ran;
+    if (!f.ran) s["error"] = f.error;
+    s["recommendation"] = f.recommendation;
     if (f.ran) {
-      w.Key("run_dir").String(e.run.dir);
-      w.Key("strategy").String(e.run.strategy);
-      w.Key("schedule").String(e.run.strategy == "pipeline" ? e.run.schedule : "");
-      w.Key("exit").String(e.run.exit);
-      w.Key("workers").Int(f.workers);
-      w.Key("micro_batches").Int(f.micro_batches);
-      w.Key("steps_completed").Int(f.steps);
-      w.Key("tokens_per_second").Number(f.tokens_per_second);
-      w.Key("speedup").Number(f.speedup);
-      w.Key("scaling_efficiency").Number(f.efficiency);
-      w.Key("step_seconds").Number(f.step_seconds);
-      w.Key("step_variation").Number(f.step_variation);
-      w.Key("compute_seconds").Number(f.compute_seconds);
-      w.Key("exposed_comm_seconds").Number(f.exposed_comm_seconds);
-      w.Key("bubble_seconds").Number(f.bubble_seconds);
-      w.Key("peak_bytes").Int(f.peak_bytes);
-      w.Key("activation_bytes").Int(f.activation_bytes);
-      w.Key("final_loss").Number(f.final_loss);
-      w.Key("max_loss_deviation").Number(f.max_loss_deviation);
-      w.Key("losses").BeginArray();
-      for (double l : e.run.losses) w.Number(l);
-      w.EndArray();
-      w.Key("ranks").BeginArray();
+      s["run_dir"] = e.run.dir;
+      s["strategy"] = e.run.strategy;
+      s["schedule"] = e.run.strategy == "pipeline" ? e.run.schedule : "";
+      s["exit"] = e.run.exit;
+      s["workers"] = f.workers;
+      s["micro_batches"] = f.micro_batches;
+      s["steps_completed"] = f.steps;
+      s["tokens_per_second"] = JsonNumber(f.tokens_per_second);
+      s["speedup"] = JsonNumber(f.speedup);
+      s["scaling_efficiency"] = JsonNumber(f.efficiency);
+      s["step_seconds"] = JsonNumber(f.step_seconds);
+      s["step_variation"] = JsonNumber(f.step_variation);
+      s["compute_seconds"] = JsonNumber(f.compute_seconds);
+      s["exposed_comm_seconds"] = JsonNumber(f.exposed_comm_seconds);
+      s["bubble_seconds"] = JsonNumber(f.bubble_seconds);
+      s["peak_bytes"] = f.peak_bytes;
+      s["activation_bytes"] = f.activation_bytes;
+      s["final_loss"] = JsonNumber(f.final_loss);
+      s["max_loss_deviation"] = JsonNumber(f.max_loss_deviation);
+      Json losses = Json::array();
+      for (double l : e.run.losses) losses.push_back(JsonNumber(l));
+      s["losses"] = std::move(losses);
+      Json ranks = Json::array();
       for (const RankFigures& rf : f.ranks) {
-        w.BeginObject();
-        w.Key("rank").Int(rf.rank);
-        w.Key("step_seconds").Number(rf.step_seconds);
-        w.Key("compute_seconds").Number(rf.compute_seconds);
-        w.Key("exposed_comm_seconds").Number(rf.exposed_comm_seconds);
-        w.Key("bubble_seconds").Number(rf.bubble_seconds);
-        w.Key("optimizer_seconds").Number(rf.optimizer_seconds);
-        w.Key("other_seconds").Number(rf.other_seconds);
-        w.Key("peak_bytes").Int(rf.peak_bytes);
-        w.Key("param_bytes").Int(rf.param_bytes);
-        w.Key("grad_bytes").Int(rf.grad_bytes);
-        w.Key("optimizer_bytes").Int(rf.optimizer_bytes);
-        w.Key("activation_bytes").Int(rf.activation_bytes);
-        w.EndObject();
+        ranks.push_back({{"rank", rf.rank},
+                         {"step_seconds", JsonNumber(rf.step_seconds)},
+                         {"compute_seconds", JsonNumber(rf.compute_seconds)},
+                         {"exposed_comm_seconds", JsonNumber(rf.exposed_comm_seconds)},
+                         {"bubble_seconds", JsonNumber(rf.bubble_seconds)},
+                         {"optimizer_seconds", JsonNumber(rf.optimizer_seconds)},
+                         {"other_seconds", JsonNumber(rf.other_seconds)},
+                         {"peak_bytes", rf.peak_bytes},
+                         {"param_bytes", rf.param_bytes},
+                         {"grad_bytes", rf.grad_bytes},
+                         {"optimizer_bytes", rf.optimizer_bytes},
+                         {"activation_bytes", rf.activation_bytes}});
       }
-      w.EndArray();
+      s["ranks"] = std::move(ranks);
       for (const Chart& c : r.timelines) {
         if (c.file == absl::StrCat("timeline-", f.name, ".svg")) {
-          w.Key("timeline").String(c.file);
-          w.Key("timeline_step").Int(TimelineStep(e.run));
+          s["timeline"] = c.file;
+          s["timeline_step"] = TimelineStep(e.run);
         }
       }
     }
-    w.EndObject();
+    strategies.push_back(std::move(s));
   }
-  w.EndArray();
-  w.Key("charts").BeginArray();
-  for (const Chart& c : r.charts) w.String(c.file);
-  w.EndArray();
-  w.Key("notes").BeginArray();
-  for (const std::string& n : r.notes) w.String(n);
-  w.EndArray();
-  w.EndObject();
-  return w.str() + "\n";
+  j["strategies"] = std::move(strategies);
+  Json charts = Json::array();
+  for (const Chart& c : r.charts) charts.push_back(c.file);
+  j["charts"] = std::move(charts);
+  j["notes"] = r.notes;
+  return JsonText(j, JsonLayout::kObjects) + "\n";
 }
 
 std::string HtmlReport(const Report& r) {

@@ -18,7 +18,7 @@ namespace tandem {
 namespace tools {
 
 // One rank's line for one step (parallel/worker.cc writes them).
-using StepMetrics = launcher::StepRecord;
+using StepMetrics = StepRecord;
 
 // A run directory as the launcher leaves it.
 struct RunData {

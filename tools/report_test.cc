@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "launcher/test_trace.h"
 #include "launcher/trace_merge.h"
+#include "runtime/json.h"
 #include "runtime/profiler.h"
 #include "runtime/test_files.h"
 #include "tools/svg.h"
@@ -489,23 +490,23 @@ TEST(ReportTest, BuildsChartsTimelinesAndWritesEveryFile) {
   EXPECT_THAT(md, HasSubstr("30.0 MB | 5.0 MB | 5.0 MB | 10.0 MB | 10.0 MB |"));
   EXPECT_THAT(md, HasSubstr("- Recommendation: data parallel; pipeline 1F1B when memory"));
 
-  absl::StatusOr<launcher::JsonValue> json = launcher::ParseJson(JsonReport(r));
+  absl::StatusOr<Json> json = ParseJson(JsonReport(r));
   ASSERT_TRUE(json.ok()) << json.status();
-  EXPECT_EQ(json->StringOr("model", ""), "gpt-tiny");
-  const launcher::JsonValue* strategies = json->Find("strategies");
-  ASSERT_TRUE(strategies != nullptr && strategies->is_array());
-  ASSERT_EQ(strategies->array.size(), 5u);
-  const launcher::JsonValue& d = strategies->array[1];
-  EXPECT_EQ(d.StringOr("name", ""), "data");
-  EXPECT_DOUBLE_EQ(d.NumberOr("tokens_per_second", 0), 1000);
-  EXPECT_DOUBLE_EQ(d.NumberOr("speedup", 0), 2);
-  EXPECT_DOUBLE_EQ(d.NumberOr("scaling_efficiency", 0), 1);
-  EXPECT_EQ(d.Find("ranks")->array.size(), 2u);
-  EXPECT_DOUBLE_EQ(d.Find("ranks")->array[0].NumberOr("activation_bytes", 0), 60 << 20);
-  EXPECT_EQ(d.StringOr("timeline", ""), "timeline-data.svg");
-  EXPECT_EQ(strategies->array[2].NumberOr("ran", 1), 0);
-  EXPECT_THAT(strategies->array[2].StringOr("error", ""), HasSubstr("--micro-batches=2"));
-  EXPECT_GE(json->Find("summary")->array.size(), 3u);
+  EXPECT_EQ(StringOr(*json, "model", ""), "gpt-tiny");
+  const Json& strategies = (*json)["strategies"];
+  ASSERT_TRUE(strategies.is_array());
+  ASSERT_EQ(strategies.size(), 5u);
+  const Json& d = strategies[1];
+  EXPECT_EQ(StringOr(d, "name", ""), "data");
+  EXPECT_DOUBLE_EQ(NumberOr(d, "tokens_per_second", 0), 1000);
+  EXPECT_DOUBLE_EQ(NumberOr(d, "speedup", 0), 2);
+  EXPECT_DOUBLE_EQ(NumberOr(d, "scaling_efficiency", 0), 1);
+  EXPECT_EQ(d["ranks"].size(), 2u);
+  EXPECT_DOUBLE_EQ(NumberOr(d["ranks"][0], "activation_bytes", 0), 60 << 20);
+  EXPECT_EQ(StringOr(d, "timeline", ""), "timeline-data.svg");
+  EXPECT_EQ(NumberOr(strategies[2], "ran", 1), 0);
+  EXPECT_THAT(StringOr(strategies[2], "error", ""), HasSubstr("--micro-batches=2"));
+  EXPECT_GE((*json)["summary"].size(), 3u);
 
   const std::string html = HtmlReport(r);
   EXPECT_EQ(Count(html, "<svg"), 3 + 4);

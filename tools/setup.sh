@@ -13,6 +13,7 @@ PACKAGES=(
   libopenblas-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev
+  nlohmann-json3-dev       # JSON: run.json, the metrics lines, Chrome traces (header-only)
   iproute2                 # network namespaces for the multi-host test
   chromium                 # renders the comparison report in its test (tools:render_report_test)
 )

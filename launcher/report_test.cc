@@ -325,15 +325,6 @@ TEST(SummaryTable, TheFinalLineNamesWhoAbortedTheJob) {
               HasSubstr("\nresult      the launcher aborted the job: interrupted (SIGINT)\n"));
 }
 
-TEST(JsonWriter, EscapesAndNonFinite) {
-  EXPECT_EQ(JsonWriter::Quote("a\"b\\c\n\t\x01"), "\"a\\\"b\\\\c\\n\\t\\u0001\"");
-  EXPECT_EQ(JsonWriter::Quote("h\xc3\xa9"), "\"h\xc3\xa9\"");  // UTF-8 as is
-  JsonWriter w;
-  w.BeginObject().Key("a").BeginArray().Number(1.5).Number(NAN).Number(INFINITY).Int(-3).Bool(true)
-      .EndArray().Key("b").BeginObject().EndObject().Key("c").String("x").EndObject();
-  EXPECT_EQ(w.str(), "{\n  \"a\": [1.5, null, null, -3, true],\n  \"b\": {},\n  \"c\": \"x\"\n}");
-}
-
 TEST(WriteFileAtomically, WritesAndLeavesNoTemporary) {
   const std::string dir = FreshTestPath("atomic");
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);

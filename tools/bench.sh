@@ -3,7 +3,8 @@
 # BENCHMARKS.md (in the directory `bazel run` was started from) rewritten from the results:
 # communicator vs raw MPI, runtime matmul vs raw sgemm, memory-bound ops vs memcpy,
 # one-worker training, data-parallel scaling, overlap and bucket sizes, the pipeline bubble,
-# and PyTorch on the same model where it is installed. Takes about five minutes on 2 cores.
+# CPU streams (asynchronous against immediate), and PyTorch on the same model where it is
+# installed. Takes about seven minutes on 2 cores.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
@@ -39,6 +40,15 @@ done
 step "pipeline bubble, 2 and 4 stages"
 for np in 2 4; do
   "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" pipeline >>"$out_dir/strategy.jsonl"
+done
+step "CPU streams: tokens/s, asynchronous against immediate, 3 alternating pairs"
+for pair in 1 2 3; do
+  for streams in immediate async; do
+    for np in 1 2; do
+      TANDEM_CPU_STREAMS=$streams OMPI_MCA_mpi_yield_when_idle=1 "${mpi[@]}" -np "$np" \
+        "$runfiles/parallel/strategy_bench" streams >>"$out_dir/streams.jsonl"
+    done
+  done
 done
 step "PyTorch on the same model (1 process, 2-process DDP over Gloo)"
 for procs in 1 2; do

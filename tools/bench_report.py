@@ -77,54 +77,33 @@ def yield_gain(path):
 
 
 def performance_work(variant, op_gain, train_text, yields):
-    """The profile-driven changes: what the profile named, the change, its gain in this run."""
+    """The profile-driven changes still in the code, each with its gain measured in this run
+    (what they were measured at when made is in the commit log)."""
     step_gain = re.findall(r"^(\S+) \(batch \d+\).* ([\d.]+)x$", train_text, re.M)
     ops = ", ".join(f"{op} {op_gain[op]:.2f}x" for op in
                     ("GeluForward", "GeluBackward", "SoftmaxForward", "LayerNormForward",
                      "AdamWUpdate") if op in op_gain)
     steps = ", ".join(f"{m} {g}x" for m, g in step_gain)
     print("## Performance work\n")
-    print("What the profile named, the change, and its gain against a baseline measured in the "
+    print("Changes a profile called for, and their gain against a baseline measured in the "
           "same run.\n")
-    print("1. Profile (2026-11-30, `bazel run //tools:compare -- --gpus=2 --model=gpt-tiny "
-          "--profile`, op table of rank 0). The slowest strategy on CPU workers is model "
-          "parallel (1.02x one worker: its two stages take turns by construction). The matmul "
-          "ops (LinearBackward, LinearForward, LinearGeluForward) took 78% of its op time and "
-          "already run at raw sgemm's rate (ops table above); next came AttentionBackward 6.7%, "
-          "GeluBackward 6.4% and AttentionForward 4.3%: loops bound by tanh and exp, compiled "
-          "4 lanes wide for SSE2 (the x86-64 baseline every build targets) on a CPU with "
-          "AVX-512.")
-    print("2. Change: the CPU ops are compiled for the base instruction set, AVX2 and AVX-512 "
-          "in one binary, and the widest one the CPU runs is chosen at start, as ATen's CPU "
-          "capability dispatch does. The variants give the same bits (no multiply-add "
-          "contraction, reductions in 16 fixed lanes; `//runtime:cpu_isa_test` runs every op in "
-          "every variant and compares bytes), so the base variant stays in the binary as a "
-          "baseline any run can measure.")
+    print("1. The CPU ops are compiled for the base instruction set, AVX2 and AVX-512 in one "
+          "binary, and the widest one the CPU runs is chosen at start, as ATen's CPU "
+          "capability dispatch does (the profile named GELU, softmax and layernorm loops "
+          "compiled 4 lanes wide). The variants give the same bits (no multiply-add "
+          "contraction, reductions in fixed lanes; `//runtime:cpu_isa_test` compares every "
+          "op's bytes), so the base variant stays in the binary as a baseline any run can "
+          "measure.")
     if ops or steps:
-        print(f"3. Gain in this run ({variant} over base): per op, {ops or 'n/a'} (ops table); "
-              f"per training step, {steps or 'n/a'} (one-worker table, `vs base`). In the model-"
-              "parallel profile after the change (same command), GeluBackward fell from 939 to "
-              "276 us per call and LinearGeluForward (sgemm, then GELU) from 1912 to 1392 us; "
-              "the attention ops did not move: their time is per-head sgemm calls on 64 x 64 "
-              "tiles and softmax rows of 64 or fewer.")
+        print(f"   Gain in this run ({variant} over base): per op, {ops or 'n/a'} (ops table); "
+              f"per training step, {steps or 'n/a'} (one-worker table, `vs base`).")
     else:
-        print("3. Gain in this run: none to measure, the CPU runs the base variant only.")
-    print("4. Profile (2026-11-30, the data-parallel table): with gpt-tiny's gradients in 13 "
-          "buckets of 0.5 MB, overlapping the all-reduces with backward made the step slower "
-          "than `--no-overlap` (0.71 against 0.85 scaling efficiency). The communication thread "
-          "waits inside `MPI_Allreduce`, where Open MPI polls busily by default: on CPU workers "
-          "that share their cores with backward, the poll takes a core from compute exactly "
-          "while the all-reduce should hide behind it.")
-    print("5. Change: the launcher starts CPU data-parallel workers with Open MPI's "
-          "`mpi_yield_when_idle` (a value the user set stands), so a waiting thread yields its "
-          "core. The pipeline keeps busy polling: its receives wait on the critical path, where "
-          "yielding measured slower (`bazel run //launcher -- --strategy=pipeline --gpus=2 "
-          "--micro-batches=8 --steps=100`, 4 alternating runs each, 2026-11-30: measured bubble "
-          "0.19 with yielding against 0.125 without, tokens/s 0.98x). Through the launcher "
-          "(`bazel run //launcher -- --strategy=data --gpus=2 --bucket-mb=0.5 --steps=60`, "
-          "against the same with `OMPI_MCA_mpi_yield_when_idle=0` set, 3 alternating runs each, "
-          "2026-11-30): median 16770 tokens/s against 14432, 1.16x (an earlier set of 3: "
-          "1.13x).")
+        print("   Gain in this run: none to measure, the CPU runs the base variant only.")
+    print("2. The launcher starts CPU data-parallel workers with Open MPI's "
+          "`mpi_yield_when_idle` (a value the user set stands), so the communication thread, "
+          "waiting inside `MPI_Allreduce`, yields its core to backward instead of polling on it "
+          "(the profile: overlapped all-reduces made the step slower than `--no-overlap`). The "
+          "pipeline keeps Open MPI's busy polling: its receives wait on the critical path.")
     if yields:
         med = lambda v: v[len(v) // 2]
         parts = [f"{case}: median {med(y):.0f} tokens/s (slowest {y[0]:.0f}) yielding against "
@@ -132,29 +111,66 @@ def performance_work(variant, op_gain, train_text, yields):
                  f"median and {y[0] / b[0]:.2f}x at the slowest"
                  for case, (b, y) in yields.items()]
         n = max(len(b) for b, _ in yields.values())
-        print(f"6. Gain in this run (2 workers, {n} alternating runs each): " + "; ".join(parts) +
-              ". Busy polling's cost comes and goes with how the scheduler places the polling "
-              "thread, so it shows most in the slow runs; yielding keeps every run near the "
-              "no-overlap rate.")
-    print("7. Profile (2026-11-30, `bazel run //examples:train -- --model=gpt --n-layer=2 "
-          "--seq-len=1024 --batch=4 --steps=6 --synthetic --profile-steps=3`): at sequence "
-          "length 1024 the attention ops took 61% of the op time (AttentionBackward 38.7%, "
-          "AttentionForward 22.6%), at 70 and 60 GFLOP/s counting the causal half of the "
-          "scores, against about 190 for the linear layers in the same run: their sgemms "
-          "computed every (T, T) score and product, half of them above the diagonal and "
-          "masked.")
-    print("8. Change: the CPU attention ops work in causal row tiles of 64: rows [r0, r0 + 64) "
-          "attend to keys [0, r0 + 64) only, so every sgemm stops at the tile's last key "
-          "(FlashAttention skips masked blocks the same way); backward walks the tiles last "
-          "first, so the last tile writes dk and dv and the others add to them. Gain (same "
-          "command, before against after, 2026-11-30): AttentionBackward 182.8 to 109.8 ms "
-          "over 3 steps (1.66x), AttentionForward 106.7 to 80.9 ms (1.32x), now at 117 and 80 "
-          "GFLOP/s. On the attention table's model (`model/train_bench`, one "
-          "build with the tile size read from the environment, a single tile of all T rows, "
-          "which is the old work, against 64, 3 alternating runs each): step time 247.5 to "
-          "194.5 ms with standard attention (1.27x) and 263.0 to 202.0 ms with flash "
-          "attention (1.30x). Flash attention's scratch is one tile's (64, T) rows instead "
-          "of (T, T).")
+        print(f"   Gain in this run (2 workers, {n} alternating runs each): " + "; ".join(parts) +
+              ".")
+    print()
+
+
+def streams_section(d, ops):
+    """CPU streams: a stream's cost per op (ops_bench) and tokens/s, asynchronous against
+    immediate, in alternating runs (tools/bench.sh)."""
+    path = os.path.join(d, "streams.jsonl")
+    if not os.path.exists(path):
+        return
+    med = {b["run_name"]: b for b in ops["benchmarks"] if b.get("aggregate_name") == "median"}
+    def per_op_us(name):
+        b = med.get(f"stream/{name}/repeats:5")
+        if not b:
+            return None
+        return b["real_time"] / 256 * (1e-3 if b.get("time_unit") == "ns" else 1)
+    immediate, queued, issue = per_op_us("op/immediate"), per_op_us("op/async"), per_op_us("issue/async")
+    print("## CPU streams: asynchronous against immediate\n")
+    print("A CPU stream is a queue its own thread runs (asynchronous: the default, "
+          "`TANDEM_CPU_STREAMS=async`), or runs each op on the calling thread when it is "
+          "issued (`immediate`). `runtime/ops_bench`, a one-element op 256 times then a "
+          "synchronization, median of 5 repetitions:\n")
+    if immediate and queued and issue:
+        print("| per op | immediate | asynchronous |")
+        print("| --- | --- | --- |")
+        print(f"| issued and run (us) | {immediate:.2f} | {queued:.2f} |")
+        print(f"| the host's time to issue it (us) | {immediate:.2f} | {issue:.2f} |")
+        print()
+    runs = lines(path)
+    rows = {}
+    for r in runs:
+        rows.setdefault((r["strategy"], r["workers"]), {}).setdefault(r["cpu_streams"], []).append(
+            r["tokens_per_second"])
+    print("Tokens/s of gpt-tiny (`parallel/strategy_bench streams`: data parallel, batch 16; "
+          "1F1B, batch 32 in 8 micro-batches), each mode's median over alternating runs:\n")
+    print("| strategy | workers | runs | immediate tokens/s | asynchronous tokens/s | "
+          "asynchronous / immediate |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ratios = []
+    mid = lambda v: sorted(v)[len(v) // 2]
+    for (strategy, workers), modes in sorted(rows.items()):
+        imm, asy = modes.get("immediate"), modes.get("async")
+        if not imm or not asy:
+            continue
+        ratio = mid(asy) / mid(imm)
+        ratios.append(ratio)
+        print(f"| {strategy} | {workers} | {min(len(imm), len(asy))} | {mid(imm):.0f} | "
+              f"{mid(asy):.0f} | {ratio:.3f} |")
+    if ratios:
+        lo, hi = min(ratios), max(ratios)
+        verdict = ("within 3% of immediate's" if lo >= 0.97 else
+                   f"down to {lo:.2f} of immediate's, more than 3% slower")
+        print(f"\nIn this run asynchronous streams give {lo:.3f} to {hi:.3f} of immediate "
+              f"streams' tokens/s: {verdict}. Asynchronous is the default because it runs the "
+              "GPU's orderings (the communication thread after the compute stream's event, a "
+              "forward after its receive, memory reused only after the work that used it) in "
+              "every run and test; immediate streams stay available "
+              "(`TANDEM_CPU_STREAMS=immediate`) and are the reference `//parallel:ordering_test` "
+              "holds the asynchronous ones to, bit for bit.")
     print()
 
 
@@ -258,6 +274,7 @@ def main():
     if torch and "framework" in torch[0]:
         print(f"\n({torch[0]['framework']})")
     print()
+    streams_section(d, ops)
     performance_work(variant, op_gain, train_text, yield_gain(os.path.join(d, "yield.jsonl")))
     # The GPU section comes from another machine (tools/gpu_report.py): a measured one in the
     # file this run replaces is kept as it is, with its own date.

@@ -8,7 +8,8 @@
 # reshard (checkpoints moved between strategies and worker counts; a run resumed from the
 # initial weights' checkpoint, step 0), bad_checkpoint (missing or corrupt shards refused),
 # slow_start (workers slow to set up are not taken for hung), log_every (the host reads the
-# loss every --log-every steps and synchronizes nowhere else).
+# loss every --log-every steps and synchronizes nowhere else), hybrid (replicas of a pipeline
+# with ZeRO-1: parity, placement, preemption and a crash).
 set -u
 case_name="$1"
 launcher="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
@@ -257,6 +258,83 @@ case "$case_name" in
     [ "$losses" -eq 24 ] || fail "run.json has $losses losses, not 24"
     no_worker_left
     echo "PASSED: $case_name: stopped at step $stopped within $((end - start)) s, exit 75; resumed bit for bit"
+    ;;
+
+  hybrid)
+    # Two replicas of a two-stage 1F1B pipeline with ZeRO-1 on 4 workers: the losses of one
+    # worker (1e-5 relative); each rank's place and optimizer state in run.json and the
+    # summary; SIGTERM: a checkpoint, exit 75 and a bit-for-bit resume; a rank killed with
+    # SIGKILL: the launcher stops within 10 s naming the rank, its place and the signal.
+    job=(--strategy=pipeline --gpus=4 --data-parallel=2 --zero=1 --schedule=1f1b "${small[@]}"
+         --steps=12)
+    one="$tmp/run-one"
+    timeout 60 "$launcher" --strategy=data --gpus=1 "${small[@]}" --steps=12 --run-dir="$one" \
+      >"$tmp/out-one.txt" 2>&1 || { cat "$tmp/out-one.txt"; fail "the one-worker run failed"; }
+    straight="$tmp/run-hybrid"
+    out="$tmp/out-hybrid.txt"
+    timeout 90 "$launcher" "${job[@]}" --run-dir="$straight" >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ "$rc" -eq 0 ] || fail "the hybrid run exited $rc"
+    grep -qF "2 replicas of a 2-stage pipeline, ZeRO-1" "$out" || fail "no layout in the description"
+    grep -qF "rank (replica, stage): 0 (0, 0), 1 (1, 0), 2 (0, 1), 3 (1, 1)" "$out" ||
+      fail "the description does not place the ranks"
+    grep -qE "^3 +1 +1 +12 " "$out" || fail "the summary does not place rank 3"
+    [ "$(same_losses "$one" "$straight" 1e-5)" -eq 12 ] || fail "steps missing"
+    [ "$(json_number replicas "$straight/run.json")" = 2 ] || fail "run.json: replicas"
+    [ "$(json_number stages "$straight/run.json")" = 2 ] || fail "run.json: stages"
+    tr -d ' \n' <"$straight/run.json" | grep -q '"rank":2,"replica":0,"stage":1,' ||
+      fail "run.json does not place rank 2"
+    # ZeRO-1: the four ranks' shards add up to one worker's whole state, padding aside.
+    whole="$(json_number optimizer_state_bytes "$one/run.json")"
+    shards="$(sed -n 's/^ *"optimizer_state_bytes": \([0-9]*\),\{0,1\}$/\1/p' \
+      "$straight/run.json" | awk '{ s += $1 } END { print s }')"
+    awk -v w="$whole" -v s="$shards" 'BEGIN { exit !(w > 0 && s >= w && s - w <= 64) }' ||
+      fail "the shards' optimizer state ($shards bytes) is not one worker's ($whole)"
+    no_worker_left
+    # SIGTERM to the launcher mid-run.
+    dir="$tmp/run-hybrid-preempted"
+    TANDEM_TEST_STEP_SLEEP_MS=150 "$launcher" "${job[@]}" --run-dir="$dir" \
+      >"$tmp/out-preempted.txt" 2>&1 &
+    pid=$!
+    wait_for_steps "$dir" 3 || { kill -KILL $pid; cat "$tmp/out-preempted.txt"; fail "no start"; }
+    kill -TERM $pid
+    for _ in $(seq 1 300); do
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -0 $pid 2>/dev/null && { kill -KILL $pid; fail "still running 60 s after SIGTERM"; }
+    wait $pid
+    rc=$?
+    cat "$tmp/out-preempted.txt"
+    [ "$rc" -eq 75 ] || fail "exited $rc after SIGTERM, not 75"
+    stopped=$(sed -n 's/.*"exit": "preempted at step \([0-9]*\)".*/\1/p' "$dir/run.json")
+    [ -f "$dir/checkpoints/step-$(printf %06d "$stopped").manifest" ] ||
+      fail "no manifest for step '$stopped'"
+    no_worker_left
+    timeout 60 "$launcher" "${job[@]}" --run-dir="$dir" --resume=auto >"$tmp/out-resumed.txt" 2>&1 ||
+      { cat "$tmp/out-resumed.txt"; fail "--resume=auto failed"; }
+    [ "$(same_losses "$straight" "$dir" 0)" -eq 12 ] || fail "the resumed run lacks steps"
+    no_worker_left
+    # Rank 3, (replica 1, stage 1), kills itself at step 3 of a run far too long to finish.
+    dir="$tmp/run-hybrid-crash"
+    out="$tmp/out-hybrid-crash.txt"
+    TANDEM_TEST_CRASH_RANK=3 TANDEM_TEST_CRASH_STEP=3 timeout 60 "$launcher" \
+      "${job[@]/--steps=12/--steps=10000000}" --run-dir="$dir" >"$out" 2>&1
+    rc=$?
+    end=$(date +%s)
+    cat "$out"
+    [ "$rc" -ne 124 ] || fail "the launcher did not stop the job (timed out)"
+    [ "$rc" -eq 1 ] || fail "the launcher exited $rc after a worker crashed, not 1"
+    grep -qF "result      rank 3 (replica 1, stage 1) failed (signal 9 SIGKILL)" "$out" ||
+      fail "the summary's result does not name rank 3, its place and the signal"
+    crashed=$(stat -c %Y "$dir/metrics/rank-3.jsonl")
+    [ $((end - crashed)) -le 10 ] || fail "the launcher took $((end - crashed)) s after the crash"
+    grep -q '"failed_rank": 3' "$dir/run.json" || fail "run.json does not name rank 3"
+    no_worker_left
+    pgrep -f "mpirun.*$worker" >/dev/null && fail "mpirun left behind"
+    echo "PASSED: hybrid D=2 x K=2 with ZeRO-1: one worker's losses; preempted at step" \
+      "$stopped, resumed bit for bit; a crash stopped in $((end - crashed)) s"
     ;;
 
   slow_start)

@@ -39,10 +39,18 @@ constexpr absl::Duration kAbortGrace = absl::Seconds(4);
 constexpr absl::Duration kTermGrace = absl::Seconds(3);
 constexpr absl::Duration kStopDeadline = absl::Seconds(6);
 
-std::string StrategyWords(const std::string& s) {
-  if (s == "data") return "data parallel";
-  if (s == "model") return "model parallel";
-  return "pipeline";
+// "data parallel", "pipeline", "2 replicas of a 2-stage pipeline, ZeRO-1".
+std::string StrategyWords(const JobConfig& job) {
+  const ProcessGrid grid = job.Grid();
+  std::string words = job.strategy == "data"    ? "data parallel"
+                      : job.strategy == "model" ? "model parallel"
+                                                : "pipeline";
+  if (grid.hybrid()) {
+    words = absl::StrFormat("%d replicas of a %d-stage %s", grid.replicas, grid.stages,
+                            job.strategy == "model" ? "model-parallel split" : "pipeline");
+  }
+  if (job.zero == 1 && grid.replicas > 1) absl::StrAppend(&words, ", ZeRO-1");
+  return words;
 }
 
 // How one start of the workers ended.
@@ -124,7 +132,7 @@ class Runner {
       tails.emplace_back(MetricsPath(run_dir, r));
       tails.back().ReadNew();
     }
-    ProgressTracker tracker(n, job.steps, tokens_per_step_);
+    ProgressTracker tracker(n, job.steps, tokens_per_step_, job.Grid());
     std::vector<std::string> metric_errors;
     auto read_metrics = [&] {
       for (int r = 0; r < n; ++r) {
@@ -226,6 +234,10 @@ class Runner {
         absl::StrAppend(&mpirun_output, l, "\n");
       }
       a.failure = IdentifyFailure(mpirun_output, a.abort_reason, status, we_signaled_before_exit);
+      const ProcessGrid grid = job.Grid();
+      if (grid.hybrid() && a.failure.rank >= 0 && a.failure.rank < grid.ranks()) {
+        a.failure.place = grid.Place(a.failure.rank);
+      }
       a.exit = FailureLine(a.failure, a.abort_reason, status);
     }
     return a;
@@ -243,10 +255,11 @@ class Runner {
 absl::StatusOr<std::string> DescribeJob(const JobConfig& job) {
   ASSIGN_OR_RETURN(ModelConfig model, job.Model());
   const int n = job.workers;
-  return absl::StrFormat("%d %s worker%s, %s, %s; batch %d x %d steps; run dir %s", n,
+  const ProcessGrid grid = job.Grid();
+  return absl::StrFormat("%d %s worker%s, %s, %s; batch %d x %d steps; %srun dir %s", n,
                          job.device == "cpu" ? "CPU" : "CUDA", n == 1 ? "" : "s",
-                         StrategyWords(job.strategy), model.ToString(), job.batch, job.steps,
-                         job.run_dir);
+                         StrategyWords(job), model.ToString(), job.batch, job.steps,
+                         grid.hybrid() ? grid.Places() + "; " : "", job.run_dir);
 }
 
 absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settings) {
@@ -299,7 +312,8 @@ absl::StatusOr<Outcome> RunJob(const LaunchPlan& plan, const RunSettings& settin
   rec.restarts = restarts;
   rec.first_step = StartStep(plan.job.resume);
   rec.ranks = ReadRunMetrics(job.run_dir, job.workers);
-  const ProgressState final_state = ComputeProgress(rec.ranks, job.steps, tokens_per_step);
+  const ProgressState final_state =
+      ComputeProgress(rec.ranks, job.steps, tokens_per_step, job.Grid());
   std::string preempted_at;
   if (a.outcome == Outcome::kPreempted) {
     absl::StatusOr<std::string> latest = FindLatestCheckpoint(checkpoints);

@@ -59,6 +59,14 @@ ABSL_FLAG(std::string, schedule, "gpipe", "pipeline schedule: gpipe or 1f1b");
 ABSL_FLAG(std::string, balance, "params",
           "pipeline stage split: params (balanced by parameters), time (balanced by each "
           "block's measured forward and backward time) or block counts like 3,3,2");
+ABSL_FLAG(int, data_parallel, 1,
+          "pipeline and model: D replicas of a pipeline of --gpus / D stages, each taking 1/D "
+          "of the batch and all-reducing each stage's gradients with its peers; ranks in "
+          "Megatron's order, a stage's D replicas on neighbouring ranks (1: one pipeline)");
+ABSL_FLAG(int, zero, 0,
+          "1: ZeRO-1, each data-parallel replica keeps 1/D of the optimizer state and updates "
+          "its shard of the parameters (data, or pipeline / model with --data-parallel >= 2); "
+          "0: every replica keeps all of it");
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
 ABSL_FLAG(int, warmup, 20, "linear learning-rate warmup steps");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
@@ -104,9 +112,11 @@ ABSL_FLAG(int, log_every, 1,
 ABSL_FLAG(bool, debug_syncs, false,
           "print, to each rank's log, where every host synchronization beyond the loss reads "
           "and checkpoints came from (a stack trace), like torch.cuda.set_sync_debug_mode");
-ABSL_FLAG(double, bucket_mb, 25, "data parallel: gradient bucket size in MB");
+ABSL_FLAG(double, bucket_mb, 25,
+          "data parallel and --data-parallel >= 2: gradient bucket size in MB");
 ABSL_FLAG(bool, overlap, true,
-          "data parallel: all-reduce gradients during backward (--no-overlap: after it)");
+          "data parallel and --data-parallel >= 2: reduce gradients during backward "
+          "(--no-overlap: after it)");
 ABSL_FLAG(bool, recompute, false,
           "keep only each stage's inputs and recompute the forward pass during backward "
           "(less activation memory, more compute)");
@@ -153,28 +163,38 @@ absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, const Sta
   ASSIGN_OR_RETURN(std::vector<MemoryNeed> needs, RankMemoryNeeds(pc, bounds, workers));
   MemoryNeed all, most;
   int most_rank = 0;
+  int64_t optimizer = 0;
   for (int r = 0; r < workers; ++r) {
     const MemoryNeed& need = needs[r];
     all += need;
+    optimizer = std::max(optimizer, need.optimizer);
     if (need.total() > most.total()) most = need, most_rank = r;
     if (gpus && r < static_cast<int>(host.gpu_memory.size())) {
       RETURN_IF_ERROR(CheckMemory(need, host.gpu_memory[r], absl::StrFormat("rank %d", r),
                                   absl::StrFormat("cuda:%d (all of its memory)", r)));
     }
   }
+  // The optimizer state each rank keeps (ZeRO-1: its shard).
+  const ProcessGrid grid = *GridOf(pc, workers);
+  const std::string state = absl::StrFormat(
+      "optimizer state %s%s per rank%s", grid.stages > 1 ? "up to " : "", FormatBytes(optimizer),
+      pc.zero == 1 && grid.replicas > 1
+          ? absl::StrFormat(" (ZeRO-1: a 1/%d shard of each stage's)", grid.replicas)
+          : "");
   if (gpus) {
     const int64_t gpu =
         most_rank < static_cast<int>(host.gpu_memory.size()) ? host.gpu_memory[most_rank] : -1;
     if (gpu < 0) return std::string();
-    return absl::StrFormat("memory: rank %d needs the most, at least %s of cuda:%d's %s", most_rank,
-                           FormatBytes(most.total()), most_rank, FormatBytes(gpu));
+    return absl::StrFormat("memory: rank %d needs the most, at least %s of cuda:%d's %s; %s",
+                           most_rank, FormatBytes(most.total()), most_rank, FormatBytes(gpu),
+                           state);
   }
   const std::string who = workers == 1 ? "the worker" : absl::StrFormat("the %d workers", workers);
   RETURN_IF_ERROR(CheckMemory(all, host.available_memory, who, "this host"));
   if (host.available_memory < 0) return std::string();
-  return absl::StrFormat("memory: %s need%s at least %s of the %s this host has available", who,
-                         workers == 1 ? "s" : "", FormatBytes(all.total()),
-                         FormatBytes(host.available_memory));
+  return absl::StrFormat("memory: %s need%s at least %s of the %s this host has available; %s",
+                         who, workers == 1 ? "s" : "", FormatBytes(all.total()),
+                         FormatBytes(host.available_memory), state);
 }
 
 // --balance=time times each block's forward and backward on one micro-batch, every block in
@@ -202,7 +222,7 @@ const std::vector<std::string>& FlagNames() {
   // clang-format off
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
-      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "lr", "warmup",
+      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "data_parallel", "zero", "lr", "warmup",
       "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
       "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
       "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
@@ -251,6 +271,8 @@ Options OptionsFromFlags() {
   o.job.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   o.job.schedule = absl::GetFlag(FLAGS_schedule);
   o.job.balance = absl::GetFlag(FLAGS_balance);
+  o.job.data_parallel = absl::GetFlag(FLAGS_data_parallel);
+  o.job.zero = absl::GetFlag(FLAGS_zero);
   o.job.lr = absl::GetFlag(FLAGS_lr);
   o.job.warmup = absl::GetFlag(FLAGS_warmup);
   o.job.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -338,9 +360,17 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
             absl::StrCat("--schedule=", o.job.schedule), "--strategy=pipeline");
     ignored(data && o.job.balance != defaults.balance, absl::StrCat("--balance=", o.job.balance),
             "--strategy=pipeline and model");
-    ignored(!data && o.job.bucket_mb != defaults.bucket_mb,
-            absl::StrFormat("--bucket-mb=%g", o.job.bucket_mb), "--strategy=data");
-    ignored(!data && o.job.overlap != defaults.overlap, "--no-overlap", "--strategy=data");
+    // Gradient buckets are reduced among data-parallel replicas: data, or D >= 2.
+    const bool replicated = data || o.job.data_parallel > 1;
+    ignored(!replicated && o.job.bucket_mb != defaults.bucket_mb,
+            absl::StrFormat("--bucket-mb=%g", o.job.bucket_mb),
+            "--strategy=data and --data-parallel >= 2");
+    ignored(!replicated && o.job.overlap != defaults.overlap, "--no-overlap",
+            "--strategy=data and --data-parallel >= 2");
+    ignored(data && o.job.data_parallel != defaults.data_parallel,
+            absl::StrFormat("--data-parallel=%d", o.job.data_parallel),
+            "--strategy=pipeline and model (data parallelism replicates the whole model on "
+            "every worker)");
   }
   const bool gpus_ok = o.job.workers >= 1 && o.job.workers <= 4096;
   if (!gpus_ok) {

@@ -33,6 +33,7 @@ using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::Not;
 
 TEST(RewriteFlagName, HyphensInTheNameOnly) {
@@ -259,13 +260,28 @@ TEST(Validate, AnotherStrategysFlagsAreSaidToBeIgnored) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_THAT(p->notices,
               ElementsAre(HasSubstr("--schedule=1f1b applies"),
-                          "--bucket-mb=4 applies to --strategy=data only: ignored under "
-                          "--strategy=model",
+                          "--bucket-mb=4 applies to --strategy=data and --data-parallel >= 2 "
+                          "only: ignored under --strategy=model",
                           HasSubstr("--no-overlap applies")));
   o.job.strategy = "pipeline";
   p = Validate(o, h);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_THAT(p->notices, ElementsAre(HasSubstr("--bucket-mb=4"), HasSubstr("--no-overlap")));
+  // Replicas of the pipeline reduce their gradients in buckets: the flags apply.
+  h.cuda_devices = 4;
+  o.job.workers = 4;
+  o.job.data_parallel = 2;
+  o.job.balance = "params";
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices, IsEmpty());
+  o.job.strategy = "data";
+  o.job.schedule = "gpipe";
+  o.job.workers = 2;
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices, ElementsAre(HasSubstr("--data-parallel=2 applies to --strategy=pipeline "
+                                                "and model (data parallelism replicates")));
 }
 
 TEST(Validate, FlagsTheModelOrDataDoNotUseAreSaidToBeIgnored) {
@@ -340,8 +356,9 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_THAT(p->notices, Contains(absl::StrFormat(
                               "memory: the 2 workers need at least %s of the %s this host has "
-                              "available",
-                              FormatBytes(both), FormatBytes(both))));
+                              "available; optimizer state %s per rank",
+                              FormatBytes(both), FormatBytes(both),
+                              FormatBytes(needs[0].optimizer))));
   h.available_memory = -1;  // unknown
   EXPECT_TRUE(Validate(o, h).ok());
   h.available_memory = both - 1;
@@ -365,6 +382,36 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
                                     "block on one device")));
 }
 
+// Under ZeRO-1 each of D replicas keeps the AdamW moments (8 bytes a parameter) of a 1/D
+// shard; the notice says so.
+TEST(Validate, ZeroShardsTheOptimizerStatePerRank) {
+  Options o = Small();
+  o.job.workers = 4;
+  HostInfo h = CpuHost(FreshTestPath("user"));
+  h.available_memory = int64_t{64} << 30;
+  JobConfig j = o.job;
+  j.device = "cpu";
+  const ParallelConfig pc = *j.ToParallelConfig(Device::Cpu());
+  const int64_t whole = (*RankMemoryNeeds(pc, *PlanStages(pc, 4), 4))[0].optimizer;
+  const int64_t params = whole / 8;
+  ASSERT_EQ(whole, 8 * params);
+  o.job.zero = 1;
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices,
+              Contains(HasSubstr(absl::StrFormat(
+                  "; optimizer state %s per rank (ZeRO-1: a 1/4 shard of each stage's)",
+                  FormatBytes(8 * ((params + 3) / 4))))));
+  // Two replicas of a two-stage pipeline: each stage's state in halves.
+  o.job.strategy = "pipeline";
+  o.job.data_parallel = 2;
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->notices, Contains(HasSubstr("per rank (ZeRO-1: a 1/2 shard of each stage's)")));
+  EXPECT_EQ(p->job.data_parallel, 2);
+  EXPECT_EQ(p->job.zero, 1);
+}
+
 // Each GPU worker's stage (here in bf16) must fit in its GPU, whatever the host has.
 TEST(Validate, EachGpuMustHoldItsStage) {
   Options o = Small();
@@ -384,8 +431,11 @@ TEST(Validate, EachGpuMustHoldItsStage) {
   const int most = need1 > need0 ? 1 : 0;
   EXPECT_THAT(p->notices,
               Contains(absl::StrFormat(
-                  "memory: rank %d needs the most, at least %s of cuda:%d's %s", most,
-                  FormatBytes(std::max(need0, need1)), most, FormatBytes(std::max(need0, need1)))));
+                  "memory: rank %d needs the most, at least %s of cuda:%d's %s; optimizer state "
+                  "up to %s per rank",
+                  most, FormatBytes(std::max(need0, need1)), most,
+                  FormatBytes(std::max(need0, need1)),
+                  FormatBytes(std::max(needs[0].optimizer, needs[1].optimizer)))));
   h.gpu_memory = {need0, need1 - 1};
   EXPECT_THAT(Problems(o, h), ElementsAre(AllOf(HasSubstr("not enough memory for rank 1"),
                                                 HasSubstr("cuda:1 (all of its memory) has"),
@@ -443,6 +493,30 @@ TEST(Validate, EachBadInputGivesItsLine) {
        "--hostfile=/nonexistent/hosts does not exist"},
       {[](Options& o) { o.job.resume = "/nonexistent/step-000003"; },
        "--resume=/nonexistent/step-000003: checkpoint /nonexistent/step-000003 does not exist"},
+      {[](Options& o) {
+         o.job.strategy = "pipeline";
+         o.job.data_parallel = 3;
+       },
+       "--data-parallel=3 does not divide --gpus=2: D replicas of a pipeline of K stages "
+       "take D x K workers; use a D that divides 2"},
+      {[](Options& o) {
+         o.job.strategy = "model";
+         o.job.data_parallel = 0;
+       },
+       "--data-parallel=0: must be at least 1"},
+      {[](Options& o) { o.job.zero = 2; }, "--zero=2: use 0"},
+      {[](Options& o) {
+         o.job.strategy = "pipeline";
+         o.job.zero = 1;
+       },
+       "--zero=1 with --strategy=pipeline and --data-parallel=1: ZeRO-1 shards"},
+      {[](Options& o) {
+         o.job.strategy = "pipeline";
+         o.job.data_parallel = 2;
+         o.job.batch = 6;
+         o.job.micro_batches = 2;
+       },
+       "--batch=6 is not divisible by 2 replicas x 2 micro-batches"},
       {[](Options& o) { o.job.resume = "/nonexistent/weights.bin"; },
        "--resume=/nonexistent/weights.bin: name a checkpoint step"},
   };

@@ -491,8 +491,9 @@ Failure IdentifyFailure(const std::string& mpirun_output, const std::string& abo
 
 std::string FailureLine(const Failure& f, const std::string& abort_reason,
                         const std::optional<ExitStatus>& mpirun_status) {
-  const std::string rank_failed = absl::StrFormat(
-      "rank %d failed%s", f.rank, f.how.empty() ? "" : absl::StrCat(" (", f.how, ")"));
+  const std::string rank_failed =
+      absl::StrFormat("rank %d%s failed%s", f.rank, f.place.empty() ? "" : " " + f.place,
+                      f.how.empty() ? "" : absl::StrCat(" (", f.how, ")"));
   if (f.crashed) return rank_failed;
   if (!abort_reason.empty()) return abort_reason;
   if (f.rank >= 0) return rank_failed;

@@ -155,12 +155,13 @@ struct Failure {
   int rank = -1;    // -1: no rank identified
   std::string how;  // "signal 9 SIGKILL", "exit code 1", or empty
   bool crashed = false;  // killed by a signal we did not send: that, not any abort, ended it
+  std::string place;     // the rank's place in a hybrid grid, "(replica 1, stage 0)", or empty
 };
 Failure IdentifyFailure(const std::string& mpirun_output, const std::string& abort_reason,
                         const std::optional<ExitStatus>& mpirun_status, bool we_signaled);
 
 // The final line of a job that failed: who ended it and why. A crash: "rank 1 failed (signal
-// 9 SIGKILL)"; else the abort as the coordinator phrased it, which names who aborted ("rank 1
+// 9 SIGKILL)", "rank 1 (replica 1, stage 0) failed (signal 9 SIGKILL)" with a place; else the abort as the coordinator phrased it, which names who aborted ("rank 1
 // aborted the job: ...", "the launcher aborted the job: interrupted (SIGINT)"); else the rank
 // that failed, or how mpirun ended.
 std::string FailureLine(const Failure& f, const std::string& abort_reason,

@@ -260,6 +260,10 @@ TEST(FailureLine, NamesWhoEndedTheJob) {
   // No abort: the rank mpirun reports, else mpirun itself.
   f = IdentifyFailure(kExitOutput, "", ExitStatus{false, 3, 0}, false);
   EXPECT_EQ(FailureLine(f, "", ExitStatus{false, 3, 0}), "rank 3 failed (exit code 3)");
+  Failure placed = f;
+  placed.place = "(replica 1, stage 1)";
+  EXPECT_EQ(FailureLine(placed, "", ExitStatus{false, 3, 0}),
+            "rank 3 (replica 1, stage 1) failed (exit code 3)");
   f = IdentifyFailure("", "", ExitStatus{false, 1, 0}, false);
   EXPECT_EQ(FailureLine(f, "", ExitStatus{false, 1, 0}), "mpirun: exit code 1");
   EXPECT_EQ(FailureLine(Failure{}, "", std::nullopt), "mpirun failed (still running)");

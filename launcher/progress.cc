@@ -12,10 +12,11 @@ namespace launcher {
 
 std::string FormatProgress(const ProgressState& s) {
   return absl::StrFormat(
-      "step %d/%d  loss %s  %s tok/s  peak %s  ETA %s", s.step, s.total,
+      "step %d/%d  loss %s  %s tok/s  peak %s%s  ETA %s", s.step, s.total,
       s.has_loss ? absl::StrFormat("%.4f", s.loss) : std::string("-"),
       s.tokens_per_second > 0 ? FormatThousands(s.tokens_per_second) : std::string("-"),
-      FormatBytes(s.peak_bytes), FormatDuration(s.eta_seconds));
+      FormatBytes(s.peak_bytes), s.peak_where.empty() ? "" : " on " + s.peak_where,
+      FormatDuration(s.eta_seconds));
 }
 
 void ProgressTracker::Add(int rank, const StepRecord& r) {
@@ -23,7 +24,7 @@ void ProgressTracker::Add(int rank, const StepRecord& r) {
     last_rank0_ = r;
     has_rank0_ = true;
   }
-  peak_bytes_ = std::max(peak_bytes_, r.peak_bytes);
+  if (r.peak_bytes > peak_bytes_) peak_bytes_ = r.peak_bytes, peak_rank_ = rank;
   if (rank < 0 || rank >= ranks_) return;
   auto& p = pending_[r.step];
   if (p.second.empty()) p.second.assign(ranks_, 0.0);
@@ -62,6 +63,9 @@ ProgressState ProgressTracker::State() const {
     s.has_loss = true;
   }
   s.peak_bytes = peak_bytes_;
+  if (grid_.hybrid() && peak_rank_ >= 0 && peak_rank_ < grid_.ranks()) {
+    s.peak_where = absl::StrFormat("rank %d %s", peak_rank_, grid_.Place(peak_rank_));
+  }
   const double step_seconds = MeanStepSeconds();
   if (step_seconds > 0) {
     s.tokens_per_second = static_cast<double>(tokens_per_step_) / step_seconds;
@@ -71,8 +75,8 @@ ProgressState ProgressTracker::State() const {
 }
 
 ProgressState ComputeProgress(const std::vector<std::vector<StepRecord>>& ranks, int total,
-                              int64_t tokens_per_step) {
-  ProgressTracker t(static_cast<int>(ranks.size()), total, tokens_per_step);
+                              int64_t tokens_per_step, ProcessGrid grid) {
+  ProgressTracker t(static_cast<int>(ranks.size()), total, tokens_per_step, grid);
   for (size_t r = 0; r < ranks.size(); ++r) {
     for (const StepRecord& x : ranks[r]) t.Add(static_cast<int>(r), x);
   }

@@ -14,6 +14,7 @@
 
 #include "absl/time/time.h"
 #include "launcher/report.h"
+#include "parallel/grid.h"
 
 namespace tandem {
 namespace launcher {
@@ -25,6 +26,7 @@ struct ProgressState {
   double loss = 0;
   double tokens_per_second = 0;    // 0: not known yet
   int64_t peak_bytes = -1;         // largest across ranks; -1: not known yet
+  std::string peak_where;          // in a hybrid grid, whose: "rank 2 (replica 0, stage 1)"
   double eta_seconds = -1;         // -1: not known yet
 };
 
@@ -34,13 +36,15 @@ std::string FormatProgress(const ProgressState& s);
 // Follows the steps as workers report them, in constant time per record (per rank for a
 // step every rank completed): rank 0's step and loss (the global loss), the slowest rank's
 // mean step as MeanStepSeconds computes it (report.h: steps every rank completed, the first
-// kWarmupSteps left out when later ones exist), and the largest peak memory of any rank.
+// kWarmupSteps left out when later ones exist), and the largest peak memory of any rank (in
+// a hybrid `grid`, with the rank's place: its stage decides what it holds).
 class ProgressTracker {
  public:
-  ProgressTracker(int ranks, int total, int64_t tokens_per_step)
+  ProgressTracker(int ranks, int total, int64_t tokens_per_step, ProcessGrid grid = {})
       : ranks_(ranks),
         total_(total),
         tokens_per_step_(tokens_per_step),
+        grid_(grid),
         completed_seconds_(ranks, 0.0) {}
   void Add(int rank, const StepRecord& r);
   ProgressState State() const;
@@ -49,9 +53,11 @@ class ProgressTracker {
  private:
   int ranks_, total_;
   int64_t tokens_per_step_;
+  ProcessGrid grid_;
   bool has_rank0_ = false;
   StepRecord last_rank0_;
   int64_t peak_bytes_ = -1;
+  int peak_rank_ = -1;
   // step -> (ranks reported, each rank's seconds)
   std::map<int, std::pair<int, std::vector<double>>> pending_;
   int completed_ = 0;
@@ -62,7 +68,7 @@ class ProgressTracker {
 
 // The tracker's state after `ranks` (per rank, in order).
 ProgressState ComputeProgress(const std::vector<std::vector<StepRecord>>& ranks, int total,
-                              int64_t tokens_per_step);
+                              int64_t tokens_per_step, ProcessGrid grid = {});
 
 // Shows progress on `out`. On a terminal one line is rewritten ('\r'); otherwise a line is
 // printed at most every `interval` and once at the end. Print() puts other messages above

@@ -127,6 +127,19 @@ TEST(ProgressDisplay, FinishDoesNotRepeatTheLastLine) {
   std::fclose(f);
 }
 
+TEST(ProgressTracker, InAHybridGridThePeakNamesItsRanksPlace) {
+  ProcessGrid grid;
+  grid.replicas = 2;
+  grid.stages = 2;
+  ProgressTracker t(4, 10, 1000, grid);
+  for (int r = 0; r < 4; ++r) t.Add(r, Rec(0, 2.5, 1.0, r == 2 ? 300 << 20 : 200 << 20));
+  EXPECT_EQ(t.State().peak_where, "rank 2 (replica 0, stage 1)");
+  EXPECT_THAT(FormatProgress(t.State()), HasSubstr("peak 300 MB on rank 2 (replica 0, stage 1)"));
+  ProgressTracker plain(4, 10, 1000);  // data parallel or one pipeline: the rank says it all
+  for (int r = 0; r < 4; ++r) plain.Add(r, Rec(0, 2.5, 1.0, 100));
+  EXPECT_EQ(plain.State().peak_where, "");
+}
+
 }  // namespace
 }  // namespace launcher
 }  // namespace tandem

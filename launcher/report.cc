@@ -110,6 +110,7 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
         std::max(t.peak_activation_bytes,
                  s.peak_bytes - s.param_bytes - s.grad_bytes - s.optimizer_bytes);
     t.peak_in_flight = std::max(t.peak_in_flight, s.peak_in_flight);
+    t.optimizer_bytes = std::max(t.optimizer_bytes, s.optimizer_bytes);
     t.breakdown = t.breakdown || s.breakdown;
   }
   std::vector<int64_t> syncs;
@@ -240,6 +241,8 @@ std::string RunJson(const RunRecord& r) {
       {"micro_batches", c.micro_batches},
       {"schedule", c.schedule},
       {"balance", c.balance},
+      {"data_parallel", c.data_parallel},
+      {"zero", c.zero},
       {"lr", JsonNumber(c.lr)},
       {"warmup", c.warmup},
       {"optimizer", c.optimizer},
@@ -262,6 +265,9 @@ std::string RunJson(const RunRecord& r) {
   j["strategy"] = c.strategy;
   j["workers"] = c.workers;
   j["device"] = c.device;
+  const ProcessGrid grid = c.Grid();
+  j["replicas"] = grid.replicas;
+  j["stages"] = grid.stages;
   j["micro_batches"] = c.EffectiveMicroBatches();
   j["exit"] = r.exit;
   if (r.failed_rank >= 0) j["failed_rank"] = r.failed_rank;
@@ -288,16 +294,19 @@ std::string RunJson(const RunRecord& r) {
   j["wall_seconds"] = JsonNumber(r.wall_seconds);
   const std::vector<RankTotals> totals = AllTotals(mine);
   if (c.strategy != "data" && !r.ranks.empty()) {
-    const int K = static_cast<int>(r.ranks.size()), M = c.EffectiveMicroBatches();
     j["bubble_fraction_measured"] = JsonNumber(MeanBubbleFraction(totals));
-    j["bubble_fraction_gpipe"] = JsonNumber(GpipeBubbleFraction(K, M));
+    j["bubble_fraction_gpipe"] =
+        JsonNumber(GpipeBubbleFraction(grid.stages, c.EffectiveMicroBatches()));
   }
   Json ranks = Json::array();
   for (const RankTotals& t : totals) {
     Json k;
     k["rank"] = t.rank;
+    k["replica"] = grid.ReplicaOf(t.rank);
+    k["stage"] = grid.StageOf(t.rank);
     k["steps"] = t.steps;
     k["peak_memory_bytes"] = t.peak_memory_bytes;
+    k["optimizer_state_bytes"] = t.optimizer_bytes;
     // Where the steps' time went; left out where only whole steps were measured (one device).
     if (t.breakdown) {
       k["compute_seconds"] = JsonNumber(t.compute_seconds);
@@ -332,27 +341,31 @@ absl::Status WriteRunJson(const RunRecord& r) {
 }
 
 std::string SummaryTable(const RunRecord& r) {
-  std::string out = absl::StrFormat("%-5s %6s %10s %9s %9s %7s %9s %8s %11s %11s %10s\n",
-                                    "rank", "steps", "compute s", "comm s", "exposed s",
-                                    "hidden", "bubble s", "comm MB", "activations",
-                                    "peak memory", "syncs/step");
+  const ProcessGrid grid = r.job.Grid();
+  std::string out = absl::StrFormat(
+      "%-5s %7s %5s %6s %10s %9s %9s %7s %9s %8s %11s %11s %11s %10s\n", "rank", "replica",
+      "stage", "steps", "compute s", "comm s", "exposed s", "hidden", "bubble s", "comm MB",
+      "activations", "optimizer", "peak memory", "syncs/step");
   const std::vector<std::vector<StepRecord>> mine = ThisRun(r);
   const std::vector<RankTotals> totals = AllTotals(mine);
   for (const RankTotals& t : totals) {
     const double hidden = t.hidden_comm_share();
-    absl::StrAppendFormat(&out, "%-5d %6d %10.3f %9s %9.3f %7s %9.3f %8.1f %11s %11s %10g\n",
-                          t.rank, t.steps, t.compute_seconds,
+    absl::StrAppendFormat(&out,
+                          "%-5d %7d %5d %6d %10.3f %9s %9.3f %7s %9.3f %8.1f %11s %11s %11s %10g\n",
+                          t.rank, grid.ReplicaOf(t.rank), grid.StageOf(t.rank), t.steps,
+                          t.compute_seconds,
                           t.comm_seconds > 0 ? absl::StrFormat("%.3f", t.comm_seconds) : "-",
                           t.exposed_comm_seconds,
                           hidden >= 0 ? absl::StrFormat("%.0f%%", 100 * hidden) : "-",
                           t.bubble_seconds, static_cast<double>(t.comm_bytes) / (1 << 20),
-                          FormatBytes(t.peak_activation_bytes),
+                          FormatBytes(t.peak_activation_bytes), FormatBytes(t.optimizer_bytes),
                           FormatBytes(t.peak_memory_bytes), t.host_syncs_per_step);
   }
   if (r.job.strategy != "data" && !r.ranks.empty()) {
-    const int K = static_cast<int>(r.ranks.size()), M = r.job.EffectiveMicroBatches();
-    absl::StrAppendFormat(&out, "bubble      %.3f of each step measured; GPipe's (K-1)/(M+K-1) = %.3f\n",
-                          MeanBubbleFraction(totals), GpipeBubbleFraction(K, M));
+    absl::StrAppendFormat(
+        &out, "bubble      %.3f of each step measured; GPipe's (K-1)/(M+K-1) = %.3f\n",
+        MeanBubbleFraction(totals),
+        GpipeBubbleFraction(grid.stages, r.job.EffectiveMicroBatches()));
   }
   const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
   const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;

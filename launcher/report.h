@@ -65,6 +65,7 @@ struct RankTotals {
   int64_t comm_bytes = 0;
   int64_t peak_memory_bytes = 0;
   int64_t peak_activation_bytes = 0;  // peak - parameters, gradients and optimizer state
+  int64_t optimizer_bytes = 0;        // the optimizer state it keeps (ZeRO-1: its shard)
   int peak_in_flight = 0;
   // Whether the step times were split into compute, communication, bubble and optimizer (a
   // one-device run measures only whole steps).

@@ -26,6 +26,7 @@ namespace tandem {
 namespace launcher {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -200,6 +201,34 @@ TEST(RunJson, Content) {
   EXPECT_THAT(json, HasSubstr("\"rank\": 1"));
   // Strings are escaped.
   EXPECT_THAT(json, HasSubstr("\"run_dir\": \"/runs/a \\\"quoted\\\"\\nname\""));
+}
+
+// Two replicas of a two-stage pipeline: each rank's place in Megatron's order, the optimizer
+// state each keeps, and GPipe's bubble for the K = 2 stages (not the 4 ranks).
+TEST(RunJson, HybridRanksSayTheirPlace) {
+  RunRecord r = Sample();
+  r.job.workers = 4;
+  r.job.data_parallel = 2;
+  r.job.zero = 1;
+  r.ranks.push_back(r.ranks[0]);
+  r.ranks.push_back(r.ranks[1]);
+  for (int rank = 0; rank < 4; ++rank) {
+    for (StepRecord& s : r.ranks[rank]) s.optimizer_bytes = 1000 * (rank + 1);
+  }
+  const std::string json = RunJson(r);
+  EXPECT_THAT(json, HasSubstr("\"replicas\": 2,\n  \"stages\": 2,\n"));
+  EXPECT_THAT(json, HasSubstr("\"data_parallel\": 2"));
+  EXPECT_THAT(json, HasSubstr("\"zero\": 1"));
+  EXPECT_THAT(json, HasSubstr("\"rank\": 2,\n      \"replica\": 0,\n      \"stage\": 1,"));
+  EXPECT_THAT(json, HasSubstr("\"rank\": 3,\n      \"replica\": 1,\n      \"stage\": 1,"));
+  EXPECT_THAT(json, HasSubstr("\"optimizer_state_bytes\": 3000"));
+  // Each replica's 4 samples in 4 x 2 stages micro-batches at most: M = 4; (2-1)/(4+2-1).
+  EXPECT_THAT(json, HasSubstr("\"micro_batches\": 4"));
+  EXPECT_THAT(json, HasSubstr("\"bubble_fraction_gpipe\": 0.2,"));
+  const std::string table = SummaryTable(r);
+  EXPECT_THAT(table, HasSubstr("rank  replica stage"));
+  EXPECT_THAT(table, ContainsRegex("\n3 +1 +1 +5 "));
+  EXPECT_THAT(table, HasSubstr("GPipe's (K-1)/(M+K-1) = 0.200"));
 }
 
 TEST(RunJson, LayoutTheShellTestsRead) {

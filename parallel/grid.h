@@ -25,8 +25,12 @@ struct ProcessGrid {
   int RankOf(int replica, int stage) const { return stage * replicas + replica; }
   int ReplicaOf(int rank) const { return rank % replicas; }
   int StageOf(int rank) const { return rank / replicas; }
+  // Replicas of a pipeline: the layout where a rank's number alone does not say its place.
+  bool hybrid() const { return replicas > 1 && stages > 1; }
   // "(replica 1, stage 0)".
   std::string Place(int rank) const;
+  // Every rank's place: "rank (replica, stage): 0 (0, 0), 1 (1, 0), 2 (0, 1), 3 (1, 1)".
+  std::string Places() const;
 };
 
 }  // namespace tandem

@@ -61,6 +61,8 @@ const std::vector<Field>& Fields() {
       Num("micro_batches", &JobConfig::micro_batches),
       Str("schedule", &JobConfig::schedule),
       Str("balance", &JobConfig::balance),
+      Num("data_parallel", &JobConfig::data_parallel),
+      Num("zero", &JobConfig::zero),
       Num("lr", &JobConfig::lr),
       Num("warmup", &JobConfig::warmup),
       Str("optimizer", &JobConfig::optimizer),
@@ -122,11 +124,22 @@ absl::StatusOr<ModelConfig> JobConfig::Model() const {
   return m;
 }
 
+ProcessGrid JobConfig::Grid() const {
+  absl::StatusOr<ProcessGrid> g =
+      ProcessGrid::Make(workers, strategy == "data" ? workers : data_parallel);
+  if (g.ok()) return *g;
+  ProcessGrid one;
+  one.stages = std::max(workers, 1);
+  return one;
+}
+
 int JobConfig::EffectiveMicroBatches() const {
   if (micro_batches > 0) return micro_batches;
   if (strategy != "pipeline") return 1;
-  for (int m = std::min(4 * workers, batch); m > 1; --m) {
-    if (batch % m == 0) return m;
+  const ProcessGrid grid = Grid();
+  const int share = batch / grid.replicas;
+  for (int m = std::min(4 * grid.stages, share); m > 1; --m) {
+    if (share % m == 0) return m;
   }
   return 1;
 }
@@ -158,6 +171,8 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   t.optimizer.clip_norm = static_cast<float>(clip_norm);
   p.schedule = schedule;
   p.balance = balance;
+  p.data_parallel = data_parallel;
+  p.zero = zero;
   p.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
   p.overlap = overlap;
   p.recompute = recompute;

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "parallel/distributed.h"
+#include "parallel/grid.h"
 
 namespace tandem {
 
@@ -34,6 +35,8 @@ struct JobConfig {
   int micro_batches = 0;  // 0: the strategy's default
   std::string schedule = "gpipe";
   std::string balance = "params";
+  int data_parallel = 1;  // pipeline and model: replicas D of a workers / D stage pipeline
+  int zero = 0;           // 1: ZeRO-1, the optimizer state sharded over the replicas
   double lr = 3e-3;
   int warmup = 20;
   std::string optimizer = "adamw";
@@ -57,8 +60,13 @@ struct JobConfig {
   static absl::StatusOr<JobConfig> FromText(const std::string& text);
   // The model this job trains (preset plus overrides), validated.
   absl::StatusOr<ModelConfig> Model() const;
-  // Micro-batches after defaults: pipeline 4 x workers where the batch allows (GPipe's
-  // rule for a small bubble), else the largest count up to that dividing the batch; else 1.
+  // The process grid (parallel/grid.h): data parallel is `workers` replicas of one stage;
+  // pipeline and model are data_parallel replicas of workers / data_parallel stages. A D
+  // that does not divide the workers gives the grid of one replica (Validate refuses it).
+  ProcessGrid Grid() const;
+  // Micro-batches per replica after defaults: pipeline 4 x stages where each replica's share
+  // of the batch allows (GPipe's rule for a small bubble), else the largest count up to that
+  // dividing the share; else 1.
   int EffectiveMicroBatches() const;
   // Everything a worker needs, for the device it runs on.
   absl::StatusOr<ParallelConfig> ToParallelConfig(Device device) const;

@@ -45,6 +45,44 @@ TEST(JobTest, PipelineMicroBatchDefault) {
   EXPECT_EQ(c.EffectiveMicroBatches(), 3);
 }
 
+TEST(JobTest, HybridGridAndMicroBatches) {
+  JobConfig c;
+  c.strategy = "pipeline";
+  c.workers = 6;
+  c.data_parallel = 2;
+  c.batch = 16;
+  const ProcessGrid g = c.Grid();
+  EXPECT_EQ(g.replicas, 2);
+  EXPECT_EQ(g.stages, 3);
+  EXPECT_TRUE(g.hybrid());
+  // Megatron's order: a stage's replicas on neighbouring ranks.
+  EXPECT_EQ(g.Places(),
+            "rank (replica, stage): 0 (0, 0), 1 (1, 0), 2 (0, 1), 3 (1, 1), 4 (0, 2), 5 (1, 2)");
+  EXPECT_EQ(g.Place(3), "(replica 1, stage 1)");
+  // Each replica's 8 samples in up to 4 x 3 micro-batches: 8 of one sample.
+  EXPECT_EQ(c.EffectiveMicroBatches(), 8);
+  c.batch = 48;  // 24 each: 12 micro-batches of 2
+  EXPECT_EQ(c.EffectiveMicroBatches(), 12);
+  c.strategy = "data";  // data parallelism is one stage, whatever --data-parallel says
+  EXPECT_EQ(c.Grid().replicas, 6);
+  EXPECT_EQ(c.Grid().stages, 1);
+  c.strategy = "pipeline";
+  c.data_parallel = 4;  // does not divide 6: refused by validation, one replica meanwhile
+  EXPECT_EQ(c.Grid().replicas, 1);
+  EXPECT_EQ(c.Grid().stages, 6);
+  c.data_parallel = 2;
+  c.zero = 1;
+  const absl::StatusOr<JobConfig> back = JobConfig::FromText(c.ToText());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data_parallel, 2);
+  EXPECT_EQ(back->zero, 1);
+  const absl::StatusOr<ParallelConfig> p = c.ToParallelConfig(Device::Cpu());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->data_parallel, 2);
+  EXPECT_EQ(p->zero, 1);
+  EXPECT_EQ(p->train.micro_batches, 12);
+}
+
 TEST(JobTest, ToParallelConfig) {
   JobConfig c;
   c.strategy = "model";

@@ -23,6 +23,8 @@
 #include "model/trainer.h"
 #include "parallel/job.h"
 #include "parallel/metrics.h"
+#include "runtime/device.h"
+#include "runtime/device_peak.h"
 #include "runtime/files.h"
 #include "runtime/profiler.h"
 
@@ -282,11 +284,13 @@ int Main() {
     std::sort(step_syncs.begin(), step_syncs.end());
     std::printf("host syncs per step %lld (median; the step's loss read)\n",
                 static_cast<long long>(step_syncs[step_syncs.size() / 2]));
-    if (c.device.is_cuda()) {
-      // MFU against the bf16 dense peak of an H100/H200 (docs/DESIGN.md, "Measured, always").
-      std::printf("MFU %.1f%% (6 x %lld matmul parameters x tokens/s over 989 TFLOP/s)\n",
-                  100.0 * 6 * c.model.num_matmul_params() * tokens_per_second / 989e12,
-                  static_cast<long long>(c.model.num_matmul_params()));
+    std::string gpu;
+    int major = 0, minor = 0;
+    if (c.device.is_cuda() && CudaDeviceIdentity(c.device.index(), &gpu, &major, &minor)) {
+      // Against this GPU's dense peak in the run's dtype (docs/DESIGN.md, "Measured, always").
+      std::printf("%s\n", DescribeMfu(static_cast<double>(c.model.num_matmul_params()),
+                                      tokens_per_second, c.dtype, gpu, major, minor)
+                               .c_str());
     }
   }
   if (profile_steps > 0) {

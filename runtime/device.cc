@@ -163,6 +163,23 @@ int64_t CudaDeviceTotalMemory(int index) {
 #endif
 }
 
+bool CudaDeviceIdentity(int index, std::string* name, int* major, int* minor) {
+#if TANDEM_CUDA
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  *name = p.name;
+  *major = p.major;
+  *minor = p.minor;
+  return true;
+#else
+  (void)index, (void)name, (void)major, (void)minor;
+  return false;
+#endif
+}
+
 absl::Status NoCudaBackendError(Device d) {
   return absl::UnavailableError(
       absl::StrCat(d.ToString(), " requested but this build has no CUDA backend"));

@@ -64,6 +64,10 @@ int64_t CgroupHeadroom(const std::string& cgroup_file, const std::string& root);
 // when unknown.
 int64_t CudaDeviceTotalMemory(int index);
 
+// The name and compute capability of CUDA device `index` (cudaGetDeviceProperties: "NVIDIA
+// H100 80GB HBM3", 9, 0); false when unknown.
+bool CudaDeviceIdentity(int index, std::string* name, int* major, int* minor);
+
 // Unavailable: "<d> requested but this build has no CUDA backend".
 absl::Status NoCudaBackendError(Device d);
 

@@ -34,6 +34,9 @@ def main():
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (one process on cuda:0)")
     ap.add_argument("--dtype", default="f32", help="f32, or bf16 autocast on cuda")
+    ap.add_argument("--peak-tflops", type=float, default=0,
+                    help="the GPU's dense peak in the dtype, for MFU (0: unknown, no MFU); "
+                         "tools/gpu_check.sh passes the one Tandem's runtime/device_peak found")
     args = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -134,7 +137,8 @@ def run(rank, world, args):
     return {"framework": "pytorch " + torch.__version__, "procs": world,
             "device": args.device, "dtype": args.dtype, "parameters": params,
             "tokens_per_second": tps, "step_seconds": median,
-            "mfu": 6 * matmul_params * tps / 989e12 if dev.type == "cuda" else None,
+            "mfu": (6 * matmul_params * tps / (args.peak_tflops * 1e12)
+                    if dev.type == "cuda" and args.peak_tflops > 0 else None),
             "loss": float(loss.item()) if math.isfinite(loss.item()) else None}
 
 

@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 
-PEAK_TFLOPS = 989  # bf16 dense, H100/H200 (as examples/train and bench_pytorch.py use)
 TOP_OPS = 8
 
 
@@ -52,7 +51,7 @@ def parse(text):
             run = r["runs"].setdefault(m.group(1), {"ops": []})
             body = m.group(2)
             step = re.match(r"median step ([\d.]+) ms, (\d+) tokens/s over (\d+) steps", body)
-            mfu = re.match(r"MFU ([\d.]+)%", body)
+            mfu = re.match(r"MFU ([\d.]+)% .* over ([\d.]+) TFLOP/s, (.*)\)$", body)
             syncs = re.match(r"host syncs per step (\d+)", body)
             if syncs:
                 run["host_syncs"] = int(syncs.group(1))
@@ -62,6 +61,9 @@ def parse(text):
                 run["steps"] = int(step.group(3))
             elif mfu:
                 run["mfu"] = float(mfu.group(1)) / 100
+                run["peak"] = f"{mfu.group(2)} TFLOP/s, {mfu.group(3)}"
+            elif body.startswith("MFU unknown"):
+                run["peak"] = body[len("MFU unknown: "):]
             elif body.startswith("memory "):
                 run["memory"] = body[len("memory "):]
             elif body.startswith("allocator "):
@@ -119,10 +121,11 @@ def section(r, date, commit):
     torch_tps = torch.get("tokens_per_second") if torch else None
     rows = [("Tandem, standard attention", r["runs"].get("TANDEM")),
             ("Tandem, flash attention", r["runs"].get("TANDEM_FLASH"))]
+    peak = next((run["peak"] for _, run in rows if run and run.get("peak")), "unknown")
     out.append("gpt2-small (124M), bf16, batch 8 x 1024 tokens, AdamW; median step after "
                "warm-up, timed by events on the compute stream; MFU = 6 x matmul parameters x "
-               "tokens/s over 989 TFLOP/s; host syncs: the median per step (the loss read "
-               "each step).")
+               f"tokens/s over the GPU's peak ({peak}); host syncs: the median per step (the "
+               "loss read each step).")
     out.append("")
     out.append("| run | median step ms | tokens/s | MFU | host syncs per step | "
                "tokens/s / PyTorch's |")

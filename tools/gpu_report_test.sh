@@ -32,6 +32,7 @@ expect "$s" "| PyTorch eager (pytorch 2.11.0+cu130, SDPA attention) | 34.13 | 24
 expect "$s" "checked to need at least 5.1 GB (model state 2.0 GB, activations 2.9 GB, temporaries 202 MB); the allocator's peak was 4.9 GB."
 expect "$s" "the allocator's peak was 2.9 GB."
 expect "$s" "LinearBackward                  147       60.00"
+expect "$s" "tokens/s over the GPU's peak (989 TFLOP/s, the dense bf16 peak of the H200 SXM)"
 expect "$s" "with the faster Tandem run (Tandem, flash attention): MFU 19.2% (not met), 1.07x PyTorch (met)."
 
 # In place: the GPU section between two others replaced, the rest byte for byte.

@@ -222,8 +222,8 @@ const std::vector<std::string>& FlagNames() {
   // clang-format off
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
-      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance", "data_parallel", "zero", "lr", "warmup",
-      "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
+      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
+      "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
       "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
       "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
       "overlap", "recompute", "heartbeat_timeout"};
@@ -335,414 +335,476 @@ absl::Status WriteJobConfig(const JobConfig& job) {
   return WriteFileAtomically(absl::StrCat(job.run_dir, "/", kJobConfigFile), job.ToText());
 }
 
-absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
-  std::vector<std::string> problems;
-  auto problem = [&](const std::string& p) { problems.push_back(p); };
-  LaunchPlan plan;
-  JobConfig& job = plan.job;
+namespace {
 
-  // Strategy and world size.
-  const absl::StatusOr<StrategyKind> strategy = ParseStrategy(o.job.strategy);
-  const bool strategy_ok = strategy.ok();
-  if (!strategy_ok) problem(std::string(strategy.status().message()));
-  // Another strategy's flags are said to be ignored, not refused: compare passes the same
-  // flags to every strategy, and what a user set stays in job.conf and run.json.
-  const JobConfig defaults;
-  if (strategy_ok) {
-    auto ignored = [&](bool set, const std::string& flag, const std::string& applies_to) {
-      if (!set) return;
-      plan.notices.push_back(absl::StrFormat("%s applies to %s only: ignored under --strategy=%s",
-                                             flag, applies_to, o.job.strategy));
-    };
-    const bool pipeline = *strategy == StrategyKind::kPipeline;
-    const bool data = *strategy == StrategyKind::kData;
-    ignored(!pipeline && o.job.schedule != defaults.schedule,
-            absl::StrCat("--schedule=", o.job.schedule), "--strategy=pipeline");
-    ignored(data && o.job.balance != defaults.balance, absl::StrCat("--balance=", o.job.balance),
-            "--strategy=pipeline and model");
-    // Gradient buckets are reduced among data-parallel replicas: data, or D >= 2.
-    const bool replicated = data || o.job.data_parallel > 1;
-    ignored(!replicated && o.job.bucket_mb != defaults.bucket_mb,
-            absl::StrFormat("--bucket-mb=%g", o.job.bucket_mb),
-            "--strategy=data and --data-parallel >= 2");
-    ignored(!replicated && o.job.overlap != defaults.overlap, "--no-overlap",
-            "--strategy=data and --data-parallel >= 2");
-    ignored(data && o.job.data_parallel != defaults.data_parallel,
-            absl::StrFormat("--data-parallel=%d", o.job.data_parallel),
-            "--strategy=pipeline and model (data parallelism replicates the whole model on "
-            "every worker)");
-  }
-  const bool gpus_ok = o.job.workers >= 1 && o.job.workers <= 4096;
-  if (!gpus_ok) {
-    problem(absl::StrFormat("--gpus=%d: need between 1 and 4096 workers", o.job.workers));
+// Validate(), one concern a method, in order: later checks read what earlier ones found
+// (the strategy, the device, the model) and skip what an earlier problem makes moot. Every
+// problem is collected, one line each.
+struct Validation {
+  Validation(const Options& options, const HostInfo& host_info)
+      : o(options),
+        host(host_info),
+        // Workers on several hosts (a hostfile, or srun after --prepare): this host's GPUs do
+        // not bound their number.
+        multi_host(!options.hostfile.empty() || options.prepare) {}
+
+  void problem(const std::string& p) { problems.push_back(p); }
+
+  // The strategy, the flags of other strategies (said to be ignored), the number of workers.
+  void CheckStrategy() {
+    strategy = ParseStrategy(o.job.strategy);
+    strategy_ok = strategy.ok();
+    if (!strategy_ok) problem(std::string(strategy.status().message()));
+    // Another strategy's flags are said to be ignored, not refused: compare passes the same
+    // flags to every strategy, and what a user set stays in job.conf and run.json.
+    if (strategy_ok) {
+      auto ignored = [&](bool set, const std::string& flag, const std::string& applies_to) {
+        if (!set) return;
+        plan.notices.push_back(absl::StrFormat("%s applies to %s only: ignored under --strategy=%s",
+                                               flag, applies_to, o.job.strategy));
+      };
+      const bool pipeline = *strategy == StrategyKind::kPipeline;
+      const bool data = *strategy == StrategyKind::kData;
+      ignored(!pipeline && o.job.schedule != defaults.schedule,
+              absl::StrCat("--schedule=", o.job.schedule), "--strategy=pipeline");
+      ignored(data && o.job.balance != defaults.balance, absl::StrCat("--balance=", o.job.balance),
+              "--strategy=pipeline and model");
+      // Gradient buckets are reduced among data-parallel replicas: data, or D >= 2.
+      const bool replicated = data || o.job.data_parallel > 1;
+      ignored(!replicated && o.job.bucket_mb != defaults.bucket_mb,
+              absl::StrFormat("--bucket-mb=%g", o.job.bucket_mb),
+              "--strategy=data and --data-parallel >= 2");
+      ignored(!replicated && o.job.overlap != defaults.overlap, "--no-overlap",
+              "--strategy=data and --data-parallel >= 2");
+      ignored(data && o.job.data_parallel != defaults.data_parallel,
+              absl::StrFormat("--data-parallel=%d", o.job.data_parallel),
+              "--strategy=pipeline and model (data parallelism replicates the whole model on "
+              "every worker)");
+    }
+    gpus_ok = o.job.workers >= 1 && o.job.workers <= 4096;
+    if (!gpus_ok) {
+      problem(absl::StrFormat("--gpus=%d: need between 1 and 4096 workers", o.job.workers));
+    }
   }
 
-  // Device.
-  Device device = Device::Cpu();
-  bool device_ok = true;
-  // Workers on several hosts (a hostfile, or srun after --prepare): this host's GPUs do not
-  // bound their number.
-  const bool multi_host = !o.hostfile.empty() || o.prepare;
-  auto check_count = [&]() {
-    if (multi_host || !gpus_ok || o.job.workers <= host.cuda_devices) return;
-    device_ok = false;
-    problem(absl::StrFormat(
-        "--gpus=%d but only %d GPU%s visible on this machine; use --gpus=%d, or --device=cpu "
-        "for CPU workers",
-        o.job.workers, host.cuda_devices, host.cuda_devices == 1 ? " is" : "s are",
-        host.cuda_devices));
-  };
-  if (o.job.device == "cpu") {
-    device = Device::Cpu();
-  } else if (o.job.device == "cuda") {
-    device = Device::Cuda(0);
-    if (host.cuda_devices == 0 && !multi_host) {
+  // The device: auto, cuda or cpu, against the GPUs visible here.
+  void CheckDevice() {
+    auto check_count = [&]() {
+      if (multi_host || !gpus_ok || o.job.workers <= host.cuda_devices) return;
       device_ok = false;
-      problem(absl::StrFormat("--device=cuda: no GPU visible (%s); use --device=cpu or auto",
-                              host.why_no_cuda.empty() ? "none found" : host.why_no_cuda));
-    } else {
-      check_count();
-    }
-  } else if (o.job.device == "auto") {
-    if (host.cuda_devices > 0) {
-      device = Device::Cuda(0);
-      check_count();
-    } else {
+      problem(absl::StrFormat(
+          "--gpus=%d but only %d GPU%s visible on this machine; use --gpus=%d, or --device=cpu "
+          "for CPU workers",
+          o.job.workers, host.cuda_devices, host.cuda_devices == 1 ? " is" : "s are",
+          host.cuda_devices));
+    };
+    if (o.job.device == "cpu") {
       device = Device::Cpu();
-      if (gpus_ok) {
-        // With other hosts this one cannot see their GPUs: say how to ask for them.
-        plan.notices.push_back(absl::StrFormat(
-            "no GPU visible (%s): running %d CPU worker%s%s",
-            host.why_no_cuda.empty() ? "none found" : host.why_no_cuda, o.job.workers,
-            o.job.workers == 1 ? "" : "s",
-            multi_host ? " (this host decides for every host: --device=cuda if theirs have GPUs)"
-                       : ""));
+    } else if (o.job.device == "cuda") {
+      device = Device::Cuda(0);
+      if (host.cuda_devices == 0 && !multi_host) {
+        device_ok = false;
+        problem(absl::StrFormat("--device=cuda: no GPU visible (%s); use --device=cpu or auto",
+                                host.why_no_cuda.empty() ? "none found" : host.why_no_cuda));
+      } else {
+        check_count();
       }
+    } else if (o.job.device == "auto") {
+      if (host.cuda_devices > 0) {
+        device = Device::Cuda(0);
+        check_count();
+      } else {
+        device = Device::Cpu();
+        if (gpus_ok) {
+          // With other hosts this one cannot see their GPUs: say how to ask for them.
+          plan.notices.push_back(absl::StrFormat(
+              "no GPU visible (%s): running %d CPU worker%s%s",
+              host.why_no_cuda.empty() ? "none found" : host.why_no_cuda, o.job.workers,
+              o.job.workers == 1 ? "" : "s",
+              multi_host ? " (this host decides for every host: --device=cuda if theirs have GPUs)"
+                         : ""));
+        }
+      }
+    } else {
+      device_ok = false;
+      problem(absl::StrFormat("--device=%s: use auto, cuda or cpu", o.job.device));
     }
-  } else {
-    device_ok = false;
-    problem(absl::StrFormat("--device=%s: use auto, cuda or cpu", o.job.device));
   }
 
   // The job as workers will see it: as given, with the device resolved and paths absolute
-  // (workers may run in other directories); the run directory is set below.
-  job = o.job;
-  job.device = device.is_cuda() ? "cuda" : "cpu";
-  job.run_dir.clear();
-  job.data = o.job.synthetic ? "" : AbsolutePath(host.user_dir, o.job.data);
-  const bool auto_resume = o.job.resume == "auto";
-  job.resume = o.job.resume.empty() || auto_resume
-                   ? ""
-                   : CheckpointPrefix(AbsolutePath(host.user_dir, o.job.resume));
-
-  // Model.
-  absl::StatusOr<ModelConfig> model = job.Model();
-  if (!model.ok()) problem(std::string(model.status().message()));
-  if (model.ok() && model->kind == ModelKind::kMlp) {
-    if (o.job.n_head != 0) {
-      plan.notices.push_back(
-          absl::StrFormat("--n-head=%d applies to GPT models only: ignored for --model=%s",
-                          o.job.n_head, o.job.model));
-    }
-    if (o.job.attention != defaults.attention) {
-      plan.notices.push_back(
-          absl::StrFormat("--attention=%s applies to GPT models only: ignored for --model=%s",
-                          o.job.attention, o.job.model));
-    }
-  }
-  if (o.job.synthetic && !o.job.data.empty()) {
-    plan.notices.push_back(
-        absl::StrFormat("--data=%s is ignored with --synthetic (random tokens)", o.job.data));
+  // (workers may run in other directories); the run directory is set by CheckRunDirectory().
+  void SetWorkersJob() {
+    job = o.job;
+    job.device = device.is_cuda() ? "cuda" : "cpu";
+    job.run_dir.clear();
+    job.data = o.job.synthetic ? "" : AbsolutePath(host.user_dir, o.job.data);
+    auto_resume = o.job.resume == "auto";
+    job.resume = o.job.resume.empty() || auto_resume
+                     ? ""
+                     : CheckpointPrefix(AbsolutePath(host.user_dir, o.job.resume));
   }
 
-  // Dtype (against the resolved device).
-  absl::StatusOr<DType> dtype = ParseDType(o.job.dtype);
-  bool dtype_ok = false;  // and valid on the device
-  if (!dtype.ok()) {
-    problem(absl::StrFormat("--dtype=%s: use f32, bf16 or f16", o.job.dtype));
-  } else if (device_ok) {
-    TrainConfig t;  // a valid default config but for the dtype and device
-    t.dtype = *dtype;
-    t.device = device;
-    absl::Status s = t.Validate();
-    dtype_ok = s.ok();
-    if (!s.ok()) problem(std::string(s.message()));
-  }
-
-  // Plain numbers.
-  bool counts_ok = true;
-  auto count_problem = [&](const std::string& p) {
-    counts_ok = false;
-    problem(p);
-  };
-  if (o.job.steps < 1) count_problem(absl::StrFormat("--steps=%d: need at least 1", o.job.steps));
-  if (o.job.batch < 1) count_problem(absl::StrFormat("--batch=%d: need at least 1", o.job.batch));
-  if (o.job.micro_batches < 0) {
-    count_problem(absl::StrFormat(
-        "--micro-batches=%d: must be 0 (the strategy's default) or more", o.job.micro_batches));
-  }
-  if (o.job.checkpoint_every < 0) {
-    problem(absl::StrFormat("--checkpoint-every=%d: must be 0 (no checkpoints) or more",
-                            o.job.checkpoint_every));
-  }
-  if (o.job.log_every < 1) {
-    problem(absl::StrFormat("--log-every=%d: must be 1 (every step) or more", o.job.log_every));
-  }
-  if (!(o.job.bucket_mb > 0) || !std::isfinite(o.job.bucket_mb) || o.job.bucket_mb > 65536) {
-    problem(absl::StrFormat("--bucket-mb=%g: must be a positive number of MB (at most 65536)",
-                            o.job.bucket_mb));
-  }
-  if (!(o.job.heartbeat_timeout_s >= 2) || !std::isfinite(o.job.heartbeat_timeout_s) ||
-      o.job.heartbeat_timeout_s > 86400) {
-    problem(absl::StrFormat(
-        "--heartbeat-timeout=%g: must be between 2 and 86400 seconds (workers report every "
-        "second)",
-        o.job.heartbeat_timeout_s));
-  }
-  OptimizerConfig opt;
-  opt.kind = o.job.optimizer;
-  opt.lr = static_cast<float>(o.job.lr);
-  opt.warmup_steps = o.job.warmup;
-  opt.weight_decay = static_cast<float>(o.job.weight_decay);
-  opt.clip_norm = static_cast<float>(o.job.clip_norm);
-  const absl::Status opt_status = opt.Validate();
-  const bool optimizer_ok = opt_status.ok();
-  if (!optimizer_ok) problem(std::string(opt_status.message()));
-  if (optimizer_ok && o.job.warmup != defaults.warmup && o.job.steps >= 1 &&
-      o.job.warmup > o.job.steps) {
-    plan.notices.push_back(absl::StrFormat(
-        "--warmup=%d is longer than --steps=%d: the learning rate stays below --lr=%g",
-        o.job.warmup, o.job.steps, o.job.lr));
-  }
-
-  // Strategy / model / world-size fit: batch divisibility, stages vs blocks, schedule.
-  if (strategy_ok && gpus_ok && model.ok() && counts_ok) {
-    JobConfig fit = job;
-    // Problems with the dtype and the optimizer's settings are reported above; the memory
-    // checks and --balance=time need the run's own dtype and optimizer where they are valid.
-    if (!dtype_ok) fit.dtype = "f32";
-    if (!optimizer_ok) fit.optimizer = "adamw";
-    fit.lr = 1e-3;
-    fit.warmup = 0;
-    fit.weight_decay = 0;
-    fit.clip_norm = 1;
-    fit.bucket_mb = 25;
-    absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
-    absl::Status fit_status = pc.status();
-    // --balance=time is measured here, once, and handed to every worker as explicit stage
-    // sizes, so all ranks split the model the same way; the model must fit here first.
-    if (fit_status.ok() && !multi_host && pc->balance == "time") {
-      fit_status = CheckBlockTiming(*pc, host);
-      if (!fit_status.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
-    }
-    if (fit_status.ok() && pc->balance == "time" && pc->strategy != StrategyKind::kData) {
-      const absl::StatusOr<std::vector<double>> seconds =
-          host.time_blocks ? host.time_blocks(fit) : TimeBlocks(*pc);
-      absl::StatusOr<std::string> sizes =
-          seconds.ok() ? BalancedSizes(*seconds, o.job.workers) : seconds.status();
-      fit_status = sizes.status();
-      if (!seconds.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
-      if (sizes.ok()) {
-        pc->balance = job.balance = *sizes;
-        std::vector<std::string> ms;
-        for (double s : *seconds) ms.push_back(absl::StrFormat("%.3g", 1e3 * s));
-        plan.notices.push_back(absl::StrFormat(
-            "--balance=time: stages of %s blocks, from each block's forward and backward on %s "
-            "(ms: %s)",
-            *sizes, pc->train.device.ToString(), absl::StrJoin(ms, " ")));
+  // The model, and the flags it does not use.
+  void CheckModel() {
+    model = job.Model();
+    if (!model.ok()) problem(std::string(model.status().message()));
+    if (model.ok() && model->kind == ModelKind::kMlp) {
+      if (o.job.n_head != 0) {
+        plan.notices.push_back(
+            absl::StrFormat("--n-head=%d applies to GPT models only: ignored for --model=%s",
+                            o.job.n_head, o.job.model));
+      }
+      if (o.job.attention != defaults.attention) {
+        plan.notices.push_back(
+            absl::StrFormat("--attention=%s applies to GPT models only: ignored for --model=%s",
+                            o.job.attention, o.job.model));
       }
     }
-    StageBounds bounds;
-    if (fit_status.ok()) {
-      absl::StatusOr<StageBounds> b = PlanStages(*pc, o.job.workers);
-      fit_status = b.status();
-      if (b.ok()) bounds = *b;
-    }
-    if (!fit_status.ok()) problem(std::string(fit_status.message()));
-    if (fit_status.ok() && !multi_host && dtype_ok) {
-      const absl::StatusOr<std::string> fits = CheckLocalMemory(*pc, bounds, o.job.workers, host);
-      if (!fits.ok()) {
-        problem(std::string(ExplainOutOfMemory(fits.status(), '-').message()));
-      } else if (!fits->empty()) {
-        plan.notices.push_back(*fits);
-      }
+    if (o.job.synthetic && !o.job.data.empty()) {
+      plan.notices.push_back(
+          absl::StrFormat("--data=%s is ignored with --synthetic (random tokens)", o.job.data));
     }
   }
 
-  // Data.
-  if (!o.job.synthetic && model.ok()) {
-    absl::StatusOr<TokenDataset> d =
-        job.data.empty() ? TokenDataset::Default(model->seq_len, model->vocab)
-                         : TokenDataset::FromFile(job.data, model->seq_len, model->vocab);
-    if (!d.ok()) problem(absl::StrCat("--data: ", d.status().message()));
-  }
-
-  // Run directory.
-  if (!o.job.run_dir.empty()) {
-    job.run_dir = AbsolutePath(host.user_dir, o.job.run_dir);
-    bool exists, is_dir;
-    const bool non_empty = IsNonEmptyDirectory(job.run_dir, &exists, &is_dir);
-    if (exists && !is_dir) {
-      problem(absl::StrFormat("--run-dir=%s exists and is not a directory", o.job.run_dir));
-    } else if (non_empty && o.job.resume.empty()) {
-      problem(absl::StrFormat(
-          "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
-          o.job.run_dir));
-    } else if (non_empty && !auto_resume && PathExists(DirOf(job.resume)) &&
-               !SameDirectory(DirOf(job.resume), job.run_dir + "/checkpoints")) {
-      // Its run.json and metrics would mix that run's steps with this one's.
-      problem(absl::StrFormat(
-          "--run-dir=%s holds another run than the checkpoint's; resume into an empty "
-          "directory, or continue that run with --resume=auto",
-          o.job.run_dir));
-    } else if (const std::string why = exists ? "" : WhyNotCreatable(job.run_dir); !why.empty()) {
-      problem(absl::StrFormat("--run-dir=%s cannot be created: %s; choose another directory",
-                              o.job.run_dir, why));
-    }
-  } else {
-    job.run_dir = NewRunDir(host.user_dir, host.now, strategy_ok ? o.job.strategy : "run");
-    if (const std::string why = WhyNotCreatable(job.run_dir); !why.empty()) {
-      problem(absl::StrFormat("the run directory %s cannot be created: %s; pass --run-dir=DIR",
-                              job.run_dir, why));
+  // The dtype, against the resolved device.
+  void CheckDtype() {
+    absl::StatusOr<DType> dtype = ParseDType(o.job.dtype);
+    if (!dtype.ok()) {
+      problem(absl::StrFormat("--dtype=%s: use f32, bf16 or f16", o.job.dtype));
+    } else if (device_ok) {
+      TrainConfig t;  // a valid default config but for the dtype and device
+      t.dtype = *dtype;
+      t.device = device;
+      absl::Status s = t.Validate();
+      dtype_ok = s.ok();
+      if (!s.ok()) problem(std::string(s.message()));
     }
   }
 
-  // Checkpoint to resume from: any strategy and number of workers wrote it (parameters are
-  // found by name), but it must be of this model, optimizer and batch, and complete (`verified`:
-  // its shards were checked already).
-  auto check_checkpoint = [&](const std::string& prefix, const std::string& label,
-                              bool verified) {
-    absl::StatusOr<Manifest> m = ReadManifest(prefix);
-    if (!m.ok()) {
-      problem(absl::StrFormat("%s: %s", label, m.status().message()));
-      return;
+  // Plain numbers and the optimizer's settings.
+  void CheckNumbers() {
+    auto count_problem = [&](const std::string& p) {
+      counts_ok = false;
+      problem(p);
+    };
+    if (o.job.steps < 1) count_problem(absl::StrFormat("--steps=%d: need at least 1", o.job.steps));
+    if (o.job.batch < 1) count_problem(absl::StrFormat("--batch=%d: need at least 1", o.job.batch));
+    if (o.job.micro_batches < 0) {
+      count_problem(absl::StrFormat(
+          "--micro-batches=%d: must be 0 (the strategy's default) or more", o.job.micro_batches));
     }
-    if (m->step >= o.job.steps && o.job.steps >= 1) {
+    if (o.job.checkpoint_every < 0) {
+      problem(absl::StrFormat("--checkpoint-every=%d: must be 0 (no checkpoints) or more",
+                              o.job.checkpoint_every));
+    }
+    if (o.job.log_every < 1) {
+      problem(absl::StrFormat("--log-every=%d: must be 1 (every step) or more", o.job.log_every));
+    }
+    if (!(o.job.bucket_mb > 0) || !std::isfinite(o.job.bucket_mb) || o.job.bucket_mb > 65536) {
+      problem(absl::StrFormat("--bucket-mb=%g: must be a positive number of MB (at most 65536)",
+                              o.job.bucket_mb));
+    }
+    if (!(o.job.heartbeat_timeout_s >= 2) || !std::isfinite(o.job.heartbeat_timeout_s) ||
+        o.job.heartbeat_timeout_s > 86400) {
       problem(absl::StrFormat(
-          "%s: the checkpoint is at step %d and --steps=%d: nothing left to train; raise "
-          "--steps",
-          label, m->step, o.job.steps));
-    } else if (m->batch != o.job.batch) {
-      problem(absl::StrFormat("%s: the checkpoint was trained with --batch=%d, not %d", label,
-                              m->batch, o.job.batch));
-    } else if (model.ok() && m->model != model->ToString()) {
-      problem(absl::StrFormat("%s: the checkpoint holds another model (%s), not %s", label,
-                              m->model, model->ToString()));
-    } else if (m->optimizer != o.job.optimizer) {
-      problem(absl::StrFormat("%s: the checkpoint was trained with --optimizer=%s, not %s",
-                              label, m->optimizer, o.job.optimizer));
-    } else if (absl::Status v = verified ? absl::OkStatus() : VerifyCheckpoint(prefix, *m);
-               !v.ok()) {
-      problem(absl::StrFormat("%s: %s", label, v.message()));
+          "--heartbeat-timeout=%g: must be between 2 and 86400 seconds (workers report every "
+          "second)",
+          o.job.heartbeat_timeout_s));
     }
-  };
-  if (auto_resume) {
-    const std::string dir = job.run_dir + "/checkpoints";
-    std::vector<std::string> passed_over;
-    absl::StatusOr<std::string> latest = FindLatestCheckpoint(dir, &passed_over);
-    for (const std::string& p : passed_over) {
-      plan.notices.push_back(absl::StrCat("--resume=auto: passed over ", p));
-    }
-    if (latest.ok()) {
-      job.resume = *latest;
-      // FindLatestCheckpoint returns only a checkpoint whose shards pass VerifyCheckpoint.
-      check_checkpoint(*latest, "--resume=auto", /*verified=*/true);
-      plan.notices.push_back(absl::StrFormat("--resume=auto: resuming from %s (step %d)",
-                                             *latest, CheckpointStep(*latest)));
-    } else {
+    OptimizerConfig opt;
+    opt.kind = o.job.optimizer;
+    opt.lr = static_cast<float>(o.job.lr);
+    opt.warmup_steps = o.job.warmup;
+    opt.weight_decay = static_cast<float>(o.job.weight_decay);
+    opt.clip_norm = static_cast<float>(o.job.clip_norm);
+    const absl::Status opt_status = opt.Validate();
+    optimizer_ok = opt_status.ok();
+    if (!optimizer_ok) problem(std::string(opt_status.message()));
+    if (optimizer_ok && o.job.warmup != defaults.warmup && o.job.steps >= 1 &&
+        o.job.warmup > o.job.steps) {
       plan.notices.push_back(absl::StrFormat(
-          "--resume=auto: no complete checkpoint in %s; starting from step 0%s", dir,
-          o.job.run_dir.empty() ? " (to continue a run, pass its --run-dir)" : ""));
+          "--warmup=%d is longer than --steps=%d: the learning rate stays below --lr=%g",
+          o.job.warmup, o.job.steps, o.job.lr));
     }
-  } else if (!job.resume.empty()) {
-    if (CheckpointStep(job.resume) < 0) {
-      problem(absl::StrFormat(
-          "--resume=%s: name a checkpoint step, <dir>/step-NNNNNN (or one of its files), or "
-          "auto",
-          o.job.resume));
-    } else {
-      check_checkpoint(job.resume, absl::StrCat("--resume=", o.job.resume), /*verified=*/false);
-    }
-  }
-  if (o.max_restarts < 0 || o.max_restarts > 1000) {
-    problem(absl::StrFormat("--max-restarts=%d: must be between 0 and 1000", o.max_restarts));
-  }
-  plan.max_restarts = o.max_restarts;
-  for (absl::string_view w : absl::StrSplit(o.mpirun_args, absl::ByAnyChar(" \t"),
-                                            absl::SkipEmpty())) {
-    plan.mpirun_args.push_back(std::string(w));
   }
 
-  // Hostfile: the slots must hold the workers.
-  if (!o.hostfile.empty()) {
-    plan.hostfile = AbsolutePath(host.user_dir, o.hostfile);
-    std::ifstream in(plan.hostfile);
-    if (!PathExists(plan.hostfile)) {
-      problem(absl::StrFormat("--hostfile=%s does not exist", o.hostfile));
-    } else if (!in) {
-      problem(absl::StrFormat("--hostfile=%s cannot be read", o.hostfile));
+  // The strategy's fit to the model and world size (batch divisibility, stages against blocks,
+  // the schedule; --balance=time measured here) and the memory it needs on this host.
+  void CheckFit() {
+    if (strategy_ok && gpus_ok && model.ok() && counts_ok) {
+      JobConfig fit = job;
+      // Problems with the dtype and the optimizer's settings are reported above; the memory
+      // checks and --balance=time need the run's own dtype and optimizer where they are valid.
+      if (!dtype_ok) fit.dtype = "f32";
+      if (!optimizer_ok) fit.optimizer = "adamw";
+      fit.lr = 1e-3;
+      fit.warmup = 0;
+      fit.weight_decay = 0;
+      fit.clip_norm = 1;
+      fit.bucket_mb = 25;
+      absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
+      absl::Status fit_status = pc.status();
+      // --balance=time is measured here, once, and handed to every worker as explicit stage
+      // sizes, so all ranks split the model the same way; the model must fit here first.
+      if (fit_status.ok() && !multi_host && pc->balance == "time") {
+        fit_status = CheckBlockTiming(*pc, host);
+        if (!fit_status.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
+      }
+      if (fit_status.ok() && pc->balance == "time" && pc->strategy != StrategyKind::kData) {
+        const absl::StatusOr<std::vector<double>> seconds =
+            host.time_blocks ? host.time_blocks(fit) : TimeBlocks(*pc);
+        absl::StatusOr<std::string> sizes =
+            seconds.ok() ? BalancedSizes(*seconds, o.job.workers) : seconds.status();
+        fit_status = sizes.status();
+        if (!seconds.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
+        if (sizes.ok()) {
+          pc->balance = job.balance = *sizes;
+          std::vector<std::string> ms;
+          for (double s : *seconds) ms.push_back(absl::StrFormat("%.3g", 1e3 * s));
+          plan.notices.push_back(absl::StrFormat(
+              "--balance=time: stages of %s blocks, from each block's forward and backward on %s "
+              "(ms: %s)",
+              *sizes, pc->train.device.ToString(), absl::StrJoin(ms, " ")));
+        }
+      }
+      StageBounds bounds;
+      if (fit_status.ok()) {
+        absl::StatusOr<StageBounds> b = PlanStages(*pc, o.job.workers);
+        fit_status = b.status();
+        if (b.ok()) bounds = *b;
+      }
+      if (!fit_status.ok()) problem(std::string(fit_status.message()));
+      if (fit_status.ok() && !multi_host && dtype_ok) {
+        const absl::StatusOr<std::string> fits = CheckLocalMemory(*pc, bounds, o.job.workers, host);
+        if (!fits.ok()) {
+          problem(std::string(ExplainOutOfMemory(fits.status(), '-').message()));
+        } else if (!fits->empty()) {
+          plan.notices.push_back(*fits);
+        }
+      }
+    }
+  }
+
+  // The training data.
+  void CheckData() {
+    if (!o.job.synthetic && model.ok()) {
+      absl::StatusOr<TokenDataset> d =
+          job.data.empty() ? TokenDataset::Default(model->seq_len, model->vocab)
+                           : TokenDataset::FromFile(job.data, model->seq_len, model->vocab);
+      if (!d.ok()) problem(absl::StrCat("--data: ", d.status().message()));
+    }
+  }
+
+  // The run directory: a new one, or an existing one only to continue its run.
+  void CheckRunDirectory() {
+    if (!o.job.run_dir.empty()) {
+      job.run_dir = AbsolutePath(host.user_dir, o.job.run_dir);
+      bool exists, is_dir;
+      const bool non_empty = IsNonEmptyDirectory(job.run_dir, &exists, &is_dir);
+      if (exists && !is_dir) {
+        problem(absl::StrFormat("--run-dir=%s exists and is not a directory", o.job.run_dir));
+      } else if (non_empty && o.job.resume.empty()) {
+        problem(absl::StrFormat(
+            "--run-dir=%s exists and is not empty; choose another directory (or --resume)",
+            o.job.run_dir));
+      } else if (non_empty && !auto_resume && PathExists(DirOf(job.resume)) &&
+                 !SameDirectory(DirOf(job.resume), job.run_dir + "/checkpoints")) {
+        // Its run.json and metrics would mix that run's steps with this one's.
+        problem(absl::StrFormat(
+            "--run-dir=%s holds another run than the checkpoint's; resume into an empty "
+            "directory, or continue that run with --resume=auto",
+            o.job.run_dir));
+      } else if (const std::string why = exists ? "" : WhyNotCreatable(job.run_dir); !why.empty()) {
+        problem(absl::StrFormat("--run-dir=%s cannot be created: %s; choose another directory",
+                                o.job.run_dir, why));
+      }
     } else {
-      const std::string text((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-      absl::StatusOr<std::vector<HostfileEntry>> hosts = ParseHostfile(text);
-      if (!hosts.ok()) {
-        problem(absl::StrFormat("--hostfile=%s: %s", o.hostfile, hosts.status().message()));
+      job.run_dir = NewRunDir(host.user_dir, host.now, strategy_ok ? o.job.strategy : "run");
+      if (const std::string why = WhyNotCreatable(job.run_dir); !why.empty()) {
+        problem(absl::StrFormat("the run directory %s cannot be created: %s; pass --run-dir=DIR",
+                                job.run_dir, why));
+      }
+    }
+  }
+
+  // The checkpoint to resume from: any strategy and number of workers wrote it (parameters are
+  // found by name), but it must be of this model, optimizer and batch, and complete.
+  void CheckResume() {
+    auto check_checkpoint = [&](const std::string& prefix, const std::string& label,
+                                bool verified) {
+      absl::StatusOr<Manifest> m = ReadManifest(prefix);
+      if (!m.ok()) {
+        problem(absl::StrFormat("%s: %s", label, m.status().message()));
+        return;
+      }
+      if (m->step >= o.job.steps && o.job.steps >= 1) {
+        problem(absl::StrFormat(
+            "%s: the checkpoint is at step %d and --steps=%d: nothing left to train; raise "
+            "--steps",
+            label, m->step, o.job.steps));
+      } else if (m->batch != o.job.batch) {
+        problem(absl::StrFormat("%s: the checkpoint was trained with --batch=%d, not %d", label,
+                                m->batch, o.job.batch));
+      } else if (model.ok() && m->model != model->ToString()) {
+        problem(absl::StrFormat("%s: the checkpoint holds another model (%s), not %s", label,
+                                m->model, model->ToString()));
+      } else if (m->optimizer != o.job.optimizer) {
+        problem(absl::StrFormat("%s: the checkpoint was trained with --optimizer=%s, not %s",
+                                label, m->optimizer, o.job.optimizer));
+      } else if (absl::Status v = verified ? absl::OkStatus() : VerifyCheckpoint(prefix, *m);
+                 !v.ok()) {
+        problem(absl::StrFormat("%s: %s", label, v.message()));
+      }
+    };
+    if (auto_resume) {
+      const std::string dir = job.run_dir + "/checkpoints";
+      std::vector<std::string> passed_over;
+      absl::StatusOr<std::string> latest = FindLatestCheckpoint(dir, &passed_over);
+      for (const std::string& p : passed_over) {
+        plan.notices.push_back(absl::StrCat("--resume=auto: passed over ", p));
+      }
+      if (latest.ok()) {
+        job.resume = *latest;
+        // FindLatestCheckpoint returns only a checkpoint whose shards pass VerifyCheckpoint.
+        check_checkpoint(*latest, "--resume=auto", /*verified=*/true);
+        plan.notices.push_back(absl::StrFormat("--resume=auto: resuming from %s (step %d)",
+                                               *latest, CheckpointStep(*latest)));
       } else {
-        const int slots = TotalSlots(*hosts);
-        if (gpus_ok && slots > 0 && o.job.workers > slots) {
-          problem(absl::StrFormat(
-              "--gpus=%d but --hostfile=%s offers %d slot%s; add hosts or slots, or use "
-              "--gpus=%d",
-              o.job.workers, o.hostfile, slots, slots == 1 ? "" : "s", slots));
-        }
-        std::set<std::string> looked_up;
-        for (const HostfileEntry& e : *hosts) {
-          if (!looked_up.insert(e.host).second) continue;
-          // Said, not refused: ssh (which mpirun goes through) may know the name as an alias.
-          if (absl::StatusOr<std::string> ip = ResolveIpv4(e.host); !ip.ok()) {
-            plan.notices.push_back(
-                absl::StrFormat("--hostfile=%s: %s; mpirun reaches it only if ssh knows the name",
-                                o.hostfile, ip.status().message()));
+        plan.notices.push_back(absl::StrFormat(
+            "--resume=auto: no complete checkpoint in %s; starting from step 0%s", dir,
+            o.job.run_dir.empty() ? " (to continue a run, pass its --run-dir)" : ""));
+      }
+    } else if (!job.resume.empty()) {
+      if (CheckpointStep(job.resume) < 0) {
+        problem(absl::StrFormat(
+            "--resume=%s: name a checkpoint step, <dir>/step-NNNNNN (or one of its files), or "
+            "auto",
+            o.job.resume));
+      } else {
+        check_checkpoint(job.resume, absl::StrCat("--resume=", o.job.resume), /*verified=*/false);
+      }
+    }
+  }
+
+  // Restarts, mpirun's arguments and the hostfile, whose slots must hold the workers.
+  void CheckHosts() {
+    if (o.max_restarts < 0 || o.max_restarts > 1000) {
+      problem(absl::StrFormat("--max-restarts=%d: must be between 0 and 1000", o.max_restarts));
+    }
+    plan.max_restarts = o.max_restarts;
+    for (absl::string_view w : absl::StrSplit(o.mpirun_args, absl::ByAnyChar(" \t"),
+                                              absl::SkipEmpty())) {
+      plan.mpirun_args.push_back(std::string(w));
+    }
+    // Hostfile: the slots must hold the workers.
+    if (!o.hostfile.empty()) {
+      plan.hostfile = AbsolutePath(host.user_dir, o.hostfile);
+      std::ifstream in(plan.hostfile);
+      if (!PathExists(plan.hostfile)) {
+        problem(absl::StrFormat("--hostfile=%s does not exist", o.hostfile));
+      } else if (!in) {
+        problem(absl::StrFormat("--hostfile=%s cannot be read", o.hostfile));
+      } else {
+        const std::string text((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+        absl::StatusOr<std::vector<HostfileEntry>> hosts = ParseHostfile(text);
+        if (!hosts.ok()) {
+          problem(absl::StrFormat("--hostfile=%s: %s", o.hostfile, hosts.status().message()));
+        } else {
+          const int slots = TotalSlots(*hosts);
+          if (gpus_ok && slots > 0 && o.job.workers > slots) {
+            problem(absl::StrFormat(
+                "--gpus=%d but --hostfile=%s offers %d slot%s; add hosts or slots, or use "
+                "--gpus=%d",
+                o.job.workers, o.hostfile, slots, slots == 1 ? "" : "s", slots));
           }
-        }
-        if (o.coordinator_address.empty()) {
-          absl::StatusOr<std::string> h = DefaultCoordinatorHost(*hosts);
-          if (!h.ok()) {
-            problem(absl::StrFormat("--hostfile=%s: %s", o.hostfile, h.status().message()));
-          } else {
-            plan.coordinator_host = *h;
-            plan.coordinator_listen = absl::StrCat(*h, ":0");
+          std::set<std::string> looked_up;
+          for (const HostfileEntry& e : *hosts) {
+            if (!looked_up.insert(e.host).second) continue;
+            // Said, not refused: ssh (which mpirun goes through) may know the name as an alias.
+            if (absl::StatusOr<std::string> ip = ResolveIpv4(e.host); !ip.ok()) {
+              plan.notices.push_back(
+                  absl::StrFormat("--hostfile=%s: %s; mpirun reaches it only if ssh knows the name",
+                                  o.hostfile, ip.status().message()));
+            }
+          }
+          if (o.coordinator_address.empty()) {
+            absl::StatusOr<std::string> h = DefaultCoordinatorHost(*hosts);
+            if (!h.ok()) {
+              problem(absl::StrFormat("--hostfile=%s: %s", o.hostfile, h.status().message()));
+            } else {
+              plan.coordinator_host = *h;
+              plan.coordinator_listen = absl::StrCat(*h, ":0");
+            }
           }
         }
       }
     }
   }
 
-  // Coordinator address given: it must be this host's, where the coordinator runs.
-  if (!o.coordinator_address.empty()) {
-    std::string h;
-    int port = 0;
-    absl::Status split = SplitHostPort(o.coordinator_address, &h, &port);
-    absl::StatusOr<std::string> ip = split.ok() ? ResolveIpv4(h) : split;
-    if (!split.ok()) {
-      problem(absl::StrFormat("--coordinator-address=%s", split.message()));
-    } else if (!ip.ok()) {
-      problem(absl::StrFormat("--coordinator-address=%s: %s", o.coordinator_address,
-                              ip.status().message()));
-    } else if (!IsLocalIpv4(*ip)) {
-      problem(absl::StrFormat(
-          "--coordinator-address=%s: %s is not an address of this host (the coordinator runs "
-          "in the launcher)",
-          o.coordinator_address, *ip));
-    } else {
-      plan.coordinator_host = h;
-      plan.coordinator_listen = absl::StrCat(*ip, ":", port);
+  // The coordinator's address, when given: it must be this host's, where the coordinator runs.
+  void CheckCoordinatorAddress() {
+    if (!o.coordinator_address.empty()) {
+      std::string h;
+      int port = 0;
+      absl::Status split = SplitHostPort(o.coordinator_address, &h, &port);
+      absl::StatusOr<std::string> ip = split.ok() ? ResolveIpv4(h) : split;
+      if (!split.ok()) {
+        problem(absl::StrFormat("--coordinator-address=%s", split.message()));
+      } else if (!ip.ok()) {
+        problem(absl::StrFormat("--coordinator-address=%s: %s", o.coordinator_address,
+                                ip.status().message()));
+      } else if (!IsLocalIpv4(*ip)) {
+        problem(absl::StrFormat(
+            "--coordinator-address=%s: %s is not an address of this host (the coordinator runs "
+            "in the launcher)",
+            o.coordinator_address, *ip));
+      } else {
+        plan.coordinator_host = h;
+        plan.coordinator_listen = absl::StrCat(*ip, ":", port);
+      }
     }
+    plan.coordinator_remote = !absl::StartsWith(plan.coordinator_listen, "127.");
   }
-  plan.coordinator_remote = !absl::StartsWith(plan.coordinator_listen, "127.");
 
-  if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
-  return plan;
+  const Options& o;
+  const HostInfo& host;
+  const bool multi_host;
+  const JobConfig defaults;
+  LaunchPlan plan;
+  JobConfig& job = plan.job;
+  std::vector<std::string> problems;
+  // What the checks found, for the later ones.
+  absl::StatusOr<StrategyKind> strategy;
+  bool strategy_ok = false;
+  bool gpus_ok = false;
+  Device device = Device::Cpu();
+  bool device_ok = true;
+  bool auto_resume = false;
+  absl::StatusOr<ModelConfig> model;
+  bool dtype_ok = false;  // and valid on the device
+  bool counts_ok = true;
+  bool optimizer_ok = false;
+};
+
+}  // namespace
+
+absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
+  Validation v(o, host);
+  v.CheckStrategy();
+  v.CheckDevice();
+  v.SetWorkersJob();
+  v.CheckModel();
+  v.CheckDtype();
+  v.CheckNumbers();
+  v.CheckFit();
+  v.CheckData();
+  v.CheckRunDirectory();
+  v.CheckResume();
+  v.CheckHosts();
+  v.CheckCoordinatorAddress();
+  if (!v.problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(v.problems, "\n"));
+  return std::move(v.plan);
 }
 
 }  // namespace launcher

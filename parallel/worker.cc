@@ -206,13 +206,22 @@ absl::Status WriteProfile(const std::string& run_dir, int rank) {
   return absl::OkStatus();
 }
 
-// Trains to the end, or until every rank agreed to stop early (`*preempted`: a checkpoint
-// of the step reached was written by every rank).
-absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
-  ASSIGN_OR_RETURN(CoordinatorClientOptions options,
-                   CoordinatorClientOptions::FromEnvironment(rank));
-  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                   CoordinatorClient::Connect(options));
+// Sets what the heartbeats report as this rank's phase.
+void SetPhase(Progress* progress, const char* phase) {
+  std::lock_guard<std::mutex> lock(progress->mu);
+  progress->report.phase = phase;
+}
+
+// The job as the coordinator handed it to this rank, and the device it runs on.
+struct Joined {
+  JobConfig job;
+  Device device = Device::Cpu();
+};
+
+// Registers with the coordinator, receives the job, picks this rank's device and sends the
+// rank's output to <run_dir>/logs/rank-<r>.log from here on.
+absl::StatusOr<Joined> JoinJob(CoordinatorClient* client, const std::string& address, int rank,
+                               int world) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   const int local_rank = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK", EnvInt("SLURM_LOCALID", 0));
@@ -223,21 +232,175 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   // The device is known only after the configuration arrives; report the intent.
   id.device = "pending";
   ASSIGN_OR_RETURN(JobInfo info, client->Register(id, absl::Minutes(2)));
-  ASSIGN_OR_RETURN(JobConfig job, JobConfig::FromText(info.job_config));
-  ASSIGN_OR_RETURN(
-      const Device device,
-      job.WorkerDevice(local_rank, job.device == "cuda" ? CudaDeviceCount() : 0, host));
-  if (device.is_cpu()) openblas_set_num_threads(1);  // one BLAS thread per worker slot
-  RETURN_IF_ERROR(SetCurrentDevice(device));
-
-  // Output to the rank's log file from here on.
-  const std::string log = absl::StrFormat("%s/logs/rank-%d.log", job.run_dir, rank);
+  Joined j;
+  ASSIGN_OR_RETURN(j.job, JobConfig::FromText(info.job_config));
+  ASSIGN_OR_RETURN(j.device, j.job.WorkerDevice(
+                                 local_rank, j.job.device == "cuda" ? CudaDeviceCount() : 0, host));
+  if (j.device.is_cpu()) openblas_set_num_threads(1);  // one BLAS thread per worker slot
+  RETURN_IF_ERROR(SetCurrentDevice(j.device));
+  const std::string log = absl::StrFormat("%s/logs/rank-%d.log", j.job.run_dir, rank);
   if (!std::freopen(log.c_str(), "a", stdout) || !std::freopen(log.c_str(), "a", stderr)) {
     return absl::InternalError(absl::StrFormat("cannot write %s", log));
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::printf("rank %d of %d on %s, %s, pid %d, coordinator %s\n", rank, world, host,
-              device.ToString().c_str(), static_cast<int>(getpid()), options.address.c_str());
+  const ProcessGrid grid = j.job.Grid();
+  std::printf("rank %d%s of %d on %s, %s, pid %d, coordinator %s\n", rank,
+              grid.hybrid() ? (" " + grid.Place(rank)).c_str() : "", world, host,
+              j.device.ToString().c_str(), static_cast<int>(getpid()), address.c_str());
+  return j;
+}
+
+// The job's communicator: NCCL's on a GPU (its unique id through the coordinator), MPI's on
+// the CPU.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device device, int rank,
+                                                                int world,
+                                                                CoordinatorClient* client) {
+  if (!device.is_cuda()) return CreateMpiCommunicator();
+  NcclCommunicatorOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.device = device;
+  o.store = client;
+  return CreateNcclCommunicator(o);
+}
+
+// Fault-injection hooks, for tests only (launcher/e2e_test.sh):
+//   TANDEM_TEST_CRASH_RANK=r, TANDEM_TEST_CRASH_STEP=s: rank r kills itself with SIGKILL
+//     on reaching step s, as a crashed worker would; with TANDEM_TEST_CRASH_ONCE_FILE=f
+//     only when f does not exist yet (the worker creates it as it crashes), so a restarted
+//     job does not crash again;
+//   TANDEM_TEST_STEP_SLEEP_MS=n: every step takes n ms longer (so signals land mid-run).
+struct TestFaults {
+  int crash_rank = EnvInt("TANDEM_TEST_CRASH_RANK", -1);
+  int crash_step = EnvInt("TANDEM_TEST_CRASH_STEP", -1);
+  std::string crash_once = EnvString("TANDEM_TEST_CRASH_ONCE_FILE");
+  int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
+
+  void BeforeStep(int rank, int step) const {
+    if (rank == crash_rank && step == crash_step) {
+      struct stat st;
+      if (crash_once.empty() || ::stat(crash_once.c_str(), &st) != 0) {
+        if (!crash_once.empty()) std::ofstream(crash_once) << "crashed\n";
+        std::raise(SIGKILL);
+      }
+    }
+    if (step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
+  }
+};
+
+// One metrics line per step read: its report, where its time went, and memory (the
+// allocator's now, and the model state `state` holds; the rest of the peak is activations
+// and workspace).
+absl::Status AppendMetrics(const std::vector<CompletedStep>& done, const AllocatorStats& mem,
+                           const MemoryNeed& state, MetricsWriter* metrics) {
+  for (const CompletedStep& c : done) {
+    const StepTiming& t = c.timing;
+    StepRecord m = StepRecordOf(c.report);
+    m.compute = t.compute_seconds;
+    m.comm = t.comm_seconds;
+    m.exposed_comm = t.exposed_comm_seconds;
+    m.bubble = t.bubble_seconds;
+    m.optimizer = t.optimizer_seconds;
+    m.input = t.input_seconds;
+    m.host_syncs = t.host_syncs;
+    m.peak_in_flight = t.peak_in_flight;
+    m.comm_bytes = t.comm_bytes;
+    m.sequence = static_cast<int64_t>(t.last_sequence);
+    m.allocated_bytes = mem.allocated_bytes;
+    m.peak_bytes = mem.peak_allocated_bytes;
+    m.param_bytes = state.params;
+    m.grad_bytes = state.grads;
+    m.optimizer_bytes = state.optimizer;
+    RETURN_IF_ERROR(metrics->Append(m));
+  }
+  return absl::OkStatus();
+}
+
+// What the next heartbeats say: the last step read, and the communicator's progress.
+void ReportProgress(const StepReport& last, const Communicator& comm, const AllocatorStats& mem,
+                    Progress* progress) {
+  std::lock_guard<std::mutex> lock(progress->mu);
+  progress->report.step = last.step + 1;
+  progress->report.loss = last.loss;
+  progress->report.step_time_ms = last.seconds * 1e3;
+  // Completed first: an operation is issued before it completes, so the pair read in this
+  // order never has more completed than issued, whichever thread issues (the coordinator
+  // refuses a report that has).
+  progress->report.collective_completed = comm.last_completed_sequence();
+  progress->report.collective_issued = comm.last_issued_sequence();
+  progress->report.memory_allocated_bytes = mem.allocated_bytes;
+  progress->report.memory_peak_bytes = mem.peak_allocated_bytes;
+}
+
+// The training loop, from the trainer's step to the job's last, or until every rank agreed
+// to stop early (`*preempted`: every rank wrote a checkpoint of the step reached).
+absl::Status TrainSteps(const JobConfig& job, const ParallelConfig& pc, int rank,
+                        DistributedTrainer* trainer, const Communicator& comm,
+                        CoordinatorClient* client, Progress* progress, bool* preempted) {
+  const std::string ckpt_dir = job.run_dir + "/checkpoints";
+  MetricsWriter metrics(MetricsPath(job.run_dir, rank));
+  Allocator* allocator = *GetAllocator(pc.train.device);
+  const TestFaults faults;
+  // A run from its start keeps the initial weights too, as step 0 (before the first step):
+  // the run can be reproduced, or compared, from its beginning (--resume=<dir>/step-000000).
+  if (job.checkpoint_every > 0 && trainer->step() == 0 && job.resume.empty()) {
+    RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
+  }
+  // From here on, the steady state: with --debug-syncs every host synchronization but the
+  // loss reads and checkpoints says where it came from.
+  HostSync::SetDebug(job.debug_syncs);
+  while (trainer->step() < job.steps) {
+    faults.BeforeStep(rank, trainer->step());
+    if (client->aborted()) return absl::AbortedError(client->abort_reason());
+    SetPhase(progress, "train");
+    // A SIGTERM or the launcher's request during this step stops every rank after the next
+    // read of the loss (every rank reads at the same steps).
+    RETURN_IF_ERROR(
+        trainer->Issue([client] { return g_terminate.load() || client->stop_requested(); }));
+    // The host reads the losses every --log-every steps, at checkpoints and at the end; in
+    // between it only issues work.
+    const int issued = trainer->step();
+    const bool checkpoint_due =
+        job.checkpoint_every > 0 && (issued % job.checkpoint_every == 0 || issued == job.steps);
+    if (issued % job.log_every != 0 && !checkpoint_due && issued != job.steps) continue;
+    ASSIGN_OR_RETURN(std::vector<CompletedStep> done, trainer->Read());
+    if (done.empty()) continue;
+    const bool terminated = g_terminate.load();
+    const AllocatorStats mem = allocator->stats();
+    RETURN_IF_ERROR(AppendMetrics(done, mem, trainer->memory().need, &metrics));
+    ReportProgress(done.back().report, comm, mem, progress);
+    // Before another checkpoint of the weights that gave it (CheckNotDiverged names the
+    // last checkpoint from before them).
+    for (const CompletedStep& c : done) RETURN_IF_ERROR(CheckNotDiverged(c.report, pc.train.dtype));
+    if (checkpoint_due) RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
+    if (trainer->stop_agreed() && trainer->step() < job.steps) {
+      // Every rank learned it from the same read of the same steps' reductions: all stop
+      // here.
+      SetPhase(progress, "checkpoint");
+      if (!checkpoint_due) RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
+      std::printf("stopping after step %d (%s): checkpoint %s written; exit code %d\n",
+                  trainer->step(),
+                  terminated                  ? "SIGTERM received"
+                  : client->stop_requested() ? "the launcher asked every worker to stop"
+                                             : "another rank was asked to stop",
+                  CheckpointPrefixFor(ckpt_dir, trainer->step()).c_str(), kPreemptedExitCode);
+      *preempted = true;
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Joins the job, sets up the communicator and trainer (resuming where asked), and trains
+// to the end, or until every rank agreed to stop early (`*preempted`).
+absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
+  ASSIGN_OR_RETURN(CoordinatorClientOptions options,
+                   CoordinatorClientOptions::FromEnvironment(rank));
+  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
+                   CoordinatorClient::Connect(options));
+  ASSIGN_OR_RETURN(Joined joined, JoinJob(client.get(), options.address, rank, world));
+  const JobConfig& job = joined.job;
+  const Device device = joined.device;
 
   // Heartbeats from here on, while CUDA and NCCL start (which can take a while on a cold
   // machine): a rank setting up is alive, not hung. An abort that comes before the
@@ -264,49 +427,19 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
   if (const int ms = EnvInt("TANDEM_TEST_INIT_SLEEP_MS", 0); ms > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
-  if (device.is_cuda()) {
-    NcclCommunicatorOptions o;
-    o.rank = rank;
-    o.world_size = world;
-    o.device = device;
-    o.store = client.get();
-    ASSIGN_OR_RETURN(comm, CreateNcclCommunicator(o));
-  } else {
-    ASSIGN_OR_RETURN(comm, CreateMpiCommunicator());
-  }
-  Communicator* raw_comm = comm.get();
-  live.store(raw_comm);
+  ASSIGN_OR_RETURN(comm, CreateCommunicator(device, rank, world, client.get()));
+  live.store(comm.get());
   if (client->aborted()) return absl::AbortedError(client->abort_reason());
 
   ASSIGN_OR_RETURN(ParallelConfig pc, job.ToParallelConfig(device));
   pc.timeout = absl::Seconds(std::max(30.0, job.heartbeat_timeout_s * 2));
   ASSIGN_OR_RETURN(auto trainer, DistributedTrainer::Create(pc, comm.get()));
   std::printf("memory: %s\n", DescribeMemory(trainer->memory()).c_str());
-  const std::string ckpt_dir = job.run_dir + "/checkpoints";
   if (!job.resume.empty()) {
     // --resume names a checkpoint prefix, <dir>/step-NNNNNN, written by any strategy and
     // world size: this rank loads its parameters by name from the shards holding them.
     RETURN_IF_ERROR(trainer->LoadCheckpoint(job.resume));
     std::printf("resumed from %s at step %d\n", job.resume.c_str(), trainer->step());
-  }
-  MetricsWriter metrics(MetricsPath(job.run_dir, rank));
-  Allocator* allocator = *GetAllocator(device);
-  // Fault-injection hooks, for tests only (launcher/e2e_test.sh):
-  //   TANDEM_TEST_CRASH_RANK=r, TANDEM_TEST_CRASH_STEP=s: rank r kills itself with SIGKILL
-  //     on reaching step s, as a crashed worker would; with TANDEM_TEST_CRASH_ONCE_FILE=f
-  //     only when f does not exist yet (the worker creates it as it crashes), so a restarted
-  //     job does not crash again;
-  //   TANDEM_TEST_STEP_SLEEP_MS=n: every step takes n ms longer (so signals land mid-run).
-  const int crash_rank = EnvInt("TANDEM_TEST_CRASH_RANK", -1);
-  const int crash_step = EnvInt("TANDEM_TEST_CRASH_STEP", -1);
-  const std::string crash_once = EnvString("TANDEM_TEST_CRASH_ONCE_FILE");
-  const int step_sleep_ms = EnvInt("TANDEM_TEST_STEP_SLEEP_MS", 0);
-  // Memory the model state holds (the rest of the peak is activations and workspace).
-  const MemoryNeed& state = trainer->memory().need;
-  // A run from its start keeps the initial weights too, as step 0 (before the first step):
-  // the run can be reproduced, or compared, from its beginning (--resume=<dir>/step-000000).
-  if (job.checkpoint_every > 0 && trainer->step() == 0 && job.resume.empty()) {
-    RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
   }
   Profiler::Enable(job.profile);
   // A run that fails (an error, another rank's abort) keeps what it recorded: its trace
@@ -318,107 +451,14 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     }
   };
-  // From here on, the steady state: with --debug-syncs every host synchronization but the
-  // loss reads and checkpoints says where it came from.
-  HostSync::SetDebug(job.debug_syncs);
-  while (trainer->step() < job.steps) {
-    if (rank == crash_rank && trainer->step() == crash_step) {
-      struct stat st;
-      if (crash_once.empty() || ::stat(crash_once.c_str(), &st) != 0) {
-        if (!crash_once.empty()) std::ofstream(crash_once) << "crashed\n";
-        std::raise(SIGKILL);
-      }
-    }
-    if (client->aborted()) return absl::AbortedError(client->abort_reason());
-    if (step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
-    {
-      std::lock_guard<std::mutex> lock(progress->mu);
-      progress->report.phase = "train";
-    }
-    // A SIGTERM or the launcher's request during this step stops every rank after the next
-    // read of the loss (every rank reads at the same steps).
-    CoordinatorClient* raw_client = client.get();
-    RETURN_IF_ERROR(trainer->Issue(
-        [raw_client] { return g_terminate.load() || raw_client->stop_requested(); }));
-    // The host reads the losses every --log-every steps, at checkpoints and at the end; in
-    // between it only issues work.
-    const int issued = trainer->step();
-    const bool checkpoint_due =
-        job.checkpoint_every > 0 && (issued % job.checkpoint_every == 0 || issued == job.steps);
-    if (issued % job.log_every != 0 && !checkpoint_due && issued != job.steps) continue;
-    ASSIGN_OR_RETURN(std::vector<CompletedStep> done, trainer->Read());
-    if (done.empty()) continue;
-    const bool terminated = g_terminate.load();
-    const AllocatorStats mem = allocator->stats();
-    for (const CompletedStep& c : done) {
-      const StepTiming& t = c.timing;
-      StepRecord m = StepRecordOf(c.report);
-      m.compute = t.compute_seconds;
-      m.comm = t.comm_seconds;
-      m.exposed_comm = t.exposed_comm_seconds;
-      m.bubble = t.bubble_seconds;
-      m.optimizer = t.optimizer_seconds;
-      m.input = t.input_seconds;
-      m.host_syncs = t.host_syncs;
-      m.peak_in_flight = t.peak_in_flight;
-      m.comm_bytes = t.comm_bytes;
-      m.sequence = static_cast<int64_t>(t.last_sequence);
-      m.allocated_bytes = mem.allocated_bytes;
-      m.peak_bytes = mem.peak_allocated_bytes;
-      m.param_bytes = state.params;
-      m.grad_bytes = state.grads;
-      m.optimizer_bytes = state.optimizer;
-      RETURN_IF_ERROR(metrics.Append(m));
-    }
-    const StepReport& last = done.back().report;
-    {
-      std::lock_guard<std::mutex> lock(progress->mu);
-      progress->report.step = last.step + 1;
-      progress->report.loss = last.loss;
-      progress->report.step_time_ms = last.seconds * 1e3;
-      // Completed first: an operation is issued before it completes, so the pair read in this
-      // order never has more completed than issued, whichever thread issues (the coordinator
-      // refuses a report that has).
-      progress->report.collective_completed = raw_comm->last_completed_sequence();
-      progress->report.collective_issued = raw_comm->last_issued_sequence();
-      progress->report.memory_allocated_bytes = mem.allocated_bytes;
-      progress->report.memory_peak_bytes = mem.peak_allocated_bytes;
-    }
-    // Before another checkpoint of the weights that gave it (CheckNotDiverged names the
-    // last checkpoint from before them).
-    for (const CompletedStep& c : done) RETURN_IF_ERROR(CheckNotDiverged(c.report, pc.train.dtype));
-    bool saved = false;
-    if (checkpoint_due) {
-      RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
-      saved = true;
-    }
-    if (trainer->stop_agreed() && trainer->step() < job.steps) {
-      // Every rank learned it from the same read of the same steps' reductions: all stop
-      // here.
-      {
-        std::lock_guard<std::mutex> lock(progress->mu);
-        progress->report.phase = "checkpoint";
-      }
-      if (!saved) RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
-      std::printf("stopping after step %d (%s): checkpoint %s written; exit code %d\n",
-                  trainer->step(),
-                  terminated                  ? "SIGTERM received"
-                  : client->stop_requested() ? "the launcher asked every worker to stop"
-                                             : "another rank was asked to stop",
-                  CheckpointPrefixFor(ckpt_dir, trainer->step()).c_str(), kPreemptedExitCode);
-      *preempted = true;
-      break;
-    }
-  }
+  RETURN_IF_ERROR(
+      TrainSteps(job, pc, rank, trainer.get(), *comm, client.get(), progress, preempted));
   std::move(profile_on_failure).Cancel();
   if (job.profile) {
     Profiler::Enable(false);
     RETURN_IF_ERROR(WriteProfile(job.run_dir, rank));
   }
-  {
-    std::lock_guard<std::mutex> lock(progress->mu);
-    progress->report.phase = *preempted ? "preempted" : "done";
-  }
+  SetPhase(progress, *preempted ? "preempted" : "done");
   RETURN_IF_ERROR(client->Barrier("done", absl::Minutes(5)));
   std::move(stop_heartbeats).Cancel();
   return client->StopHeartbeats(/*finished=*/true);

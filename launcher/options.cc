@@ -32,6 +32,7 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/files.h"
+#include "runtime/format.h"
 #include "runtime/status.h"
 
 // Names use underscores here; users write them with hyphens (RewriteFlagName).

@@ -23,6 +23,7 @@
 #include "model/checkpoint.h"
 #include "model/sharded_checkpoint.h"
 #include "runtime/files.h"
+#include "runtime/format.h"
 #include "runtime/test_files.h"
 
 namespace tandem {

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "model/memory.h"  // FormatBytes
+#include "runtime/format.h"
 #include "parallel/job.h"
 #include "parallel/metrics.h"  // StepRecord, ParseMetricsLine
 

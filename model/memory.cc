@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "model/block.h"
 #include "runtime/allocator.h"
+#include "runtime/format.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
 
@@ -107,16 +108,6 @@ absl::Status ExplainOutOfMemory(const absl::Status& s, char dash) {
       "%s. To need less memory: a smaller --batch or --seq%clen, more --micro%cbatches (the "
       "same batch in smaller pieces)%s, or --attention=flash (no T x T probabilities kept)",
       s.message(), dash, dash, pipeline));
-}
-
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 0) return "-";
-  const double kb = static_cast<double>(bytes) / 1024, mb = kb / 1024, gb = mb / 1024;
-  if (gb >= 1024) return absl::StrFormat("%.1f TB", gb / 1024);
-  if (mb >= 1024) return absl::StrFormat("%.1f GB", gb);
-  if (mb >= 10) return absl::StrFormat("%.0f MB", mb);
-  if (mb >= 1) return absl::StrFormat("%.1f MB", mb);
-  return absl::StrFormat("%.0f KB", kb);
 }
 
 }  // namespace tandem

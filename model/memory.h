@@ -67,9 +67,6 @@ std::string DescribeMemory(const MemoryCheck& m);
 // status as it is. `dash` spells the binary's flags: '-' (launcher) or '_' (examples/train).
 absl::Status ExplainOutOfMemory(const absl::Status& s, char dash);
 
-// "512 KB", "12.3 MB", "1.5 GB", "1.2 TB"; "-" when negative (unknown).
-std::string FormatBytes(int64_t bytes);
-
 }  // namespace tandem
 
 #endif  // TANDEM_MODEL_MEMORY_H_

@@ -234,15 +234,6 @@ TEST(ExplainOutOfMemory, SaysWhatNeedsLess) {
   EXPECT_TRUE(ExplainOutOfMemory(absl::OkStatus(), '-').ok());
 }
 
-TEST(FormatBytes, PicksTheUnit) {
-  EXPECT_EQ(FormatBytes(512 << 10), "512 KB");
-  EXPECT_EQ(FormatBytes(int64_t{3} << 19), "1.5 MB");
-  EXPECT_EQ(FormatBytes(512 << 20), "512 MB");
-  EXPECT_EQ(FormatBytes(int64_t{3} << 29), "1.5 GB");
-  EXPECT_EQ(FormatBytes(int64_t{5} << 39), "2.5 TB");
-  EXPECT_EQ(FormatBytes(-1), "-");
-}
-
 TEST(AllocatableBytes, CountTheAllocatorsCachedBlocks) {
   EXPECT_GT(AvailableMemoryBytes(Device::Cpu()), int64_t{16} << 20);
   // A freed block stays cached in the allocator, ready for the next allocation.

@@ -83,8 +83,11 @@ SpanKind KindOf(const TraceEvent& e) {
   if (e.category == "comm") return SpanKind::kComm;
   if (e.category == "optimizer") return SpanKind::kOptimizer;
   if (e.category == "idle") {
-    return e.name == "wait for gradients" || e.name == "reduce loss" ? SpanKind::kExposedComm
-                                                                     : SpanKind::kBubble;
+    // The waits the workers count as exposed communication (ZeRO-1's "gather parameters":
+    // its all-gather); the others are a pipeline's bubble.
+    const bool exposed =
+        e.name == "wait for gradients" || e.name == "reduce loss" || e.name == "gather parameters";
+    return exposed ? SpanKind::kExposedComm : SpanKind::kBubble;
   }
   if (absl::StartsWith(e.name, "forward")) return SpanKind::kForward;
   if (absl::StartsWith(e.name, "backward")) return SpanKind::kBackward;
@@ -597,33 +600,37 @@ int TimelineStep(const RunData& run) {
 
 std::string TimelineCaption(const RunData& run) {
   const ProcessGrid& grid = run.grid;
-  const std::string zero =
-      run.zero == 1 ? absl::StrFormat(
-                          " ZeRO-1: each rank keeps 1/%d of the optimizer state, so the "
-                          "gradients are reduce-scattered instead of all-reduced, and each rank "
-                          "all-gathers the parameters its peers updated during the optimizer "
-                          "step.",
-                          grid.replicas)
-                    : "";
+  const bool zero = run.zero == 1;
+  // ZeRO-1 reduce-scatters the gradients (each rank keeps its shard's), then all-gathers the
+  // parameters each rank updated.
+  const std::string reduce = zero ? "reduce-scatter" : "all-reduce";
+  const std::string zero_note =
+      zero ? absl::StrFormat(
+                 " ZeRO-1: each rank keeps 1/%d of the optimizer state and updates its shard of "
+                 "the parameters, so the gradients are reduce-scattered instead of all-reduced, "
+                 "and after the optimizer each rank waits (red) for the all-gather of the "
+                 "parameters its peers updated.",
+                 grid.replicas)
+           : "";
   if (run.strategy == "data" && run.workers > 1) {
     const int64_t grads =
         run.ranks.empty() || run.ranks[0].empty() ? 0 : run.ranks[0].back().grad_bytes;
     if (!run.overlap) {
-      return "With --no-overlap every gradient all-reduce starts after backward." + zero;
+      return absl::StrFormat("With --no-overlap every gradient %s starts after backward.%s", reduce,
+                             zero_note);
     }
     if (grads > 0 && grads <= run.bucket_mb * (1 << 20)) {
       return absl::StrFormat(
-                 "The gradients (%s) fit in one bucket of --bucket-mb=%g, so their all-reduce "
-                 "can only start when backward ends; with buckets smaller than the gradients, "
-                 "the communication lane shows all-reduces running while backward still "
-                 "computes.",
-                 Bytes(grads), run.bucket_mb) +
-             zero;
+          "The gradients (%s) fit in one bucket of --bucket-mb=%g, so their %s can only start "
+          "when backward ends; with buckets smaller than the gradients, the communication lane "
+          "shows %ss running while backward still computes.%s",
+          Bytes(grads), run.bucket_mb, reduce, reduce, zero_note);
     }
-    return "Gradient buckets are all-reduced as backward produces them: the communication "
-           "lanes show all-reduces running while backward still computes; red is what is left "
-           "to wait for after backward." +
-           zero;
+    return absl::StrFormat(
+        "Gradient buckets are %s as backward produces them: the communication lanes show %ss "
+        "running while backward still computes; red is what is left to wait for after "
+        "backward.%s",
+        zero ? "reduce-scattered" : "all-reduced", reduce, zero_note);
   }
   if (run.strategy == "model" && !grid.hybrid()) {
     return "One batch through the stages in turn: each stage waits (grey) while the others "
@@ -639,10 +646,10 @@ std::string TimelineCaption(const RunData& run) {
                "%d replicas of a %d-stage pipeline, %s; rows are rank (replica, stage), a "
                "stage's replicas on neighbouring ranks. Grey is the bubble, a stage waiting "
                "for its neighbour's activations or gradients; the communication lane shows "
-               "each stage's gradients all-reduced among its %d replicas during its last "
-               "backward.",
-               grid.replicas, grid.stages, flow, grid.replicas) +
-           zero;
+               "each stage's gradients %s among its %d replicas during its last backward.",
+               grid.replicas, grid.stages, flow, zero ? "reduce-scattered" : "all-reduced",
+               grid.replicas) +
+           zero_note;
   }
   if (run.strategy == "pipeline") {
     return absl::StrFormat(
@@ -653,6 +660,33 @@ std::string TimelineCaption(const RunData& run) {
   return "";
 }
 
+namespace {
+
+// Where each step of a rank's trace ends: its "reduce loss" wait (the all-reduce of the loss
+// ends every step) or, when later, the "optimizer" spans after it (ZeRO-1 has two, around its
+// all-gather). Other optimizer-category spans ("gradient norm") come before the loss.
+std::vector<double> StepEnds(const launcher::RankTrace& t) {
+  std::vector<const TraceEvent*> lane;
+  for (const TraceEvent& e : t.events) {
+    if (e.thread == 0) lane.push_back(&e);
+  }
+  std::stable_sort(lane.begin(), lane.end(), [](const TraceEvent* a, const TraceEvent* b) {
+    return a->start_us < b->start_us;
+  });
+  std::vector<double> ends;
+  for (const TraceEvent* e : lane) {
+    const double end = e->start_us + e->duration_us;
+    if (e->name == "reduce loss") {
+      ends.push_back(end);
+    } else if (e->name == "optimizer" && !ends.empty()) {
+      ends.back() = std::max(ends.back(), end);
+    }
+  }
+  return ends;
+}
+
+}  // namespace
+
 absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::string& title) {
   if (run.traces.empty()) {
     return absl::NotFoundError(absl::StrCat(run.dir, ": no traces (run without --profile)"));
@@ -662,19 +696,14 @@ absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::
   };
   std::vector<Window> windows;
   for (const launcher::RankTrace& t : run.traces) {
-    std::vector<const TraceEvent*> opt;
-    for (const TraceEvent& e : t.events) {
-      if (e.thread == 0 && e.category == "optimizer") opt.push_back(&e);
-    }
-    if (static_cast<int>(opt.size()) <= step) {
-      return absl::NotFoundError(
-          absl::StrFormat("%s: rank %d's trace has %d optimizer steps, not %d", run.dir, t.rank,
-                          opt.size(), step + 1));
+    const std::vector<double> ends = StepEnds(t);
+    if (static_cast<int>(ends.size()) <= step) {
+      return absl::NotFoundError(absl::StrFormat("%s: rank %d's trace has %d steps, not %d",
+                                                 run.dir, t.rank, ends.size(), step + 1));
     }
     Window w;
-    w.start = step > 0 ? opt[step - 1]->start_us + opt[step - 1]->duration_us
-                       : (t.events.empty() ? 0 : t.events.front().start_us);
-    w.end = opt[step]->start_us + opt[step]->duration_us;
+    w.start = step > 0 ? ends[step - 1] : (t.events.empty() ? 0 : t.events.front().start_us);
+    w.end = ends[step];
     windows.push_back(w);
   }
   double t0 = windows[0].start, t1 = windows[0].end;

@@ -126,11 +126,12 @@ std::string Layout(const Figures& f);
 // numbers. figures[0] is the baseline.
 std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores);
 
-// The events of one training step of a profiled run, as a timeline: each rank's step is
-// the span after its previous "optimizer" span up to the end of its own; times are on rank
-// 0's clock, from the earliest rank's step start. A row per rank, "rank 2", or in a hybrid
-// layout "rank 2 (0, 1)": its (replica, stage). Fails when the run has no traces or fewer
-// optimizer spans than `step` + 1.
+// The events of one training step of a profiled run, as a timeline: each rank's step runs
+// from the end of its previous step to the end of its own, a step ending with its "reduce
+// loss" wait and the "optimizer" spans after it; times are on rank 0's clock, from the
+// earliest rank's step start. A row per rank, "rank 2", or in a hybrid layout
+// "rank 2 (0, 1)": its (replica, stage). Fails when the run has no traces or fewer steps
+// than `step` + 1.
 absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::string& title);
 // The step the report draws: the second-to-last (the last may overlap shutdown), else 0.
 int TimelineStep(const RunData& run);

@@ -90,8 +90,10 @@ struct RunSpec {
 };
 
 // One step every 1000 us of the rank's own clock (which starts `clock` us late): forward,
-// backward with an all-reduce overlapping it, the waits, the loss reduction, the optimizer.
-std::vector<TraceEvent> StepEvents(int steps, double clock) {
+// backward with an all-reduce overlapping it, the waits, the gradient norm, the loss
+// reduction, the optimizer; with `zero`, ZeRO-1's all-gather of the parameters after it and
+// a second optimizer span.
+std::vector<TraceEvent> StepEvents(int steps, double clock, bool zero) {
   std::vector<TraceEvent> ev;
   for (int s = 0; s < steps; ++s) {
     const double t = s * 1000 - clock;
@@ -100,8 +102,14 @@ std::vector<TraceEvent> StepEvents(int steps, double clock) {
     ev.push_back(Event(absl::StrCat("all_reduce #", s, " (sum)"), "comm", t + 200, 150, -1, 1));
     ev.push_back(Event("wait for gradients", "idle", t + 330, 30));
     ev.push_back(Event("wait 1", "idle", t + 360, 5, 1));
+    ev.push_back(Event("gradient norm", "optimizer", t + 366, 3));
     ev.push_back(Event("reduce loss", "idle", t + 370, 20));
     ev.push_back(Event("optimizer", "optimizer", t + 400, 50));
+    if (zero) {
+      ev.push_back(Event("gather parameters", "idle", t + 450, 20));
+      ev.push_back(Event(absl::StrCat("all_gather_parts #", s), "comm", t + 452, 16, -1, 1));
+      ev.push_back(Event("optimizer", "optimizer", t + 470, 2));
+    }
   }
   return ev;
 }
@@ -149,8 +157,9 @@ std::string WriteRun(const RunSpec& spec) {
           rs.peak, rs.params, rs.grads, rs.optimizer_bytes);
     }
     if (spec.traces) {
-      std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r)) << Profiler::ChromeTrace(
-          StepEvents(steps, 5000.0 * r), static_cast<int>(r), absl::StrCat("rank ", r));
+      std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r))
+          << Profiler::ChromeTrace(StepEvents(steps, 5000.0 * r, spec.zero == 1),
+                                   static_cast<int>(r), absl::StrCat("rank ", r));
     }
   }
   return dir;
@@ -502,14 +511,15 @@ TEST(TimelineTest, CutsOneStepFromEveryRankOnOneClock) {
       EXPECT_EQ(s.text, "0");
     }
   }
-  EXPECT_EQ(per_row[0], 7);  // forward, backward, all-reduce, 3 waits, optimizer
-  EXPECT_EQ(per_row[1], 7);
+  // Forward, backward, all-reduce, 3 waits, gradient norm, optimizer.
+  EXPECT_EQ(per_row[0], 8);
+  EXPECT_EQ(per_row[1], 8);
   EXPECT_EQ(comm, 2);
   std::map<SpanKind, int> kinds;
   for (const GanttSpan& s : g->spans) kinds[s.kind]++;
   EXPECT_EQ(kinds[SpanKind::kExposedComm], 4);  // wait for gradients, reduce loss
   EXPECT_EQ(kinds[SpanKind::kBubble], 2);       // wait 1
-  EXPECT_EQ(kinds[SpanKind::kOptimizer], 2);
+  EXPECT_EQ(kinds[SpanKind::kOptimizer], 4);    // gradient norm, optimizer
 
   EXPECT_FALSE(StepTimeline(*run, 3, "t").ok());  // only 3 steps
   RunSpec plain = spec;
@@ -517,6 +527,28 @@ TEST(TimelineTest, CutsOneStepFromEveryRankOnOneClock) {
   absl::StatusOr<RunData> untraced = ReadRun(WriteRun(plain));
   ASSERT_TRUE(untraced.ok());
   EXPECT_FALSE(StepTimeline(*untraced, 1, "t").ok());
+}
+
+TEST(TimelineTest, AZeroOneStepEndsAfterItsAllGather) {
+  RunSpec spec;
+  spec.replicas = 2;
+  spec.zero = 1;
+  spec.losses = {5, 4, 3};
+  spec.ranks = {Rank({1, 1, 1}), Rank({1, 1, 1})};
+  absl::StatusOr<RunData> run = ReadRun(WriteRun(spec));
+  ASSERT_TRUE(run.ok()) << run.status();
+  absl::StatusOr<GanttSpec> g = StepTimeline(*run, 1, "t");
+  ASSERT_TRUE(g.ok()) << g.status();
+  // Step 1 runs from the end of step 0's second optimizer span (472 us) to its own (1472 us).
+  EXPECT_NEAR(g->end_ms, 1.0, 1e-9);
+  std::map<SpanKind, int> kinds;
+  for (const GanttSpan& s : g->spans) {
+    kinds[s.kind]++;
+    if (s.kind == SpanKind::kForward) EXPECT_NEAR(s.start_ms, 1.010 - 0.472, 1e-9);
+  }
+  EXPECT_EQ(kinds[SpanKind::kOptimizer], 6);    // gradient norm and 2 optimizer spans a rank
+  EXPECT_EQ(kinds[SpanKind::kExposedComm], 6);  // and gather parameters
+  EXPECT_EQ(kinds[SpanKind::kComm], 4);         // all-reduce, all-gather
 }
 
 // ---- SVG ----

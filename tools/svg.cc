@@ -264,7 +264,7 @@ const char* SpanKindName(SpanKind k) {
     case SpanKind::kComm:
       return "communication running";
     case SpanKind::kExposedComm:
-      return "waiting for an all-reduce";
+      return "waiting for a collective";
     case SpanKind::kBubble:
       return "pipeline bubble (waiting for a peer)";
     case SpanKind::kOptimizer:

@@ -71,7 +71,7 @@ enum class SpanKind {
   kBackward,     // compute: backward of a micro-batch
   kCompute,      // other compute
   kComm,         // communication lane: a collective or transfer running
-  kExposedComm,  // compute lane: waiting for an all-reduce (gradients, the loss)
+  kExposedComm,  // compute lane: waiting for a collective (gradients, the loss, parameters)
   kBubble,       // compute lane: a pipeline stage waiting for activations or gradients
   kOptimizer,
 };

@@ -950,15 +950,13 @@ std::string MarkdownRow(const std::vector<std::string>& cells) {
   return out + "\n";
 }
 
-// An HTML table row: the first cell and the last (where `last` is given) as text, the others
-// right-aligned numbers.
-std::string HtmlRow(const std::string& first, const std::vector<std::string>& numbers,
-                    const std::string* last) {
-  std::string out = absl::StrCat("<tr><td>", HtmlEscape(first), "</td>");
+// An HTML table row of `css` class: the first cell as text, the others right-aligned numbers.
+std::string HtmlRow(const std::string& css, const std::string& first,
+                    const std::vector<std::string>& numbers) {
+  std::string out = absl::StrFormat("<tr class=\"%s\"><td>%s</td>", css, HtmlEscape(first));
   for (const std::string& v : numbers) {
     absl::StrAppend(&out, "<td class=\"n\">", HtmlEscape(v), "</td>");
   }
-  if (last != nullptr) absl::StrAppend(&out, "<td>", HtmlEscape(*last), "</td>");
   return out + "</tr>\n";
 }
 
@@ -1131,6 +1129,7 @@ std::string HtmlReport(const Report& r) {
       "th,td{border:1px solid #ddd;padding:4px 7px;vertical-align:top}"
       "th{background:#f3f3f3;text-align:left}\n"
       "td.n{text-align:right;white-space:nowrap}\n"
+      "tr.fig td{border-bottom:0}tr.rec td{border-top:0;color:#444;padding-bottom:8px}\n"
       "ul.rec li{margin:4px 0}\n"
       "figcaption{font-size:13px;color:#444;margin-top:4px}\n"
       "figure{margin:12px 0 22px}figure svg{max-width:100%;height:auto;"
@@ -1151,15 +1150,18 @@ std::string HtmlReport(const Report& r) {
       "<th>layout (D x K)</th><th>micro-batches</th><th>tokens/s</th><th>speed-up</th>"
       "<th>scaling efficiency</th><th>step</th><th>compute</th><th>exposed comm</th>"
       "<th>bubble</th><th>peak memory (largest rank)</th><th>optimizer state (largest "
-      "rank)</th><th>final loss</th><th>max loss deviation</th><th>recommendation</th></tr>\n";
+      "rank)</th><th>final loss</th><th>max loss deviation</th></tr>\n";
+  // Each run's recommendation in a row of its own under its figures, as wide as the table.
   for (const Figures& f : r.figures) {
-    if (!f.ran) {
-      absl::StrAppendFormat(&out, "<tr><td>%s</td><td colspan=\"%d\"></td><td>%s</td></tr>\n",
-                            HtmlEscape(f.label), ResultCells(f).size(),
-                            HtmlEscape(f.recommendation));
-      continue;
+    const size_t columns = ResultCells(f).size();
+    if (f.ran) {
+      out += HtmlRow("fig", f.label, ResultCells(f));
+      absl::StrAppendFormat(&out, "<tr class=\"rec\"><td></td><td colspan=\"%d\">%s</td></tr>\n",
+                            columns, HtmlEscape(f.recommendation));
+    } else {
+      absl::StrAppendFormat(&out, "<tr><td>%s</td><td colspan=\"%d\">%s</td></tr>\n",
+                            HtmlEscape(f.label), columns, HtmlEscape(f.recommendation));
     }
-    out += HtmlRow(f.label, ResultCells(f), &f.recommendation);
   }
   absl::StrAppend(&out, "</table>\n<p>", HtmlEscape(kResultsNote), "</p>\n");
   out += HtmlList(r.run_notes);
@@ -1184,7 +1186,7 @@ std::string HtmlReport(const Report& r) {
       "<th>activations</th></tr>\n";
   for (const Figures& f : r.figures) {
     for (const RankFigures& rf : f.ranks) {
-      out += HtmlRow(f.label, RankCells(rf), nullptr);
+      out += HtmlRow("rank", f.label, RankCells(rf));
     }
   }
   out += "</table>\n<h2>Runs</h2>\n<ul>\n";

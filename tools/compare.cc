@@ -1,6 +1,8 @@
 // `bazel run //tools:compare -- --gpus=4 --model=gpt-tiny`: trains the same model, global
-// batch, seed and steps on one worker and under every strategy (data, model, pipeline GPipe
-// and 1F1B) through the launcher, then writes report.md, report.html and report.json.
+// batch, seed and steps on one worker and under every strategy on N workers (data parallel
+// with and without ZeRO-1, model, pipeline GPipe and 1F1B, and both schedules in every hybrid
+// layout of D replicas x K stages with D, K >= 2) through the launcher, then writes
+// report.md, report.html and report.json.
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -15,7 +17,9 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -44,17 +48,21 @@ constexpr int kDefaultBatch = 16;
 constexpr char kHelp[] =
     "Usage: bazel run //tools:compare -- [--gpus=N] [--out=DIR] [launcher flags]\n"
     "Trains the same model, global batch, seed and number of steps on one worker (the\n"
-    "baseline) and with N workers under data parallel, model parallel, pipeline GPipe and\n"
-    "pipeline 1F1B, each through the launcher with --profile, then writes report.md,\n"
-    "report.html (self-contained) and report.json with the charts beside them.\n"
+    "baseline) and with N workers under data parallel, data parallel with ZeRO-1, model\n"
+    "parallel, pipeline GPipe and pipeline 1F1B, and, for every D x K = N with D, K >= 2,\n"
+    "D replicas of a K-stage pipeline under GPipe and 1F1B (4 workers: 2 x 2; 6: 2 x 3 and\n"
+    "3 x 2; a prime N has none). Each runs through the launcher with --profile; then compare\n"
+    "writes report.md, report.html (self-contained) and report.json with the charts beside\n"
+    "them.\n"
     "\n"
     "  --gpus=N    workers per strategy (default 4)\n"
     "  --out=DIR   output folder (default reports/<time> in the current directory); the\n"
     "              runs go to DIR/runs/<strategy>, the launcher's output to DIR/logs/\n"
     "Every other flag goes to each launcher run unchanged (--model, --steps, --batch, --seed,\n"
     "--device, --micro-batches, ...); --steps defaults to 20 and --batch to 16 here.\n"
-    "--strategy, --schedule and --run-dir are set by compare for each run, and --check and\n"
-    "--prepare are the launcher's alone; the launcher's flags: bazel run //launcher -- --help\n"
+    "--strategy, --schedule, --data-parallel, --zero and --run-dir are set by compare for each\n"
+    "run, and --check and --prepare are the launcher's alone; the launcher's flags:\n"
+    "bazel run //launcher -- --help\n"
     "Ctrl-C stops the run under way at once; SIGTERM has it checkpoint and stop. Either way\n"
     "compare then stops without a report.\n";
 
@@ -213,17 +221,62 @@ std::string LauncherMessage(const std::string& log, int code) {
   return out;
 }
 
-int Main(int argc, char** argv) {
-  const std::string cwd = Cwd();
-  const std::string bwd = launcher::BuildWorkingDirectory();
-  const std::string user_dir = bwd.empty() ? cwd : bwd;
+// D x K = n with D, K >= 2, D ascending: the hybrid layouts of n workers.
+std::vector<std::pair<int, int>> HybridLayouts(int n) {
+  std::vector<std::pair<int, int>> out;
+  for (int d = 2; d <= n / 2; ++d) {
+    if (n % d == 0) out.push_back({d, n / d});
+  }
+  return out;
+}
 
+// The runs on `gpus` workers: the baseline, data parallel with and without ZeRO-1, model
+// parallel, the two pipeline schedules, then each hybrid layout with both schedules.
+std::vector<Run> Runs(int gpus) {
+  const std::string n = absl::StrCat("--gpus=", gpus);
+  std::vector<Run> runs = {
+      {"baseline", "one worker", {"--strategy=data", "--gpus=1"}},
+      {"data", "data parallel", {"--strategy=data", n}},
+      {"data-zero1", "data parallel, ZeRO-1", {"--strategy=data", "--zero=1", n}},
+      {"model", "model parallel", {"--strategy=model", n}},
+      {"gpipe", "pipeline GPipe", {"--strategy=pipeline", "--schedule=gpipe", n}},
+      {"1f1b", "pipeline 1F1B", {"--strategy=pipeline", "--schedule=1f1b", n}},
+  };
+  for (const auto& [d, k] : HybridLayouts(gpus)) {
+    for (const auto& [schedule, name] : {std::pair<std::string, std::string>{"gpipe", "GPipe"},
+                                         std::pair<std::string, std::string>{"1f1b", "1F1B"}}) {
+      runs.push_back({absl::StrFormat("d%dk%d-%s", d, k, schedule),
+                      absl::StrFormat("%d replicas x %d-stage %s", d, k, name),
+                      {"--strategy=pipeline", absl::StrCat("--schedule=", schedule),
+                       absl::StrCat("--data-parallel=", d), n}});
+    }
+  }
+  return runs;
+}
+
+// The report's word on the missing hybrid layouts of `gpus` workers; "" where there are some.
+std::string NoHybridNote(int gpus) {
+  if (!HybridLayouts(gpus).empty()) return "";
+  return absl::StrFormat(
+      "No hybrid layout: %d workers, a prime number, split into D replicas x K pipeline "
+      "stages only as %d x 1 (data parallel) or 1 x %d (one pipeline); replicas of a pipeline "
+      "(D, K >= 2) need a number of workers that is not prime, such as 4 or 6.",
+      gpus, gpus, gpus);
+}
+
+struct Options {
   int gpus = 4;
-  std::string out_dir;
-  bool have_steps = false, have_batch = false;
+  std::string out_dir;            // as given; "" for the default
+  std::vector<std::string> args;  // compare's, as given
   std::vector<std::string> pass;  // to every launcher run
+};
+
+// Reads compare's flags into *o. Returns the exit code to stop with: 0 after --help, 2 after
+// printing the problems; nothing to go on.
+std::optional<int> ParseArgs(Options* o) {
+  const std::vector<std::string>& args = o->args;
+  bool have_steps = false, have_batch = false;
   std::vector<std::string> problems;
-  const std::vector<std::string> args(argv + 1, argv + argc);
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     const std::string name = FlagName(a);
@@ -246,12 +299,13 @@ int Main(int argc, char** argv) {
     }
     if (name == "gpus") {
       std::string v;
-      if (value(&v) && (!absl::SimpleAtoi(v, &gpus) || gpus < 2)) {
+      if (value(&v) && (!absl::SimpleAtoi(v, &o->gpus) || o->gpus < 2)) {
         problems.push_back(absl::StrFormat("--gpus=%s: compare needs at least 2 workers", v));
       }
     } else if (name == "out") {
-      value(&out_dir);
-    } else if (name == "strategy" || name == "schedule" || name == "run-dir") {
+      value(&o->out_dir);
+    } else if (name == "strategy" || name == "schedule" || name == "run-dir" ||
+               name == "data-parallel" || name == "zero") {
       problems.push_back(
           absl::StrFormat("--%s: compare sets it for each of its runs (see --help)", name));
       if (!inline_value && i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) ++i;
@@ -265,23 +319,52 @@ int Main(int argc, char** argv) {
     } else {
       if (name == "steps") have_steps = true;
       if (name == "batch") have_batch = true;
-      pass.push_back(a);
+      o->pass.push_back(a);
     }
   }
   if (!problems.empty()) {
     for (const std::string& p : problems) std::fprintf(stderr, "compare: %s\n", p.c_str());
     return 2;
   }
-  if (!have_steps) pass.push_back(absl::StrCat("--steps=", kDefaultSteps));
-  if (!have_batch) pass.push_back(absl::StrCat("--batch=", kDefaultBatch));
+  if (!have_steps) o->pass.push_back(absl::StrCat("--steps=", kDefaultSteps));
+  if (!have_batch) o->pass.push_back(absl::StrCat("--batch=", kDefaultBatch));
+  return std::nullopt;
+}
 
+// A comparison under way: what it runs, with which launcher and environment, and where to.
+struct Comparison {
+  Options options;
+  std::string out_dir;  // absolute
+  std::string launcher;
+  std::vector<std::string> env;
+  std::vector<Run> runs;
+  std::vector<std::string> refused;  // per run: why the launcher's --check refused it, or ""
+
+  // The launcher's command line for `run`.
+  std::vector<std::string> LauncherArgs(const Run& run) const {
+    std::vector<std::string> argv = {launcher};
+    argv.insert(argv.end(), run.flags.begin(), run.flags.end());
+    argv.push_back("--profile");
+    argv.push_back(absl::StrCat("--run-dir=", out_dir, "/runs/", run.name));
+    argv.insert(argv.end(), options.pass.begin(), options.pass.end());
+    return argv;
+  }
+};
+
+// Finds the launcher, the output folder (not one that already holds runs) and the runs.
+// Returns the exit code to stop with, after saying why; nothing to go on.
+std::optional<int> Prepare(const char* argv0, absl::Time now, Comparison* c) {
+  const std::string cwd = Cwd();
+  const std::string bwd = launcher::BuildWorkingDirectory();
+  const std::string user_dir = bwd.empty() ? cwd : bwd;
   absl::StatusOr<std::string> launcher = launcher::FindRunfile(
-      "launcher/launcher", argv[0], cwd, "Start compare with `bazel run //tools:compare -- ...`");
+      "launcher/launcher", argv0, cwd, "Start compare with `bazel run //tools:compare -- ...`");
   if (!launcher.ok()) {
     std::fprintf(stderr, "compare: %s\n", std::string(launcher.status().message()).c_str());
     return 2;
   }
-  const absl::Time now = absl::Now();
+  c->launcher = *launcher;
+  std::string out_dir = c->options.out_dir;
   if (out_dir.empty()) {
     out_dir = absl::StrCat(user_dir, "/reports/",
                            absl::FormatTime("%Y%m%d-%H%M%S", now, absl::LocalTimeZone()));
@@ -293,45 +376,35 @@ int Main(int argc, char** argv) {
                  out_dir.c_str());
     return 2;
   }
+  c->out_dir = out_dir;
   // The launcher finds the worker in the same runfiles tree.
-  std::vector<std::string> env = launcher::CurrentEnvironment();
-  const std::string runfiles =
-      launcher::DirOf(launcher::DirOf(launcher::DirOf(*launcher)));  // <runfiles>/tandem/launcher/launcher
-  const bool have_runfiles_env = std::any_of(env.begin(), env.end(), [](const std::string& e) {
-    return absl::StartsWith(e, "RUNFILES_DIR=");
-  });
+  c->env = launcher::CurrentEnvironment();
+  const std::string runfiles = launcher::DirOf(
+      launcher::DirOf(launcher::DirOf(c->launcher)));  // <runfiles>/tandem/launcher/launcher
+  const bool have_runfiles_env =
+      std::any_of(c->env.begin(), c->env.end(),
+                  [](const std::string& e) { return absl::StartsWith(e, "RUNFILES_DIR="); });
   if (!have_runfiles_env && launcher::IsExecutable(runfiles + "/tandem/parallel/worker")) {
-    env.push_back("RUNFILES_DIR=" + runfiles);
+    c->env.push_back("RUNFILES_DIR=" + runfiles);
   }
+  c->runs = Runs(c->options.gpus);
+  return std::nullopt;
+}
 
-  const std::string n = absl::StrCat("--gpus=", gpus);
-  const std::vector<Run> runs = {
-      {"baseline", "one worker", {"--strategy=data", "--gpus=1"}},
-      {"data", "data parallel", {"--strategy=data", n}},
-      {"model", "model parallel", {"--strategy=model", n}},
-      {"gpipe", "pipeline GPipe", {"--strategy=pipeline", "--schedule=gpipe", n}},
-      {"1f1b", "pipeline 1F1B", {"--strategy=pipeline", "--schedule=1f1b", n}},
-  };
-  auto launcher_args = [&](const Run& run) {
-    std::vector<std::string> argv_run = {*launcher};
-    argv_run.insert(argv_run.end(), run.flags.begin(), run.flags.end());
-    argv_run.push_back("--profile");
-    argv_run.push_back(absl::StrCat("--run-dir=", out_dir, "/runs/", run.name));
-    argv_run.insert(argv_run.end(), pass.begin(), pass.end());
-    return argv_run;
-  };
-
-  // Every run is checked first (launcher --check: all it validates before it starts). Where
-  // none of the N-worker runs would start (the baseline alone compares nothing), the flags
-  // are refused here, before anything runs or is written; a run that alone would not start
-  // is reported as such without being started.
-  std::vector<std::string> refused(runs.size());
+// Checks every run first (launcher --check: all it validates before it starts) and keeps
+// why each refused one would not start in c->refused. Where none of the N-worker runs would
+// start (the baseline alone compares nothing), the flags are refused here, before anything
+// runs or is written: returns the exit code to stop with.
+std::optional<int> CheckRuns(Comparison* c) {
+  const std::vector<Run>& runs = c->runs;
+  std::vector<std::string>& refused = c->refused;
+  refused.assign(runs.size(), "");
   bool any_starts = false;  // of the N-worker runs
   for (size_t k = 0; k < runs.size(); ++k) {
-    std::vector<std::string> argv_check = launcher_args(runs[k]);
+    std::vector<std::string> argv_check = c->LauncherArgs(runs[k]);
     argv_check.push_back("--check");
     std::string output;
-    absl::StatusOr<launcher::ExitStatus> ended = launcher::RunCaptured(argv_check, env, &output);
+    absl::StatusOr<launcher::ExitStatus> ended = launcher::RunCaptured(argv_check, c->env, &output);
     if (!ended.ok()) {
       std::fprintf(stderr, "compare: %s\n", std::string(ended.status().message()).c_str());
       return 1;
@@ -343,122 +416,155 @@ int Main(int argc, char** argv) {
       if (refused[k].empty()) refused[k] = "launcher --check: " + ended->ToString();
     }
   }
-  if (!any_starts) {
-    // One line per problem; the same problems for every run (flags they share) said once.
-    const size_t first = refused[0].empty() ? 1 : 0;  // the baseline would start
-    const bool same = std::all_of(refused.begin() + first, refused.end(),
-                                  [&](const std::string& r) { return r == refused[first]; });
-    if (!same || first == 1) {
-      std::fprintf(stderr, "compare: none of the %d-worker runs would start; nothing was written\n",
-                   gpus);
-    }
-    for (size_t k = first; k < runs.size(); ++k) {
-      if (same && k > first) break;
-      for (absl::string_view line : absl::StrSplit(refused[k], '\n')) {
-        std::fprintf(stderr, "compare: %s%s\n", same ? "" : (runs[k].label + ": ").c_str(),
-                     std::string(line).c_str());
-      }
-    }
-    return 2;
+  if (any_starts) return std::nullopt;
+  // One line per problem; the same problems for every run (flags they share) said once.
+  const size_t first = refused[0].empty() ? 1 : 0;  // the baseline would start
+  const bool same = std::all_of(refused.begin() + first, refused.end(),
+                                [&](const std::string& r) { return r == refused[first]; });
+  if (!same || first == 1) {
+    std::fprintf(stderr, "compare: none of the %d-worker runs would start; nothing was written\n",
+                 c->options.gpus);
   }
+  for (size_t k = first; k < runs.size(); ++k) {
+    if (same && k > first) break;
+    for (absl::string_view line : absl::StrSplit(refused[k], '\n')) {
+      std::fprintf(stderr, "compare: %s%s\n", same ? "" : (runs[k].label + ": ").c_str(),
+                   std::string(line).c_str());
+    }
+  }
+  return 2;
+}
 
-  for (const std::string& d : {out_dir, out_dir + "/runs", out_dir + "/logs"}) {
+// Stopped by Ctrl-C or SIGTERM: no report; returns the exit code.
+int Stopped(const Comparison& c, bool terminated) {
+  std::fprintf(stderr, "compare: %s; no report; the runs so far are in %s/runs\n",
+               terminated ? "terminated (SIGTERM)" : "interrupted", c.out_dir.c_str());
+  return terminated ? 128 + SIGTERM : 130;
+}
+
+// Runs run k (or reports it refused) with its progress line, into *e. Returns the exit code
+// to stop with where compare must stop.
+std::optional<int> RunOne(const Comparison& c, size_t k, int label_width, Entry* e) {
+  const Run& run = c.runs[k];
+  e->name = run.name;
+  e->label = run.label;
+  const std::string dir = absl::StrCat(c.out_dir, "/runs/", run.name);
+  const std::string log = absl::StrCat(c.out_dir, "/logs/", run.name, ".log");
+  std::printf("compare: [%d/%d] %-*s ", static_cast<int>(k + 1), static_cast<int>(c.runs.size()),
+              label_width, run.label.c_str());
+  std::fflush(stdout);
+  if (!c.refused[k].empty()) {
+    e->error = c.refused[k];
+    std::printf("would not start: %s\n", FirstLineOf(e->error).c_str());
+    return std::nullopt;
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int> code = RunLogged(c.LauncherArgs(run), log, c.env);
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!code.ok()) {
+    std::printf("failed to start\n");
+    std::fprintf(stderr, "compare: %s\n", std::string(code.status().message()).c_str());
+    return 1;
+  }
+  if (*code == 130 || g_terminated) {
+    std::printf("%s\n", g_terminated ? "terminated" : "interrupted");
+    std::fflush(stdout);
+    return Stopped(c, g_terminated);
+  }
+  if (*code != 0) {
+    e->error = LauncherMessage(log, *code);
+    std::printf("%s (%.0f s): %s\n", *code == 2 ? "did not run" : "failed", secs,
+                FirstLineOf(e->error).c_str());
+  } else if (absl::StatusOr<RunData> data = ReadRun(dir); !data.ok()) {
+    e->error =
+        absl::StrCat("the run finished but its results cannot be read: ", data.status().message());
+    std::printf("unreadable (%.0f s)\n", secs);
+  } else {
+    e->ran = true;
+    e->run = std::move(*data);
+    std::printf("ok (%.0f s)\n", secs);
+  }
+  std::fflush(stdout);
+  return std::nullopt;
+}
+
+// Makes the output folders and runs every run in turn into *entries. Returns the exit code to
+// stop with where compare must stop (a folder not made, a run not started, Ctrl-C, SIGTERM).
+std::optional<int> RunAll(const Comparison& c, std::vector<Entry>* entries) {
+  for (const std::string& d : {c.out_dir, c.out_dir + "/runs", c.out_dir + "/logs"}) {
     if (absl::Status s = MakeDirs(d); !s.ok()) {
       std::fprintf(stderr, "compare: %s\n", std::string(s.message()).c_str());
       return 1;
     }
   }
-  std::printf("compare: %d runs of %s into %s\n", static_cast<int>(runs.size()),
-              absl::StrJoin(pass, " ").c_str(), out_dir.c_str());
+  std::printf("compare: %d runs of %s into %s\n", static_cast<int>(c.runs.size()),
+              absl::StrJoin(c.options.pass, " ").c_str(), c.out_dir.c_str());
+  if (const std::string note = NoHybridNote(c.options.gpus); !note.empty()) {
+    std::printf("compare: %s\n", note.c_str());
+  }
   std::fflush(stdout);
   // Ctrl-C reaches the launcher (same process group), which stops its workers and exits 130;
   // compare then stops too. A SIGTERM to compare alone is passed on to the launcher.
   signal(SIGINT, SIG_IGN);
   signal(SIGTERM, OnTerminate);
-  // Stopped by Ctrl-C or SIGTERM: no report; returns the exit code.
-  auto stopped = [&](bool terminated) {
-    std::fprintf(stderr, "compare: %s; no report; the runs so far are in %s/runs\n",
-                 terminated ? "terminated (SIGTERM)" : "interrupted", out_dir.c_str());
-    return terminated ? 128 + SIGTERM : 130;
-  };
-  std::vector<Entry> entries;
-  for (size_t k = 0; k < runs.size(); ++k) {
-    if (g_terminated) return stopped(true);  // between two runs: start no other
-    const Run& run = runs[k];
+  int label_width = 0;
+  for (const Run& run : c.runs)
+    label_width = std::max(label_width, static_cast<int>(run.label.size()));
+  for (size_t k = 0; k < c.runs.size(); ++k) {
+    if (g_terminated) return Stopped(c, true);  // between two runs: start no other
     Entry e;
-    e.name = run.name;
-    e.label = run.label;
-    const std::string dir = absl::StrCat(out_dir, "/runs/", run.name);
-    const std::string log = absl::StrCat(out_dir, "/logs/", run.name, ".log");
-    std::printf("compare: [%d/%d] %-15s ", static_cast<int>(k + 1), static_cast<int>(runs.size()),
-                run.label.c_str());
-    std::fflush(stdout);
-    if (!refused[k].empty()) {
-      e.error = refused[k];
-      std::printf("would not start: %s\n", FirstLineOf(e.error).c_str());
-      entries.push_back(std::move(e));
-      continue;
-    }
-    const std::vector<std::string> argv_run = launcher_args(run);
-    const absl::Time start = absl::Now();
-    absl::StatusOr<int> code = RunLogged(argv_run, log, env);
-    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    if (!code.ok()) {
-      std::printf("failed to start\n");
-      std::fprintf(stderr, "compare: %s\n", std::string(code.status().message()).c_str());
-      return 1;
-    }
-    if (*code == 130 || g_terminated) {
-      std::printf("%s\n", g_terminated ? "terminated" : "interrupted");
-      std::fflush(stdout);
-      return stopped(g_terminated);
-    }
-    if (*code != 0) {
-      e.error = LauncherMessage(log, *code);
-      std::printf("%s (%.0f s): %s\n", *code == 2 ? "did not run" : "failed", secs,
-                  FirstLineOf(e.error).c_str());
-    } else {
-      absl::StatusOr<RunData> data = ReadRun(dir);
-      if (!data.ok()) {
-        e.error = absl::StrCat("the run finished but its results cannot be read: ",
-                               data.status().message());
-        std::printf("unreadable (%.0f s)\n", secs);
-      } else {
-        e.ran = true;
-        e.run = std::move(*data);
-        std::printf("ok (%.0f s)\n", secs);
-      }
-    }
-    std::fflush(stdout);
-    entries.push_back(std::move(e));
+    if (std::optional<int> stop = RunOne(c, k, label_width, &e)) return stop;
+    entries->push_back(std::move(e));
   }
+  return std::nullopt;
+}
 
+// Writes the report and prints its figures and summary; returns compare's exit code: 0 where
+// any run completed.
+int WriteAll(const Comparison& c, std::vector<Entry> entries, absl::Time now) {
   std::string command = "bazel run //tools:compare --";
-  for (const std::string& a : args) absl::StrAppend(&command, " ", a);
-  const Report report =
-      BuildReport(std::move(entries), gpus, HostCores(), command,
-                  absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone()));
-  if (absl::Status s = WriteReport(report, out_dir); !s.ok()) {
+  for (const std::string& a : c.options.args) absl::StrAppend(&command, " ", a);
+  Report report = BuildReport(std::move(entries), c.options.gpus, HostCores(), command,
+                              absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone()));
+  if (const std::string note = NoHybridNote(c.options.gpus); !note.empty()) {
+    report.run_notes.push_back(note);
+  }
+  if (absl::Status s = WriteReport(report, c.out_dir); !s.ok()) {
     std::fprintf(stderr, "compare: %s\n", std::string(s.message()).c_str());
     return 1;
   }
+  int label_width = 0;
+  for (const Figures& f : report.figures)
+    label_width = std::max(label_width, static_cast<int>(f.label.size()));
   std::printf("\n");
+  bool any = false;
   for (const Figures& f : report.figures) {
+    any = any || f.ran;
     if (f.ran) {
-      std::printf("  %-15s %10s tok/s  %6s  peak %9s  loss %.4f\n", f.label.c_str(),
+      std::printf("  %-*s %10s tok/s  %6s  peak %9s  loss %.4f\n", label_width, f.label.c_str(),
                   Thousands(f.tokens_per_second).c_str(), Ratio(f.speedup).c_str(),
                   Bytes(f.peak_bytes).c_str(), f.final_loss);
     } else {
-      std::printf("  %-15s could not run\n", f.label.c_str());
+      std::printf("  %-*s could not run\n", label_width, f.label.c_str());
     }
   }
   std::printf("\n");
   for (const std::string& s : report.summary) std::printf("%s\n", s.c_str());
   std::printf("\nreport: %s/report.md\n        %s/report.html\n        %s/report.json\n",
-              out_dir.c_str(), out_dir.c_str(), out_dir.c_str());
-  bool any = false;
-  for (const Figures& f : report.figures) any = any || f.ran;
+              c.out_dir.c_str(), c.out_dir.c_str(), c.out_dir.c_str());
   return any ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  const absl::Time now = absl::Now();
+  Comparison c;
+  c.options.args.assign(argv + 1, argv + argc);
+  if (std::optional<int> stop = ParseArgs(&c.options)) return *stop;
+  if (std::optional<int> stop = Prepare(argv[0], now, &c)) return *stop;
+  if (std::optional<int> stop = CheckRuns(&c)) return *stop;
+  std::vector<Entry> entries;
+  if (std::optional<int> stop = RunAll(c, &entries)) return *stop;
+  return WriteAll(c, std::move(entries), now);
 }
 
 }  // namespace

@@ -53,12 +53,27 @@ std::string FirstLine(const std::string& s) {
   return nl == std::string::npos ? t : t.substr(0, nl);
 }
 
+// A fixed colour per strategy; a hybrid layout "d{D}k{K}-{schedule}" gets a hue chosen by
+// its layout (the same for the same D and K in every report), GPipe the darker shade and
+// 1F1B the lighter.
 std::string StrategyColor(const std::string& name) {
-  if (name == "baseline") return "#8c8c8c";
-  if (name == "data") return "#4e79a7";
-  if (name == "model") return "#f28e2b";
-  if (name == "gpipe") return "#59a14f";
-  if (name == "1f1b") return "#b07aa1";
+  static const std::map<std::string, std::string> kFixed = {
+      {"baseline", "#8c8c8c"}, {"data", "#4e79a7"},  {"data-zero1", "#a0cbe8"},
+      {"model", "#f28e2b"},    {"gpipe", "#59a14f"}, {"1f1b", "#b07aa1"},
+  };
+  if (const auto it = kFixed.find(name); it != kFixed.end()) return it->second;
+  // {GPipe, 1F1B} shades.
+  static const char* const kHybrid[][2] = {
+      {"#e15759", "#ff9d9a"}, {"#9c755f", "#d7b5a6"}, {"#edc948", "#f1e2a1"},
+      {"#499894", "#86bcb6"}, {"#d37295", "#fabfd2"}, {"#79706e", "#bab0ac"},
+  };
+  const size_t dash = name.find('-');
+  if (name.size() > 1 && name[0] == 'd' && dash != std::string::npos) {
+    uint32_t hash = 2166136261u;  // FNV-1a of the layout, "d2k2"
+    for (char c : name.substr(0, dash)) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619u;
+    const auto& shades = kHybrid[hash % (sizeof(kHybrid) / sizeof(kHybrid[0]))];
+    return shades[name.substr(dash + 1) == "1f1b" ? 1 : 0];
+  }
   return "#76b7b2";
 }
 
@@ -68,8 +83,11 @@ SpanKind KindOf(const TraceEvent& e) {
   if (e.category == "comm") return SpanKind::kComm;
   if (e.category == "optimizer") return SpanKind::kOptimizer;
   if (e.category == "idle") {
-    return e.name == "wait for gradients" || e.name == "reduce loss" ? SpanKind::kExposedComm
-                                                                     : SpanKind::kBubble;
+    // The waits the workers count as exposed communication (ZeRO-1's "gather parameters":
+    // its all-gather); the others are a pipeline's bubble.
+    const bool exposed =
+        e.name == "wait for gradients" || e.name == "reduce loss" || e.name == "gather parameters";
+    return exposed ? SpanKind::kExposedComm : SpanKind::kBubble;
   }
   if (absl::StartsWith(e.name, "forward")) return SpanKind::kForward;
   if (absl::StartsWith(e.name, "backward")) return SpanKind::kBackward;
@@ -95,6 +113,40 @@ std::string Cell(absl::string_view s) {
 std::string LossDeviation(const Figures& f) {
   if (!std::isfinite(f.max_loss_deviation)) return "-";
   return absl::StrFormat("%.2g", f.max_loss_deviation);
+}
+
+// D x K from run.json's "replicas" and "stages"; a run.json from before them had data
+// parallel's D = workers, the others' --data-parallel (1 then).
+absl::Status ReadGrid(const Json& run, RunData* d) {
+  const int fallback = d->strategy == "data" ? d->workers : d->data_parallel;
+  d->grid.replicas = static_cast<int>(NumberOr(run, "replicas", fallback));
+  d->grid.stages = static_cast<int>(NumberOr(run, "stages", d->workers / std::max(1, fallback)));
+  if (d->grid.replicas < 1 || d->grid.stages < 1 || d->grid.ranks() != d->workers) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s/run.json: %d replicas x %d stages is not its %d workers", d->dir,
+                        d->grid.replicas, d->grid.stages, d->workers));
+  }
+  return absl::OkStatus();
+}
+
+// Each rank's optimizer state as run.json gives it ("optimizer_state_bytes" per rank), else
+// the largest its metrics lines give.
+void ReadOptimizerState(const Json& run, RunData* d) {
+  d->optimizer_state_bytes.assign(d->ranks.size(), 0);
+  for (size_t r = 0; r < d->ranks.size(); ++r) {
+    for (const StepMetrics& s : d->ranks[r]) {
+      d->optimizer_state_bytes[r] = std::max(d->optimizer_state_bytes[r], s.optimizer_bytes);
+    }
+  }
+  const auto ranks = run.find("ranks");
+  if (ranks == run.end() || !ranks->is_array()) return;
+  for (const Json& k : *ranks) {
+    const int r = static_cast<int>(NumberOr(k, "rank", -1));
+    if (r < 0 || r >= static_cast<int>(d->ranks.size()) || !k.contains("optimizer_state_bytes")) {
+      continue;
+    }
+    d->optimizer_state_bytes[r] = static_cast<int64_t>(NumberOr(k, "optimizer_state_bytes", 0));
+  }
 }
 
 }  // namespace
@@ -139,6 +191,8 @@ absl::StatusOr<RunData> ReadRun(const std::string& dir) {
   const Json c = run->value("config", Json::object());
   d.strategy = StringOr(*run, "strategy", StringOr(c, "strategy", ""));
   d.schedule = StringOr(c, "schedule", "");
+  d.data_parallel = static_cast<int>(NumberOr(c, "data_parallel", 1));
+  d.zero = static_cast<int>(NumberOr(c, "zero", 0));
   d.model = StringOr(c, "model", "");
   d.seed = StringOr(c, "seed", "");
   d.device = StringOr(*run, "device", StringOr(c, "device", ""));
@@ -155,11 +209,13 @@ absl::StatusOr<RunData> ReadRun(const std::string& dir) {
     for (const Json& v : *l) d.losses.push_back(v.is_number() ? v.get<double>() : kNaN);
   }
   if (d.workers < 1) return absl::InvalidArgumentError(dir + "/run.json: no workers");
+  if (absl::Status s = ReadGrid(*run, &d); !s.ok()) return s;
   for (int r = 0; r < d.workers; ++r) {
     absl::StatusOr<std::vector<StepMetrics>> m = ReadMetrics(MetricsPath(dir, r));
     if (!m.ok()) return m.status();
     d.ranks.push_back(std::move(*m));
   }
+  ReadOptimizerState(*run, &d);
   if (d.losses.empty()) {
     for (const StepMetrics& s : d.ranks[0]) d.losses.push_back(s.loss);
   }
@@ -183,7 +239,12 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
   f.speedup = f.efficiency = f.max_loss_deviation = kNaN;
   if (!e.ran) return f;
   const RunData& run = e.run;
+  f.strategy = run.strategy;
+  f.schedule = run.strategy == "pipeline" ? run.schedule : "";
   f.workers = run.workers;
+  f.replicas = run.grid.replicas;
+  f.stages = run.grid.stages;
+  f.zero = run.zero;
   f.micro_batches = run.micro_batches;
   f.steps = run.ranks.empty() ? 0 : static_cast<int>(run.ranks[0].size());
   const std::vector<double> steps = launcher::CountedStepSeconds(run.ranks);
@@ -198,6 +259,8 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
     const std::vector<StepMetrics>& steps = run.ranks[r];
     RankFigures rf;
     rf.rank = static_cast<int>(r);
+    rf.replica = run.grid.ReplicaOf(rf.rank);
+    rf.stage = run.grid.StageOf(rf.rank);
     const size_t first = launcher::WarmupStepsOf(steps.size());
     const double n = static_cast<double>(steps.size() - first);
     for (size_t i = first; i < steps.size(); ++i) {
@@ -216,6 +279,7 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
       rf.grad_bytes = steps.back().grad_bytes;
       rf.optimizer_bytes = steps.back().optimizer_bytes;
     }
+    if (r < run.optimizer_state_bytes.size()) rf.optimizer_bytes = run.optimizer_state_bytes[r];
     rf.activation_bytes =
         std::max<int64_t>(0, rf.peak_bytes - rf.param_bytes - rf.grad_bytes - rf.optimizer_bytes);
     f.compute_seconds += rf.compute_seconds / run.ranks.size();
@@ -223,6 +287,7 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
     f.bubble_seconds += rf.bubble_seconds / run.ranks.size();
     f.peak_bytes = std::max(f.peak_bytes, rf.peak_bytes);
     f.activation_bytes = std::max(f.activation_bytes, rf.activation_bytes);
+    f.optimizer_bytes = std::max(f.optimizer_bytes, rf.optimizer_bytes);
     f.ranks.push_back(rf);
   }
   f.final_loss = run.losses.empty() ? kNaN : run.losses.back();
@@ -246,174 +311,281 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
   return f;
 }
 
-std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores) {
-  std::vector<Figures>& all = *figures;
-  std::vector<std::string> summary;
-  const Figures* base = !all.empty() && all[0].name == "baseline" && all[0].ran ? &all[0] : nullptr;
-  std::vector<Figures*> cand;
-  for (Figures& f : all) {
-    if (&f != base && f.ran && f.tokens_per_second > 0) cand.push_back(&f);
-  }
-  double max_abs_loss = 0;
-  if (base != nullptr) max_abs_loss = std::fabs(base->final_loss);
-  auto off_parity = [&](const Figures& f) {
-    return std::isfinite(f.max_loss_deviation) &&
-           f.max_loss_deviation > kLossTolerance * std::max(1.0, max_abs_loss);
-  };
+std::string Layout(const Figures& f) {
+  if (!f.ran) return "-";
+  return absl::StrFormat("%d x %d%s", f.replicas, f.stages, f.zero == 1 ? ", ZeRO-1" : "");
+}
+
+namespace {
+
+// What the recommendation rules rank: the runs that completed with a throughput, the baseline
+// apart, and the fastest and the smallest of them.
+struct Standing {
+  const Figures* base = nullptr;
+  std::vector<const Figures*> runs;
   const Figures* fastest = nullptr;
-  const Figures* smallest = nullptr;
-  for (const Figures* f : cand) {
-    if (fastest == nullptr || f->tokens_per_second > fastest->tokens_per_second) fastest = f;
-    if (smallest == nullptr || f->peak_bytes < smallest->peak_bytes) smallest = f;
-  }
-  const Figures* gpipe = nullptr;
-  for (const Figures* f : cand) {
-    if (f->name == "gpipe") gpipe = f;
-  }
+  const Figures* smallest = nullptr;  // the least peak memory on its largest rank
+  double loss_scale = 1;              // losses compare relative to max(1, |baseline's loss|)
 
-  for (Figures& f : all) {
-    if (&f == base) {
-      f.recommendation = "reference: one worker, the same global batch, seed and steps";
-      continue;
-    }
-    if (!f.ran) {
-      f.recommendation = absl::StrCat("could not run: ", FirstLine(f.error));
-      continue;
-    }
-    if (fastest == nullptr) continue;
-    std::string verdict, reason;
-    const double speed = Share(f.tokens_per_second, fastest->tokens_per_second);
-    const double memory = Share(static_cast<double>(fastest->peak_bytes), f.peak_bytes);
-    if (&f == fastest) {
-      verdict = &f == smallest ? "fastest, and the least memory per rank" : "fastest";
-      reason = std::isfinite(f.speedup)
-                   ? absl::StrFormat("%s one worker's speed, %s scaling efficiency",
-                                     Ratio(f.speedup), Percent(f.efficiency))
-                   : absl::StrFormat("%s tokens/s", Thousands(f.tokens_per_second));
-    } else if (f.peak_bytes < kMemorySaving * fastest->peak_bytes) {
-      verdict = &f == smallest ? "least memory per rank" : "saves memory";
-      reason = absl::StrFormat("%s less peak memory per rank than %s (%s vs %s) at %s its speed",
-                               Ratio(memory), fastest->label, Bytes(f.peak_bytes),
-                               Bytes(fastest->peak_bytes), Ratio(speed));
-    } else {
-      verdict = "not recommended here";
-      reason = absl::StrFormat("%s %s's speed with %s its peak memory per rank", Ratio(speed),
-                               fastest->label, Ratio(Share(f.peak_bytes, fastest->peak_bytes)));
-    }
-    std::vector<std::string> clauses = {reason};
-    if (f.name == "1f1b" && gpipe != nullptr && f.activation_bytes > 0) {
-      clauses.push_back(
-          absl::StrFormat("vs GPipe: %s less activation memory at %s its speed",
-                          Ratio(Share(gpipe->activation_bytes, f.activation_bytes)),
-                          Ratio(Share(f.tokens_per_second, gpipe->tokens_per_second))));
-    }
-    const double bubble = Share(f.bubble_seconds, f.step_seconds);
-    if (bubble > 0.3 && f.name != "data" && f.name != "baseline") {
-      clauses.push_back(absl::StrFormat("the bubble is %s of its step%s", Percent(bubble),
-                                        f.name == "model" ? " (pipeline micro-batches fill it)"
-                                                          : " (more --micro-batches shrink it)"));
-    }
-    const double exposed = Share(f.exposed_comm_seconds, f.step_seconds);
-    if (exposed > 0.25) {
-      clauses.push_back(absl::StrFormat("%s of its step waits for all-reduces", Percent(exposed)));
-    }
-    if (f.step_variation > kNoisy) {
-      clauses.push_back(
-          absl::StrFormat("its step times varied %s around their mean", Percent(f.step_variation)));
-    }
-    if (off_parity(f)) {
-      verdict = "check first";
-      clauses.insert(clauses.begin(),
-                     absl::StrFormat("its losses differ from one worker's by up to %.2g",
-                                     f.max_loss_deviation));
-    }
-    f.recommendation = absl::StrCat(verdict, ": ", absl::StrJoin(clauses, "; "));
+  // Whether f's losses are further from one worker's than kLossTolerance allows.
+  bool OffParity(const Figures& f) const {
+    return std::isfinite(f.max_loss_deviation) &&
+           f.max_loss_deviation > kLossTolerance * loss_scale;
   }
+  // The first completed run `pick` accepts, or nullptr.
+  template <typename Pick>
+  const Figures* Find(Pick pick) const {
+    for (const Figures* f : runs) {
+      if (pick(*f)) return f;
+    }
+    return nullptr;
+  }
+};
 
+Standing RankRuns(const std::vector<Figures>& all) {
+  Standing s;
+  if (!all.empty() && all[0].name == "baseline" && all[0].ran) s.base = &all[0];
+  for (const Figures& f : all) {
+    if (&f != s.base && f.ran && f.tokens_per_second > 0) s.runs.push_back(&f);
+  }
+  if (s.base != nullptr) s.loss_scale = std::max(1.0, std::fabs(s.base->final_loss));
+  for (const Figures* f : s.runs) {
+    if (s.fastest == nullptr || f->tokens_per_second > s.fastest->tokens_per_second) s.fastest = f;
+    if (s.smallest == nullptr || f->peak_bytes < s.smallest->peak_bytes) s.smallest = f;
+  }
+  return s;
+}
+
+bool SameLayout(const Figures& a, const Figures& b) {
+  return a.strategy == b.strategy && a.replicas == b.replicas && a.stages == b.stages;
+}
+
+// The verdict on `f` against the fastest run, and its reason.
+std::pair<std::string, std::string> Verdict(const Figures& f, const Standing& s) {
+  const Figures& fastest = *s.fastest;
+  const double speed = Share(f.tokens_per_second, fastest.tokens_per_second);
+  if (&f == &fastest) {
+    return {&f == s.smallest ? "fastest, and the least memory per rank" : "fastest",
+            std::isfinite(f.speedup)
+                ? absl::StrFormat("%s one worker's speed, %s scaling efficiency", Ratio(f.speedup),
+                                  Percent(f.efficiency))
+                : absl::StrFormat("%s tokens/s", Thousands(f.tokens_per_second))};
+  }
+  if (f.peak_bytes < kMemorySaving * fastest.peak_bytes) {
+    return {&f == s.smallest ? "least memory per rank" : "saves memory",
+            absl::StrFormat("%s less peak memory per rank than %s (%s vs %s) at %s its speed",
+                            Ratio(Share(fastest.peak_bytes, f.peak_bytes)), fastest.label,
+                            Bytes(f.peak_bytes), Bytes(fastest.peak_bytes), Ratio(speed))};
+  }
+  return {"not recommended here",
+          absl::StrFormat("%s %s's speed with %s its peak memory per rank", Ratio(speed),
+                          fastest.label, Ratio(Share(f.peak_bytes, fastest.peak_bytes)))};
+}
+
+// `f` against the run it is best compared with: 1F1B against GPipe of the same layout, a
+// hybrid layout against the one pipeline of its schedule, ZeRO-1 against the same layout
+// without it.
+std::vector<std::string> Comparisons(const Figures& f, const Standing& s) {
+  std::vector<std::string> out;
+  if (f.schedule == "1f1b" && f.activation_bytes > 0) {
+    const Figures* gpipe = s.Find([&](const Figures& g) {
+      return SameLayout(f, g) && g.schedule == "gpipe" && g.zero == f.zero;
+    });
+    if (gpipe != nullptr) {
+      out.push_back(absl::StrFormat("vs GPipe: %s less activation memory at %s its speed",
+                                    Ratio(Share(gpipe->activation_bytes, f.activation_bytes)),
+                                    Ratio(Share(f.tokens_per_second, gpipe->tokens_per_second))));
+    }
+  }
+  if (f.strategy == "pipeline" && f.replicas > 1 && f.stages > 1) {
+    const Figures* one = s.Find([&](const Figures& g) {
+      return g.strategy == "pipeline" && g.schedule == f.schedule && g.replicas == 1 && g.zero == 0;
+    });
+    if (one != nullptr) {
+      out.push_back(absl::StrFormat("vs %s: %s its speed with %s its peak memory per rank",
+                                    one->label,
+                                    Ratio(Share(f.tokens_per_second, one->tokens_per_second)),
+                                    Ratio(Share(f.peak_bytes, one->peak_bytes))));
+    }
+  }
+  if (f.zero == 1) {
+    const Figures* plain = s.Find([&](const Figures& g) {
+      return SameLayout(f, g) && g.schedule == f.schedule && g.zero == 0;
+    });
+    if (plain != nullptr && f.optimizer_bytes > 0) {
+      out.push_back(
+          absl::StrFormat("vs %s: %s less optimizer state per rank (%s vs %s) at %s its speed",
+                          plain->label, Ratio(Share(plain->optimizer_bytes, f.optimizer_bytes)),
+                          Bytes(f.optimizer_bytes), Bytes(plain->optimizer_bytes),
+                          Ratio(Share(f.tokens_per_second, plain->tokens_per_second))));
+    }
+  }
+  return out;
+}
+
+// Where `f`'s step goes that deserves a word: a large bubble, exposed communication, noise.
+std::vector<std::string> StepRemarks(const Figures& f) {
+  std::vector<std::string> out;
+  const double bubble = Share(f.bubble_seconds, f.step_seconds);
+  if (bubble > 0.3 && (f.strategy == "model" || f.strategy == "pipeline")) {
+    out.push_back(absl::StrFormat("the bubble is %s of its step%s", Percent(bubble),
+                                  f.strategy == "model" ? " (pipeline micro-batches fill it)"
+                                                        : " (more --micro-batches shrink it)"));
+  }
+  const double exposed = Share(f.exposed_comm_seconds, f.step_seconds);
+  if (exposed > 0.25) {
+    out.push_back(absl::StrFormat("%s of its step waits for %s", Percent(exposed),
+                                  f.zero == 1 ? "reduce-scatters and all-gathers" : "all-reduces"));
+  }
+  if (f.step_variation > kNoisy) {
+    out.push_back(
+        absl::StrFormat("its step times varied %s around their mean", Percent(f.step_variation)));
+  }
+  return out;
+}
+
+// One run's recommendation: a short verdict with its reasons.
+std::string RunRecommendation(const Figures& f, const Standing& s) {
+  if (&f == s.base) return "reference: one worker, the same global batch, seed and steps";
+  if (!f.ran) return absl::StrCat("could not run: ", FirstLine(f.error));
+  if (s.fastest == nullptr) return "";
+  auto [verdict, reason] = Verdict(f, s);
+  std::vector<std::string> clauses = {reason};
+  for (std::vector<std::string> more : {Comparisons(f, s), StepRemarks(f)}) {
+    clauses.insert(clauses.end(), more.begin(), more.end());
+  }
+  if (s.OffParity(f)) {
+    verdict = "check first";
+    clauses.insert(
+        clauses.begin(),
+        absl::StrFormat("its losses differ from one worker's by up to %.2g", f.max_loss_deviation));
+  }
+  return absl::StrCat(verdict, ": ", absl::StrJoin(clauses, "; "));
+}
+
+// The fastest, the least memory per rank, and the choice between them.
+std::vector<std::string> RankingLines(const Standing& s) {
+  const Figures* fastest = s.fastest;
+  const Figures* smallest = s.smallest;
   if (fastest == nullptr) {
-    summary.push_back("No strategy completed a run; see each strategy's message below.");
+    return {"No strategy completed a run; see each strategy's message below."};
+  }
+  std::vector<std::string> out;
+  const std::string against =
+      std::isfinite(fastest->speedup)
+          ? absl::StrFormat(", %s one worker (%s scaling efficiency over %d workers)",
+                            Ratio(fastest->speedup), Percent(fastest->efficiency), fastest->workers)
+          : "";
+  out.push_back(absl::StrFormat("Fastest: %s, %s tokens/s%s.", fastest->label,
+                                Thousands(fastest->tokens_per_second), against));
+  const bool saves =
+      smallest != fastest && smallest->peak_bytes < kMemorySaving * fastest->peak_bytes;
+  if (saves) {
+    out.push_back(absl::StrFormat(
+        "Least memory per rank: %s, %s peak on its largest rank, %s less than %s, at %s its "
+        "speed.",
+        smallest->label, Bytes(smallest->peak_bytes),
+        Ratio(Share(fastest->peak_bytes, smallest->peak_bytes)), fastest->label,
+        Ratio(Share(smallest->tokens_per_second, fastest->tokens_per_second))));
   } else {
-    const std::string against =
-        std::isfinite(fastest->speedup)
-            ? absl::StrFormat(", %s one worker (%s scaling efficiency over %d workers)",
-                              Ratio(fastest->speedup), Percent(fastest->efficiency),
-                              fastest->workers)
-            : "";
-    summary.push_back(absl::StrFormat("Fastest: %s, %s tokens/s%s.", fastest->label,
-                                      Thousands(fastest->tokens_per_second), against));
-    const bool saves =
-        smallest != fastest && smallest->peak_bytes < kMemorySaving * fastest->peak_bytes;
-    if (saves) {
-      summary.push_back(absl::StrFormat(
-          "Least memory per rank: %s, %s peak on its largest rank, %s less than %s, at %s its "
-          "speed.",
-          smallest->label, Bytes(smallest->peak_bytes),
-          Ratio(Share(fastest->peak_bytes, smallest->peak_bytes)), fastest->label,
-          Ratio(Share(smallest->tokens_per_second, fastest->tokens_per_second))));
-    } else {
-      summary.push_back(absl::StrFormat("Least memory per rank: %s as well (%s peak).",
-                                        fastest->label, Bytes(fastest->peak_bytes)));
-    }
-    std::string choice;
-    if (std::isfinite(fastest->speedup) && fastest->speedup < 1) {
-      choice = absl::StrFormat(
-          "Recommendation: on this host one worker is fastest (every strategy below 1x); of "
-          "the parallel strategies %s",
-          fastest->label);
-    } else {
-      choice = absl::StrFormat("Recommendation: %s", fastest->label);
-    }
-    if (saves) {
-      absl::StrAppendFormat(&choice, "; %s when memory per device is the limit", smallest->label);
-    }
-    summary.push_back(choice + ".");
+    out.push_back(absl::StrFormat("Least memory per rank: %s as well (%s peak).", fastest->label,
+                                  Bytes(fastest->peak_bytes)));
   }
-  if (base != nullptr) {
-    std::vector<std::string> off;
-    double worst = 0;
-    int steps = 0;
-    for (const Figures* f : cand) {
-      if (off_parity(*f)) {
-        off.push_back(absl::StrFormat("%s (%.2g)", f->label, f->max_loss_deviation));
-      }
-      if (std::isfinite(f->max_loss_deviation)) worst = std::max(worst, f->max_loss_deviation);
-      steps = std::max(steps, f->steps);
-    }
-    if (!cand.empty() && off.empty() && worst == 0) {
-      summary.push_back(absl::StrFormat(
-          "Losses: every strategy matches one worker's exactly at every one of %d steps.", steps));
-    } else if (!cand.empty() && off.empty()) {
-      summary.push_back(absl::StrFormat(
-          "Losses: every strategy within %.2g of one worker's at every one of %d steps.", worst,
-          steps));
-    } else if (!off.empty()) {
-      summary.push_back(absl::StrCat("Losses differ from one worker's beyond ",
-                                     absl::StrFormat("%g", kLossTolerance),
-                                     " relative: ", absl::StrJoin(off, ", "),
-                                     "; check parity before trusting these numbers."));
-    }
+  std::string choice;
+  if (std::isfinite(fastest->speedup) && fastest->speedup < 1) {
+    choice = absl::StrFormat(
+        "Recommendation: on this host one worker is fastest (every strategy below 1x); of "
+        "the parallel strategies %s",
+        fastest->label);
+  } else {
+    choice = absl::StrFormat("Recommendation: %s", fastest->label);
   }
+  if (saves) {
+    absl::StrAppendFormat(&choice, "; %s when memory per device is the limit", smallest->label);
+  }
+  out.push_back(choice + ".");
+  return out;
+}
+
+// ZeRO-1's optimizer state per rank against plain data parallel's, as the runs measured it;
+// "" without both.
+std::string ZeroLine(const Standing& s) {
+  const Figures* zero =
+      s.Find([](const Figures& f) { return f.strategy == "data" && f.zero == 1; });
+  const Figures* plain =
+      s.Find([](const Figures& f) { return f.strategy == "data" && f.zero == 0 && f.workers > 1; });
+  if (zero == nullptr || plain == nullptr || zero->optimizer_bytes <= 0) return "";
+  return absl::StrFormat(
+      "ZeRO-1: %s of optimizer state on its largest rank against %s's %s (%s less, each rank "
+      "keeping 1/%d of it); peak memory per rank %s against %s, at %s its speed.",
+      Bytes(zero->optimizer_bytes), plain->label, Bytes(plain->optimizer_bytes),
+      Ratio(Share(plain->optimizer_bytes, zero->optimizer_bytes)), zero->replicas,
+      Bytes(zero->peak_bytes), Bytes(plain->peak_bytes),
+      Ratio(Share(zero->tokens_per_second, plain->tokens_per_second)));
+}
+
+// Loss parity against one worker; "" without a baseline or a run.
+std::string LossLine(const Standing& s) {
+  if (s.base == nullptr || s.runs.empty()) return "";
+  std::vector<std::string> off;
+  double worst = 0;
+  int steps = 0;
+  for (const Figures* f : s.runs) {
+    if (s.OffParity(*f))
+      off.push_back(absl::StrFormat("%s (%.2g)", f->label, f->max_loss_deviation));
+    if (std::isfinite(f->max_loss_deviation)) worst = std::max(worst, f->max_loss_deviation);
+    steps = std::max(steps, f->steps);
+  }
+  if (!off.empty()) {
+    return absl::StrCat(
+        "Losses differ from one worker's beyond ", absl::StrFormat("%g", kLossTolerance),
+        " relative: ", absl::StrJoin(off, ", "), "; check parity before trusting these numbers.");
+  }
+  if (worst == 0) {
+    return absl::StrFormat(
+        "Losses: every strategy matches one worker's exactly at every one of %d steps.", steps);
+  }
+  return absl::StrFormat(
+      "Losses: every strategy within %.2g of one worker's at every one of %d steps.", worst, steps);
+}
+
+std::string NoisyLine(const std::vector<Figures>& all) {
   std::vector<std::string> noisy;
   for (const Figures& f : all) {
     if (f.ran && f.step_variation > kNoisy) {
       noisy.push_back(absl::StrFormat("%s %s", f.label, Percent(f.step_variation)));
     }
   }
-  if (!noisy.empty()) {
-    summary.push_back(absl::StrCat(
-        "Noisy timings: step times varied around their mean (", absl::StrJoin(noisy, ", "),
-        "), as when other work shares the host; rerun before trusting a close ranking."));
-  }
+  if (noisy.empty()) return "";
+  return absl::StrCat("Noisy timings: step times varied around their mean (",
+                      absl::StrJoin(noisy, ", "),
+                      "), as when other work shares the host; rerun before trusting a close "
+                      "ranking.");
+}
+
+// What sharing the host's `host_cores` cores means for the figures; "" when they did not.
+std::string HostLine(const Standing& s, int host_cores) {
   int workers = 0;
-  for (const Figures* f : cand) workers = std::max(workers, f->workers);
-  if (host_cores > 0 && workers > host_cores) {
-    summary.push_back(absl::StrFormat(
-        "Host: %d workers shared %d CPU cores, so workers also waited for a core; the "
-        "speed-ups measure the runtime's overheads more than scaling. One device per worker "
-        "gives scaling figures.",
-        workers, host_cores));
+  for (const Figures* f : s.runs) workers = std::max(workers, f->workers);
+  if (host_cores <= 0 || workers <= host_cores) return "";
+  return absl::StrFormat(
+      "Host: %d workers shared %d CPU cores, so workers also waited for a core; the "
+      "speed-ups measure the runtime's overheads more than scaling. One device per worker "
+      "gives scaling figures.",
+      workers, host_cores);
+}
+
+}  // namespace
+
+std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores) {
+  const Standing s = RankRuns(*figures);
+  for (Figures& f : *figures) f.recommendation = RunRecommendation(f, s);
+  std::vector<std::string> summary = RankingLines(s);
+  for (const std::string& line :
+       {ZeroLine(s), LossLine(s), NoisyLine(*figures), HostLine(s, host_cores)}) {
+    if (!line.empty()) summary.push_back(line);
   }
-  for (const Figures& f : all) {
+  for (const Figures& f : *figures) {
     if (!f.ran) summary.push_back(absl::StrCat(f.label, " could not run: ", FirstLine(f.error)));
   }
   return summary;
@@ -427,33 +599,93 @@ int TimelineStep(const RunData& run) {
 }
 
 std::string TimelineCaption(const RunData& run) {
+  const ProcessGrid& grid = run.grid;
+  const bool zero = run.zero == 1;
+  // ZeRO-1 reduce-scatters the gradients (each rank keeps its shard's), then all-gathers the
+  // parameters each rank updated.
+  const std::string reduce = zero ? "reduce-scatter" : "all-reduce";
+  const std::string zero_note =
+      zero ? absl::StrFormat(
+                 " ZeRO-1: each rank keeps 1/%d of the optimizer state and updates its shard of "
+                 "the parameters, so the gradients are reduce-scattered instead of all-reduced, "
+                 "and after the optimizer each rank waits (red) for the all-gather of the "
+                 "parameters its peers updated.",
+                 grid.replicas)
+           : "";
   if (run.strategy == "data" && run.workers > 1) {
     const int64_t grads =
         run.ranks.empty() || run.ranks[0].empty() ? 0 : run.ranks[0].back().grad_bytes;
-    if (!run.overlap) return "With --no-overlap every gradient all-reduce starts after backward.";
+    if (!run.overlap) {
+      return absl::StrFormat("With --no-overlap every gradient %s starts after backward.%s", reduce,
+                             zero_note);
+    }
     if (grads > 0 && grads <= run.bucket_mb * (1 << 20)) {
       return absl::StrFormat(
-          "The gradients (%s) fit in one bucket of --bucket-mb=%g, so their all-reduce can "
-          "only start when backward ends; with buckets smaller than the gradients, the "
-          "communication lane shows all-reduces running while backward still computes.",
-          Bytes(grads), run.bucket_mb);
+          "The gradients (%s) fit in one bucket of --bucket-mb=%g, so their %s can only start "
+          "when backward ends; with buckets smaller than the gradients, the communication lane "
+          "shows %ss running while backward still computes.%s",
+          Bytes(grads), run.bucket_mb, reduce, reduce, zero_note);
     }
-    return "Gradient buckets are all-reduced as backward produces them: the communication "
-           "lanes show all-reduces running while backward still computes; red is what is left "
-           "to wait for after backward.";
+    return absl::StrFormat(
+        "Gradient buckets are %s as backward produces them: the communication lanes show %ss "
+        "running while backward still computes; red is what is left to wait for after "
+        "backward.%s",
+        zero ? "reduce-scattered" : "all-reduced", reduce, zero_note);
   }
-  if (run.strategy == "model") {
+  if (run.strategy == "model" && !grid.hybrid()) {
     return "One batch through the stages in turn: each stage waits (grey) while the others "
            "compute.";
+  }
+  const std::string schedule = run.schedule == "1f1b" ? "1F1B" : "GPipe";
+  if (grid.hybrid()) {
+    const std::string flow = run.strategy == "model"
+                                 ? "each replica's batch through its stages in turn"
+                                 : absl::StrFormat("%d micro-batches per replica, %s schedule",
+                                                   run.micro_batches, schedule);
+    return absl::StrFormat(
+               "%d replicas of a %d-stage pipeline, %s; rows are rank (replica, stage), a "
+               "stage's replicas on neighbouring ranks. Grey is the bubble, a stage waiting "
+               "for its neighbour's activations or gradients; the communication lane shows "
+               "each stage's gradients %s among its %d replicas during its last backward.",
+               grid.replicas, grid.stages, flow, zero ? "reduce-scattered" : "all-reduced",
+               grid.replicas) +
+           zero_note;
   }
   if (run.strategy == "pipeline") {
     return absl::StrFormat(
         "%d micro-batches through %d stages, %s schedule: grey is the bubble, a stage waiting "
         "for its neighbour's activations or gradients.",
-        run.micro_batches, run.workers, run.schedule == "1f1b" ? "1F1B" : "GPipe");
+        run.micro_batches, run.workers, schedule);
   }
   return "";
 }
+
+namespace {
+
+// Where each step of a rank's trace ends: its "reduce loss" wait (the all-reduce of the loss
+// ends every step) or, when later, the "optimizer" spans after it (ZeRO-1 has two, around its
+// all-gather). Other optimizer-category spans ("gradient norm") come before the loss.
+std::vector<double> StepEnds(const launcher::RankTrace& t) {
+  std::vector<const TraceEvent*> lane;
+  for (const TraceEvent& e : t.events) {
+    if (e.thread == 0) lane.push_back(&e);
+  }
+  std::stable_sort(lane.begin(), lane.end(), [](const TraceEvent* a, const TraceEvent* b) {
+    return a->start_us < b->start_us;
+  });
+  std::vector<double> ends;
+  for (const TraceEvent* e : lane) {
+    const double end = e->start_us + e->duration_us;
+    if (e->name == "reduce loss") {
+      ends.push_back(end);
+    } else if (e->name == "optimizer" && !ends.empty()) {
+      ends.back() = std::max(ends.back(), end);
+    }
+  }
+  return ends;
+}
+
+}  // namespace
 
 absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::string& title) {
   if (run.traces.empty()) {
@@ -464,19 +696,14 @@ absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::
   };
   std::vector<Window> windows;
   for (const launcher::RankTrace& t : run.traces) {
-    std::vector<const TraceEvent*> opt;
-    for (const TraceEvent& e : t.events) {
-      if (e.thread == 0 && e.category == "optimizer") opt.push_back(&e);
-    }
-    if (static_cast<int>(opt.size()) <= step) {
-      return absl::NotFoundError(
-          absl::StrFormat("%s: rank %d's trace has %d optimizer steps, not %d", run.dir, t.rank,
-                          opt.size(), step + 1));
+    const std::vector<double> ends = StepEnds(t);
+    if (static_cast<int>(ends.size()) <= step) {
+      return absl::NotFoundError(absl::StrFormat("%s: rank %d's trace has %d steps, not %d",
+                                                 run.dir, t.rank, ends.size(), step + 1));
     }
     Window w;
-    w.start = step > 0 ? opt[step - 1]->start_us + opt[step - 1]->duration_us
-                       : (t.events.empty() ? 0 : t.events.front().start_us);
-    w.end = opt[step]->start_us + opt[step]->duration_us;
+    w.start = step > 0 ? ends[step - 1] : (t.events.empty() ? 0 : t.events.front().start_us);
+    w.end = ends[step];
     windows.push_back(w);
   }
   double t0 = windows[0].start, t1 = windows[0].end;
@@ -490,7 +717,10 @@ absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::
   for (size_t r = 0; r < run.traces.size(); ++r) {
     const launcher::RankTrace& t = run.traces[r];
     const Window& w = windows[r];
-    g.rows.push_back(absl::StrCat("rank ", t.rank));
+    g.rows.push_back(run.grid.hybrid()
+                         ? absl::StrFormat("rank %d (%d, %d)", t.rank, run.grid.ReplicaOf(t.rank),
+                                           run.grid.StageOf(t.rank))
+                         : absl::StrCat("rank ", t.rank));
     for (const TraceEvent& e : t.events) {
       const double s = e.start_us, end = e.start_us + e.duration_us;
       const bool comm = e.thread != 0;
@@ -647,12 +877,87 @@ constexpr char kMeasured[] =
     "trace "
     "clocks are aligned on the all-reduce of the loss that ends every step.";
 
+constexpr char kResultsNote[] =
+    "The step column is the slowest rank's mean step (throughput's); compute, exposed "
+    "communication and bubble are means over the ranks; the tables below give each rank. "
+    "Layout: D data-parallel replicas x K pipeline stages (data parallel is D x 1, model "
+    "parallel and a pipeline 1 x K; a rank's place is (replica, stage), rank = stage x D + "
+    "replica); ZeRO-1 shards the optimizer state over the D replicas. Optimizer state: the "
+    "bytes the largest rank keeps, as each run measured it.";
+
 std::string ResultsHeader() {
-  return "| strategy | workers | micro-batches | tokens/s | speed-up | scaling efficiency | "
-         "step | compute | exposed comm | bubble | peak memory (largest rank) | final loss | "
-         "max loss deviation | recommendation |\n"
+  return "| strategy | workers | layout (D x K) | micro-batches | tokens/s | speed-up | "
+         "scaling efficiency | step | compute | exposed comm | bubble | peak memory (largest "
+         "rank) | optimizer state (largest rank) | final loss | max loss deviation | "
+         "recommendation |\n"
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-         "---: | --- |\n";
+         "---: | ---: | ---: | --- |\n";
+}
+
+// The results table's cells between the strategy and the recommendation.
+std::vector<std::string> ResultCells(const Figures& f) {
+  return {absl::StrCat(f.workers),
+          Layout(f),
+          absl::StrCat(f.micro_batches),
+          Thousands(f.tokens_per_second),
+          Ratio(f.speedup),
+          Percent(f.efficiency),
+          Millis(f.step_seconds),
+          Millis(f.compute_seconds),
+          Millis(f.exposed_comm_seconds),
+          Millis(f.bubble_seconds),
+          Bytes(f.peak_bytes),
+          Bytes(f.optimizer_bytes),
+          absl::StrFormat("%.4f", f.final_loss),
+          LossDeviation(f)};
+}
+
+// The per-rank table's cells after the strategy: the rank, its (replica, stage), its figures.
+std::vector<std::string> RankCells(const RankFigures& rf) {
+  return {absl::StrCat(rf.rank),
+          absl::StrFormat("(%d, %d)", rf.replica, rf.stage),
+          Millis(rf.step_seconds),
+          Millis(rf.compute_seconds),
+          Millis(rf.exposed_comm_seconds),
+          Millis(rf.bubble_seconds),
+          Millis(rf.optimizer_seconds),
+          Millis(rf.other_seconds),
+          Bytes(rf.peak_bytes),
+          Bytes(rf.param_bytes),
+          Bytes(rf.grad_bytes),
+          Bytes(rf.optimizer_bytes),
+          Bytes(rf.activation_bytes)};
+}
+
+// Bullets, and a blank line after them; "" for none.
+std::string MarkdownList(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& n : items) absl::StrAppend(&out, "- ", n, "\n");
+  return items.empty() ? out : out + "\n";
+}
+
+std::string HtmlList(const std::vector<std::string>& items) {
+  if (items.empty()) return "";
+  std::string out = "<ul>\n";
+  for (const std::string& n : items) absl::StrAppend(&out, "<li>", HtmlEscape(n), "</li>\n");
+  return out + "</ul>\n";
+}
+
+// A markdown table row.
+std::string MarkdownRow(const std::vector<std::string>& cells) {
+  std::string out = "|";
+  for (const std::string& c : cells) absl::StrAppend(&out, " ", Cell(c), " |");
+  return out + "\n";
+}
+
+// An HTML table row of `css` class: the first cell as text, the others right-aligned numbers.
+std::string HtmlRow(const std::string& css, const std::string& first,
+                    const std::vector<std::string>& numbers) {
+  std::string out = absl::StrFormat("<tr class=\"%s\"><td>%s</td>", css, HtmlEscape(first));
+  for (const std::string& v : numbers) {
+    absl::StrAppend(&out, "<td class=\"n\">", HtmlEscape(v), "</td>");
+  }
+  return out + "</tr>\n";
 }
 
 }  // namespace
@@ -673,21 +978,13 @@ std::string MarkdownReport(const Report& r) {
   for (const std::string& s : r.summary) absl::StrAppend(&out, "- ", s, "\n");
   absl::StrAppend(&out, "\n## Results\n\n", ResultsHeader());
   for (const Figures& f : r.figures) {
-    if (!f.ran) {
-      absl::StrAppendFormat(&out, "| %s | - | - | - | - | - | - | - | - | - | - | - | - | %s |\n",
-                            Cell(f.label), Cell(f.recommendation));
-      continue;
-    }
-    absl::StrAppendFormat(
-        &out, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.4f | %s | %s |\n",
-        Cell(f.label), f.workers, f.micro_batches, Thousands(f.tokens_per_second), Ratio(f.speedup),
-        Percent(f.efficiency), Millis(f.step_seconds), Millis(f.compute_seconds),
-        Millis(f.exposed_comm_seconds), Millis(f.bubble_seconds), Bytes(f.peak_bytes), f.final_loss,
-        LossDeviation(f), Cell(f.recommendation));
+    std::vector<std::string> cells = {f.label};
+    for (const std::string& c : ResultCells(f)) cells.push_back(f.ran ? c : "-");
+    cells.push_back(f.recommendation);
+    out += MarkdownRow(cells);
   }
-  out +=
-      "\nThe step column is the slowest rank's mean step (throughput's); compute, exposed "
-      "communication and bubble are means over the ranks; the tables below give each rank.\n\n";
+  absl::StrAppend(&out, "\n", kResultsNote, "\n\n");
+  out += MarkdownList(r.run_notes);
   for (const Chart& c : r.charts) absl::StrAppendFormat(&out, "![%s](%s)\n\n", c.title, c.file);
   out +=
       "## One training step, per rank\n\n"
@@ -698,22 +995,18 @@ std::string MarkdownReport(const Report& r) {
     absl::StrAppendFormat(&out, "![%s](%s)\n\n", c.title, c.file);
     if (!c.caption.empty()) absl::StrAppend(&out, "*", c.caption, "*\n\n");
   }
-  for (const std::string& n : r.notes) absl::StrAppend(&out, "- ", n, "\n");
-  if (!r.notes.empty()) out += "\n";
+  out += MarkdownList(r.notes);
   out +=
       "## Per rank\n\n"
-      "| strategy | rank | step | compute | exposed comm | bubble | optimizer | other | peak "
-      "memory | parameters | gradients | optimizer state | activations |\n"
+      "| strategy | rank | (replica, stage) | step | compute | exposed comm | bubble | optimizer "
+      "| other | peak memory | parameters | gradients | optimizer state | activations |\n"
       "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-      "|\n";
+      "| ---: |\n";
   for (const Figures& f : r.figures) {
     for (const RankFigures& rf : f.ranks) {
-      absl::StrAppendFormat(
-          &out, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-          Cell(f.label), rf.rank, Millis(rf.step_seconds), Millis(rf.compute_seconds),
-          Millis(rf.exposed_comm_seconds), Millis(rf.bubble_seconds), Millis(rf.optimizer_seconds),
-          Millis(rf.other_seconds), Bytes(rf.peak_bytes), Bytes(rf.param_bytes),
-          Bytes(rf.grad_bytes), Bytes(rf.optimizer_bytes), Bytes(rf.activation_bytes));
+      std::vector<std::string> cells = {f.label};
+      for (std::string& c : RankCells(rf)) cells.push_back(std::move(c));
+      out += MarkdownRow(cells);
     }
   }
   out += "\n## Runs\n\n";
@@ -763,6 +1056,9 @@ std::string JsonReport(const Report& r) {
       s["schedule"] = e.run.strategy == "pipeline" ? e.run.schedule : "";
       s["exit"] = e.run.exit;
       s["workers"] = f.workers;
+      s["replicas"] = f.replicas;
+      s["stages"] = f.stages;
+      s["zero"] = f.zero;
       s["micro_batches"] = f.micro_batches;
       s["steps_completed"] = f.steps;
       s["tokens_per_second"] = JsonNumber(f.tokens_per_second);
@@ -775,6 +1071,7 @@ std::string JsonReport(const Report& r) {
       s["bubble_seconds"] = JsonNumber(f.bubble_seconds);
       s["peak_bytes"] = f.peak_bytes;
       s["activation_bytes"] = f.activation_bytes;
+      s["optimizer_state_bytes"] = f.optimizer_bytes;
       s["final_loss"] = JsonNumber(f.final_loss);
       s["max_loss_deviation"] = JsonNumber(f.max_loss_deviation);
       Json losses = Json::array();
@@ -783,6 +1080,8 @@ std::string JsonReport(const Report& r) {
       Json ranks = Json::array();
       for (const RankFigures& rf : f.ranks) {
         ranks.push_back({{"rank", rf.rank},
+                         {"replica", rf.replica},
+                         {"stage", rf.stage},
                          {"step_seconds", JsonNumber(rf.step_seconds)},
                          {"compute_seconds", JsonNumber(rf.compute_seconds)},
                          {"exposed_comm_seconds", JsonNumber(rf.exposed_comm_seconds)},
@@ -810,6 +1109,7 @@ std::string JsonReport(const Report& r) {
   for (const Chart& c : r.charts) charts.push_back(c.file);
   j["charts"] = std::move(charts);
   j["notes"] = r.notes;
+  j["run_notes"] = r.run_notes;
   return JsonText(j, JsonLayout::kObjects) + "\n";
 }
 
@@ -829,6 +1129,7 @@ std::string HtmlReport(const Report& r) {
       "th,td{border:1px solid #ddd;padding:4px 7px;vertical-align:top}"
       "th{background:#f3f3f3;text-align:left}\n"
       "td.n{text-align:right;white-space:nowrap}\n"
+      "tr.fig td{border-bottom:0}tr.rec td{border-top:0;color:#444;padding-bottom:8px}\n"
       "ul.rec li{margin:4px 0}\n"
       "figcaption{font-size:13px;color:#444;margin-top:4px}\n"
       "figure{margin:12px 0 22px}figure svg{max-width:100%;height:auto;"
@@ -846,28 +1147,24 @@ std::string HtmlReport(const Report& r) {
   for (const std::string& s : r.summary) absl::StrAppend(&out, "<li>", HtmlEscape(s), "</li>\n");
   out +=
       "</ul>\n<h2>Results</h2>\n<table>\n<tr><th>strategy</th><th>workers</th>"
-      "<th>micro-batches</th><th>tokens/s</th><th>speed-up</th><th>scaling efficiency</th>"
-      "<th>step</th><th>compute</th><th>exposed comm</th><th>bubble</th>"
-      "<th>peak memory (largest rank)</th><th>final loss</th><th>max loss deviation</th>"
-      "<th>recommendation</th></tr>\n";
+      "<th>layout (D x K)</th><th>micro-batches</th><th>tokens/s</th><th>speed-up</th>"
+      "<th>scaling efficiency</th><th>step</th><th>compute</th><th>exposed comm</th>"
+      "<th>bubble</th><th>peak memory (largest rank)</th><th>optimizer state (largest "
+      "rank)</th><th>final loss</th><th>max loss deviation</th></tr>\n";
+  // Each run's recommendation in a row of its own under its figures, as wide as the table.
   for (const Figures& f : r.figures) {
-    if (!f.ran) {
-      absl::StrAppendFormat(&out, "<tr><td>%s</td><td colspan=\"12\"></td><td>%s</td></tr>\n",
-                            HtmlEscape(f.label), HtmlEscape(f.recommendation));
-      continue;
+    const size_t columns = ResultCells(f).size();
+    if (f.ran) {
+      out += HtmlRow("fig", f.label, ResultCells(f));
+      absl::StrAppendFormat(&out, "<tr class=\"rec\"><td></td><td colspan=\"%d\">%s</td></tr>\n",
+                            columns, HtmlEscape(f.recommendation));
+    } else {
+      absl::StrAppendFormat(&out, "<tr><td>%s</td><td colspan=\"%d\">%s</td></tr>\n",
+                            HtmlEscape(f.label), columns, HtmlEscape(f.recommendation));
     }
-    absl::StrAppendFormat(
-        &out,
-        "<tr><td>%s</td><td class=\"n\">%d</td><td class=\"n\">%d</td><td class=\"n\">%s</td>"
-        "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
-        "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
-        "<td class=\"n\">%s</td><td class=\"n\">%.4f</td><td class=\"n\">%s</td><td>%s</td></tr>\n",
-        HtmlEscape(f.label), f.workers, f.micro_batches, Thousands(f.tokens_per_second),
-        Ratio(f.speedup), Percent(f.efficiency), Millis(f.step_seconds), Millis(f.compute_seconds),
-        Millis(f.exposed_comm_seconds), Millis(f.bubble_seconds), Bytes(f.peak_bytes), f.final_loss,
-        LossDeviation(f), HtmlEscape(f.recommendation));
   }
-  out += "</table>\n";
+  absl::StrAppend(&out, "</table>\n<p>", HtmlEscape(kResultsNote), "</p>\n");
+  out += HtmlList(r.run_notes);
   for (const Chart& c : r.charts) absl::StrAppend(&out, "<figure>\n", c.svg, "</figure>\n");
   out +=
       "<h2>One training step, per rank</h2>\n<p>Drawn from the trace events the "
@@ -880,28 +1177,16 @@ std::string HtmlReport(const Report& r) {
       absl::StrAppend(&out, "<figcaption>", HtmlEscape(c.caption), "</figcaption>\n");
     out += "</figure>\n";
   }
-  if (!r.notes.empty()) {
-    out += "<ul>\n";
-    for (const std::string& n : r.notes) absl::StrAppend(&out, "<li>", HtmlEscape(n), "</li>\n");
-    out += "</ul>\n";
-  }
+  out += HtmlList(r.notes);
   out +=
-      "<h2>Per rank</h2>\n<table>\n<tr><th>strategy</th><th>rank</th><th>step</th>"
+      "<h2>Per rank</h2>\n<table>\n<tr><th>strategy</th><th>rank</th>"
+      "<th>(replica, stage)</th><th>step</th>"
       "<th>compute</th><th>exposed comm</th><th>bubble</th><th>optimizer</th><th>other</th>"
       "<th>peak memory</th><th>parameters</th><th>gradients</th><th>optimizer state</th>"
       "<th>activations</th></tr>\n";
   for (const Figures& f : r.figures) {
     for (const RankFigures& rf : f.ranks) {
-      absl::StrAppendFormat(
-          &out,
-          "<tr><td>%s</td><td class=\"n\">%d</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
-          "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
-          "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
-          "<td class=\"n\">%s</td><td class=\"n\">%s</td><td class=\"n\">%s</td></tr>\n",
-          HtmlEscape(f.label), rf.rank, Millis(rf.step_seconds), Millis(rf.compute_seconds),
-          Millis(rf.exposed_comm_seconds), Millis(rf.bubble_seconds), Millis(rf.optimizer_seconds),
-          Millis(rf.other_seconds), Bytes(rf.peak_bytes), Bytes(rf.param_bytes),
-          Bytes(rf.grad_bytes), Bytes(rf.optimizer_bytes), Bytes(rf.activation_bytes));
+      out += HtmlRow("rank", f.label, RankCells(rf));
     }
   }
   out += "</table>\n<h2>Runs</h2>\n<ul>\n";

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,8 +30,8 @@ namespace tandem {
 namespace tools {
 namespace {
 
-using ::testing::HasSubstr;
 using launcher::Event;
+using ::testing::HasSubstr;
 using ::testing::Not;
 
 int Count(const std::string& text, const std::string& what) {
@@ -75,6 +76,11 @@ struct RankSpec {
 struct RunSpec {
   std::string strategy = "data";
   std::string schedule = "gpipe";
+  // run.json's "replicas" (its "stages" = ranks / replicas) and config "data_parallel";
+  // 0: left out, as a run.json from before replicas.
+  int replicas = 0;
+  int zero = 0;
+  std::vector<int64_t> optimizer_state_bytes;  // run.json's per rank; empty: none
   int micro_batches = 1;
   int64_t tokens_per_step = 1000;
   std::vector<double> losses;
@@ -84,8 +90,10 @@ struct RunSpec {
 };
 
 // One step every 1000 us of the rank's own clock (which starts `clock` us late): forward,
-// backward with an all-reduce overlapping it, the waits, the loss reduction, the optimizer.
-std::vector<TraceEvent> StepEvents(int steps, double clock) {
+// backward with an all-reduce overlapping it, the waits, the gradient norm, the loss
+// reduction, the optimizer; with `zero`, ZeRO-1's all-gather of the parameters after it and
+// a second optimizer span.
+std::vector<TraceEvent> StepEvents(int steps, double clock, bool zero) {
   std::vector<TraceEvent> ev;
   for (int s = 0; s < steps; ++s) {
     const double t = s * 1000 - clock;
@@ -94,8 +102,14 @@ std::vector<TraceEvent> StepEvents(int steps, double clock) {
     ev.push_back(Event(absl::StrCat("all_reduce #", s, " (sum)"), "comm", t + 200, 150, -1, 1));
     ev.push_back(Event("wait for gradients", "idle", t + 330, 30));
     ev.push_back(Event("wait 1", "idle", t + 360, 5, 1));
+    ev.push_back(Event("gradient norm", "optimizer", t + 366, 3));
     ev.push_back(Event("reduce loss", "idle", t + 370, 20));
     ev.push_back(Event("optimizer", "optimizer", t + 400, 50));
+    if (zero) {
+      ev.push_back(Event("gather parameters", "idle", t + 450, 20));
+      ev.push_back(Event(absl::StrCat("all_gather_parts #", s), "comm", t + 452, 16, -1, 1));
+      ev.push_back(Event("optimizer", "optimizer", t + 470, 2));
+    }
   }
   return ev;
 }
@@ -107,14 +121,28 @@ std::string WriteRun(const RunSpec& spec) {
   const int steps = static_cast<int>(spec.losses.size());
   std::vector<std::string> losses;
   for (double l : spec.losses) losses.push_back(absl::StrFormat("%.9g", l));
+  const int workers = static_cast<int>(spec.ranks.size());
+  std::string grid, layout_config;
+  if (spec.replicas > 0) {
+    grid = absl::StrFormat("\"replicas\": %d, \"stages\": %d, ", spec.replicas,
+                           workers / spec.replicas);
+    layout_config = absl::StrFormat("\"data_parallel\": %d, \"zero\": %d, ",
+                                    spec.strategy == "data" ? 1 : spec.replicas, spec.zero);
+  }
+  std::vector<std::string> ranks;
+  for (size_t r = 0; r < spec.optimizer_state_bytes.size(); ++r) {
+    ranks.push_back(absl::StrFormat("{\"rank\": %d, \"optimizer_state_bytes\": %d}", r,
+                                    spec.optimizer_state_bytes[r]));
+  }
   std::ofstream(dir + "/run.json") << absl::StrFormat(
       "{\n  \"config\": {\"strategy\": \"%s\", \"workers\": %d, \"model\": \"gpt-tiny\", "
-      "\"steps\": %d, \"batch\": 16, \"schedule\": \"%s\", \"seed\": \"1234\", "
+      "\"steps\": %d, \"batch\": 16, \"schedule\": \"%s\", \"seed\": \"1234\", %s"
       "\"bucket_mb\": %g, \"overlap\": true, \"profile\": true},\n"
-      "  \"strategy\": \"%s\", \"workers\": %d, \"device\": \"cpu\", \"micro_batches\": %d,\n"
-      "  \"exit\": \"ok\", \"losses\": [%s], \"tokens_per_step\": %d,\n  \"ranks\": []\n}\n",
-      spec.strategy, spec.ranks.size(), steps, spec.schedule, spec.bucket_mb, spec.strategy,
-      spec.ranks.size(), spec.micro_batches, absl::StrJoin(losses, ", "), spec.tokens_per_step);
+      "  \"strategy\": \"%s\", \"workers\": %d, %s\"device\": \"cpu\", \"micro_batches\": %d,\n"
+      "  \"exit\": \"ok\", \"losses\": [%s], \"tokens_per_step\": %d,\n  \"ranks\": [%s]\n}\n",
+      spec.strategy, workers, steps, spec.schedule, layout_config, spec.bucket_mb, spec.strategy,
+      workers, grid, spec.micro_batches, absl::StrJoin(losses, ", "), spec.tokens_per_step,
+      absl::StrJoin(ranks, ", "));
   for (size_t r = 0; r < spec.ranks.size(); ++r) {
     const RankSpec& rs = spec.ranks[r];
     std::ofstream m(absl::StrFormat("%s/metrics/rank-%d.jsonl", dir, r));
@@ -129,8 +157,9 @@ std::string WriteRun(const RunSpec& spec) {
           rs.peak, rs.params, rs.grads, rs.optimizer_bytes);
     }
     if (spec.traces) {
-      std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r)) << Profiler::ChromeTrace(
-          StepEvents(steps, 5000.0 * r), static_cast<int>(r), absl::StrCat("rank ", r));
+      std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r))
+          << Profiler::ChromeTrace(StepEvents(steps, 5000.0 * r, spec.zero == 1),
+                                   static_cast<int>(r), absl::StrCat("rank ", r));
     }
   }
   return dir;
@@ -176,6 +205,13 @@ TEST(ReadRunTest, ReadsRunJsonMetricsAndAlignedTraces) {
   EXPECT_EQ(run->ranks[1].size(), 3u);
   EXPECT_EQ(run->ranks[1][2].step, 2);
   EXPECT_EQ(run->ranks[1][2].grad_bytes, 10 << 20);
+  // A run.json from before replicas: data parallel's every worker a replica, no ZeRO; the
+  // optimizer state from the metrics lines.
+  EXPECT_EQ(run->grid.replicas, 2);
+  EXPECT_EQ(run->grid.stages, 1);
+  EXPECT_EQ(run->zero, 0);
+  EXPECT_EQ(run->optimizer_state_bytes,
+            (std::vector<int64_t>{spec.ranks[0].optimizer_bytes, spec.ranks[1].optimizer_bytes}));
   ASSERT_EQ(run->traces.size(), 2u);
   // Rank 1's clock started 5000 us later; after alignment its first forward is rank 0's.
   EXPECT_DOUBLE_EQ(run->traces[1].events[0].start_us, run->traces[0].events[0].start_us);
@@ -183,6 +219,54 @@ TEST(ReadRunTest, ReadsRunJsonMetricsAndAlignedTraces) {
   EXPECT_FALSE(ReadRun(dir + "/nothing").ok());
   std::ofstream(dir + "/metrics/rank-1.jsonl") << "{\"step\": 0, broken\n";
   EXPECT_FALSE(ReadRun(dir).ok());
+}
+
+TEST(ReadRunTest, ReadsAHybridLayoutAndEachRanksOptimizerState) {
+  RunSpec spec;
+  spec.strategy = "pipeline";
+  spec.schedule = "1f1b";
+  spec.replicas = 2;
+  spec.zero = 1;
+  spec.losses = {5, 4, 3};
+  spec.ranks = {Rank({1, 1, 1}), Rank({1, 1, 1}), Rank({1, 1, 1}), Rank({1, 1, 1})};
+  // run.json's figures, not the metrics lines' (20 MB each), are the ones read.
+  spec.optimizer_state_bytes = {3 << 20, 4 << 20, 5 << 20, 6 << 20};
+  const std::string dir = WriteRun(spec);
+  absl::StatusOr<RunData> run = ReadRun(dir);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->grid.replicas, 2);
+  EXPECT_EQ(run->grid.stages, 2);
+  EXPECT_EQ(run->data_parallel, 2);
+  EXPECT_EQ(run->zero, 1);
+  EXPECT_EQ(run->optimizer_state_bytes, spec.optimizer_state_bytes);
+
+  Entry e;
+  e.ran = true;
+  e.run = *run;
+  const Figures f = ComputeFigures(e, nullptr);
+  EXPECT_EQ(f.strategy, "pipeline");
+  EXPECT_EQ(f.schedule, "1f1b");
+  EXPECT_EQ(f.replicas, 2);
+  EXPECT_EQ(f.stages, 2);
+  EXPECT_EQ(f.zero, 1);
+  EXPECT_EQ(Layout(f), "2 x 2, ZeRO-1");
+  EXPECT_EQ(f.optimizer_bytes, 6 << 20);
+  ASSERT_EQ(f.ranks.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(f.ranks[r].replica, r % 2) << r;  // rank = stage x D + replica
+    EXPECT_EQ(f.ranks[r].stage, r / 2) << r;
+    EXPECT_EQ(f.ranks[r].optimizer_bytes, spec.optimizer_state_bytes[r]) << r;
+  }
+
+  // An older pipeline run.json: one pipeline of every worker.
+  spec.replicas = 0;
+  absl::StatusOr<RunData> old = ReadRun(WriteRun(spec));
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->grid.replicas, 1);
+  EXPECT_EQ(old->grid.stages, 4);
+  // A layout that is not the run's workers.
+  spec.replicas = 3;
+  EXPECT_FALSE(ReadRun(WriteRun(spec)).ok());
 }
 
 // ---- figures ----
@@ -243,7 +327,8 @@ TEST(FiguresTest, ThroughputSpeedupStepSplitMemoryAndLoss) {
   EXPECT_EQ(ff.error, failed.error);
 }
 
-// Figures made by hand for the rules.
+// Figures made by hand for the rules, on 4 workers; the layout from the name, as compare
+// names its runs ("d2k2-1f1b": 2 replicas x 2-stage 1F1B).
 Figures Fig(const std::string& name, const std::string& label, double tps, int64_t peak_mb,
             int64_t act_mb, double speedup) {
   Figures f;
@@ -251,6 +336,19 @@ Figures Fig(const std::string& name, const std::string& label, double tps, int64
   f.label = label;
   f.ran = true;
   f.workers = 4;
+  if (name == "baseline" || absl::StartsWith(name, "data")) {
+    f.strategy = "data";
+    f.replicas = name == "baseline" ? 1 : 4;
+    f.zero = name == "data-zero1" ? 1 : 0;
+  } else if (name == "model") {
+    f.strategy = "model";
+    f.stages = 4;
+  } else {
+    f.strategy = "pipeline";
+    f.schedule = absl::EndsWith(name, "1f1b") ? "1f1b" : "gpipe";
+    f.replicas = absl::StartsWith(name, "d2k2") ? 2 : 1;
+    f.stages = 4 / f.replicas;
+  }
   f.steps = 20;
   f.tokens_per_second = tps;
   f.step_seconds = 1;
@@ -305,6 +403,64 @@ TEST(RecommendTest, FastestLeastMemoryAndTheirReasons) {
   EXPECT_THAT(all, HasSubstr("strategy x could not run: refused: too many workers"));
 }
 
+// "1.44x" for a / b, as the report writes ratios below 10.
+std::string X(double a, double b) { return absl::StrFormat("%.2fx", a / b); }
+
+TEST(RecommendTest, PicksAHybridLayoutAndStatesZeroOnesSaving) {
+  std::vector<Figures> f = {
+      Fig("baseline", "one worker", 1000, 100, 60, 1),
+      Fig("data", "data parallel", 3000, 100, 50, 3),
+      Fig("data-zero1", "data parallel, ZeRO-1", 2800, 70, 50, 2.8),
+      Fig("model", "model parallel", 1200, 40, 30, 1.2),
+      Fig("gpipe", "pipeline GPipe", 2500, 60, 45, 2.5),
+      Fig("1f1b", "pipeline 1F1B", 2700, 50, 15, 2.7),
+      Fig("d2k2-gpipe", "2 replicas x 2-stage GPipe", 3600, 80, 40, 3.6),
+      Fig("d2k2-1f1b", "2 replicas x 2-stage 1F1B", 3400, 25, 20, 3.4),
+  };
+  f[1].optimizer_bytes = int64_t{40} << 20;  // every rank all of it
+  f[2].optimizer_bytes = int64_t{10} << 20;  // a quarter each
+  const std::vector<std::string> summary = Recommend(&f, /*host_cores=*/8);
+  const std::string all = absl::StrJoin(summary, "\n");
+
+  EXPECT_THAT(all, HasSubstr("Fastest: 2 replicas x 2-stage GPipe, 3,600 tokens/s"));
+  EXPECT_THAT(all, HasSubstr("Least memory per rank: 2 replicas x 2-stage 1F1B, 25.0 MB peak"));
+  EXPECT_THAT(all, HasSubstr("Recommendation: 2 replicas x 2-stage GPipe; 2 replicas x 2-stage "
+                             "1F1B when memory per device is the limit."));
+  EXPECT_THAT(all, HasSubstr(absl::StrCat(
+                       "ZeRO-1: 10.0 MB of optimizer state on its largest rank against data "
+                       "parallel's 40.0 MB (",
+                       X(40, 10),
+                       " less, each rank keeping 1/4 of it); peak memory per rank "
+                       "70.0 MB against 100 MB, at ",
+                       X(2800, 3000), " its speed.")));
+
+  EXPECT_THAT(f[6].recommendation, testing::StartsWith("fastest: "));
+  EXPECT_THAT(f[6].recommendation,
+              HasSubstr(absl::StrCat("vs pipeline GPipe: ", X(3600, 2500), " its speed with ",
+                                     X(80, 60), " its peak memory per rank")));
+  EXPECT_THAT(f[7].recommendation, testing::StartsWith("least memory per rank: "));
+  EXPECT_THAT(f[7].recommendation,
+              HasSubstr(absl::StrCat("vs GPipe: ", X(40, 20), " less activation memory at ",
+                                     X(3400, 3600), " its speed")));
+  EXPECT_THAT(f[7].recommendation,
+              HasSubstr(absl::StrCat("vs pipeline 1F1B: ", X(3400, 2700), " its speed with ",
+                                     X(25, 50), " its peak memory per rank")));
+  EXPECT_THAT(f[2].recommendation,
+              HasSubstr(absl::StrCat("vs data parallel: ", X(40, 10),
+                                     " less optimizer state per rank (10.0 MB vs 40.0 MB) at ",
+                                     X(2800, 3000), " its speed")));
+  // Plain 1F1B's comparison is with plain GPipe, not the hybrid layout's.
+  EXPECT_THAT(f[5].recommendation,
+              HasSubstr(absl::StrCat("vs GPipe: ", X(45, 15), " less activation memory at ",
+                                     X(2700, 2500), " its speed")));
+
+  // ZeRO-1 with the least peak memory per rank is the one named for it.
+  f[2].peak_bytes = int64_t{20} << 20;
+  const std::string again = absl::StrJoin(Recommend(&f, 8), "\n");
+  EXPECT_THAT(again, HasSubstr("Least memory per rank: data parallel, ZeRO-1, 20.0 MB peak"));
+  EXPECT_THAT(f[2].recommendation, testing::StartsWith("least memory per rank: "));
+}
+
 TEST(RecommendTest, CallsOutLossesAndASlowerThanOneWorkerHost) {
   std::vector<Figures> f = {
       Fig("baseline", "one worker", 1000, 100, 60, 1),
@@ -355,14 +511,15 @@ TEST(TimelineTest, CutsOneStepFromEveryRankOnOneClock) {
       EXPECT_EQ(s.text, "0");
     }
   }
-  EXPECT_EQ(per_row[0], 7);  // forward, backward, all-reduce, 3 waits, optimizer
-  EXPECT_EQ(per_row[1], 7);
+  // Forward, backward, all-reduce, 3 waits, gradient norm, optimizer.
+  EXPECT_EQ(per_row[0], 8);
+  EXPECT_EQ(per_row[1], 8);
   EXPECT_EQ(comm, 2);
   std::map<SpanKind, int> kinds;
   for (const GanttSpan& s : g->spans) kinds[s.kind]++;
   EXPECT_EQ(kinds[SpanKind::kExposedComm], 4);  // wait for gradients, reduce loss
   EXPECT_EQ(kinds[SpanKind::kBubble], 2);       // wait 1
-  EXPECT_EQ(kinds[SpanKind::kOptimizer], 2);
+  EXPECT_EQ(kinds[SpanKind::kOptimizer], 4);    // gradient norm, optimizer
 
   EXPECT_FALSE(StepTimeline(*run, 3, "t").ok());  // only 3 steps
   RunSpec plain = spec;
@@ -370,6 +527,28 @@ TEST(TimelineTest, CutsOneStepFromEveryRankOnOneClock) {
   absl::StatusOr<RunData> untraced = ReadRun(WriteRun(plain));
   ASSERT_TRUE(untraced.ok());
   EXPECT_FALSE(StepTimeline(*untraced, 1, "t").ok());
+}
+
+TEST(TimelineTest, AZeroOneStepEndsAfterItsAllGather) {
+  RunSpec spec;
+  spec.replicas = 2;
+  spec.zero = 1;
+  spec.losses = {5, 4, 3};
+  spec.ranks = {Rank({1, 1, 1}), Rank({1, 1, 1})};
+  absl::StatusOr<RunData> run = ReadRun(WriteRun(spec));
+  ASSERT_TRUE(run.ok()) << run.status();
+  absl::StatusOr<GanttSpec> g = StepTimeline(*run, 1, "t");
+  ASSERT_TRUE(g.ok()) << g.status();
+  // Step 1 runs from the end of step 0's second optimizer span (472 us) to its own (1472 us).
+  EXPECT_NEAR(g->end_ms, 1.0, 1e-9);
+  std::map<SpanKind, int> kinds;
+  for (const GanttSpan& s : g->spans) {
+    kinds[s.kind]++;
+    if (s.kind == SpanKind::kForward) EXPECT_NEAR(s.start_ms, 1.010 - 0.472, 1e-9);
+  }
+  EXPECT_EQ(kinds[SpanKind::kOptimizer], 6);    // gradient norm and 2 optimizer spans a rank
+  EXPECT_EQ(kinds[SpanKind::kExposedComm], 6);  // and gather parameters
+  EXPECT_EQ(kinds[SpanKind::kComm], 4);         // all-reduce, all-gather
 }
 
 // ---- SVG ----
@@ -430,6 +609,39 @@ TEST(SvgTest, BarChartsAreWellFormed) {
   EXPECT_EQ(XmlEscape("a<b>&\"'"), "a&lt;b&gt;&amp;&quot;&#39;");
 }
 
+TEST(SvgTest, LongGroupLabelsGoOnTwoLinesAndWidenTheChart) {
+  StackedBarChartSpec s;
+  s.title = "Memory";
+  s.unit = "MB";
+  s.series = {{"parameters", "#111111"}};
+  for (int g = 0; g < 12; ++g) {
+    s.groups.push_back({absl::StrCat(g, " replicas x 2-stage GPipe"), {{"r0", {1}}}});
+  }
+  const std::string svg = StackedBarChartSvg(s);
+  EXPECT_EQ(XmlProblem(svg), "");
+  EXPECT_THAT(svg, HasSubstr(">11 replicas x<"));
+  EXPECT_THAT(svg, HasSubstr(">2-stage GPipe<"));
+  EXPECT_THAT(svg, Not(HasSubstr(">11 replicas x 2-stage GPipe<")));
+  // 12 one-bar groups, each as wide as "2-stage GPipe" in bold: wider than the 960 asked for.
+  EXPECT_THAT(svg, Not(HasSubstr("width=\"960\"")));
+  s.groups.resize(2);  // room enough: one line each, the width asked for
+  const std::string roomy = StackedBarChartSvg(s);
+  EXPECT_THAT(roomy, HasSubstr(">1 replicas x 2-stage GPipe<"));
+  EXPECT_THAT(roomy, HasSubstr("width=\"960\""));
+
+  GanttSpec g;
+  g.title = "hybrid";
+  g.rows = {"rank 0 (0, 0)", "rank 1 (1, 0)"};
+  g.spans.push_back({1, false, 0, 1, SpanKind::kForward, "", ""});
+  const std::string gantt = GanttSvg(g);
+  EXPECT_EQ(XmlProblem(gantt), "");
+  // The row labels end left of the plot, at a positive x: none is cut off.
+  const size_t label = gantt.find(">rank 1 (1, 0)<");
+  ASSERT_NE(label, std::string::npos);
+  const size_t x = gantt.rfind("<text x=\"", label);
+  EXPECT_GT(std::stod(gantt.substr(x + 9)), 13 * 7.0);
+}
+
 // ---- the report ----
 
 std::vector<Entry> FiveEntries() {
@@ -480,13 +692,14 @@ TEST(ReportTest, BuildsChartsTimelinesAndWritesEveryFile) {
 
   const std::string md = MarkdownReport(r);
   EXPECT_THAT(md, HasSubstr("# Strategy comparison: gpt-tiny on 2 workers"));
-  EXPECT_THAT(md, HasSubstr("| data parallel | 2 | 1 | 1,000 | 2.00x | 100% | 1000 ms |"));
+  EXPECT_THAT(md, HasSubstr("| data parallel | 2 | 2 x 1 | 1 | 1,000 | 2.00x | 100% | 1000 ms |"));
   EXPECT_THAT(md, HasSubstr("| model parallel | - |"));
   EXPECT_THAT(md, HasSubstr("could not run: --micro-batches=2 with --strategy=model"));
   EXPECT_THAT(md, HasSubstr("![Throughput (tokens/s, higher is better)](throughput.svg)"));
   EXPECT_THAT(md, HasSubstr("](timeline-1f1b.svg)"));
   EXPECT_THAT(md,
-              HasSubstr("| pipeline 1F1B | 1 | 1000 ms | 500 ms | 100 ms | 400 ms | 50.0 ms |"));
+              HasSubstr("| pipeline 1F1B | 1 | (0, 1) | 1000 ms | 500 ms | 100 ms | 400 ms | 50.0 "
+                        "ms |"));
   EXPECT_THAT(md, HasSubstr("30.0 MB | 5.0 MB | 5.0 MB | 10.0 MB | 10.0 MB |"));
   EXPECT_THAT(md, HasSubstr("- Recommendation: data parallel; pipeline 1F1B when memory"));
 
@@ -525,6 +738,96 @@ TEST(ReportTest, BuildsChartsTimelinesAndWritesEveryFile) {
     EXPECT_FALSE(ReadAll(absl::StrCat(out, "/", f)).empty()) << f;
   }
   EXPECT_FALSE(WriteReport(r, out + "/missing/dir").ok());
+}
+
+// The fill of the throughput bar whose tooltip begins with `label`; "" when none.
+std::string BarFill(const std::string& svg, const std::string& label) {
+  const size_t title = svg.find(absl::StrCat("<title>", label, ": "));
+  if (title == std::string::npos) return "";
+  const size_t fill = svg.rfind("fill=\"", title);
+  return svg.substr(fill + 6, 7);
+}
+
+TEST(ReportTest, ShowsHybridLayoutsAndZeroOne) {
+  RunSpec base;
+  base.losses = {5, 4, 3, 2};
+  base.ranks = {Rank({2, 2, 2, 2})};
+  RunSpec data = base;
+  data.replicas = 4;
+  data.ranks.assign(4, Rank({1, 1, 1, 1}));
+  RunSpec zero = data;
+  zero.zero = 1;
+  zero.optimizer_state_bytes.assign(4, 5 << 20);
+  RunSpec hybrid = data;
+  hybrid.strategy = "pipeline";
+  hybrid.schedule = "1f1b";
+  hybrid.replicas = 2;
+  hybrid.micro_batches = 4;
+  Report r = BuildReport(
+      {Ran("baseline", "one worker", WriteRun(base)), Ran("data", "data parallel", WriteRun(data)),
+       Ran("data-zero1", "data parallel, ZeRO-1", WriteRun(zero)),
+       Ran("d2k2-1f1b", "2 replicas x 2-stage 1F1B", WriteRun(hybrid))},
+      4, 2, "compare --gpus=4", "2025-01-01 00:00:00 UTC");
+  r.run_notes = {"a note on the runs"};
+  ASSERT_EQ(r.figures.size(), 4u);
+
+  const std::string md = MarkdownReport(r);
+  EXPECT_THAT(md, HasSubstr("| data parallel, ZeRO-1 | 4 | 4 x 1, ZeRO-1 | 1 |"));
+  EXPECT_THAT(md, HasSubstr("| 2 replicas x 2-stage 1F1B | 4 | 2 x 2 | 4 |"));
+  // The optimizer state column: the largest rank's, 20 MB in the metrics, 5 MB in run.json.
+  EXPECT_THAT(md, HasSubstr("| 100 MB | 5.0 MB | 2.0000 |"));
+  EXPECT_THAT(md, HasSubstr("| 100 MB | 20.0 MB | 2.0000 |"));
+  // Rank 2 is stage 1's first replica, rank 1 stage 0's second.
+  EXPECT_THAT(md, HasSubstr("| 2 replicas x 2-stage 1F1B | 2 | (0, 1) |"));
+  EXPECT_THAT(md, HasSubstr("| 2 replicas x 2-stage 1F1B | 1 | (1, 0) |"));
+  EXPECT_THAT(md, HasSubstr("\n- a note on the runs\n"));
+  EXPECT_THAT(md, HasSubstr("](timeline-d2k2-1f1b.svg)"));
+  EXPECT_THAT(md, HasSubstr("ZeRO-1: 5.0 MB of optimizer state on its largest rank against data "
+                            "parallel's 20.0 MB"));
+
+  const std::string html = HtmlReport(r);
+  EXPECT_THAT(html, HasSubstr("<td class=\"n\">2 x 2</td>"));
+  EXPECT_THAT(html, HasSubstr("<td class=\"n\">4 x 1, ZeRO-1</td>"));
+  EXPECT_THAT(html, HasSubstr("<td class=\"n\">(0, 1)</td>"));
+  EXPECT_THAT(html, HasSubstr("<li>a note on the runs</li>"));
+
+  absl::StatusOr<Json> json = ParseJson(JsonReport(r));
+  ASSERT_TRUE(json.ok()) << json.status();
+  const Json& strategies = (*json)["strategies"];
+  ASSERT_EQ(strategies.size(), 4u);
+  EXPECT_EQ(NumberOr(strategies[2], "zero", 0), 1);
+  EXPECT_EQ(NumberOr(strategies[2], "replicas", 0), 4);
+  EXPECT_EQ(NumberOr(strategies[2], "optimizer_state_bytes", 0), 5 << 20);
+  EXPECT_EQ(NumberOr(strategies[3], "replicas", 0), 2);
+  EXPECT_EQ(NumberOr(strategies[3], "stages", 0), 2);
+  EXPECT_EQ(NumberOr(strategies[3]["ranks"][2], "replica", -1), 0);
+  EXPECT_EQ(NumberOr(strategies[3]["ranks"][2], "stage", -1), 1);
+  EXPECT_EQ((*json)["run_notes"][0].get<std::string>(), "a note on the runs");
+
+  // A timeline per run; the hybrid one's rows say each rank's (replica, stage).
+  ASSERT_EQ(r.timelines.size(), 4u);
+  const Chart& zero_timeline = r.timelines[2];
+  EXPECT_THAT(zero_timeline.caption, HasSubstr("ZeRO-1: each rank keeps 1/4 of the optimizer"));
+  const Chart& hybrid_timeline = r.timelines[3];
+  EXPECT_EQ(hybrid_timeline.file, "timeline-d2k2-1f1b.svg");
+  for (const char* row :
+       {">rank 0 (0, 0)<", ">rank 1 (1, 0)<", ">rank 2 (0, 1)<", ">rank 3 (1, 1)<"}) {
+    EXPECT_THAT(hybrid_timeline.svg, HasSubstr(row));
+  }
+  EXPECT_EQ(XmlProblem(hybrid_timeline.svg), "");
+  EXPECT_THAT(hybrid_timeline.caption,
+              HasSubstr("2 replicas of a 2-stage pipeline, 4 micro-batches per replica, 1F1B "
+                        "schedule; rows are rank (replica, stage)"));
+
+  // Every run its own colour in the charts.
+  std::set<std::string> fills;
+  for (const Figures& f : r.figures) {
+    const std::string fill = BarFill(r.charts[0].svg, f.label);
+    EXPECT_EQ(fill.size(), 7u) << f.label;
+    fills.insert(fill);
+  }
+  EXPECT_EQ(fills.size(), r.figures.size());
+  EXPECT_THAT(r.charts[2].svg, HasSubstr(">2 replicas x 2-stage 1F1B<"));
 }
 
 TEST(ReportTest, NoRunCompleted) {

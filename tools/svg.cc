@@ -62,6 +62,26 @@ std::string Tick(double v) {
   return absl::StrFormat("%g", v);
 }
 
+// About how wide `s` is drawn in Helvetica at `size` px (a bold face is a little wider).
+double TextWidth(const std::string& s, int size, bool bold = false) {
+  return (bold ? 0.62 : 0.56) * size * s.size();
+}
+
+// `label` on one line, or on two split at the space nearest its middle when it is wider than
+// `room` px at 12 px bold.
+std::vector<std::string> LabelLines(const std::string& label, double room) {
+  if (TextWidth(label, 12, true) <= room) return {label};
+  size_t best = std::string::npos;
+  for (size_t i = label.find(' '); i != std::string::npos; i = label.find(' ', i + 1)) {
+    const auto off = [&](size_t k) {
+      return std::abs(2 * static_cast<long>(k) - static_cast<long>(label.size()));
+    };
+    if (best == std::string::npos || off(i) < off(best)) best = i;
+  }
+  if (best == std::string::npos) return {label};
+  return {label.substr(0, best), label.substr(best + 1)};
+}
+
 // Dark fills get white text.
 bool IsDark(SpanKind k) {
   return k == SpanKind::kBackward || k == SpanKind::kExposedComm || k == SpanKind::kOptimizer;
@@ -112,8 +132,10 @@ double NiceStep(double range, int ticks) {
 // ---- horizontal bars ----
 
 std::string BarChartSvg(const BarChartSpec& spec) {
-  const int label_w = 170, right = 150, top = 40, bar_h = 22, pitch = 32, axis_h = 34;
+  const int right = 150, top = 40, bar_h = 22, pitch = 32, axis_h = 34;
   const int n = static_cast<int>(spec.bars.size());
+  double label_w = 170;  // wider for long labels
+  for (const Bar& b : spec.bars) label_w = std::max(label_w, 16 + TextWidth(b.label, 12));
   const int height = top + std::max(1, n) * pitch + axis_h;
   const double plot_w = spec.width - label_w - right;
   double max_v = 0;
@@ -148,8 +170,7 @@ std::string BarChartSvg(const BarChartSpec& spec) {
 // ---- grouped stacked bars ----
 
 std::string StackedBarChartSvg(const StackedBarChartSpec& spec) {
-  const int left = 70, right = 16, top = 64, bottom = 52;
-  const double plot_w = spec.width - left - right, plot_h = spec.height - top - bottom;
+  const int left = 70, right = 16, top = 64;
   int bars = 0;
   double max_v = 0;
   for (const BarGroup& g : spec.groups) {
@@ -163,13 +184,29 @@ std::string StackedBarChartSvg(const StackedBarChartSpec& spec) {
   const int groups = static_cast<int>(spec.groups.size());
   const double gap = 1.2;  // between groups, in bar slots
   const double slots = std::max(1.0, bars + gap * std::max(0, groups - 1) + 0.6);
-  const double slot = plot_w / slots;
+  // Each group's label under its bars, on two lines where one is too wide; the chart widens
+  // until every label's lines fit under its group.
+  double slot = (spec.width - left - right) / slots;
+  std::vector<std::vector<std::string>> labels;
+  bool two_lines = false;
+  for (const BarGroup& g : spec.groups) {
+    const double n = std::max<size_t>(1, g.bars.size());
+    labels.push_back(LabelLines(g.label, n * slot + gap * slot - 6));
+    two_lines = two_lines || labels.back().size() > 1;
+    for (const std::string& line : labels.back()) {
+      slot = std::max(slot, (TextWidth(line, 12, true) + 6) / (n + gap));
+    }
+  }
+  const int width =
+      static_cast<int>(std::ceil(std::max<double>(spec.width, left + right + slot * slots)));
+  const int bottom = two_lines ? 66 : 52;
+  const double plot_w = width - left - right, plot_h = spec.height - top - bottom;
   const double bar_w = std::min(56.0, slot * 0.78);
   const double step = NiceStep(max_v > 0 ? max_v : 1, 5);
   const double axis_max = std::max(step, std::ceil(max_v / step - 1e-9) * step);
   auto y = [&](double v) { return top + plot_h - plot_h * v / axis_max; };
 
-  std::string out = Header(spec.width, spec.height, spec.title);
+  std::string out = Header(width, spec.height, spec.title);
   out += Text(10, 22, spec.title, "start", 14, "#222222", "bold");
   // Legend.
   double lx = left;
@@ -187,7 +224,8 @@ std::string StackedBarChartSvg(const StackedBarChartSpec& spec) {
       "transform=\"rotate(-90 14 %.1f)\">%s</text>\n",
       top + plot_h / 2, top + plot_h / 2, XmlEscape(spec.unit));
   double cursor = left + slot * 0.3;
-  for (const BarGroup& g : spec.groups) {
+  for (size_t gi = 0; gi < spec.groups.size(); ++gi) {
+    const BarGroup& g = spec.groups[gi];
     const double group_start = cursor;
     for (const StackedBar& b : g.bars) {
       const double bx = cursor + (slot - bar_w) / 2;
@@ -203,8 +241,10 @@ std::string StackedBarChartSvg(const StackedBarChartSpec& spec) {
       out += Text(bx + bar_w / 2, top + plot_h + 14, b.label, "middle", 10, "#444444");
       cursor += slot;
     }
-    out += Text((group_start + cursor) / 2, top + plot_h + 32, g.label, "middle", 12, "#222222",
-                "bold");
+    for (size_t l = 0; l < labels[gi].size(); ++l) {
+      out += Text((group_start + cursor) / 2, top + plot_h + 32 + 14 * l, labels[gi][l], "middle",
+                  12, "#222222", "bold");
+    }
     cursor += slot * gap;
   }
   out += Line(left, top + plot_h, left + plot_w, top + plot_h, "#888888");
@@ -224,7 +264,7 @@ const char* SpanKindName(SpanKind k) {
     case SpanKind::kComm:
       return "communication running";
     case SpanKind::kExposedComm:
-      return "waiting for an all-reduce";
+      return "waiting for a collective";
     case SpanKind::kBubble:
       return "pipeline bubble (waiting for a peer)";
     case SpanKind::kOptimizer:
@@ -254,8 +294,10 @@ const char* SpanKindColor(SpanKind k) {
 }
 
 std::string GanttSvg(const GanttSpec& spec) {
-  const int left = 74, right = 18, top = 62, lane_h = 22, comm_h = 9, pitch = 44, axis_h = 36;
+  const int right = 18, top = 62, lane_h = 22, comm_h = 9, pitch = 44, axis_h = 36;
   const int rows = static_cast<int>(spec.rows.size());
+  double left = 74;  // wider for long row labels: "rank 3 (1, 1)"
+  for (const std::string& row : spec.rows) left = std::max(left, 16 + TextWidth(row, 12, true));
   const int height = top + std::max(1, rows) * pitch + axis_h;
   const double plot_w = spec.width - left - right;
   double end = spec.end_ms;

@@ -31,7 +31,7 @@ struct BarChartSpec {
   std::string title;
   std::string unit;  // of the axis
   std::vector<Bar> bars;
-  int width = 760;
+  int width = 760;  // the labels' column widens for long labels
 };
 
 std::string BarChartSvg(const BarChartSpec& spec);
@@ -58,7 +58,7 @@ struct StackedBarChartSpec {
   std::string unit;  // of the vertical axis
   std::vector<Series> series;
   std::vector<BarGroup> groups;
-  int width = 960;
+  int width = 960;  // at least: wider where the groups' labels need it (two lines each at most)
   int height = 380;
 };
 
@@ -71,7 +71,7 @@ enum class SpanKind {
   kBackward,     // compute: backward of a micro-batch
   kCompute,      // other compute
   kComm,         // communication lane: a collective or transfer running
-  kExposedComm,  // compute lane: waiting for an all-reduce (gradients, the loss)
+  kExposedComm,  // compute lane: waiting for a collective (gradients, the loss, parameters)
   kBubble,       // compute lane: a pipeline stage waiting for activations or gradients
   kOptimizer,
 };

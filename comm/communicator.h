@@ -127,10 +127,13 @@ class Communicator {
   // A communicator over the ranks of this one that pass the same `color` (>= 0), ranked by
   // `key` (ties by rank here), called `name` in its messages ("the data-parallel group of
   // stage 1": an error then reads "rank 3 (1 of the data-parallel group of stage 1): ...").
+  // `members` are the job's ranks of the group's ranks, in its order, as the caller's layout
+  // defines it: operations name their peers by them. A split whose members disagree with
+  // them is refused (MPI checks every member; NCCL, which cannot tell, this rank's place).
   // Collective over every rank of this communicator (MPI_Comm_split; ncclCommSplit). The new
   // communicator has its own operations' order and sequence numbers; its device is this one's.
-  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
-                                                              const std::string& name) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(
+      int color, int key, const std::string& name, const std::vector<int>& members) = 0;
   // Its name in messages: "" for the job's communicator.
   virtual const std::string& name() const = 0;
 

@@ -610,8 +610,8 @@ class MpiCommunicator : public Communicator {
     });
   }
 
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
-                                                      const std::string& name) override {
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(
+      int color, int key, const std::string& name, const std::vector<int>& members) override {
     if (color < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(state_->id.Who(), ": split: color ", color, " is negative"));
@@ -633,6 +633,26 @@ class MpiCommunicator : public Communicator {
     state->id.device = Device::Cpu();
     state->id.group = name;
     state->id.job_rank = state_->id.job_rank >= 0 ? state_->id.job_rank : state_->id.rank;
+    // The job's ranks the split put in the group, against the caller's layout.
+    std::vector<int> made(state->id.world_size);
+    {
+      MPI_Group group, parent;
+      MPI_RETURN_IF_ERROR(MPI_Comm_group(state->comm, &group));
+      MPI_RETURN_IF_ERROR(MPI_Comm_group(state_->comm, &parent));
+      std::vector<int> ranks(made.size());
+      for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
+      const int e = MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(),
+                                              parent, made.data());
+      MPI_Group_free(&group);
+      MPI_Group_free(&parent);
+      MPI_RETURN_IF_ERROR(e);
+      for (int& r : made) r = state_->id.JobRankOf(r);
+    }
+    if (absl::Status s = CheckSplitMembers(state_->id, state->id, members, &made); !s.ok()) {
+      MPI_Comm_free(&state->comm);
+      return s;
+    }
+    state->id.members = members;
     {
       absl::MutexLock lock(&state_->mu);
       state_->children.push_back(state);

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/mpi_communicator.h"
@@ -398,8 +400,14 @@ TEST_F(MpiCommunicatorTest, ReduceScatterAndAllGatherParts) {
 // with their own sequence numbers, and its messages name the group and the job's rank.
 TEST_F(MpiCommunicatorTest, SplitMakesGroupsOfOneColor) {
   const int color = rank_ % 2;
-  // Keys reverse the order inside each group.
-  auto group = comm_->Split(color, world_ - rank_, absl::StrCat("the group of color ", color));
+  // Keys reverse the order inside each group: its members are the job's ranks of this parity,
+  // last first.
+  std::vector<int> members;
+  for (int r = world_ - 1; r >= 0; --r) {
+    if (r % 2 == color) members.push_back(r);
+  }
+  auto group =
+      comm_->Split(color, world_ - rank_, absl::StrCat("the group of color ", color), members);
   ASSERT_TRUE(group.ok()) << group.status();
   Communicator& g = **group;
   const int size = (world_ + 1 - color) / 2;  // ranks of this parity
@@ -421,9 +429,36 @@ TEST_F(MpiCommunicatorTest, SplitMakesGroupsOfOneColor) {
                                                      " of the group of color ", color, ")")),
             std::string::npos)
       << bad.status();
-  EXPECT_FALSE(comm_->Split(-1, 0, "nothing").ok());
-  // The job's communicator goes on after its groups: the split was its operation #1.
-  EXPECT_EQ(comm_->last_issued_sequence(), 1u);
+  // A transfer in the group names its peer by the job's rank.
+  if (g.world_size() > 1) {
+    const int next = (g.rank() + 1) % g.world_size();
+    const int prev = (g.rank() + g.world_size() - 1) % g.world_size();
+    Tensor in = MakeEmpty(1);
+    auto w = g.SendRecv({PeerTransfer::Send(Make({1.0f}), next), PeerTransfer::Recv(in, prev)});
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::string names =
+        absl::StrFormat("(to ranks [%d], from ranks [%d])", members[next], members[prev]);
+    EXPECT_NE((*w)->description().find(names), std::string::npos) << (*w)->description();
+    ASSERT_TRUE(Run(std::move(w)).ok());
+  }
+  EXPECT_FALSE(comm_->Split(-1, 0, "nothing", {}).ok());
+  // Members that are not the ones the split makes are refused, naming both (a group of one
+  // is the same either way).
+  std::vector<int> ascending(members.rbegin(), members.rend());
+  auto wrong = comm_->Split(color, world_ - rank_, "a group in the wrong order", ascending);
+  if (ascending.size() > 1) {
+    ASSERT_FALSE(wrong.ok());
+    const std::string says = absl::StrCat(
+        "split of a group in the wrong order: the layout says its members are ranks [",
+        absl::StrJoin(ascending, ", "), "], but the split made ranks [",
+        absl::StrJoin(members, ", "), "]");
+    EXPECT_NE(wrong.status().message().find(says), std::string::npos) << wrong.status();
+  } else {
+    EXPECT_TRUE(wrong.ok()) << wrong.status();
+  }
+  // The job's communicator goes on after its groups: the two splits were its operations #1
+  // and #2 (the refused colour issued nothing).
+  EXPECT_EQ(comm_->last_issued_sequence(), 2u);
   ASSERT_TRUE(Run(comm_->Barrier()).ok());
 }
 
@@ -468,7 +503,9 @@ TEST_F(MpiCommunicatorTest, AbortFailsPendingWorkAndRefusesMore) {
 // Aborting the job's communicator (what the heartbeat thread does on the coordinator's word)
 // aborts the groups split from it: an operation pending in one fails, and they refuse more.
 TEST_F(MpiCommunicatorTest, AbortReachesTheGroupsSplitFromIt) {
-  auto split = comm_->Split(0, rank_, "the data-parallel group of stage 0");
+  std::vector<int> everyone(world_);
+  for (int r = 0; r < world_; ++r) everyone[r] = r;
+  auto split = comm_->Split(0, rank_, "the data-parallel group of stage 0", everyone);
   ASSERT_TRUE(split.ok()) << split.status();
   Communicator& group = **split;
   Tensor t = MakeEmpty(4);

@@ -432,8 +432,8 @@ class NcclCommunicator : public Communicator {
     });
   }
 
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
-                                                      const std::string& name) override {
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(
+      int color, int key, const std::string& name, const std::vector<int>& members) override {
     NcclState* s = state_.get();
     if (color < 0) {
       return absl::InvalidArgumentError(
@@ -471,13 +471,16 @@ class NcclCommunicator : public Communicator {
       if (joined.ok() && ncclCommCount(comm, &size) != ncclSuccess) {
         joined = absl::InternalError("ncclCommCount failed after a split");
       }
+      if (joined.ok()) {
+        state->id = CommIdentity{rank, size, s->id.device, name,
+                                 s->id.job_rank >= 0 ? s->id.job_rank : s->id.rank, members};
+        joined = CheckSplitMembers(s->id, state->id, members, /*made=*/nullptr);
+      }
       if (!joined.ok()) {
         ncclCommAbort(comm);
         state->comm = nullptr;
         return joined;
       }
-      state->id = CommIdentity{rank, size, s->id.device, name,
-                               s->id.job_rank >= 0 ? s->id.job_rank : s->id.rank};
     }
     {
       absl::MutexLock lock(&s->mu);

@@ -218,7 +218,7 @@ TEST_F(NcclCommunicatorTest, TheComputeStreamWaitsOnTheOperation) {
 
 // A group split from the job's communicator (one rank here: ncclCommSplit with one color).
 TEST_F(NcclCommunicatorTest, SplitMakesAGroup) {
-  auto g = nccl_.comm->Split(0, 0, "the data-parallel group of stage 0");
+  auto g = nccl_.comm->Split(0, 0, "the data-parallel group of stage 0", {0});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ((*g)->world_size(), 1);
   EXPECT_EQ((*g)->name(), "the data-parallel group of stage 0");

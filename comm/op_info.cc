@@ -164,7 +164,7 @@ absl::StatusOr<OpInfo> CheckBroadcast(const CommIdentity& c, const Tensor& t, in
   if (!s.ok()) return s;
   info.dtype = t.dtype();
   info.count = t.numel();
-  info.peer = root;
+  info.peer = c.JobRankOf(root);
   return info;
 }
 
@@ -225,7 +225,7 @@ absl::StatusOr<OpInfo> CheckPointToPoint(const CommIdentity& c, OpKind kind, con
   if (!s.ok()) return s;
   info.dtype = t.dtype();
   info.count = t.numel();
-  info.peer = peer;
+  info.peer = c.JobRankOf(peer);
   return info;
 }
 
@@ -251,7 +251,7 @@ absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
     if (s.ok()) s = CheckPeer(c, info.kind, absl::StrCat(arg, " peer"), x.peer);
     if (s.ok()) s = CheckNotSelf(c, info.kind, x.peer);
     if (!s.ok()) return s;
-    (x.kind == PeerTransfer::Kind::kSend ? info.sends : info.recvs).push_back(x.peer);
+    (x.kind == PeerTransfer::Kind::kSend ? info.sends : info.recvs).push_back(c.JobRankOf(x.peer));
     info.count += x.tensor.numel();
   }
   info.dtype = transfers[0].tensor.dtype();
@@ -283,6 +283,20 @@ OpInfo BarrierInfo() {
   OpInfo info;
   info.kind = OpKind::kBarrier;
   return info;
+}
+
+absl::Status CheckSplitMembers(const CommIdentity& parent, const CommIdentity& group,
+                               const std::vector<int>& members, const std::vector<int>* made) {
+  const int me = parent.job_rank >= 0 ? parent.job_rank : parent.rank;
+  const bool fits = static_cast<int>(members.size()) == group.world_size &&
+                    members[group.rank] == me && (made == nullptr || *made == members);
+  if (fits) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: split of %s: the layout says its members are ranks [%s], but the split %s",
+      parent.Who(), group.group, absl::StrJoin(members, ", "),
+      made != nullptr ? absl::StrCat("made ranks [", absl::StrJoin(*made, ", "), "]")
+                      : absl::StrFormat("put rank %d at %d of %d", me, group.rank,
+                                        group.world_size)));
 }
 
 OpInfo SplitInfo() {

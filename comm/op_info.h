@@ -44,6 +44,7 @@ struct OpInfo {
   DType dtype = DType::kF32;
   int64_t count = 0;  // elements; per rank for all_gather and reduce_scatter
   ReduceOp op = ReduceOp::kSum;
+  // Peers by their rank in the job (CommIdentity::JobRankOf), for messages and traces.
   int peer = -1;           // broadcast root, send/recv peer
   std::vector<int> sends;  // send_recv: peers sent to, in order
   std::vector<int> recvs;  // send_recv: peers received from, in order
@@ -116,9 +117,16 @@ struct CommIdentity {
   Device device = Device::Cpu();
   std::string group;  // "" for the job's communicator; "the data-parallel group of stage 1"
   int job_rank = -1;  // -1: the same as rank
+  // A group's members: the job's rank of each of its ranks (empty for the job's communicator).
+  std::vector<int> members;
   // "rank 3" in the job's communicator; "rank 3 (1 of the data-parallel group of stage 1)"
   // in a group.
   std::string Who() const;
+  // The job's rank of this communicator's rank `r`: operations name their peers by it, so a
+  // group's transfer reads as the job's ranks do ("to ranks [4]").
+  int JobRankOf(int r) const {
+    return r >= 0 && r < static_cast<int>(members.size()) ? members[r] : r;
+  }
 };
 
 // Each returns the operation (sequence number unset) or InvalidArgument naming the rank,
@@ -139,6 +147,12 @@ absl::StatusOr<OpInfo> CheckParts(const CommIdentity& c, OpKind kind, const Tens
                                   const std::vector<int64_t>& offsets);
 OpInfo BarrierInfo();
 OpInfo SplitInfo();
+// OK when a group `group` split from `parent` has the `members` its caller expects: one job
+// rank per group rank, this rank's own in its place, and, where the communicator can tell
+// (`made`, the job ranks the split put in the group), each of them; else InvalidArgument
+// naming the rank, the group and both lists.
+absl::Status CheckSplitMembers(const CommIdentity& parent, const CommIdentity& group,
+                               const std::vector<int>& members, const std::vector<int>* made);
 
 // DeadlineExceeded: "rank 1: all_reduce #42 (f32 x 1024, sum) not finished after 5s:
 // waiting for all 4 ranks to join it; <progress>".

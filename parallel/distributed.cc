@@ -289,14 +289,19 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   t->grid_ = grid;
   t->replica_ = grid.ReplicaOf(rank);
   t->stage_index_ = grid.StageOf(rank);
-  // The groups, split from the job's communicator in the same order on every rank.
+  // The groups, split from the job's communicator in the same order on every rank: a
+  // stage's replicas ranked by replica, a replica's stages by stage.
+  std::vector<int> peers, stages;
+  for (int d = 0; d < grid.replicas; ++d) peers.push_back(grid.RankOf(d, t->stage_index_));
+  for (int k = 0; k < grid.stages; ++k) stages.push_back(grid.RankOf(t->replica_, k));
   if (grid.stages == 1) {
     t->dp_ = comm;
   } else if (grid.replicas > 1) {
     ASSIGN_OR_RETURN(t->dp_owned_,
                      comm->Split(t->stage_index_, t->replica_,
                                  absl::StrFormat("the data-parallel group of stage %d",
-                                                 t->stage_index_)));
+                                                 t->stage_index_),
+                                 peers));
     t->dp_ = t->dp_owned_.get();
   }
   if (grid.replicas == 1) {
@@ -304,7 +309,8 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   } else if (grid.stages > 1) {
     ASSIGN_OR_RETURN(t->pp_owned_,
                      comm->Split(t->replica_, t->stage_index_,
-                                 absl::StrFormat("the pipeline of replica %d", t->replica_)));
+                                 absl::StrFormat("the pipeline of replica %d", t->replica_),
+                                 stages));
     t->pp_ = t->pp_owned_.get();
   }
   const auto [begin, end] = t->BlockRange(t->stage_index_);

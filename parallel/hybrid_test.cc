@@ -92,7 +92,7 @@ void CheckResume(const ParallelConfig& first, const ParallelConfig& second,
   const int rank = comm->rank();
   const Trained whole = TrainOneWorker(first.train);
   // One rank alone is data parallelism on one worker.
-  auto alone = comm->Split(rank, 0, "this rank alone");
+  auto alone = comm->Split(rank, 0, "this rank alone", {rank});
   ASSERT_TRUE(alone.ok()) << alone.status();
   auto run = [&](const ParallelConfig& pc, const std::string& resume, const std::string& save) {
     const bool one = pc.strategy == StrategyKind::kData && pc.data_parallel == 1 &&

@@ -2,7 +2,7 @@
 //   bazel run //examples:train -- --model=gpt-tiny --steps=300
 // It is the single-worker baseline that every parallel strategy is checked against. With
 // --run-dir it also writes what a launcher run writes there, with the same code: run.json and
-// metrics/rank-0.jsonl (launcher/report.h, parallel/metrics.h), and the checkpoints.
+// metrics/rank-0.jsonl (launcher/run_report.h, parallel/metrics.h), and the checkpoints.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "launcher/flags.h"
 #include "launcher/paths.h"
-#include "launcher/report.h"
+#include "launcher/run_report.h"
 #include "model/trainer.h"
 #include "parallel/job.h"
 #include "parallel/metrics.h"

@@ -21,7 +21,7 @@
 #include "comm/job_token.h"
 #include "launcher/process.h"
 #include "launcher/progress.h"
-#include "launcher/report.h"
+#include "launcher/run_report.h"
 #include "model/sharded_checkpoint.h"
 #include "model/trainer.h"
 #include "runtime/files.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "launcher/report.h"
+#include "launcher/run_report.h"
 #include "parallel/grid.h"
 
 namespace tandem {
@@ -35,7 +35,7 @@ std::string FormatProgress(const ProgressState& s);
 
 // Follows the steps as workers report them, in constant time per record (per rank for a
 // step every rank completed): rank 0's step and loss (the global loss), the slowest rank's
-// mean step as MeanStepSeconds computes it (report.h: steps every rank completed, the first
+// mean step as MeanStepSeconds computes it (run_report.h: steps every rank completed, the first
 // kWarmupSteps left out when later ones exist), and the largest peak memory of any rank (in
 // a hybrid `grid`, with the rank's place: its stage decides what it holds).
 class ProgressTracker {

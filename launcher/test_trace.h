@@ -1,5 +1,5 @@
 // Test helper: trace events built in one call, for the tests of merging and reading traces
-// (launcher/trace_merge_test.cc, tools/report_test.cc).
+// (launcher/trace_merge_test.cc, tools/comparison_test.cc).
 #ifndef TANDEM_LAUNCHER_TEST_TRACE_H_
 #define TANDEM_LAUNCHER_TEST_TRACE_H_
 

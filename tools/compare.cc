@@ -35,7 +35,7 @@
 #include "launcher/paths.h"
 #include "launcher/process.h"
 #include "runtime/files.h"
-#include "tools/report.h"
+#include "tools/comparison.h"
 
 namespace tandem {
 namespace tools {

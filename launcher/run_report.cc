@@ -1,6 +1,6 @@
 // Reading the workers' metrics lines, per-rank totals and throughput, run.json, and the summary
 // table.
-#include "launcher/report.h"
+#include "launcher/run_report.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The comparison report: reading run directories, the figures and rules behind the
 // recommendations, the step timelines cut from the merged traces, and the three writers.
-#include "tools/report.h"
+#include "tools/comparison.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "launcher/report.h"
+#include "launcher/run_report.h"
 #include "runtime/files.h"
 #include "runtime/json.h"
 

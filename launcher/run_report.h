@@ -1,8 +1,8 @@
 // What the launcher makes of the workers' measurements: following and reading the per-step
 // metrics files (<run_dir>/metrics/rank-<r>.jsonl, parallel/metrics.h), per-rank totals and
 // throughput, run.json (written atomically), and the summary table printed at the end.
-#ifndef TANDEM_LAUNCHER_REPORT_H_
-#define TANDEM_LAUNCHER_REPORT_H_
+#ifndef TANDEM_LAUNCHER_RUN_REPORT_H_
+#define TANDEM_LAUNCHER_RUN_REPORT_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -135,4 +135,4 @@ std::string FormatDuration(double seconds);
 }  // namespace launcher
 }  // namespace tandem
 
-#endif  // TANDEM_LAUNCHER_REPORT_H_
+#endif  // TANDEM_LAUNCHER_RUN_REPORT_H_

@@ -2,7 +2,7 @@
 // the figures (throughput after warm-up, speed-up, step split, memory split, loss
 // deviation), the recommendation rules, the step timeline cut from traces, the SVG charts
 // (well-formed, a rectangle per span and rank) and the markdown, JSON and HTML writers.
-#include "tools/report.h"
+#include "tools/comparison.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

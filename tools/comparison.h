@@ -1,8 +1,8 @@
 // The strategy comparison report: run directories (run.json, per-rank metrics, traces) read
 // into plain structs, the figures per strategy against the one-worker baseline, rule-based
 // recommendations, timelines of one measured step, and the markdown, JSON and HTML writers.
-#ifndef TANDEM_TOOLS_REPORT_H_
-#define TANDEM_TOOLS_REPORT_H_
+#ifndef TANDEM_TOOLS_COMPARISON_H_
+#define TANDEM_TOOLS_COMPARISON_H_
 
 #include <cstdint>
 #include <string>
@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "launcher/report.h"
+#include "launcher/run_report.h"
 #include "launcher/trace_merge.h"
 #include "parallel/grid.h"
 #include "tools/svg.h"
@@ -192,4 +192,4 @@ std::string Millis(double seconds);
 }  // namespace tools
 }  // namespace tandem
 
-#endif  // TANDEM_TOOLS_REPORT_H_
+#endif  // TANDEM_TOOLS_COMPARISON_H_

@@ -1,7 +1,7 @@
 // Tests of following and reading metrics files, per-rank totals and throughput, run.json's
 // content and escaping, the atomic write and the summary table, whose final line names who
 // aborted the job.
-#include "launcher/report.h"
+#include "launcher/run_report.h"
 
 #include <unistd.h>
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `bazel run //tools:bench`: every Tandem benchmark in one go on this machine, then
 # BENCHMARKS.md (in the directory `bazel run` was started from) rewritten from the results:
-# communicator vs raw MPI, runtime matmul vs raw sgemm, memory-bound ops vs memcpy,
-# one-worker training, data-parallel scaling, overlap and bucket sizes, the pipeline bubble,
-# CPU streams (asynchronous against immediate), and PyTorch on the same model where it is
-# installed. Takes about seven minutes on 2 cores.
+# communicator vs raw MPI (all-reduce, all-gather, reduce-scatter), runtime matmul vs raw
+# sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
+# bucket sizes, the pipeline bubble, CPU streams (asynchronous against immediate), and PyTorch
+# on the same model where it is installed. Takes about seven minutes on 2 cores.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
@@ -16,8 +16,11 @@ mpi=(mpirun --oversubscribe --bind-to none --mca btl self,vader)
 
 step() { echo "bench: $*" >&2; }
 
-step "all-reduce: Tandem's MPI communicator against raw MPI_Allreduce (2 ranks)"
-"${mpi[@]}" -np 2 "$runfiles/comm/allreduce_bench_bin" >"$out_dir/allreduce.txt"
+step "all-reduce, all-gather, reduce-scatter: Tandem's MPI communicator against raw MPI (2 ranks)"
+for collective in all_reduce all_gather reduce_scatter; do
+  "${mpi[@]}" -np 2 "$runfiles/comm/allreduce_bench_bin" --collective=$collective \
+    >"$out_dir/${collective//_/}.txt"
+done
 step "ops: runtime matmul against raw sgemm, memory-bound ops against memcpy"
 "$runfiles/runtime/ops_bench" --benchmark_out="$out_dir/ops.json" \
   --benchmark_out_format=json --benchmark_color=false >"$out_dir/ops.txt" 2>&1

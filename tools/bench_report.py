@@ -174,6 +174,53 @@ def streams_section(d, ops):
     print()
 
 
+def collectives_section(d):
+    """Tandem's MPI communicator against the raw MPI call (comm/allreduce_bench, one run per
+    collective): all-reduce, then ZeRO-1's all-gather and reduce-scatter where measured, and
+    their ratios side by side."""
+    ratios = {}
+    for name, title, what in (
+            ("allreduce", "All-reduce: Tandem's MPI communicator against raw `MPI_Allreduce`",
+             "f32 sum in place"),
+            ("allgather", "All-gather: Tandem's MPI communicator against raw `MPI_Allgatherv`",
+             "f32 in place, each rank's even part of the buffer to every rank (`AllGatherParts`, "
+             "ZeRO-1's gather of the updated parameters)"),
+            ("reducescatter",
+             "Reduce-scatter: Tandem's MPI communicator against raw `MPI_Reduce_scatter`",
+             "f32 sum in place, each rank keeping its even part (`ReduceScatterParts`, ZeRO-1's "
+             "reduction of the gradients)")):
+        path = os.path.join(d, name + ".txt")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            text = f.read().rstrip()
+        print(f"## {title}\n")
+        print(f"2 ranks, shared memory, {what}, median of 9 repetitions; bytes is the whole "
+              "buffer and busbw as nccl-tests defines it. `ratio` is Tandem's busbw over raw "
+              "MPI's, measured in pairs (1.000 = no overhead).\n")
+        print("```")
+        print(text)
+        print("```\n")
+        # bytes, then the queued ratio (the 9th number of a row).
+        ratios[name] = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+            r"^\s*(\d+)\s+\d+ \|(?:\s+[\d.]+){3} \|(?:\s+[\d.]+){3}\s+([\d.]+) \|", text,
+            re.M)}
+    if len(ratios) < 2:
+        return
+    names = {"allreduce": "all-reduce", "allgather": "all-gather",
+             "reducescatter": "reduce-scatter"}
+    sizes = sorted(set().union(*ratios.values()))
+    print("## Collectives side by side: Tandem against raw MPI\n")
+    print("Tandem's busbw over raw MPI's (the queued ratio of each table above), measured in "
+          "the same run:\n")
+    print("| bytes | " + " | ".join(names[n] for n in ratios) + " |")
+    print("| --- |" + " --- |" * len(ratios))
+    for b in sizes:
+        cells = [f"{r[b]:.3f}" if b in r else "-" for r in ratios.values()]
+        print(f"| {b} | " + " | ".join(cells) + " |")
+    print()
+
+
 def main():
     d = sys.argv[1]
     now = datetime.date.today().isoformat()
@@ -186,14 +233,7 @@ def main():
           "`bazel run //tools:bench` (it rewrites this file). CPU workers, one BLAS thread "
           "each. These machines are noisy: compare the ratios, each measured against its "
           "baseline in the same run, rather than absolute figures.\n")
-    print("## All-reduce: Tandem's MPI communicator against raw `MPI_Allreduce`\n")
-    print("2 ranks, shared memory, f32 sum in place, median of 9 repetitions; busbw as "
-          "nccl-tests defines it. `ratio` is Tandem's busbw over raw MPI's, measured in pairs "
-          "(1.000 = no overhead).\n")
-    print("```")
-    with open(os.path.join(d, "allreduce.txt")) as f:
-        print(f.read().rstrip())
-    print("```\n")
+    collectives_section(d)
     print("## Runtime ops against raw OpenBLAS and memcpy\n")
     with open(os.path.join(d, "ops.json")) as f:
         ops = json.load(f)

@@ -7,10 +7,14 @@
 //              beside GPipe's (K - 1) / (M + K - 1);
 //   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
 //              micro-batches, in this process's CPU stream mode (TANDEM_CPU_STREAMS): run
-//              once per mode to compare them.
+//              once per mode to compare them;
+//   zero:      every rank's optimizer state bytes (DistributedTrainer::optimizer_state_bytes,
+//              after one step) under data parallelism, without ZeRO-1 and with it.
 // Every figure is the median over the measured steps (the first two are excluded).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -81,6 +85,42 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
   return m;
 }
 
+struct StateBytes {
+  int64_t params = 0;             // the model's parameters (one stage: the whole model)
+  std::vector<int64_t> per_rank;  // each rank's optimizer state bytes
+};
+
+// Every rank's optimizer state, read from a trainer for `pc` after one step.
+absl::StatusOr<StateBytes> OptimizerStateBytes(const ParallelConfig& pc, Communicator* comm) {
+  auto t = DistributedTrainer::Create(pc, comm);
+  if (!t.ok()) return t.status();
+  if (auto r = (*t)->Step(); !r.ok()) return r.status();
+  const int64_t mine = (*t)->optimizer_state_bytes();
+  if (mine > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError("optimizer state over 2 GiB: an i32 sum cannot gather it");
+  }
+  // Rank r's figure at r, summed over ranks.
+  std::vector<int32_t> slots(comm->world_size(), 0);
+  slots[comm->rank()] = static_cast<int32_t>(mine);
+  auto v = Tensor::FromInts(slots, {comm->world_size()});
+  if (!v.ok()) return v.status();
+  auto w = comm->AllReduce(*v);
+  if (!w.ok()) return w.status();
+  if (absl::Status s = (*w)->Wait(absl::Minutes(1)); !s.ok()) return s;
+  StateBytes out;
+  out.params = (*t)->stage().layout().numel();
+  for (int r = 0; r < comm->world_size(); ++r) out.per_rank.push_back(v->data<int32_t>()[r]);
+  return out;
+}
+
+// Prints a failed run's error and sets the exit code `rc`; true if it failed.
+bool Failed(const absl::Status& s, int* rc) {
+  if (s.ok()) return false;
+  std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  *rc = 1;
+  return true;
+}
+
 int Main(int argc, char** argv) {
   if (absl::Status s = InitMpi(&argc, &argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
@@ -120,11 +160,7 @@ int Main(int argc, char** argv) {
         pc.overlap = k.overlap;
         pc.bucket_bytes = static_cast<int64_t>(k.bucket_mb * (1 << 20));
         auto m = Run(pc, comm->get());
-        if (!m.ok()) {
-          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-          rc = 1;
-          break;
-        }
+        if (Failed(m.status(), &rc)) break;
         if (std::string(k.name) == "warm-up") continue;
         emit({{"bench", "data"},
               {"case", k.name},
@@ -148,11 +184,7 @@ int Main(int argc, char** argv) {
           pc.strategy = StrategyKind::kPipeline;
           pc.schedule = schedule;
           auto m = Run(pc, comm->get());
-          if (!m.ok()) {
-            std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-            rc = 1;
-            break;
-          }
+          if (Failed(m.status(), &rc)) break;
           if (!report) break;
           emit({{"bench", "pipeline"},
                 {"schedule", schedule},
@@ -178,11 +210,7 @@ int Main(int argc, char** argv) {
         pc.strategy = pipeline ? StrategyKind::kPipeline : StrategyKind::kData;
         pc.schedule = "1f1b";
         auto m = Run(pc, comm->get());
-        if (!m.ok()) {
-          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-          rc = 1;
-          break;
-        }
+        if (Failed(m.status(), &rc)) break;
         if (std::string(strategy) == "warm-up") continue;
         emit({{"bench", "streams"},
               {"cpu_streams", streams},
@@ -192,8 +220,25 @@ int Main(int argc, char** argv) {
                JsonRounded(pc.train.batch * pc.train.model.seq_len / m->step_seconds, 1)},
               {"step_seconds", JsonRounded(m->step_seconds, 6)}});
       }
+    } else if (mode == "zero") {
+      for (int zero : {0, 1}) {
+        ParallelConfig pc;
+        pc.train = Tiny(16, 1);
+        pc.strategy = StrategyKind::kData;
+        pc.zero = zero;
+        auto bytes = OptimizerStateBytes(pc, comm->get());
+        if (Failed(bytes.status(), &rc)) break;
+        Json per_rank = Json::array();
+        for (int64_t b : bytes->per_rank) per_rank.push_back(b);
+        emit({{"bench", "zero"},
+              {"workers", world},
+              {"zero", zero},
+              {"params", bytes->params},
+              {"optimizer_state_bytes", per_rank}});
+      }
     } else {
-      std::fprintf(stderr, "usage: strategy_bench data|pipeline|streams (under mpirun)\n");
+      std::fprintf(stderr,
+                   "usage: strategy_bench data|pipeline|streams|zero (under mpirun)\n");
       rc = 2;
     }
   }

@@ -3,8 +3,9 @@
 # BENCHMARKS.md (in the directory `bazel run` was started from) rewritten from the results:
 # communicator vs raw MPI (all-reduce, all-gather, reduce-scatter), runtime matmul vs raw
 # sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
-# bucket sizes, the pipeline bubble, CPU streams (asynchronous against immediate), and PyTorch
-# on the same model where it is installed. Takes about seven minutes on 2 cores.
+# bucket sizes, the pipeline bubble, ZeRO-1's optimizer state per rank, CPU streams
+# (asynchronous against immediate), and PyTorch on the same model where it is installed. Takes
+# about ten minutes on 2 cores.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
@@ -43,6 +44,10 @@ done
 step "pipeline bubble, 2 and 4 stages"
 for np in 2 4; do
   "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" pipeline >>"$out_dir/strategy.jsonl"
+done
+step "ZeRO-1: optimizer state bytes per rank on 1, 2 and 4 workers"
+for np in 1 2 4; do
+  "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" zero >>"$out_dir/zero.jsonl"
 done
 step "CPU streams: tokens/s, asynchronous against immediate, 3 alternating pairs"
 for pair in 1 2 3; do

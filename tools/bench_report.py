@@ -221,6 +221,44 @@ def collectives_section(d):
     print()
 
 
+def zero_section(d):
+    """Optimizer state bytes per rank, data parallel on D workers, without ZeRO-1 and with it
+    (parallel/strategy_bench zero), against D = 1 without ZeRO-1 in the same run."""
+    path = os.path.join(d, "zero.jsonl")
+    if not os.path.exists(path):
+        return
+    runs = sorted(lines(path), key=lambda r: (r["workers"], r["zero"]))
+    base = next((r for r in runs if r["workers"] == 1 and r["zero"] == 0), None)
+    print("## ZeRO-1: optimizer state per rank\n")
+    print("gpt-tiny, data parallel on D workers: the bytes of the optimizer state tensors each "
+          "rank holds (AdamW's m and v, f32; `DistributedTrainer::optimizer_state_bytes` after "
+          "one step). ZeRO-1 gives each rank an even shard of the flat parameter buffer, so the "
+          "textbook figure is 1/D of the whole, the largest shard rounded up to a whole "
+          "element.\n")
+    print("| workers D | ZeRO-1 | bytes per rank | MB per rank | / D = 1 without ZeRO-1 | "
+          "expected |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in runs:
+        per_rank = r["optimizer_state_bytes"]
+        lo, hi = min(per_rank), max(per_rank)
+        shown = f"{hi}" if lo == hi else f"{lo} to {hi}"
+        ratio = f"{hi / base['optimizer_state_bytes'][0]:.4f}" if base else "n/a"
+        d_ = r["workers"]
+        shards = d_ if r["zero"] else 1
+        expected = -(-r["params"] // shards) / r["params"]
+        print(f"| {d_} | {'yes' if r['zero'] else 'no'} | {shown} | {hi / 2**20:.2f} | {ratio} | "
+              f"{expected:.4f}{f' (1/{d_})' if shards > 1 else ''} |")
+    four = next((r for r in runs if r["workers"] == 4 and r["zero"] == 1), None)
+    if base and four:
+        got = max(four["optimizer_state_bytes"]) / base["optimizer_state_bytes"][0]
+        want = -(-four["params"] // 4) / four["params"]
+        print(f"\nAt D = 4 ZeRO-1 keeps {got:.4f} of one worker's optimizer state per rank "
+              f"against {want:.4f} expected: "
+              + ("as expected." if abs(got - want) <= 0.01 * want else
+                 "not what sharding should give."))
+    print()
+
+
 def main():
     d = sys.argv[1]
     now = datetime.date.today().isoformat()
@@ -297,7 +335,9 @@ def main():
             print(f"| {s['schedule']} | {s['stages']} | {s['micro_batches']} | "
                   f"{s['bubble_measured']:.3f} | {s['bubble_gpipe']:.3f} | {rel:.2f} | "
                   f"{s['stage0_peak_activation_bytes'] / 2**20:.1f} |")
-    print("\n## Against PyTorch on the same model\n")
+    print()
+    zero_section(d)
+    print("## Against PyTorch on the same model\n")
     print("`tools/bench_pytorch.py`: the same GPT (gpt-tiny sizes), batch, sequence length and "
           "AdamW, random tokens, f32, one thread per process; DDP over Gloo for 2 processes.\n")
     two_dp = two.get(("overlap", 25))

@@ -9,7 +9,11 @@
 //              micro-batches, in this process's CPU stream mode (TANDEM_CPU_STREAMS): run
 //              once per mode to compare them;
 //   zero:      every rank's optimizer state bytes (DistributedTrainer::optimizer_state_bytes,
-//              after one step) under data parallelism, without ZeRO-1 and with it.
+//              after one step) under data parallelism, without ZeRO-1 and with it;
+//   hybrid:    on 4 ranks, tokens/s of data parallelism, a 4-stage pipeline and 2 replicas
+//              of a 2-stage pipeline (GPipe and 1F1B; 1F1B with ZeRO-1 too), global batch 32,
+//              in 3 rounds that run every case in turn (after a warm-up run): one line per
+//              case and round.
 // Every figure is the median over the measured steps (the first two are excluded).
 #include <algorithm>
 #include <cstdint>
@@ -236,9 +240,54 @@ int Main(int argc, char** argv) {
               {"params", bytes->params},
               {"optimizer_state_bytes", per_rank}});
       }
+    } else if (mode == "hybrid") {
+      if (world != 4) {
+        if ((*comm)->rank() == 0) {
+          std::fprintf(stderr, "strategy_bench hybrid runs on 4 ranks, not %d\n", world);
+        }
+        rc = 2;
+      }
+      struct Case { const char* name; StrategyKind strategy; int replicas, micro_batches, zero;
+                    const char* schedule; };
+      // Micro-batches of 4 rows in every pipeline: 32 = 8 x 4, and 2 replicas x 4 x 4.
+      const std::vector<Case> cases = {
+          {"data parallel", StrategyKind::kData, 4, 1, 0, "gpipe"},
+          {"4 stages", StrategyKind::kPipeline, 1, 8, 0, "gpipe"},
+          {"4 stages", StrategyKind::kPipeline, 1, 8, 0, "1f1b"},
+          {"2 replicas x 2 stages", StrategyKind::kPipeline, 2, 4, 0, "gpipe"},
+          {"2 replicas x 2 stages", StrategyKind::kPipeline, 2, 4, 0, "1f1b"},
+          {"2 replicas x 2 stages, ZeRO-1", StrategyKind::kPipeline, 2, 4, 1, "1f1b"}};
+      // Round 0 runs the first case only, to warm up, and is not reported.
+      for (int round = 0; round <= 3 && rc == 0; ++round) {
+        for (size_t i = 0; i < (round == 0 ? 1 : cases.size()); ++i) {
+          const Case& k = cases[i];
+          ParallelConfig pc;
+          pc.train = Tiny(32, k.micro_batches);
+          pc.strategy = k.strategy;
+          pc.schedule = k.schedule;
+          pc.data_parallel = k.strategy == StrategyKind::kData ? 1 : k.replicas;
+          pc.zero = k.zero;
+          auto m = Run(pc, comm->get());
+          if (Failed(m.status(), &rc)) break;
+          if (round == 0) continue;
+          emit({{"bench", "hybrid"},
+                {"case", k.name},
+                {"round", round},
+                {"workers", world},
+                {"replicas", k.replicas},
+                {"stages", world / k.replicas},
+                {"schedule", k.strategy == StrategyKind::kData ? "" : k.schedule},
+                {"micro_batches", k.micro_batches},
+                {"zero", k.zero},
+                {"tokens_per_second",
+                 JsonRounded(32 * pc.train.model.seq_len / m->step_seconds, 1)},
+                {"step_seconds", JsonRounded(m->step_seconds, 6)},
+                {"bubble_measured", JsonRounded(m->bubble_fraction, 4)}});
+        }
+      }
     } else {
       std::fprintf(stderr,
-                   "usage: strategy_bench data|pipeline|streams|zero (under mpirun)\n");
+                   "usage: strategy_bench data|pipeline|streams|zero|hybrid (under mpirun)\n");
       rc = 2;
     }
   }

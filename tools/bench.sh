@@ -3,9 +3,9 @@
 # BENCHMARKS.md (in the directory `bazel run` was started from) rewritten from the results:
 # communicator vs raw MPI (all-reduce, all-gather, reduce-scatter), runtime matmul vs raw
 # sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
-# bucket sizes, the pipeline bubble, ZeRO-1's optimizer state per rank, CPU streams
-# (asynchronous against immediate), and PyTorch on the same model where it is installed. Takes
-# about ten minutes on 2 cores.
+# bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, ZeRO-1's optimizer state per
+# rank, CPU streams (asynchronous against immediate), and PyTorch on the same model where it
+# is installed. Takes about ten minutes on 2 cores.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
@@ -45,6 +45,8 @@ step "pipeline bubble, 2 and 4 stages"
 for np in 2 4; do
   "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" pipeline >>"$out_dir/strategy.jsonl"
 done
+step "hybrid: 2 replicas x 2 stages against data parallel and 4 stages, 4 workers, 3 rounds"
+"${mpi[@]}" -np 4 "$runfiles/parallel/strategy_bench" hybrid >"$out_dir/hybrid.jsonl"
 step "ZeRO-1: optimizer state bytes per rank on 1, 2 and 4 workers"
 for np in 1 2 4; do
   "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" zero >>"$out_dir/zero.jsonl"

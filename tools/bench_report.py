@@ -259,6 +259,39 @@ def zero_section(d):
     print()
 
 
+def hybrid_section(d):
+    """Tokens/s of hybrid layouts on 4 workers against data parallel on the same 4, each case's
+    ratio the median over rounds of its ratio to data parallel in the same round
+    (parallel/strategy_bench hybrid)."""
+    path = os.path.join(d, "hybrid.jsonl")
+    if not os.path.exists(path):
+        return
+    runs = lines(path)
+    data = {r["round"]: r["tokens_per_second"] for r in runs if r["case"] == "data parallel"}
+    cases = {}
+    for r in runs:
+        cases.setdefault((r["case"], r["schedule"]), []).append(r)
+    mid = lambda v: sorted(v)[len(v) // 2]
+    print("## Hybrid parallelism on 4 workers (gpt-tiny, global batch 32)\n")
+    print("Data parallel on 4 workers, a 4-stage pipeline, and 2 replicas of a 2-stage pipeline "
+          "(`--data-parallel=2`), every pipeline in micro-batches of 4 rows; "
+          "`parallel/strategy_bench hybrid` runs each case in turn, in rounds, in one job. "
+          "`vs data parallel` is the median over rounds of the case's tokens/s over data "
+          "parallel's in the same round. The 4 workers share 2 cores here, so the absolute "
+          "figures say little, and all cases run with Open MPI's busy polling (the launcher "
+          "yields the core only under plain data parallelism).\n")
+    print("| layout | schedule | micro-batches | ZeRO-1 | rounds | tokens/s (median) | "
+          "vs data parallel | measured bubble |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (case, schedule), rs in cases.items():
+        ratios = [r["tokens_per_second"] / data[r["round"]] for r in rs if r["round"] in data]
+        print(f"| {case} | {schedule or '-'} | {rs[0]['micro_batches']} | "
+              f"{'yes' if rs[0]['zero'] else 'no'} | {len(rs)} | "
+              f"{mid([r['tokens_per_second'] for r in rs]):.0f} | "
+              f"{mid(ratios):.2f} | {mid([r['bubble_measured'] for r in rs]):.3f} |")
+    print()
+
+
 def main():
     d = sys.argv[1]
     now = datetime.date.today().isoformat()
@@ -336,6 +369,7 @@ def main():
                   f"{s['bubble_measured']:.3f} | {s['bubble_gpipe']:.3f} | {rel:.2f} | "
                   f"{s['stage0_peak_activation_bytes'] / 2**20:.1f} |")
     print()
+    hybrid_section(d)
     zero_section(d)
     print("## Against PyTorch on the same model\n")
     print("`tools/bench_pytorch.py`: the same GPT (gpt-tiny sizes), batch, sequence length and "

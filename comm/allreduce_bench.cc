@@ -1,19 +1,27 @@
-// All-reduce bandwidth of Tandem's MPI communicator against raw MPI_Allreduce in the same
-// run, from 4 KB to 64 MB of f32 (sum, in place). Run under mpirun (allreduce_bench.sh does
-// it for `bazel run //comm:allreduce_bench`). Bandwidths follow nccl-tests: algbw = bytes /
-// time, busbw = algbw * 2(n-1)/n. Each time is the median of --reps timed repetitions; the
-// three ways are interleaved within every repetition, and each ratio is the median over
-// repetitions of the ratio within one, so that machine noise hits both sides alike:
-//   raw     MPI_Allreduce(MPI_IN_PLACE, ...) back to back on the calling thread;
-//   queued  Tandem AllReduce issued --iters times, then the last one waited (nccl-tests'
+// Bandwidth of a collective through Tandem's MPI communicator against the raw MPI call in the
+// same run, from 4 KB to 64 MB of f32 in place (--collective, nccl-tests' table of functions per
+// collective):
+//   all_reduce      AllReduce (sum)             against MPI_Allreduce;
+//   all_gather      AllGatherParts              against MPI_Allgatherv;
+//   reduce_scatter  ReduceScatterParts (sum)    against MPI_Reduce_scatter;
+// the parts collectives are ZeRO-1's, each rank owning an even part of the buffer. Run under
+// mpirun (allreduce_bench.sh does it for `bazel run //comm:allreduce_bench`). Bandwidths follow
+// nccl-tests, `bytes` being the whole buffer: algbw = bytes / time, busbw = algbw * 2(n-1)/n
+// for all-reduce and algbw * (n-1)/n for all-gather and reduce-scatter. Each time is the median
+// of --reps timed repetitions; the three ways are interleaved within every repetition, and each
+// ratio is the median over repetitions of the ratio within one, so that machine noise hits both
+// sides alike:
+//   raw     the MPI call back to back on the calling thread;
+//   queued  Tandem's operation issued --iters times, then the last one waited (nccl-tests'
 //           method: operations queue on the communication thread);
-//   waited  Tandem AllReduce then Wait, each time (the latency of one handoff included).
+//   waited  Tandem's operation then Wait, each time (the latency of one handoff included).
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -31,7 +39,10 @@
 namespace tandem {
 namespace {
 
+enum class Kind { kAllReduce, kAllGather, kReduceScatter };
+
 struct Flags {
+  Kind kind = Kind::kAllReduce;
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = 64 << 20;
   int reps = 9;
@@ -58,14 +69,98 @@ absl::StatusOr<double> Time(int iters, F body) {
   return slowest;
 }
 
+// One collective on one buffer, the two sides timed: the raw MPI call, and Tandem's operation.
+struct Ways {
+  std::function<absl::Status()> raw;
+  std::function<absl::StatusOr<std::unique_ptr<Work>>()> issue;
+};
+
+// What the benchmark says of each collective.
+struct CollectiveInfo {
+  const char* name;
+  const char* what;      // the header's description
+  const char* mpi_call;  // the raw side
+  // nccl-tests' busbw = algbw * bus_multiple * (n-1)/n: what each rank moves over its link
+  // per byte of the buffer (an all-reduce is a reduce-scatter, then an all-gather).
+  int bus_multiple;
+};
+
+CollectiveInfo InfoOf(Kind kind) {
+  switch (kind) {
+    case Kind::kAllGather:
+      return {"all_gather", "f32 in place, every rank's even part to every rank (AllGatherParts)",
+              "MPI_Allgatherv", 1};
+    case Kind::kReduceScatter:
+      return {"reduce_scatter",
+              "f32 sum in place, each rank keeping its even part "
+              "(ReduceScatterParts)",
+              "MPI_Reduce_scatter", 1};
+    case Kind::kAllReduce:
+      break;
+  }
+  return {"all_reduce", "f32 sum in place (AllReduce)", "MPI_Allreduce", 2};
+}
+
+// Returns the error status of a failed MPI call.
+#define RETURN_IF_MPI_ERROR(name, call)                                       \
+  do {                                                                        \
+    const int e = (call);                                                     \
+    if (e != MPI_SUCCESS) return MpiErrorStatus(e, name, __FILE__, __LINE__); \
+  } while (0)
+
+// The two sides of `kind` on `t`; the parts collectives split `t` evenly over the ranks, as
+// ZeRO-1's shards. `comm` must outlive the result.
+Ways WaysOf(Kind kind, Communicator* comm, const Tensor& t) {
+  float* data = t.data<float>();
+  const int count = static_cast<int>(t.numel());
+  const int n = comm->world_size();
+  std::vector<int64_t> offsets;
+  std::vector<int> counts, displacements;
+  for (int r = 0; r <= n; ++r) offsets.push_back(int64_t{count} * r / n);
+  for (int r = 0; r < n; ++r) {
+    counts.push_back(static_cast<int>(offsets[r + 1] - offsets[r]));
+    displacements.push_back(static_cast<int>(offsets[r]));
+  }
+  switch (kind) {
+    case Kind::kAllGather:
+      return {[=]() -> absl::Status {
+                RETURN_IF_MPI_ERROR(
+                    "MPI_Allgatherv",
+                    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(),
+                                   displacements.data(), MPI_FLOAT, MPI_COMM_WORLD));
+                return absl::OkStatus();
+              },
+              [=] { return comm->AllGatherParts(t, offsets); }};
+    case Kind::kReduceScatter:
+      return {[=]() -> absl::Status {
+                RETURN_IF_MPI_ERROR("MPI_Reduce_scatter",
+                                    MPI_Reduce_scatter(MPI_IN_PLACE, data, counts.data(), MPI_FLOAT,
+                                                       MPI_SUM, MPI_COMM_WORLD));
+                return absl::OkStatus();
+              },
+              [=] { return comm->ReduceScatterParts(t, offsets); }};
+    case Kind::kAllReduce:
+      break;
+  }
+  return {[=]() -> absl::Status {
+            RETURN_IF_MPI_ERROR("MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT,
+                                                               MPI_SUM, MPI_COMM_WORLD));
+            return absl::OkStatus();
+          },
+          [=] { return comm->AllReduce(t); }};
+}
+
 absl::Status Run(const Flags& flags) {
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, CreateMpiCommunicator());
   const int rank = comm->rank();
   const int n = comm->world_size();
-  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  const CollectiveInfo info = InfoOf(flags.kind);
+  const double bus_factor = n > 1 ? info.bus_multiple * (n - 1.0) / n : 1.0;
   if (rank == 0) {
-    std::printf("all_reduce f32 sum in place, %d ranks, median of %d reps "
-                "(algbw, busbw in GB/s; busbw = algbw * 2(n-1)/n)\n", n, flags.reps);
+    std::printf(
+        "%s %s against raw %s, %d ranks, median of %d reps "
+        "(algbw, busbw in GB/s; busbw = algbw * %s(n-1)/n)\n",
+        info.name, info.what, info.mpi_call, n, flags.reps, info.bus_multiple == 1 ? "" : "2");
     std::printf("%10s %6s | %9s %7s %7s | %9s %7s %7s %6s | %9s %7s %6s\n", "bytes", "iters",
                 "raw us", "algbw", "busbw", "queued us", "algbw", "busbw", "ratio", "waited us",
                 "busbw", "ratio");
@@ -90,27 +185,23 @@ absl::Status Run(const Flags& flags) {
     const int64_t count = bytes / 4;
     ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(Shape{count}, DType::kF32, Device::Cpu()));
     std::memset(t.raw(), 0, t.bytes());  // zeros stay zeros: no denormals, no overflow
-    float* data = t.data<float>();
+    const Ways ways = WaysOf(flags.kind, comm.get(), t);
     auto raw = [&](int iters) -> absl::Status {
-      for (int i = 0; i < iters; ++i) {
-        const int e = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT,
-                                    MPI_SUM, MPI_COMM_WORLD);
-        if (e != MPI_SUCCESS) return MpiErrorStatus(e, "MPI_Allreduce", __FILE__, __LINE__);
-      }
+      for (int i = 0; i < iters; ++i) RETURN_IF_ERROR(ways.raw());
       return absl::OkStatus();
     };
     std::vector<std::unique_ptr<Work>> works;
     auto queued = [&](int iters) -> absl::Status {
       works.clear();
       for (int i = 0; i < iters; ++i) {
-        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm->AllReduce(t));
+        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, ways.issue());
         works.push_back(std::move(w));
       }
       return works.back()->Wait(kTimeout);  // in order: the last done means all done
     };
     auto waited = [&](int iters) -> absl::Status {
       for (int i = 0; i < iters; ++i) {
-        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm->AllReduce(t));
+        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, ways.issue());
         RETURN_IF_ERROR(w->Wait(kTimeout));
       }
       return absl::OkStatus();
@@ -211,7 +302,17 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string v;
     bool ok = true;
-    if (tandem::ParseFlag(argv[i], "--min_bytes", &v)) {
+    if (tandem::ParseFlag(argv[i], "--collective", &v)) {
+      if (v == "all_reduce") {
+        flags.kind = tandem::Kind::kAllReduce;
+      } else if (v == "all_gather") {
+        flags.kind = tandem::Kind::kAllGather;
+      } else if (v == "reduce_scatter") {
+        flags.kind = tandem::Kind::kReduceScatter;
+      } else {
+        ok = false;
+      }
+    } else if (tandem::ParseFlag(argv[i], "--min_bytes", &v)) {
       ok = absl::SimpleAtoi(v, &flags.min_bytes) && flags.min_bytes >= 4;
     } else if (tandem::ParseFlag(argv[i], "--max_bytes", &v)) {
       ok = absl::SimpleAtoi(v, &flags.max_bytes);
@@ -224,8 +325,9 @@ int main(int argc, char** argv) {
     }
     if (!ok) {
       std::fprintf(stderr,
-                   "allreduce_bench: bad flag '%s' (flags: --min_bytes=N --max_bytes=N "
-                   "--reps=N --target_ms=X)\n",
+                   "allreduce_bench: bad flag '%s' (flags: "
+                   "--collective=all_reduce|all_gather|reduce_scatter --min_bytes=N "
+                   "--max_bytes=N --reps=N --target_ms=X)\n",
                    argv[i]);
       tandem::FinalizeMpi().IgnoreError();
       return 2;

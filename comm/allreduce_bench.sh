@@ -1,6 +1,7 @@
 #!/bin/sh
-# `bazel run //comm:allreduce_bench [-- FLAGS]`: runs the all-reduce benchmark on
-# TANDEM_BENCH_NP ranks (default 2) of this host through mpirun.
+# `bazel run //comm:allreduce_bench [-- FLAGS]`: runs the collective benchmark (all-reduce, or
+# --collective=all_gather|reduce_scatter) on TANDEM_BENCH_NP ranks (default 2) of this host
+# through mpirun.
 set -eu
 bin="$1"
 shift

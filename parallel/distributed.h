@@ -133,6 +133,15 @@ class DistributedTrainer {
   const Stage& stage() const { return *stage_; }
   // What this rank was checked to need before it allocated anything (RankMemoryNeeds).
   const MemoryCheck& memory() const { return memory_; }
+  // Bytes of the optimizer state tensors this rank holds (AdamW: m and v), under ZeRO-1 those
+  // of its shard only.
+  int64_t optimizer_state_bytes() const {
+    int64_t bytes = 0;
+    for (const Tensor* t : {&optimizer_.state0(), &optimizer_.state1()}) {
+      if (t->defined()) bytes += static_cast<int64_t>(t->bytes());
+    }
+    return bytes;
+  }
   // Collective: writes this rank's shard (data parallel: rank 0 only), gathers every
   // shard's size and checksum, and rank 0 writes the manifest last; returns on every rank
   // once the checkpoint is complete. An error on any rank fails it on every rank.

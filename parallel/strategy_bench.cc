@@ -7,10 +7,18 @@
 //              beside GPipe's (K - 1) / (M + K - 1);
 //   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
 //              micro-batches, in this process's CPU stream mode (TANDEM_CPU_STREAMS): run
-//              once per mode to compare them.
+//              once per mode to compare them;
+//   zero:      every rank's optimizer state bytes (DistributedTrainer::optimizer_state_bytes,
+//              after one step) under data parallelism, without ZeRO-1 and with it;
+//   hybrid:    on 4 ranks, tokens/s of data parallelism, a 4-stage pipeline and 2 replicas
+//              of a 2-stage pipeline (GPipe and 1F1B; 1F1B with ZeRO-1 too), global batch 32,
+//              in 3 rounds that run every case in turn (after a warm-up run): one line per
+//              case and round.
 // Every figure is the median over the measured steps (the first two are excluded).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -81,6 +89,42 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
   return m;
 }
 
+struct StateBytes {
+  int64_t params = 0;             // the model's parameters (one stage: the whole model)
+  std::vector<int64_t> per_rank;  // each rank's optimizer state bytes
+};
+
+// Every rank's optimizer state, read from a trainer for `pc` after one step.
+absl::StatusOr<StateBytes> OptimizerStateBytes(const ParallelConfig& pc, Communicator* comm) {
+  auto t = DistributedTrainer::Create(pc, comm);
+  if (!t.ok()) return t.status();
+  if (auto r = (*t)->Step(); !r.ok()) return r.status();
+  const int64_t mine = (*t)->optimizer_state_bytes();
+  if (mine > std::numeric_limits<int32_t>::max()) {
+    return absl::OutOfRangeError("optimizer state over 2 GiB: an i32 sum cannot gather it");
+  }
+  // Rank r's figure at r, summed over ranks.
+  std::vector<int32_t> slots(comm->world_size(), 0);
+  slots[comm->rank()] = static_cast<int32_t>(mine);
+  auto v = Tensor::FromInts(slots, {comm->world_size()});
+  if (!v.ok()) return v.status();
+  auto w = comm->AllReduce(*v);
+  if (!w.ok()) return w.status();
+  if (absl::Status s = (*w)->Wait(absl::Minutes(1)); !s.ok()) return s;
+  StateBytes out;
+  out.params = (*t)->stage().layout().numel();
+  for (int r = 0; r < comm->world_size(); ++r) out.per_rank.push_back(v->data<int32_t>()[r]);
+  return out;
+}
+
+// Prints a failed run's error and sets the exit code `rc`; true if it failed.
+bool Failed(const absl::Status& s, int* rc) {
+  if (s.ok()) return false;
+  std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+  *rc = 1;
+  return true;
+}
+
 int Main(int argc, char** argv) {
   if (absl::Status s = InitMpi(&argc, &argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
@@ -120,11 +164,7 @@ int Main(int argc, char** argv) {
         pc.overlap = k.overlap;
         pc.bucket_bytes = static_cast<int64_t>(k.bucket_mb * (1 << 20));
         auto m = Run(pc, comm->get());
-        if (!m.ok()) {
-          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-          rc = 1;
-          break;
-        }
+        if (Failed(m.status(), &rc)) break;
         if (std::string(k.name) == "warm-up") continue;
         emit({{"bench", "data"},
               {"case", k.name},
@@ -148,11 +188,7 @@ int Main(int argc, char** argv) {
           pc.strategy = StrategyKind::kPipeline;
           pc.schedule = schedule;
           auto m = Run(pc, comm->get());
-          if (!m.ok()) {
-            std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-            rc = 1;
-            break;
-          }
+          if (Failed(m.status(), &rc)) break;
           if (!report) break;
           emit({{"bench", "pipeline"},
                 {"schedule", schedule},
@@ -178,11 +214,7 @@ int Main(int argc, char** argv) {
         pc.strategy = pipeline ? StrategyKind::kPipeline : StrategyKind::kData;
         pc.schedule = "1f1b";
         auto m = Run(pc, comm->get());
-        if (!m.ok()) {
-          std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-          rc = 1;
-          break;
-        }
+        if (Failed(m.status(), &rc)) break;
         if (std::string(strategy) == "warm-up") continue;
         emit({{"bench", "streams"},
               {"cpu_streams", streams},
@@ -192,8 +224,70 @@ int Main(int argc, char** argv) {
                JsonRounded(pc.train.batch * pc.train.model.seq_len / m->step_seconds, 1)},
               {"step_seconds", JsonRounded(m->step_seconds, 6)}});
       }
+    } else if (mode == "zero") {
+      for (int zero : {0, 1}) {
+        ParallelConfig pc;
+        pc.train = Tiny(16, 1);
+        pc.strategy = StrategyKind::kData;
+        pc.zero = zero;
+        auto bytes = OptimizerStateBytes(pc, comm->get());
+        if (Failed(bytes.status(), &rc)) break;
+        Json per_rank = Json::array();
+        for (int64_t b : bytes->per_rank) per_rank.push_back(b);
+        emit({{"bench", "zero"},
+              {"workers", world},
+              {"zero", zero},
+              {"params", bytes->params},
+              {"optimizer_state_bytes", per_rank}});
+      }
+    } else if (mode == "hybrid") {
+      if (world != 4) {
+        if ((*comm)->rank() == 0) {
+          std::fprintf(stderr, "strategy_bench hybrid runs on 4 ranks, not %d\n", world);
+        }
+        rc = 2;
+      }
+      struct Case { const char* name; StrategyKind strategy; int replicas, micro_batches, zero;
+                    const char* schedule; };
+      // Micro-batches of 4 rows in every pipeline: 32 = 8 x 4, and 2 replicas x 4 x 4.
+      const std::vector<Case> cases = {
+          {"data parallel", StrategyKind::kData, 4, 1, 0, "gpipe"},
+          {"4 stages", StrategyKind::kPipeline, 1, 8, 0, "gpipe"},
+          {"4 stages", StrategyKind::kPipeline, 1, 8, 0, "1f1b"},
+          {"2 replicas x 2 stages", StrategyKind::kPipeline, 2, 4, 0, "gpipe"},
+          {"2 replicas x 2 stages", StrategyKind::kPipeline, 2, 4, 0, "1f1b"},
+          {"2 replicas x 2 stages, ZeRO-1", StrategyKind::kPipeline, 2, 4, 1, "1f1b"}};
+      // Round 0 runs the first case only, to warm up, and is not reported.
+      for (int round = 0; round <= 3 && rc == 0; ++round) {
+        for (size_t i = 0; i < (round == 0 ? 1 : cases.size()); ++i) {
+          const Case& k = cases[i];
+          ParallelConfig pc;
+          pc.train = Tiny(32, k.micro_batches);
+          pc.strategy = k.strategy;
+          pc.schedule = k.schedule;
+          pc.data_parallel = k.strategy == StrategyKind::kData ? 1 : k.replicas;
+          pc.zero = k.zero;
+          auto m = Run(pc, comm->get());
+          if (Failed(m.status(), &rc)) break;
+          if (round == 0) continue;
+          emit({{"bench", "hybrid"},
+                {"case", k.name},
+                {"round", round},
+                {"workers", world},
+                {"replicas", k.replicas},
+                {"stages", world / k.replicas},
+                {"schedule", k.strategy == StrategyKind::kData ? "" : k.schedule},
+                {"micro_batches", k.micro_batches},
+                {"zero", k.zero},
+                {"tokens_per_second",
+                 JsonRounded(32 * pc.train.model.seq_len / m->step_seconds, 1)},
+                {"step_seconds", JsonRounded(m->step_seconds, 6)},
+                {"bubble_measured", JsonRounded(m->bubble_fraction, 4)}});
+        }
+      }
     } else {
-      std::fprintf(stderr, "usage: strategy_bench data|pipeline|streams (under mpirun)\n");
+      std::fprintf(stderr,
+                   "usage: strategy_bench data|pipeline|streams|zero|hybrid (under mpirun)\n");
       rc = 2;
     }
   }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `bazel run //tools:bench`: every Tandem benchmark in one go on this machine, then
 # BENCHMARKS.md (in the directory `bazel run` was started from) rewritten from the results:
-# communicator vs raw MPI, runtime matmul vs raw sgemm, memory-bound ops vs memcpy,
-# one-worker training, data-parallel scaling, overlap and bucket sizes, the pipeline bubble,
-# CPU streams (asynchronous against immediate), and PyTorch on the same model where it is
-# installed. Takes about seven minutes on 2 cores.
+# communicator vs raw MPI (all-reduce, all-gather, reduce-scatter), runtime matmul vs raw
+# sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
+# bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, ZeRO-1's optimizer state per
+# rank, CPU streams (asynchronous against immediate), and PyTorch on the same model where it
+# is installed. Takes about ten minutes on 2 cores.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
@@ -16,8 +17,11 @@ mpi=(mpirun --oversubscribe --bind-to none --mca btl self,vader)
 
 step() { echo "bench: $*" >&2; }
 
-step "all-reduce: Tandem's MPI communicator against raw MPI_Allreduce (2 ranks)"
-"${mpi[@]}" -np 2 "$runfiles/comm/allreduce_bench_bin" >"$out_dir/allreduce.txt"
+step "all-reduce, all-gather, reduce-scatter: Tandem's MPI communicator against raw MPI (2 ranks)"
+for collective in all_reduce all_gather reduce_scatter; do
+  "${mpi[@]}" -np 2 "$runfiles/comm/allreduce_bench_bin" --collective=$collective \
+    >"$out_dir/${collective//_/}.txt"
+done
 step "ops: runtime matmul against raw sgemm, memory-bound ops against memcpy"
 "$runfiles/runtime/ops_bench" --benchmark_out="$out_dir/ops.json" \
   --benchmark_out_format=json --benchmark_color=false >"$out_dir/ops.txt" 2>&1
@@ -40,6 +44,12 @@ done
 step "pipeline bubble, 2 and 4 stages"
 for np in 2 4; do
   "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" pipeline >>"$out_dir/strategy.jsonl"
+done
+step "hybrid: 2 replicas x 2 stages against data parallel and 4 stages, 4 workers, 3 rounds"
+"${mpi[@]}" -np 4 "$runfiles/parallel/strategy_bench" hybrid >"$out_dir/hybrid.jsonl"
+step "ZeRO-1: optimizer state bytes per rank on 1, 2 and 4 workers"
+for np in 1 2 4; do
+  "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" zero >>"$out_dir/zero.jsonl"
 done
 step "CPU streams: tokens/s, asynchronous against immediate, 3 alternating pairs"
 for pair in 1 2 3; do

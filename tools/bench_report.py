@@ -174,6 +174,124 @@ def streams_section(d, ops):
     print()
 
 
+def collectives_section(d):
+    """Tandem's MPI communicator against the raw MPI call (comm/allreduce_bench, one run per
+    collective): all-reduce, then ZeRO-1's all-gather and reduce-scatter where measured, and
+    their ratios side by side."""
+    ratios = {}
+    for name, title, what in (
+            ("allreduce", "All-reduce: Tandem's MPI communicator against raw `MPI_Allreduce`",
+             "f32 sum in place"),
+            ("allgather", "All-gather: Tandem's MPI communicator against raw `MPI_Allgatherv`",
+             "f32 in place, each rank's even part of the buffer to every rank (`AllGatherParts`, "
+             "ZeRO-1's gather of the updated parameters)"),
+            ("reducescatter",
+             "Reduce-scatter: Tandem's MPI communicator against raw `MPI_Reduce_scatter`",
+             "f32 sum in place, each rank keeping its even part (`ReduceScatterParts`, ZeRO-1's "
+             "reduction of the gradients)")):
+        path = os.path.join(d, name + ".txt")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            text = f.read().rstrip()
+        print(f"## {title}\n")
+        print(f"2 ranks, shared memory, {what}, median of 9 repetitions; bytes is the whole "
+              "buffer and busbw as nccl-tests defines it. `ratio` is Tandem's busbw over raw "
+              "MPI's, measured in pairs (1.000 = no overhead).\n")
+        print("```")
+        print(text)
+        print("```\n")
+        # bytes, then the queued ratio (the 9th number of a row).
+        ratios[name] = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+            r"^\s*(\d+)\s+\d+ \|(?:\s+[\d.]+){3} \|(?:\s+[\d.]+){3}\s+([\d.]+) \|", text,
+            re.M)}
+    if len(ratios) < 2:
+        return
+    names = {"allreduce": "all-reduce", "allgather": "all-gather",
+             "reducescatter": "reduce-scatter"}
+    sizes = sorted(set().union(*ratios.values()))
+    print("## Collectives side by side: Tandem against raw MPI\n")
+    print("Tandem's busbw over raw MPI's (the queued ratio of each table above), measured in "
+          "the same run:\n")
+    print("| bytes | " + " | ".join(names[n] for n in ratios) + " |")
+    print("| --- |" + " --- |" * len(ratios))
+    for b in sizes:
+        cells = [f"{r[b]:.3f}" if b in r else "-" for r in ratios.values()]
+        print(f"| {b} | " + " | ".join(cells) + " |")
+    print()
+
+
+def zero_section(d):
+    """Optimizer state bytes per rank, data parallel on D workers, without ZeRO-1 and with it
+    (parallel/strategy_bench zero), against D = 1 without ZeRO-1 in the same run."""
+    path = os.path.join(d, "zero.jsonl")
+    if not os.path.exists(path):
+        return
+    runs = sorted(lines(path), key=lambda r: (r["workers"], r["zero"]))
+    base = next((r for r in runs if r["workers"] == 1 and r["zero"] == 0), None)
+    print("## ZeRO-1: optimizer state per rank\n")
+    print("gpt-tiny, data parallel on D workers: the bytes of the optimizer state tensors each "
+          "rank holds (AdamW's m and v, f32; `DistributedTrainer::optimizer_state_bytes` after "
+          "one step). ZeRO-1 gives each rank an even shard of the flat parameter buffer, so the "
+          "textbook figure is 1/D of the whole, the largest shard rounded up to a whole "
+          "element.\n")
+    print("| workers D | ZeRO-1 | bytes per rank | MB per rank | / D = 1 without ZeRO-1 | "
+          "expected |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in runs:
+        per_rank = r["optimizer_state_bytes"]
+        lo, hi = min(per_rank), max(per_rank)
+        shown = f"{hi}" if lo == hi else f"{lo} to {hi}"
+        ratio = f"{hi / base['optimizer_state_bytes'][0]:.4f}" if base else "n/a"
+        d_ = r["workers"]
+        shards = d_ if r["zero"] else 1
+        expected = -(-r["params"] // shards) / r["params"]
+        print(f"| {d_} | {'yes' if r['zero'] else 'no'} | {shown} | {hi / 2**20:.2f} | {ratio} | "
+              f"{expected:.4f}{f' (1/{d_})' if shards > 1 else ''} |")
+    four = next((r for r in runs if r["workers"] == 4 and r["zero"] == 1), None)
+    if base and four:
+        got = max(four["optimizer_state_bytes"]) / base["optimizer_state_bytes"][0]
+        want = -(-four["params"] // 4) / four["params"]
+        print(f"\nAt D = 4 ZeRO-1 keeps {got:.4f} of one worker's optimizer state per rank "
+              f"against {want:.4f} expected: "
+              + ("as expected." if abs(got - want) <= 0.01 * want else
+                 "not what sharding should give."))
+    print()
+
+
+def hybrid_section(d):
+    """Tokens/s of hybrid layouts on 4 workers against data parallel on the same 4, each case's
+    ratio the median over rounds of its ratio to data parallel in the same round
+    (parallel/strategy_bench hybrid)."""
+    path = os.path.join(d, "hybrid.jsonl")
+    if not os.path.exists(path):
+        return
+    runs = lines(path)
+    data = {r["round"]: r["tokens_per_second"] for r in runs if r["case"] == "data parallel"}
+    cases = {}
+    for r in runs:
+        cases.setdefault((r["case"], r["schedule"]), []).append(r)
+    mid = lambda v: sorted(v)[len(v) // 2]
+    print("## Hybrid parallelism on 4 workers (gpt-tiny, global batch 32)\n")
+    print("Data parallel on 4 workers, a 4-stage pipeline, and 2 replicas of a 2-stage pipeline "
+          "(`--data-parallel=2`), every pipeline in micro-batches of 4 rows; "
+          "`parallel/strategy_bench hybrid` runs each case in turn, in rounds, in one job. "
+          "`vs data parallel` is the median over rounds of the case's tokens/s over data "
+          "parallel's in the same round. The 4 workers share 2 cores here, so the absolute "
+          "figures say little, and all cases run with Open MPI's busy polling (the launcher "
+          "yields the core only under plain data parallelism).\n")
+    print("| layout | schedule | micro-batches | ZeRO-1 | rounds | tokens/s (median) | "
+          "vs data parallel | measured bubble |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (case, schedule), rs in cases.items():
+        ratios = [r["tokens_per_second"] / data[r["round"]] for r in rs if r["round"] in data]
+        print(f"| {case} | {schedule or '-'} | {rs[0]['micro_batches']} | "
+              f"{'yes' if rs[0]['zero'] else 'no'} | {len(rs)} | "
+              f"{mid([r['tokens_per_second'] for r in rs]):.0f} | "
+              f"{mid(ratios):.2f} | {mid([r['bubble_measured'] for r in rs]):.3f} |")
+    print()
+
+
 def main():
     d = sys.argv[1]
     now = datetime.date.today().isoformat()
@@ -186,14 +304,7 @@ def main():
           "`bazel run //tools:bench` (it rewrites this file). CPU workers, one BLAS thread "
           "each. These machines are noisy: compare the ratios, each measured against its "
           "baseline in the same run, rather than absolute figures.\n")
-    print("## All-reduce: Tandem's MPI communicator against raw `MPI_Allreduce`\n")
-    print("2 ranks, shared memory, f32 sum in place, median of 9 repetitions; busbw as "
-          "nccl-tests defines it. `ratio` is Tandem's busbw over raw MPI's, measured in pairs "
-          "(1.000 = no overhead).\n")
-    print("```")
-    with open(os.path.join(d, "allreduce.txt")) as f:
-        print(f.read().rstrip())
-    print("```\n")
+    collectives_section(d)
     print("## Runtime ops against raw OpenBLAS and memcpy\n")
     with open(os.path.join(d, "ops.json")) as f:
         ops = json.load(f)
@@ -257,7 +368,10 @@ def main():
             print(f"| {s['schedule']} | {s['stages']} | {s['micro_batches']} | "
                   f"{s['bubble_measured']:.3f} | {s['bubble_gpipe']:.3f} | {rel:.2f} | "
                   f"{s['stage0_peak_activation_bytes'] / 2**20:.1f} |")
-    print("\n## Against PyTorch on the same model\n")
+    print()
+    hybrid_section(d)
+    zero_section(d)
+    print("## Against PyTorch on the same model\n")
     print("`tools/bench_pytorch.py`: the same GPT (gpt-tiny sizes), batch, sequence length and "
           "AdamW, random tokens, f32, one thread per process; DDP over Gloo for 2 processes.\n")
     two_dp = two.get(("overlap", 25))

@@ -356,6 +356,35 @@ TEST_F(MpiCommunicatorTest, WaitTimeoutNamesRankOperationAndSequence) {
   }
 }
 
+// A hang inside a group names the group, the job's rank and the group's own collective and
+// sequence number (the group counts from 1 whatever the job's communicator issued).
+TEST_F(MpiCommunicatorTest, WaitTimeoutInAGroupNamesTheGroup) {
+  if (world_ < 2) GTEST_SKIP() << "needs a peer that has not joined yet";
+  ASSERT_TRUE(Run(comm_->Barrier()).ok());  // the job's #1
+  const int pair = rank_ / 2;
+  std::vector<int> members = {2 * pair};
+  if (2 * pair + 1 < world_) members.push_back(2 * pair + 1);
+  auto split = comm_->Split(pair, rank_, absl::StrCat("pair ", pair), members);
+  ASSERT_TRUE(split.ok()) << split.status();
+  Communicator& g = **split;
+  Tensor t = Make({1.0f, 2.0f, 3.0f, 4.0f});
+  if (rank_ == 0) {
+    auto w = g.AllReduce(t);  // rank 1 joins only after the check
+    ASSERT_TRUE(w.ok());
+    absl::Status s = (*w)->Wait(absl::Milliseconds(50));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(s.message().find("rank 0 (0 of pair 0): all_reduce #1 (f32 x 4, sum)"),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("waiting for all 2 ranks to join it"), std::string::npos) << s;
+    WorldBarrier();
+    EXPECT_TRUE((*w)->Wait(kTimeout).ok());
+  } else {
+    WorldBarrier();
+    if (rank_ == 1) ASSERT_TRUE(Run(g.AllReduce(t)).ok());
+  }
+}
+
 // The parts collectives: rank r owns [offsets[r], offsets[r + 1]) of one tensor (uneven and
 // empty parts included); after ReduceScatterParts each rank's part holds the sum over ranks,
 // after AllGatherParts every rank holds every rank's part.

@@ -31,6 +31,7 @@ const char* Code(ActionType t) {
 
 Action F(int m) { return {ActionType::kForward, m}; }
 Action B(int m) { return {ActionType::kBackward, m}; }
+Action W(int m) { return {ActionType::kWeightGradient, m}; }
 
 }  // namespace
 
@@ -109,6 +110,34 @@ PipelineSchedule OneFOneBSchedule(int stages, int micro_batches) {
   return s;
 }
 
+PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches) {
+  PipelineSchedule s{stages, micro_batches, std::vector<std::vector<Action>>(stages)};
+  for (int st = 0; st < stages; ++st) {
+    std::vector<Action>& a = s.actions[st];
+    int f = 0, b = 0, w = 0;
+    // The first stage runs whole backwards; the others keep `st` Ws pending.
+    auto weight = [&] {
+      if (st > 0) a.push_back(W(w++));
+    };
+    for (int i = 0; i < stages - st - 1 && f < micro_batches; ++i) a.push_back(F(f++));
+    for (int i = 0; i < st && f < micro_batches; ++i) {  // Ws deferred
+      a.push_back(F(f++));
+      a.push_back(B(b++));
+    }
+    while (f < micro_batches) {  // steady state: one forward, one backward, one W
+      a.push_back(F(f++));
+      a.push_back(B(b++));
+      weight();
+    }
+    while (b < micro_batches) {  // cool-down
+      a.push_back(B(b++));
+      weight();
+    }
+    while (st > 0 && w < micro_batches) weight();  // the deferred Ws fill the end
+  }
+  return s;
+}
+
 PipelineSchedule InsertCommunication(const PipelineSchedule& compute) {
   const int K = compute.stages;
   PipelineSchedule s{K, compute.micro_batches, std::vector<std::vector<Action>>(K),
@@ -116,15 +145,22 @@ PipelineSchedule InsertCommunication(const PipelineSchedule& compute) {
   const int last = K * compute.chunks - 1;  // the last global stage
   for (int st = 0; st < K; ++st) {
     std::vector<Action>& out = s.actions[st];
+    // A receive goes before the weight gradients just before its compute action, so that it
+    // joins the transfers before them in one run (the Ws then run while it arrives).
+    auto receive = [&](ActionType type, int m, int chunk) {
+      auto at = out.end();
+      while (at != out.begin() && (at - 1)->type == ActionType::kWeightGradient) --at;
+      out.insert(at, Action{type, m, chunk});
+    };
     for (const Action& a : compute.actions[st]) {
       const int g = GlobalStage(st, a.chunk, K);
       const int m = a.micro_batch;
       if (a.type == ActionType::kForward) {
-        if (g > 0) out.push_back({ActionType::kRecvActivation, m, a.chunk});
+        if (g > 0) receive(ActionType::kRecvActivation, m, a.chunk);
         out.push_back(a);
         if (g < last) out.push_back({ActionType::kSendActivation, m, a.chunk});
       } else if (a.type == ActionType::kBackward) {
-        if (g < last) out.push_back({ActionType::kRecvGradient, m, a.chunk});
+        if (g < last) receive(ActionType::kRecvGradient, m, a.chunk);
         out.push_back(a);
         if (g > 0) out.push_back({ActionType::kSendGradient, m, a.chunk});
       } else if (a.type != ActionType::kOptimizerStep) {
@@ -289,6 +325,9 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
   const int S = s.stages, M = s.micro_batches, V = s.chunks;
   if (static_cast<int>(s.actions.size()) != S) return fail("wrong number of stages", {});
   if (V < 1) return fail(absl::StrFormat("%d chunks per stage: at least 1", V), {});
+  if (V > 1 && S < 2) {
+    return fail("several chunks need at least 2 stages (one stage would send to itself)", {});
+  }
   // "micro-batch 3", and with several chunks "micro-batch 3 on chunk 1".
   auto what = [&](int m, int c) {
     return V == 1 ? absl::StrCat("micro-batch ", m)

@@ -86,6 +86,13 @@ PipelineSchedule GpipeSchedule(int stages, int micro_batches);
 // alternates one forward and one backward, then the remaining backwards (cool-down), so at
 // most stages - s micro-batches are in flight on stage s. Compute actions only.
 PipelineSchedule OneFOneBSchedule(int stages, int micro_batches);
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): 1F1B's forwards and backwards in
+// 1F1B's order, with the backward split on every stage but the first: stage s runs each
+// micro-batch's B where 1F1B runs its backward and its W s backwards later (oldest first),
+// the last s Ws filling the cool-down, where 1F1B's stage s waits. The first stage's Bs stay
+// whole backwards (no W). Compute actions only. Not offered by MakeSchedule: PipelinePass
+// does not run W yet.
+PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches);
 // "gpipe" or "1f1b", with communication inserted, the receives hoisted (HoistReceives) and
 // the optimizer step appended.
 absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages,
@@ -94,7 +101,8 @@ absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages
 // Adds RecvActivation before every forward and SendActivation after it (except at the ends
 // of the pipeline: the first and last global stages), RecvGradient before every backward and
 // SendGradient after it, each on the forward's or backward's chunk, and one OptimizerStep at
-// the end of every stage. Weight gradients need no transfer.
+// the end of every stage. Weight gradients need no transfer; a receive goes before the Ws
+// just before its forward or backward, joining the run of transfers before them.
 PipelineSchedule InsertCommunication(const PipelineSchedule& compute);
 
 // Moves each receive one compute action earlier, wherever the schedule stays valid: a stage
@@ -115,15 +123,15 @@ PipelineSchedule HoistReceives(const PipelineSchedule& s);
 std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule& s);
 
 // Checks counts (one forward and one backward per micro-batch, chunk and stage, at most one
-// weight gradient, after its backward; chunks in range; one optimizer step, last), that both
-// ends of every pair of stages post the transfers from one to the other in the same order
-// (the k-th send matches the k-th receive), and simulates all stages: a stage reaching a run
-// of transfers posts its ExchangeGroups at once and goes on; each stage's posted groups run
-// one after the other, and a group completes only together with its counterpart group on the
-// peer, when both are the first unfinished group of their stage; a forward or backward waits
-// for the receive it needs, a weight gradient for its backward. A schedule that stalls or
-// mismatches is an error whose message holds the grid with "<-- ERROR HERE" at each stuck
-// stage's step.
+// weight gradient, after its backward; chunks in range, and several only on 2 stages or more;
+// one optimizer step, last), that both ends of every pair of stages post the transfers from
+// one to the other in the same order (the k-th send matches the k-th receive), and simulates
+// all stages: a stage reaching a run of transfers posts its ExchangeGroups at once and goes
+// on; each stage's posted groups run one after the other, and a group completes only together
+// with its counterpart group on the peer, when both are the first unfinished group of their
+// stage; a forward or backward waits for the receive it needs, a weight gradient for its
+// backward. A schedule that stalls or mismatches is an error whose message holds the grid
+// with "<-- ERROR HERE" at each stuck stage's step.
 absl::Status ValidateSchedule(const PipelineSchedule& s);
 
 // The stage-by-step grid (one column per stage).

@@ -44,6 +44,31 @@ TEST(ScheduleTest, OneFOneBTable) {
   EXPECT_EQ(Row(t, 3), "3F0 3B0 3F1 3B1");
 }
 
+// ZB-H1 on 3 stages, 4 micro-batches: stage s defers its Ws by s backwards; without the Ws
+// every row is 1F1B's.
+TEST(ScheduleTest, ZeroBubbleH1Table) {
+  const PipelineSchedule s = ZeroBubbleH1Schedule(3, 4);
+  EXPECT_EQ(Row(s, 0), "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3");
+  EXPECT_EQ(Row(s, 1), "1F0 1F1 1B0 1F2 1B1 1W0 1F3 1B2 1W1 1B3 1W2 1W3");
+  EXPECT_EQ(Row(s, 2), "2F0 2B0 2F1 2B1 2F2 2B2 2W0 2F3 2B3 2W1 2W2 2W3");
+  for (int k = 1; k <= 8; ++k) {
+    for (int m = 1; m <= 16; ++m) {
+      const PipelineSchedule z = ZeroBubbleH1Schedule(k, m), o = OneFOneBSchedule(k, m);
+      for (int st = 0; st < k; ++st) {
+        std::vector<Action> fb, ws;
+        for (const Action& a : z.actions[st]) {
+          (a.type == ActionType::kWeightGradient ? ws : fb).push_back(a);
+        }
+        EXPECT_EQ(fb, o.actions[st]) << "K=" << k << " M=" << m << " stage " << st;
+        EXPECT_EQ(ws.size(), st == 0 ? 0u : static_cast<size_t>(m));
+      }
+      const PipelineSchedule full = HoistReceives(InsertCommunication(z));
+      const absl::Status v = ValidateSchedule(full);
+      EXPECT_TRUE(v.ok()) << "K=" << k << " M=" << m << "\n" << v.message();
+    }
+  }
+}
+
 TEST(ScheduleTest, CommunicationIsInserted) {
   PipelineSchedule s = InsertCommunication(OneFOneBSchedule(2, 2));
   EXPECT_EQ(Row(s, 0), "0F0 0SA0 0F1 0SA1 0RG0 0B0 0RG1 0B1 0OPT");
@@ -219,13 +244,14 @@ TEST(ScheduleTest, ChunksAndWeightGradientsValidate) {
   EXPECT_EQ(s.chunks, 2);
   EXPECT_EQ(Row(s, 0),
             "0F0 0SA0 0RA0c1 0F0c1 0SA0c1 0RG0c1 0B0c1 0SG0c1 0RG0 0B0 0W0c1 0W0 0OPT");
-  EXPECT_EQ(Row(s, 1), "1RA0 1F0 1SA0 1RA0c1 1F0c1 1B0c1 1SG0c1 1W0c1 1RG0 1B0 1SG0 1W0 1OPT");
+  // Stage 1's receive of gradient 0 for chunk 0 goes before W0c1, in the run of SG0c1.
+  EXPECT_EQ(Row(s, 1), "1RA0 1F0 1SA0 1RA0c1 1F0c1 1B0c1 1SG0c1 1RG0 1W0c1 1B0 1SG0 1W0 1OPT");
   // Each transfer is a group of its own: the transfers of each run of two have their
   // counterparts in different runs of the peer.
   using G = std::vector<std::vector<int>>;
   const auto groups = ExchangeGroups(s);
   EXPECT_EQ(groups[0], (G{{1}, {2}, {4}, {5}, {7}, {8}}));
-  EXPECT_EQ(groups[1], (G{{0}, {2}, {3}, {6}, {8}, {10}}));
+  EXPECT_EQ(groups[1], (G{{0}, {2}, {3}, {6}, {7}, {10}}));
   const absl::Status v = ValidateSchedule(s);
   EXPECT_TRUE(v.ok()) << v.message();
   // The same with one chunk is refused: the chunk-1 actions are out of range.
@@ -251,18 +277,24 @@ TEST(ScheduleTest, WeightGradientAndChunkErrorsAreCaught) {
   EXPECT_NE(twice.message().find("weight gradient of micro-batch 0 twice"), std::string::npos)
       << twice.message();
   const absl::Status chunk =
-      ValidateSchedule(FromText(1, 1, {"0F0 0F0c1 0F0c2 0B0c2 0B0c1 0B0 0OPT"}, 2));
+      ValidateSchedule(FromText(2, 1, {"0F0 0F0c2 0OPT", "1F0 1OPT"}, 2));
   ASSERT_FALSE(chunk.ok());
   EXPECT_NE(chunk.message().find("stage 0: chunk 2 out of range [0, 2) in 0F0c2"),
             std::string::npos)
       << chunk.message();
   // A chunk's backward is missing: named with its chunk.
-  const absl::Status missing =
-      ValidateSchedule(InsertCommunication(FromText(1, 1, {"0F0 0F0c1 0B0"}, 2)));
+  const absl::Status missing = ValidateSchedule(
+      InsertCommunication(FromText(2, 1, {"0F0 0F0c1 0B0c1 0B0", "1F0 1F0c1 1B0"}, 2)));
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.message().find("never runs the backward of micro-batch 0 on chunk 1"),
+  EXPECT_NE(missing.message().find("stage 1 never runs the backward of micro-batch 0 on chunk 1"),
             std::string::npos)
       << missing.message();
+  // One stage holding two chunks would send to itself.
+  const absl::Status alone = ValidateSchedule(
+      InsertCommunication(FromText(1, 1, {"0F0 0F0c1 0B0c1 0B0"}, 2)));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.message().find("several chunks need at least 2 stages"), std::string::npos)
+      << alone.message();
 }
 
 }  // namespace

@@ -48,11 +48,23 @@ class Block {
   virtual absl::Status Forward(Stream& s, const std::vector<Tensor>& params,
                                const MicroBatch& mb, const Tensor& x, Tensor* y,
                                Saved* saved) const = 0;
-  // From dy (undefined for the head) computes dx (not for the embedding) and ADDS the
-  // parameter gradients into `grads` (same order as params).
-  virtual absl::Status Backward(Stream& s, const std::vector<Tensor>& params,
-                                const std::vector<Tensor>& grads, const MicroBatch& mb,
-                                const Tensor& dy, const Saved& saved, Tensor* dx) const = 0;
+  // Backward in two parts, so that a schedule can defer the second (zero-bubble's W):
+  // B: from dy (undefined for the head) computes dx (not for the embedding) and fills
+  // `for_w` with what W reads: the activations and output gradients of the ops that have
+  // parameters. B leaves the parameter gradients alone.
+  virtual absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& params,
+                                     const MicroBatch& mb, const Tensor& dy, const Saved& saved,
+                                     Tensor* dx, Saved* for_w) const = 0;
+  // W: ADDS the parameter gradients into `grads` (same order as params) from B's `for_w`.
+  // Any number of other micro-batches' B and W may run between a micro-batch's B and its W;
+  // the gradients are those of B then W, bit for bit, as long as the Ws keep their order.
+  virtual absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& params,
+                                       const std::vector<Tensor>& grads, const MicroBatch& mb,
+                                       const Saved& for_w) const = 0;
+  // B then W: computes dx and ADDS the parameter gradients into `grads`.
+  absl::Status Backward(Stream& s, const std::vector<Tensor>& params,
+                        const std::vector<Tensor>& grads, const MicroBatch& mb, const Tensor& dy,
+                        const Saved& saved, Tensor* dx) const;
   // The bytes Forward keeps for a micro-batch of B x T tokens computing in `compute`: its
   // output and what it saves for backward, not its input (the block before counts that).
   // Known from shapes alone, so a run's memory is checked before anything is allocated.

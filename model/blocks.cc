@@ -40,10 +40,17 @@ class EmbeddingBlock : public Block {
     ASSIGN_OR_RETURN(*y, Like(p[0], {B, T, c_.d_model}));
     return ops::EmbeddingForward(s, *y, mb.tokens, p[0], positions_ ? p[1] : Tensor());
   }
-  absl::Status Backward(Stream& s, const std::vector<Tensor>&, const std::vector<Tensor>& g,
-                        const MicroBatch& mb, const Tensor& dy, const Saved&,
-                        Tensor*) const override {
-    return ops::EmbeddingBackward(s, g[0], positions_ ? g[1] : Tensor(), dy, mb.tokens);
+  // No input gradient: B only keeps dy for the scatter-add.
+  absl::Status BackwardInput(Stream&, const std::vector<Tensor>&, const MicroBatch&,
+                             const Tensor& dy, const Saved&, Tensor*,
+                             Saved* for_w) const override {
+    for_w->t = {dy};
+    return absl::OkStatus();
+  }
+  absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>&,
+                               const std::vector<Tensor>& g, const MicroBatch& mb,
+                               const Saved& for_w) const override {
+    return ops::EmbeddingBackward(s, g[0], positions_ ? g[1] : Tensor(), for_w.t[0], mb.tokens);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return B * T * c_.d_model * ElemBytes(compute);  // y
@@ -129,28 +136,31 @@ class TransformerBlock : public Block {
     return absl::OkStatus();
   }
 
-  absl::Status Backward(Stream& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
-                        const MicroBatch&, const Tensor& dy, const Saved& saved,
-                        Tensor* dx) const override {
+  // What B keeps for W, in this order: each op with parameters' output gradient and inputs.
+  enum W { kWDy, kWFcAct, kWDfcPre, kWLn2, kWDln2, kWRes2, kWMean2, kWRstd2, kWDres2, kWAttY,
+           kWDqkv, kWLn1, kWDln1, kWX, kWMean1, kWRstd1 };
+
+  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
+                             const Tensor& dy, const Saved& saved, Tensor* dx,
+                             Saved* for_w) const override {
     const std::vector<Tensor>& v = saved.t;
     const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
+    const Tensor none;  // the parameter gradients, which W computes
     ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
     // MLP branch: y = res2 + proj(gelu(fc(ln2(res2)))).
     ASSIGN_OR_RETURN(Tensor dfc_act, Like(dy, {N, 4 * C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dfc_act, g[kFcProjW], g[kFcProjB], dy2, v[kFcAct],
-                                        p[kFcProjW]));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dfc_act, none, none, dy2, v[kFcAct], p[kFcProjW]));
     ASSIGN_OR_RETURN(Tensor dfc_pre, Like(dy, {N, 4 * C}));
     RETURN_IF_ERROR(ops::GeluBackward(s, dfc_pre, v[kFcPre], dfc_act));
     ASSIGN_OR_RETURN(Tensor dln2, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dln2, g[kFcW], g[kFcB], dfc_pre, v[kLn2], p[kFcW]));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dln2, none, none, dfc_pre, v[kLn2], p[kFcW]));
     ASSIGN_OR_RETURN(Tensor dres2, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, g[kLn2W], g[kLn2B], dln2, v[kRes2],
-                                           p[kLn2W], v[kMean2], v[kRstd2]));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, none, none, dln2, v[kRes2], p[kLn2W],
+                                           v[kMean2], v[kRstd2]));
     RETURN_IF_ERROR(ops::Axpy(s, dres2, 1.0f, dy2));  // the residual path
     // Attention branch: res2 = x + proj(attention(qkv(ln1(x)))).
     ASSIGN_OR_RETURN(Tensor datty, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, datty, g[kProjW], g[kProjB], dres2, v[kAttY],
-                                        p[kProjW]));
+    RETURN_IF_ERROR(ops::LinearBackward(s, datty, none, none, dres2, v[kAttY], p[kProjW]));
     ASSIGN_OR_RETURN(Tensor datty3, datty.Reshape({B, T, C}));
     ASSIGN_OR_RETURN(Tensor dqkv, Like(dy, {B, T, 3 * C}));
     if (c_.attention == Attention::kFlash) {
@@ -162,12 +172,33 @@ class TransformerBlock : public Block {
     }
     ASSIGN_OR_RETURN(Tensor dqkv2, dqkv.Reshape({N, 3 * C}));
     ASSIGN_OR_RETURN(Tensor dln1, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dln1, g[kQkvW], g[kQkvB], dqkv2, v[kLn1], p[kQkvW]));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dln1, none, none, dqkv2, v[kLn1], p[kQkvW]));
     ASSIGN_OR_RETURN(*dx, Like(dy, {B, T, C}));
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
-    RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[kLn1W], g[kLn1B], dln1, v[kX], p[kLn1W],
-                                           v[kMean1], v[kRstd1]));
-    return ops::Axpy(s, dx2, 1.0f, dres2);
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, none, none, dln1, v[kX], p[kLn1W], v[kMean1],
+                                           v[kRstd1]));
+    RETURN_IF_ERROR(ops::Axpy(s, dx2, 1.0f, dres2));
+    for_w->t = {dy2,   v[kFcAct], dfc_pre, v[kLn2], dln2, v[kRes2],  v[kMean2], v[kRstd2],
+                dres2, v[kAttY],  dqkv2,   v[kLn1], dln1, v[kX],     v[kMean1], v[kRstd1]};
+    return absl::OkStatus();
+  }
+  absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& p,
+                               const std::vector<Tensor>& g, const MicroBatch&,
+                               const Saved& for_w) const override {
+    const std::vector<Tensor>& w = for_w.t;
+    const Tensor none;  // the input gradients, which B computed
+    RETURN_IF_ERROR(ops::LinearBackward(s, none, g[kFcProjW], g[kFcProjB], w[kWDy], w[kWFcAct],
+                                        p[kFcProjW]));
+    RETURN_IF_ERROR(
+        ops::LinearBackward(s, none, g[kFcW], g[kFcB], w[kWDfcPre], w[kWLn2], p[kFcW]));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, none, g[kLn2W], g[kLn2B], w[kWDln2], w[kWRes2],
+                                           p[kLn2W], w[kWMean2], w[kWRstd2]));
+    RETURN_IF_ERROR(
+        ops::LinearBackward(s, none, g[kProjW], g[kProjB], w[kWDres2], w[kWAttY], p[kProjW]));
+    RETURN_IF_ERROR(
+        ops::LinearBackward(s, none, g[kQkvW], g[kQkvB], w[kWDqkv], w[kWLn1], p[kQkvW]));
+    return ops::LayerNormBackward(s, none, g[kLn1W], g[kLn1B], w[kWDln1], w[kWX], p[kLn1W],
+                                  w[kWMean1], w[kWRstd1]);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     const int64_t N = B * T, C = c_.d_model, NH = c_.n_head;
@@ -215,17 +246,24 @@ class MlpLayerBlock : public Block {
     saved->t = {x2, h};
     return absl::OkStatus();
   }
-  absl::Status Backward(Stream& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
-                        const MicroBatch&, const Tensor& dy, const Saved& saved,
-                        Tensor* dx) const override {
+  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
+                             const Tensor& dy, const Saved& saved, Tensor* dx,
+                             Saved* for_w) const override {
     const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
     ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
     ASSIGN_OR_RETURN(Tensor dh, Like(dy, {N, C}));
     RETURN_IF_ERROR(ops::ReluBackward(s, dh, saved.t[1], dy2));
     ASSIGN_OR_RETURN(*dx, Like(dy, {B, T, C}));
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dx2, g[0], g[1], dh, saved.t[0], p[0]));
-    return ops::Axpy(s, dx2, 1.0f, dy2);
+    RETURN_IF_ERROR(ops::LinearBackward(s, dx2, Tensor(), Tensor(), dh, saved.t[0], p[0]));
+    RETURN_IF_ERROR(ops::Axpy(s, dx2, 1.0f, dy2));
+    for_w->t = {dh, saved.t[0]};  // the fc's output gradient and input
+    return absl::OkStatus();
+  }
+  absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& p,
+                               const std::vector<Tensor>& g, const MicroBatch&,
+                               const Saved& for_w) const override {
+    return ops::LinearBackward(s, Tensor(), g[0], g[1], for_w.t[0], for_w.t[1], p[0]);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return 2 * B * T * c_.d_model * ElemBytes(compute);  // h, y
@@ -277,20 +315,34 @@ class HeadBlock : public Block {
     saved->t = {x2, h, mean, rstd, logits};
     return absl::OkStatus();
   }
-  absl::Status Backward(Stream& s, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
-                        const MicroBatch& mb, const Tensor&, const Saved& saved,
-                        Tensor* dx) const override {
+  // B keeps the dlogits and the projection's input h, and with the LayerNorm dh, x, mean and
+  // rstd, in this order.
+  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p, const MicroBatch& mb,
+                             const Tensor&, const Saved& saved, Tensor* dx,
+                             Saved* for_w) const override {
     const std::vector<Tensor>& v = saved.t;
     const int64_t N = v[0].dim(0), C = c_.d_model;
     const int64_t B = mb.targets.dim(0), T = mb.targets.dim(1);
     ASSIGN_OR_RETURN(*dx, Like(v[0], {B, T, C}));
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
+    for_w->t = {v[4], v[1]};
     if (!layernorm_) {
-      return ops::LinearBackward(s, dx2, g[0], g[1], v[4], v[1], p[0]);
+      return ops::LinearBackward(s, dx2, Tensor(), Tensor(), v[4], v[1], weight(p));
     }
     ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dh, g[2], Tensor(), v[4], v[1], p[2]));
-    return ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]);
+    RETURN_IF_ERROR(ops::LinearBackward(s, dh, Tensor(), Tensor(), v[4], v[1], weight(p)));
+    RETURN_IF_ERROR(
+        ops::LayerNormBackward(s, dx2, Tensor(), Tensor(), dh, v[0], p[0], v[2], v[3]));
+    for_w->t.insert(for_w->t.end(), {dh, v[0], v[2], v[3]});
+    return absl::OkStatus();
+  }
+  absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& p,
+                               const std::vector<Tensor>& g, const MicroBatch&,
+                               const Saved& for_w) const override {
+    const std::vector<Tensor>& w = for_w.t;
+    RETURN_IF_ERROR(ops::LinearBackward(s, Tensor(), weight(g), bias(g), w[0], w[1], weight(p)));
+    if (!layernorm_) return absl::OkStatus();
+    return ops::LayerNormBackward(s, Tensor(), g[0], g[1], w[2], w[3], p[0], w[4], w[5]);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     const int64_t N = B * T;
@@ -312,6 +364,14 @@ class HeadBlock : public Block {
 };
 
 }  // namespace
+
+absl::Status Block::Backward(Stream& s, const std::vector<Tensor>& params,
+                             const std::vector<Tensor>& grads, const MicroBatch& mb,
+                             const Tensor& dy, const Saved& saved, Tensor* dx) const {
+  Saved for_w;
+  RETURN_IF_ERROR(BackwardInput(s, params, mb, dy, saved, dx, &for_w));
+  return BackwardWeights(s, params, grads, mb, for_w);
+}
 
 std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config) {
   std::vector<std::unique_ptr<Block>> blocks;

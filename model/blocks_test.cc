@@ -248,3 +248,113 @@ TEST(BlocksTest, FlashAttentionMatchesStandardAndSavesMemory) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// A (B, T, C) f32 tensor of values in [-1, 1) that depend on `seed`.
+Tensor Values(int64_t B, int64_t T, int64_t C, uint32_t seed) {
+  std::vector<float> v(B * T * C);
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(x >> 8) / static_cast<float>(1 << 23) - 1.0f;
+  }
+  return *Tensor::FromVector(v, {B, T, C});
+}
+
+// Block b alone, two micro-batches: Backward of each against BackwardInput of both and then
+// BackwardWeights of both, which must leave the gradients alone until W and then give the
+// same bits, as must the input gradients.
+void CheckBackwardSplit(const ModelConfig& c, int b) {
+  const int B = 2, T = c.seq_len, C = c.d_model;
+  const bool head = b == c.num_blocks() - 1;
+  Stream& s = **Stream::Compute(Device::Cpu());
+  const MicroBatch mbs[2] = {Batch(c, B, 31), Batch(c, B, 32)};
+  Tensor x[2], dy[2];
+  for (int m = 0; m < 2; ++m) {
+    if (b > 0) x[m] = Values(B, T, C, 10 + m);
+    if (!head) dy[m] = Values(B, T, C, 20 + m);
+  }
+  auto whole = *Stage::Create(c, b, b + 1, Device::Cpu(), 4);
+  auto split = *Stage::Create(c, b, b + 1, Device::Cpu(), 4);
+  Tensor want_dx[2], got_dx[2], y;
+  for (Stage* st : {whole.get(), split.get()}) {
+    for (int m = 0; m < 2; ++m) ASSERT_TRUE(st->Forward(s, m, mbs[m], x[m], &y).ok());
+  }
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_TRUE(whole->Backward(s, m, mbs[m], dy[m], &want_dx[m]).ok());
+  }
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_TRUE(split->BackwardInput(s, m, mbs[m], dy[m], &got_dx[m]).ok());
+  }
+  EXPECT_EQ(split->in_flight(), 0);
+  EXPECT_EQ(split->weights_pending(), 2);
+  const std::vector<float> before_w = *split->grads().flat().ToFloatVector();
+  EXPECT_EQ(before_w, std::vector<float>(before_w.size(), 0.0f)) << "B wrote gradients";
+  std::vector<int> done;
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_TRUE(split
+                    ->BackwardWeights(s, m, mbs[m],
+                                      [&](int block) {
+                                        done.push_back(block);
+                                        return absl::OkStatus();
+                                      })
+                    .ok());
+  }
+  EXPECT_EQ(done, std::vector<int>({0, 0}));
+  EXPECT_EQ(split->weights_pending(), 0);
+  const std::vector<float> want = *whole->grads().flat().ToFloatVector();
+  EXPECT_NE(want, before_w) << "no gradient to compare";
+  EXPECT_EQ(*split->grads().flat().ToFloatVector(), want);
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_EQ(got_dx[m].defined(), b > 0);
+    if (b > 0) {
+      EXPECT_EQ(*got_dx[m].ToFloatVector(), *want_dx[m].ToFloatVector()) << m;
+    }
+  }
+}
+
+TEST(BlocksTest, BackwardInputThenWeightsIsBackwardForEveryBlock) {
+  ModelConfig flash = SmallGpt();
+  flash.attention = Attention::kFlash;
+  for (const ModelConfig& c : {SmallGpt(), flash, SmallMlp()}) {
+    for (int b = 0; b < c.num_blocks(); ++b) {
+      SCOPED_TRACE(c.ToString() + " block " + std::to_string(b));
+      CheckBackwardSplit(c, b);
+    }
+  }
+}
+
+// The Ws of a whole model deferred behind other micro-batches' Bs (zero-bubble's order), with
+// recomputation: the gradients of plain Backwards; W before B and B twice are refused.
+TEST(BlocksTest, DeferredWeightGradientsMatchBackward) {
+  const ModelConfig c = SmallGpt();
+  Stream& s = **Stream::Compute(Device::Cpu());
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < 3; ++m) mbs.push_back(Batch(c, 2, 40 + m));
+  auto whole = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 6);
+  auto split = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 6);
+  split->set_recompute(true);
+  Tensor y, dx;
+  for (int m = 0; m < 3; ++m) {
+    ASSERT_TRUE(whole->Forward(s, m, mbs[m], Tensor(), &y).ok());
+    ASSERT_TRUE(whole->Backward(s, m, mbs[m], Tensor(), &dx).ok());
+    ASSERT_TRUE(split->Forward(s, m, mbs[m], Tensor(), &y).ok());
+  }
+  EXPECT_FALSE(split->BackwardWeights(s, 0, mbs[0]).ok());
+  ASSERT_TRUE(split->BackwardInput(s, 0, mbs[0], Tensor(), &dx).ok());
+  const absl::Status twice = split->BackwardInput(s, 0, mbs[0], Tensor(), &dx);
+  EXPECT_NE(twice.message().find("twice"), std::string::npos) << twice;
+  ASSERT_TRUE(split->BackwardInput(s, 1, mbs[1], Tensor(), &dx).ok());
+  ASSERT_TRUE(split->BackwardWeights(s, 0, mbs[0]).ok());
+  ASSERT_TRUE(split->BackwardInput(s, 2, mbs[2], Tensor(), &dx).ok());
+  ASSERT_TRUE(split->BackwardWeights(s, 1, mbs[1]).ok());
+  ASSERT_TRUE(split->BackwardWeights(s, 2, mbs[2]).ok());
+  const absl::Status again = split->BackwardWeights(s, 2, mbs[2]);
+  EXPECT_NE(again.message().find("before its input gradient"), std::string::npos) << again;
+  EXPECT_EQ(*split->grads().flat().ToFloatVector(), *whole->grads().flat().ToFloatVector());
+}
+
+}  // namespace
+}  // namespace tandem

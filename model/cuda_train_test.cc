@@ -1,14 +1,18 @@
 // Training on a CUDA device: the same model and batch in f32 on the GPU, f32 on the CPU, and
 // mixed precision (bf16, and f16 with the dynamic loss scaler) on the GPU; and the memory
-// check, a step's peak on the GPU's allocator against the estimate. Skips with the reason
-// where no GPU is visible.
+// check, a step's peak on the GPU's allocator against the estimate; and the backward split
+// in two (input, then weight gradients) against the CPU's. Skips with the reason where no GPU
+// is visible.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/data.h"
 #include "model/memory_testing.h"
+#include "model/stage.h"
 #include "model/test_configs.h"
 #include "model/trainer.h"
 
@@ -89,6 +93,60 @@ TEST_F(CudaTrainTest, PeakOfAStepMatchesTheEstimate) {
                        std::to_string(M) + " micro-batches");
           ExpectPeakOfAStepMatchesTheEstimate(c, begin, end, /*B=*/8, M, Device::Cuda(0), t);
         }
+      }
+    }
+  }
+}
+
+// Backward split in two (BackwardInput of two micro-batches, then BackwardWeights of both) on
+// the GPU gives the CPU's whole Backwards up to rounding (the CUDA kernels accumulate
+// parameter gradients with atomics): the input gradient of a middle stage and every
+// parameter's gradient, for the GPT with standard and flash attention and the MLP.
+TEST_F(CudaTrainTest, BackwardSplitMatchesTheCpu) {
+  ModelConfig flash = TwoLayerModel("gpt", 64, 2, 32, 128);
+  flash.attention = Attention::kFlash;
+  for (const ModelConfig& c :
+       {TwoLayerModel("gpt", 64, 2, 32, 128), flash, TwoLayerModel("mlp", 64, 2, 32, 128)}) {
+    SCOPED_TRACE(c.ToString());
+    const int n = c.num_blocks();
+    auto data = TokenDataset::Synthetic(4096, c.seq_len, c.vocab, 5);
+    DataOrder order(data.num_samples(), 5);
+    std::vector<float> grads[2], dx[2];
+    for (int gpu = 0; gpu < 2; ++gpu) {
+      const Device d = gpu ? Device::Cuda(0) : Device::Cpu();
+      Stream& s = **Stream::Compute(d);
+      // Blocks [1, n): the embedding's output comes in, its gradient goes out.
+      auto st = *Stage::Create(c, 1, n, d, 7);
+      std::vector<MicroBatch> mbs;
+      Tensor y, g;
+      for (int m = 0; m < 2; ++m) {
+        mbs.push_back(
+            *MakeMicroBatch(data, order, 0, 4 * m, 4, c.seq_len, d, 1.0f / (8 * c.seq_len)));
+        std::vector<float> values(4 * c.seq_len * c.d_model);
+        for (size_t i = 0; i < values.size(); ++i) values[i] = ((i * 37 + m) % 17) / 8.0f - 1.0f;
+        const Tensor x = *Tensor::FromVector(values, {4, c.seq_len, c.d_model}, d);
+        ASSERT_TRUE(st->Forward(s, m, mbs[m], x, &y).ok());
+      }
+      for (int m = 0; m < 2; ++m) {
+        ASSERT_TRUE((gpu ? st->BackwardInput(s, m, mbs[m], Tensor(), &g)
+                         : st->Backward(s, m, mbs[m], Tensor(), &g))
+                        .ok());
+        std::vector<float> v = *g.ToFloatVector();
+        dx[gpu].insert(dx[gpu].end(), v.begin(), v.end());
+      }
+      for (int m = 0; gpu && m < 2; ++m) ASSERT_TRUE(st->BackwardWeights(s, m, mbs[m]).ok());
+      ASSERT_TRUE(s.Synchronize().ok());
+      grads[gpu] = *st->grads().flat().ToFloatVector();
+    }
+    for (const auto* v : {&grads, &dx}) {
+      const std::vector<float>& cpu = (*v)[0];
+      const std::vector<float>& gpu = (*v)[1];
+      ASSERT_EQ(cpu.size(), gpu.size());
+      float scale = 0;
+      for (float f : cpu) scale = std::max(scale, std::fabs(f));
+      ASSERT_GT(scale, 0.0f);
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        ASSERT_NEAR(gpu[i], cpu[i], 1e-4f * scale + 1e-3f * std::fabs(cpu[i])) << i;
       }
     }
   }

@@ -48,15 +48,25 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, 
   return st;
 }
 
+std::vector<Tensor> Stage::BlockParams(int b) const {
+  std::vector<Tensor> p;
+  for (size_t i : block_params_[b]) p.push_back(compute_param(i));
+  return p;
+}
+
+std::vector<Tensor> Stage::BlockGrads(int b) const {
+  std::vector<Tensor> g;
+  for (size_t i : block_params_[b]) g.push_back(grads_.view(i));
+  return g;
+}
+
 absl::Status Stage::RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
                                std::vector<Saved>* saved, Tensor* y) {
   saved->resize(blocks_.size());
   Tensor in = x;
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    std::vector<Tensor> p;
-    for (size_t i : block_params_[b]) p.push_back(compute_param(i));
     Tensor out;
-    RETURN_IF_ERROR(blocks_[b]->Forward(s, p, mb, in, &out, &(*saved)[b]));
+    RETURN_IF_ERROR(blocks_[b]->Forward(s, BlockParams(b), mb, in, &out, &(*saved)[b]));
     in = out;
   }
   *y = in;
@@ -82,6 +92,43 @@ absl::Status Stage::Forward(Stream& s, int id, const MicroBatch& mb, const Tenso
 
 absl::Status Stage::Backward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
                              Tensor* dx, const std::function<absl::Status(int)>& block_done) {
+  return RunBackward(s, id, mb, dy, dx, nullptr, block_done);
+}
+
+absl::Status Stage::BackwardInput(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
+                                  Tensor* dx) {
+  if (for_w_.count(id)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "stage [%d, %d): input gradient of micro-batch %d twice without its weight gradient",
+        begin_, end_, id));
+  }
+  std::vector<Saved> for_w(blocks_.size());
+  RETURN_IF_ERROR(RunBackward(s, id, mb, dy, dx, &for_w, nullptr));
+  for_w_[id] = std::move(for_w);
+  return absl::OkStatus();
+}
+
+absl::Status Stage::BackwardWeights(Stream& s, int id, const MicroBatch& mb,
+                                    const std::function<absl::Status(int)>& block_done) {
+  auto it = for_w_.find(id);
+  if (it == for_w_.end()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "stage [%d, %d): weight gradient of micro-batch %d before its input gradient", begin_,
+        end_, id));
+  }
+  for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
+    RETURN_IF_ERROR(
+        blocks_[b]->BackwardWeights(s, BlockParams(b), BlockGrads(b), mb, it->second[b]));
+    it->second[b].t.clear();
+    if (block_done) RETURN_IF_ERROR(block_done(b));
+  }
+  for_w_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status Stage::RunBackward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
+                                Tensor* dx, std::vector<Saved>* for_w,
+                                const std::function<absl::Status(int)>& block_done) {
   auto it = saved_.find(id);
   if (it == saved_.end()) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -94,13 +141,14 @@ absl::Status Stage::Backward(Stream& s, int id, const MicroBatch& mb, const Tens
   }
   Tensor d = dy;
   for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
-    std::vector<Tensor> p, g;
-    for (size_t i : block_params_[b]) {
-      p.push_back(compute_param(i));
-      g.push_back(grads_.view(i));
-    }
     Tensor dprev;
-    RETURN_IF_ERROR(blocks_[b]->Backward(s, p, g, mb, d, it->second[b], &dprev));
+    if (for_w != nullptr) {
+      RETURN_IF_ERROR(blocks_[b]->BackwardInput(s, BlockParams(b), mb, d, it->second[b], &dprev,
+                                                &(*for_w)[b]));
+    } else {
+      RETURN_IF_ERROR(blocks_[b]->Backward(s, BlockParams(b), BlockGrads(b), mb, d,
+                                           it->second[b], &dprev));
+    }
     it->second[b].t.clear();  // free this block's activations as soon as possible
     if (block_done) RETURN_IF_ERROR(block_done(b));
     d = dprev;

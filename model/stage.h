@@ -50,6 +50,17 @@ class Stage {
   // from last to first): data parallelism starts a bucket's all-reduce there.
   absl::Status Backward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy, Tensor* dx,
                         const std::function<absl::Status(int)>& block_done = nullptr);
+  // Backward in two parts (a schedule's B and W): BackwardInput returns dx as Backward does
+  // and frees the activations, keeping for BackwardWeights(id) only what the parameter
+  // gradients need; BackwardWeights adds them, calling `block_done` as Backward does. Other
+  // micro-batches may run in between; with the Ws in the order the Backwards would have run,
+  // the gradients are Backward's, bit for bit.
+  absl::Status BackwardInput(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
+                             Tensor* dx);
+  absl::Status BackwardWeights(Stream& s, int id, const MicroBatch& mb,
+                               const std::function<absl::Status(int)>& block_done = nullptr);
+  // Number of micro-batches whose BackwardInput ran and BackwardWeights not yet.
+  int weights_pending() const { return static_cast<int>(for_w_.size()); }
   // Number of blocks in the stage, and the block (stage-relative) owning each parameter.
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   std::vector<int> ParamBlocks() const;
@@ -57,6 +68,7 @@ class Stage {
   void DropActivations() {
     saved_.clear();
     inputs_.clear();
+    for_w_.clear();
   }
   // Number of micro-batches whose activations are held now, and the most held at once
   // since the last ResetPeakInFlight.
@@ -85,10 +97,18 @@ class Stage {
   }
   std::map<int, std::vector<Saved>> saved_;              // micro-batch id -> per block
   std::map<int, Tensor> inputs_;                         // under recompute: id -> x
+  std::map<int, std::vector<Saved>> for_w_;              // after B: id -> per block, for W
   bool recompute_ = false;
   int peak_in_flight_ = 0;
+  std::vector<Tensor> BlockParams(int b) const;
+  std::vector<Tensor> BlockGrads(int b) const;
   absl::Status RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
                           std::vector<Saved>* saved, Tensor* y);
+  // Backward's blocks, last to first: each block's B then W, or with `for_w` its B only,
+  // keeping what its W needs in (*for_w)[b].
+  absl::Status RunBackward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
+                           Tensor* dx, std::vector<Saved>* for_w,
+                           const std::function<absl::Status(int)>& block_done);
 };
 
 }  // namespace tandem

@@ -19,6 +19,7 @@ const char* Code(ActionType t) {
   switch (t) {
     case ActionType::kForward: return "F";
     case ActionType::kBackward: return "B";
+    case ActionType::kWeightGradient: return "W";
     case ActionType::kSendActivation: return "SA";
     case ActionType::kRecvActivation: return "RA";
     case ActionType::kSendGradient: return "SG";
@@ -30,34 +31,58 @@ const char* Code(ActionType t) {
 
 Action F(int m) { return {ActionType::kForward, m}; }
 Action B(int m) { return {ActionType::kBackward, m}; }
+Action W(int m) { return {ActionType::kWeightGradient, m}; }
 
 }  // namespace
 
+StagePlace PlaceStage(int global_stage, int ranks) {
+  return {global_stage % ranks, global_stage / ranks};
+}
+
+int GlobalStage(int stage, int chunk, int ranks) { return chunk * ranks + stage; }
+
 std::string ActionText(int stage, const Action& a) {
   if (a.type == ActionType::kOptimizerStep) return absl::StrCat(stage, "OPT");
-  return absl::StrCat(stage, Code(a.type), a.micro_batch);
+  std::string text = absl::StrCat(stage, Code(a.type), a.micro_batch);
+  if (a.chunk != 0) absl::StrAppend(&text, "c", a.chunk);
+  return text;
 }
 
 absl::StatusOr<Action> ParseAction(absl::string_view text, int* stage) {
-  size_t i = 0;
-  while (i < text.size() && absl::ascii_isdigit(text[i])) ++i;
-  size_t j = i;
-  while (j < text.size() && absl::ascii_isalpha(text[j])) ++j;
-  int mb = -1;
+  // The end of the run of characters from `from` that `is` accepts.
+  auto span = [&](size_t from, bool (*is)(unsigned char)) {
+    while (from < text.size() && is(static_cast<unsigned char>(text[from]))) ++from;
+    return from;
+  };
+  const size_t i = span(0, absl::ascii_isdigit);  // STAGE: text[0, i)
+  const size_t j = span(i, absl::ascii_isalpha);  // TYPE: text[i, j)
+  const size_t k = span(j, absl::ascii_isdigit);  // MICROBATCH: text[j, k)
   const absl::string_view code = text.substr(i, j - i);
-  if (i == 0 || !absl::SimpleAtoi(text.substr(0, i), stage) ||
-      (code != "OPT" && (j == text.size() || !absl::SimpleAtoi(text.substr(j), &mb))) ||
-      (code == "OPT" && j != text.size())) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "bad action '%s': use STAGE TYPE MICROBATCH like 1F0 or 0SA3, or 2OPT", text));
+  int mb = -1, chunk = 0;
+  bool ok = i > 0 && absl::SimpleAtoi(text.substr(0, i), stage);
+  if (code == "OPT") {
+    ok = ok && j == text.size();
+  } else {
+    ok = ok && absl::SimpleAtoi(text.substr(j, k - j), &mb);
+    // [c CHUNK]
+    if (k < text.size()) {
+      ok = ok && text[k] == 'c' && span(k + 1, absl::ascii_isdigit) == text.size() &&
+           absl::SimpleAtoi(text.substr(k + 1), &chunk);
+    }
   }
-  for (ActionType t : {ActionType::kForward, ActionType::kBackward, ActionType::kSendActivation,
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "bad action '%s': use STAGE TYPE MICROBATCH [c CHUNK] like 1F0, 0SA3 or 1B3c1, or 2OPT",
+        text));
+  }
+  for (ActionType t : {ActionType::kForward, ActionType::kBackward,
+                       ActionType::kWeightGradient, ActionType::kSendActivation,
                        ActionType::kRecvActivation, ActionType::kSendGradient,
                        ActionType::kRecvGradient, ActionType::kOptimizerStep}) {
-    if (code == Code(t)) return Action{t, mb};
+    if (code == Code(t)) return Action{t, mb, chunk};
   }
   return absl::InvalidArgumentError(absl::StrFormat(
-      "bad action '%s': the type is one of F, B, SA, RA, SG, RG, OPT", text));
+      "bad action '%s': the type is one of F, B, W, SA, RA, SG, RG, OPT", text));
 }
 
 PipelineSchedule GpipeSchedule(int stages, int micro_batches) {
@@ -85,21 +110,59 @@ PipelineSchedule OneFOneBSchedule(int stages, int micro_batches) {
   return s;
 }
 
+PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches) {
+  PipelineSchedule s{stages, micro_batches, std::vector<std::vector<Action>>(stages)};
+  for (int st = 0; st < stages; ++st) {
+    std::vector<Action>& a = s.actions[st];
+    int f = 0, b = 0, w = 0;
+    // The first stage runs whole backwards; the others keep `st` Ws pending.
+    auto weight = [&] {
+      if (st > 0) a.push_back(W(w++));
+    };
+    for (int i = 0; i < stages - st - 1 && f < micro_batches; ++i) a.push_back(F(f++));
+    for (int i = 0; i < st && f < micro_batches; ++i) {  // Ws deferred
+      a.push_back(F(f++));
+      a.push_back(B(b++));
+    }
+    while (f < micro_batches) {  // steady state: one forward, one backward, one W
+      a.push_back(F(f++));
+      a.push_back(B(b++));
+      weight();
+    }
+    while (b < micro_batches) {  // cool-down
+      a.push_back(B(b++));
+      weight();
+    }
+    while (st > 0 && w < micro_batches) weight();  // the deferred Ws fill the end
+  }
+  return s;
+}
+
 PipelineSchedule InsertCommunication(const PipelineSchedule& compute) {
-  PipelineSchedule s{compute.stages, compute.micro_batches,
-                     std::vector<std::vector<Action>>(compute.stages)};
-  const int last = compute.stages - 1;
-  for (int st = 0; st < compute.stages; ++st) {
+  const int K = compute.stages;
+  PipelineSchedule s{K, compute.micro_batches, std::vector<std::vector<Action>>(K),
+                     compute.chunks};
+  const int last = K * compute.chunks - 1;  // the last global stage
+  for (int st = 0; st < K; ++st) {
     std::vector<Action>& out = s.actions[st];
+    // A receive goes before the weight gradients just before its compute action, so that it
+    // joins the transfers before them in one run (the Ws then run while it arrives).
+    auto receive = [&](ActionType type, int m, int chunk) {
+      auto at = out.end();
+      while (at != out.begin() && (at - 1)->type == ActionType::kWeightGradient) --at;
+      out.insert(at, Action{type, m, chunk});
+    };
     for (const Action& a : compute.actions[st]) {
+      const int g = GlobalStage(st, a.chunk, K);
+      const int m = a.micro_batch;
       if (a.type == ActionType::kForward) {
-        if (st > 0) out.push_back({ActionType::kRecvActivation, a.micro_batch});
+        if (g > 0) receive(ActionType::kRecvActivation, m, a.chunk);
         out.push_back(a);
-        if (st < last) out.push_back({ActionType::kSendActivation, a.micro_batch});
+        if (g < last) out.push_back({ActionType::kSendActivation, m, a.chunk});
       } else if (a.type == ActionType::kBackward) {
-        if (st < last) out.push_back({ActionType::kRecvGradient, a.micro_batch});
+        if (g < last) receive(ActionType::kRecvGradient, m, a.chunk);
         out.push_back(a);
-        if (st > 0) out.push_back({ActionType::kSendGradient, a.micro_batch});
+        if (g > 0) out.push_back({ActionType::kSendGradient, m, a.chunk});
       } else if (a.type != ActionType::kOptimizerStep) {
         out.push_back(a);
       }
@@ -149,24 +212,32 @@ std::string ScheduleGrid(const PipelineSchedule& s, const std::vector<int>& mark
 
 namespace {
 
-// (from, to, is_gradient) of a transfer on stage st.
-std::tuple<int, int, bool> LinkOf(int st, const Action& a) {
+// (from, to, is_gradient) of a transfer on stage st, from and to as global stages.
+std::tuple<int, int, bool> LinkOf(const PipelineSchedule& s, int st, const Action& a) {
+  const int g = GlobalStage(st, a.chunk, s.stages);
   switch (a.type) {
     case ActionType::kSendActivation:
-      return std::make_tuple(st, st + 1, false);
+      return std::make_tuple(g, g + 1, false);
     case ActionType::kRecvActivation:
-      return std::make_tuple(st - 1, st, false);
+      return std::make_tuple(g - 1, g, false);
     case ActionType::kSendGradient:
-      return std::make_tuple(st, st - 1, true);
+      return std::make_tuple(g, g - 1, true);
     default:
-      return std::make_tuple(st + 1, st, true);  // kRecvGradient
+      return std::make_tuple(g + 1, g, true);  // kRecvGradient
   }
 }
 
-// The stage on the other end of a transfer on stage st.
-int PeerOf(int st, const Action& a) {
-  const auto [from, to, gradient] = LinkOf(st, a);
-  return from == st ? to : from;
+// The global stage on the other end of a transfer on stage st; -1 past either end.
+int PeerGlobalStage(const PipelineSchedule& s, int st, const Action& a) {
+  const auto [from, to, gradient] = LinkOf(s, st, a);
+  const int peer = from == GlobalStage(st, a.chunk, s.stages) ? to : from;
+  return peer >= 0 && peer < s.stages * s.chunks ? peer : -1;
+}
+
+// The stage on the other end of a transfer on stage st; -1 past either end.
+int PeerOf(const PipelineSchedule& s, int st, const Action& a) {
+  const int peer = PeerGlobalStage(s, st, a);
+  return peer < 0 ? -1 : PlaceStage(peer, s.stages).stage;
 }
 
 bool IsSend(const Action& a) {
@@ -176,8 +247,9 @@ bool IsSend(const Action& a) {
 // The index, on the peer stage, of the transfer matching action i of stage st; -1 if none.
 int Counterpart(const PipelineSchedule& s, int st, int i) {
   const Action& x = s.actions[st][i];
-  const int peer = PeerOf(st, x);
-  if (peer < 0 || peer >= s.stages) return -1;
+  const int peer_global = PeerGlobalStage(s, st, x);
+  if (peer_global < 0) return -1;
+  const StagePlace peer = PlaceStage(peer_global, s.stages);
   ActionType want;
   switch (x.type) {
     case ActionType::kSendActivation:
@@ -193,9 +265,9 @@ int Counterpart(const PipelineSchedule& s, int st, int i) {
       want = ActionType::kSendGradient;
       break;
   }
-  const auto& a = s.actions[peer];
+  const auto& a = s.actions[peer.stage];
   for (size_t j = 0; j < a.size(); ++j) {
-    if (a[j].type == want && a[j].micro_batch == x.micro_batch) return static_cast<int>(j);
+    if (a[j] == Action{want, x.micro_batch, peer.chunk}) return static_cast<int>(j);
   }
   return -1;
 }
@@ -227,7 +299,7 @@ std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule
       std::vector<std::pair<int, int>> keys;
       std::vector<std::vector<int>> split;
       for (; i < a.size() && a[i].is_communication(); ++i) {
-        const int peer = PeerOf(st, a[i]);
+        const int peer = PeerOf(s, st, a[i]);
         const int j = Counterpart(s, st, static_cast<int>(i));
         const std::pair<int, int> key =
             j < 0 ? std::make_pair(-1, static_cast<int>(i)) : std::make_pair(peer, run[peer][j]);
@@ -250,68 +322,117 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid pipeline schedule: ", why, "\n", ScheduleGrid(s, marks)));
   };
-  const int S = s.stages, M = s.micro_batches;
+  const int S = s.stages, M = s.micro_batches, V = s.chunks;
   if (static_cast<int>(s.actions.size()) != S) return fail("wrong number of stages", {});
-  // Static checks: counts, order of forward and backward, the optimizer step last.
+  if (V < 1) return fail(absl::StrFormat("%d chunks per stage: at least 1", V), {});
+  if (V > 1 && S < 2) {
+    return fail("several chunks need at least 2 stages (one stage would send to itself)", {});
+  }
+  // "micro-batch 3", and with several chunks "micro-batch 3 on chunk 1".
+  auto what = [&](int m, int c) {
+    return V == 1 ? absl::StrCat("micro-batch ", m)
+                  : absl::StrCat("micro-batch ", m, " on chunk ", c);
+  };
+  // Static checks: counts, order of forward, backward and weight gradient, the optimizer step
+  // last. Per stage, indexed by chunk * M + micro-batch.
   for (int st = 0; st < S; ++st) {
-    std::vector<int> fwd(M, -1), bwd(M, -1);
+    std::vector<int> fwd(V * M, -1), bwd(V * M, -1), wgt(V * M, -1);
     const auto& a = s.actions[st];
     std::vector<int> mark(S, -1);
     for (size_t i = 0; i < a.size(); ++i) {
       mark[st] = static_cast<int>(i);
       const Action& x = a[i];
+      const int at = static_cast<int>(i);
       if (x.type == ActionType::kOptimizerStep) {
-        if (i + 1 != a.size()) return fail(absl::StrFormat("stage %d: the optimizer step is not last", st), mark);
+        if (i + 1 != a.size()) {
+          return fail(absl::StrFormat("stage %d: the optimizer step is not last", st), mark);
+        }
         continue;
       }
       if (x.micro_batch < 0 || x.micro_batch >= M) {
-        return fail(absl::StrFormat("stage %d: micro-batch %d out of range [0, %d)", st, x.micro_batch, M), mark);
+        return fail(absl::StrFormat("stage %d: micro-batch %d out of range [0, %d)", st,
+                                    x.micro_batch, M),
+                    mark);
       }
-      const bool first = st == 0, last = st == S - 1;
+      if (x.chunk < 0 || x.chunk >= V) {
+        return fail(absl::StrFormat("stage %d: chunk %d out of range [0, %d) in %s", st, x.chunk,
+                                    V, ActionText(st, x)),
+                    mark);
+      }
+      const int g = GlobalStage(st, x.chunk, S);
+      const bool first = g == 0, last = g == S * V - 1;
       if ((first && x.type == ActionType::kRecvActivation) || (last && x.type == ActionType::kSendActivation) ||
           (last && x.type == ActionType::kRecvGradient) || (first && x.type == ActionType::kSendGradient)) {
         return fail(absl::StrFormat("stage %d has no neighbour for %s", st, ActionText(st, x)), mark);
       }
+      const int k = x.chunk * M + x.micro_batch;
+      const std::string mb = what(x.micro_batch, x.chunk);
       if (x.type == ActionType::kForward) {
-        if (fwd[x.micro_batch] >= 0) return fail(absl::StrFormat("stage %d: forward of micro-batch %d twice", st, x.micro_batch), mark);
-        fwd[x.micro_batch] = static_cast<int>(i);
+        if (fwd[k] >= 0) return fail(absl::StrFormat("stage %d: forward of %s twice", st, mb), mark);
+        fwd[k] = at;
       }
       if (x.type == ActionType::kBackward) {
-        if (fwd[x.micro_batch] < 0) return fail(absl::StrFormat("stage %d: backward of micro-batch %d before its forward", st, x.micro_batch), mark);
-        if (bwd[x.micro_batch] >= 0) return fail(absl::StrFormat("stage %d: backward of micro-batch %d twice", st, x.micro_batch), mark);
-        bwd[x.micro_batch] = static_cast<int>(i);
+        if (fwd[k] < 0) return fail(absl::StrFormat("stage %d: backward of %s before its forward", st, mb), mark);
+        if (bwd[k] >= 0) return fail(absl::StrFormat("stage %d: backward of %s twice", st, mb), mark);
+        bwd[k] = at;
+      }
+      if (x.type == ActionType::kWeightGradient) {
+        if (bwd[k] < 0) {
+          return fail(absl::StrFormat("stage %d: weight gradient of %s before its backward", st, mb), mark);
+        }
+        if (wgt[k] >= 0) return fail(absl::StrFormat("stage %d: weight gradient of %s twice", st, mb), mark);
+        wgt[k] = at;
       }
     }
-    for (int m = 0; m < M; ++m) {
-      if (fwd[m] < 0 || bwd[m] < 0) {
-        return fail(absl::StrFormat("stage %d never runs the %s of micro-batch %d", st,
-                                    fwd[m] < 0 ? "forward" : "backward", m), {});
+    for (int k = 0; k < V * M; ++k) {
+      if (fwd[k] < 0 || bwd[k] < 0) {
+        return fail(absl::StrFormat("stage %d never runs the %s of %s", st,
+                                    fwd[k] < 0 ? "forward" : "backward", what(k % M, k / M)),
+                    {});
       }
     }
     if (a.empty() || a.back().type != ActionType::kOptimizerStep) {
       return fail(absl::StrFormat("stage %d has no optimizer step", st), {});
     }
   }
-  // Both ends of each link post its transfers in the same micro-batch order.
-  std::map<std::tuple<int, int, bool>, std::pair<std::vector<int>, std::vector<int>>> order;
+  // Both ends of each pair of stages post the transfers from one to the other in the same
+  // order: per (from stage, to stage), each transfer as (is gradient, micro-batch, sending
+  // global stage).
+  using Transfer = std::tuple<bool, int, int>;
+  std::map<std::pair<int, int>, std::pair<std::vector<Transfer>, std::vector<Transfer>>> order;
   for (int st = 0; st < S; ++st) {
     for (const Action& x : s.actions[st]) {
       if (!x.is_communication()) continue;
-      auto& [sent, recv] = order[LinkOf(st, x)];
-      (IsSend(x) ? sent : recv).push_back(x.micro_batch);
+      const auto [from, to, gradient] = LinkOf(s, st, x);
+      auto& [sent, recv] = order[{PlaceStage(from, S).stage, PlaceStage(to, S).stage}];
+      (IsSend(x) ? sent : recv).push_back({gradient, x.micro_batch, from});
     }
   }
   for (const auto& [link, sides] : order) {
-    if (sides.first != sides.second) {
-      return fail(
-          absl::StrFormat("the %s from stage %d to stage %d are sent in micro-batch "
-                          "order %s and received in order %s (transfers on a link "
-                          "match in order)",
-                          std::get<2>(link) ? "gradients" : "activations", std::get<0>(link),
-                          std::get<1>(link), absl::StrJoin(sides.first, ","),
-                          absl::StrJoin(sides.second, ",")),
-          {});
+    if (sides.first == sides.second) continue;
+    // With one chunk, a pair of stages carries one kind of transfer, listed by micro-batch;
+    // with several, each transfer reads "activation 3 from chunk 1".
+    const bool gradients = std::get<0>(
+        sides.first.empty() ? sides.second.front() : sides.first.front());
+    bool mixed = false;
+    for (const auto* side : {&sides.first, &sides.second}) {
+      for (const Transfer& t : *side) mixed = mixed || std::get<0>(t) != gradients;
     }
+    auto list = [&](const std::vector<Transfer>& ts) {
+      return absl::StrJoin(ts, ",", [&](std::string* out, const Transfer& t) {
+        const auto [gradient, m, from] = t;
+        if (V == 1) return absl::StrAppend(out, m);
+        absl::StrAppend(out, gradient ? "gradient " : "activation ", m, " from chunk ",
+                        PlaceStage(from, S).chunk);
+      });
+    };
+    return fail(
+        absl::StrFormat("the %s from stage %d to stage %d are sent in %sorder %s and received "
+                        "in order %s (transfers on a link match in order)",
+                        mixed ? "transfers" : gradients ? "gradients" : "activations",
+                        link.first, link.second, V == 1 ? "micro-batch " : "",
+                        list(sides.first), list(sides.second)),
+        {});
   }
   // Simulation over the exchange groups.
   const std::vector<std::vector<std::vector<int>>> groups = ExchangeGroups(s);
@@ -325,7 +446,7 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
   std::vector<std::vector<std::pair<int, int>>> partner(S);
   for (int st = 0; st < S; ++st) {
     for (const std::vector<int>& g : groups[st]) {
-      const int peer = PeerOf(st, s.actions[st][g.front()]);
+      const int peer = PeerOf(s, st, s.actions[st][g.front()]);
       const int j = Counterpart(s, st, g.front());
       partner[st].push_back(j < 0 ? std::make_pair(-1, -1)
                                   : std::make_pair(peer, group_of[peer][j]));
@@ -333,9 +454,11 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
   }
   std::vector<size_t> pc(S, 0);
   std::vector<std::deque<int>> posted(S);
-  std::vector<std::vector<bool>> have_act(S, std::vector<bool>(M, false));
-  std::vector<std::vector<bool>> have_grad(S, std::vector<bool>(M, false));
-  std::vector<std::vector<bool>> fwd_done(S, std::vector<bool>(M, false));
+  // Per stage, indexed by chunk * M + micro-batch.
+  std::vector<std::vector<bool>> have_act(S, std::vector<bool>(V * M, false));
+  std::vector<std::vector<bool>> have_grad(S, std::vector<bool>(V * M, false));
+  std::vector<std::vector<bool>> fwd_done(S, std::vector<bool>(V * M, false));
+  std::vector<std::vector<bool>> bwd_done(S, std::vector<bool>(V * M, false));
   for (;;) {
     bool progress = false, done = true;
     for (int st = 0; st < S; ++st) {
@@ -354,12 +477,15 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
         progress = true;
         continue;
       }
-      const int m = x.micro_batch;
+      const int k = x.chunk * M + x.micro_batch;
+      const int g = GlobalStage(st, x.chunk, S);
       bool ready = true;
-      if (x.type == ActionType::kForward) ready = st == 0 || have_act[st][m];
-      if (x.type == ActionType::kBackward) ready = fwd_done[st][m] && (st == S - 1 || have_grad[st][m]);
+      if (x.type == ActionType::kForward) ready = g == 0 || have_act[st][k];
+      if (x.type == ActionType::kBackward) ready = fwd_done[st][k] && (g == S * V - 1 || have_grad[st][k]);
+      if (x.type == ActionType::kWeightGradient) ready = bwd_done[st][k];
       if (!ready) continue;
-      if (x.type == ActionType::kForward) fwd_done[st][m] = true;
+      if (x.type == ActionType::kForward) fwd_done[st][k] = true;
+      if (x.type == ActionType::kBackward) bwd_done[st][k] = true;
       ++pc[st];
       progress = true;
     }
@@ -385,8 +511,9 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
       for (const auto& [stage, group] : {std::make_pair(st, g), std::make_pair(peer, h)}) {
         for (int i : groups[stage][group]) {
           const Action& y = s.actions[stage][i];
-          if (y.type == ActionType::kRecvActivation) have_act[stage][y.micro_batch] = true;
-          if (y.type == ActionType::kRecvGradient) have_grad[stage][y.micro_batch] = true;
+          const int k = y.chunk * M + y.micro_batch;
+          if (y.type == ActionType::kRecvActivation) have_act[stage][k] = true;
+          if (y.type == ActionType::kRecvGradient) have_grad[stage][k] = true;
         }
         posted[stage].pop_front();
       }
@@ -409,16 +536,13 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
 
 PipelineSchedule HoistReceives(const PipelineSchedule& s) {
   PipelineSchedule out = s;
-  auto is_compute = [](const Action& a) {
-    return a.type == ActionType::kForward || a.type == ActionType::kBackward;
-  };
   for (int st = 0; st < out.stages; ++st) {
     for (size_t i = 0; i < out.actions[st].size(); ++i) {
       const Action a = out.actions[st][i];
       if (a.type != ActionType::kRecvActivation && a.type != ActionType::kRecvGradient) continue;
       // The compute action before this receive's run: the receive goes just before it.
       size_t p = i;
-      while (p > 0 && !is_compute(out.actions[st][p - 1])) --p;
+      while (p > 0 && !out.actions[st][p - 1].is_compute()) --p;
       if (p == 0) continue;
       --p;
       PipelineSchedule moved = out;

@@ -3,8 +3,22 @@
 // pass inserts the sends and receives; the validator simulates every stage before a job
 // starts and rejects a schedule that would deadlock or miss a step, printing the
 // stage-by-step grid with the failing step marked. Text form of an action: "1F0" is stage 1,
-// forward of micro-batch 0; also B (backward), SA/RA (send/receive activation), SG/RG
-// (send/receive gradient) and "1OPT" (optimizer step).
+// forward of micro-batch 0; also B (backward), W (weight gradient), SA/RA (send/receive
+// activation), SG/RG (send/receive gradient) and "1OPT" (optimizer step).
+//
+// Model chunks (interleaved schedules): each stage (a row of the schedule, one pipeline rank)
+// may hold `chunks` model chunks, and an action names its chunk after a "c": "1B3c1" is stage
+// 1's backward of micro-batch 3 on its chunk 1. Chunk 0 is written without the suffix
+// ("1B3c0" reads as "1B3"), so a schedule of one chunk reads as before. With K stages the
+// model has K * chunks global stages, placed as Megatron's loop placement does: global stage
+// g runs on stage g mod K as its chunk g div K (PlaceStage), so activations go from stage K-1
+// back to stage 0 at each chunk's end.
+//
+// B and W: a B computes the gradient the previous global stage needs. When the same stage
+// also runs a W for that micro-batch and chunk, B computes the input gradient only and W,
+// which needs no communication and may come any time after its B, adds the parameter
+// gradients (zero-bubble's split: Stage::BackwardInput / BackwardWeights); without a W, B is
+// the whole backward.
 #ifndef TANDEM_PARALLEL_SCHEDULE_H_
 #define TANDEM_PARALLEL_SCHEDULE_H_
 
@@ -19,6 +33,7 @@ namespace tandem {
 enum class ActionType {
   kForward,
   kBackward,
+  kWeightGradient,
   kSendActivation,
   kRecvActivation,
   kSendGradient,
@@ -29,12 +44,14 @@ enum class ActionType {
 struct Action {
   ActionType type;
   int micro_batch = -1;  // -1 for the optimizer step
-  bool is_communication() const {
-    return type != ActionType::kForward && type != ActionType::kBackward &&
-           type != ActionType::kOptimizerStep;
+  int chunk = 0;         // the stage's model chunk, in [0, PipelineSchedule::chunks)
+  bool is_compute() const {
+    return type == ActionType::kForward || type == ActionType::kBackward ||
+           type == ActionType::kWeightGradient;
   }
+  bool is_communication() const { return !is_compute() && type != ActionType::kOptimizerStep; }
   bool operator==(const Action& o) const {
-    return type == o.type && micro_batch == o.micro_batch;
+    return type == o.type && micro_batch == o.micro_batch && chunk == o.chunk;
   }
 };
 
@@ -42,11 +59,24 @@ struct PipelineSchedule {
   int stages = 0;
   int micro_batches = 0;
   std::vector<std::vector<Action>> actions;  // per stage, in execution order
+  int chunks = 1;                            // model chunks per stage
 };
 
-// "1F0", "0SA3", "2OPT".
+// Where global stage `global_stage` of a model split into ranks * chunks stages runs:
+// stage global_stage mod ranks, as its chunk global_stage div ranks (Megatron's loop
+// placement). GlobalStage is the inverse.
+struct StagePlace {
+  int stage;
+  int chunk;
+  bool operator==(const StagePlace& o) const { return stage == o.stage && chunk == o.chunk; }
+};
+StagePlace PlaceStage(int global_stage, int ranks);
+int GlobalStage(int stage, int chunk, int ranks);
+
+// "1F0", "0SA3", "1W3c1", "2OPT".
 std::string ActionText(int stage, const Action& a);
-// Parses one action's text; the stage it names goes to *stage.
+// Parses one action's text; the stage it names goes to *stage. ActionText(ParseAction(t))
+// gives t back, except that an explicit "c0" is dropped.
 absl::StatusOr<Action> ParseAction(absl::string_view text, int* stage);
 
 // GPipe: every stage runs all forwards, then all backwards (in reverse micro-batch order),
@@ -56,14 +86,23 @@ PipelineSchedule GpipeSchedule(int stages, int micro_batches);
 // alternates one forward and one backward, then the remaining backwards (cool-down), so at
 // most stages - s micro-batches are in flight on stage s. Compute actions only.
 PipelineSchedule OneFOneBSchedule(int stages, int micro_batches);
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): 1F1B's forwards and backwards in
+// 1F1B's order, with the backward split on every stage but the first: stage s runs each
+// micro-batch's B where 1F1B runs its backward and its W s backwards later (oldest first),
+// the last s Ws filling the cool-down, where 1F1B's stage s waits. The first stage's Bs stay
+// whole backwards (no W). Compute actions only. Not offered by MakeSchedule: PipelinePass
+// does not run W yet.
+PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches);
 // "gpipe" or "1f1b", with communication inserted, the receives hoisted (HoistReceives) and
 // the optimizer step appended.
 absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages,
                                               int micro_batches);
 
 // Adds RecvActivation before every forward and SendActivation after it (except at the ends
-// of the pipeline), RecvGradient before every backward and SendGradient after it, and one
-// OptimizerStep at the end of every stage.
+// of the pipeline: the first and last global stages), RecvGradient before every backward and
+// SendGradient after it, each on the forward's or backward's chunk, and one OptimizerStep at
+// the end of every stage. Weight gradients need no transfer; a receive goes before the Ws
+// just before its forward or backward, joining the run of transfers before them.
 PipelineSchedule InsertCommunication(const PipelineSchedule& compute);
 
 // Moves each receive one compute action earlier, wherever the schedule stays valid: a stage
@@ -83,20 +122,23 @@ PipelineSchedule HoistReceives(const PipelineSchedule& s);
 // without a counterpart (an invalid schedule) is a group of its own.
 std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule& s);
 
-// Checks counts (one forward and one backward per micro-batch and stage, one optimizer step,
-// last), that both ends of every link post its transfers in the same micro-batch order (the
-// k-th send matches the k-th receive), and simulates all stages: a stage reaching a run of
-// transfers posts its ExchangeGroups at once and goes on; each stage's posted groups run one
-// after the other, and a group completes only together with its counterpart group on the
-// peer, when both are the first unfinished group of their stage; a forward or backward waits
-// for the receive it needs. A schedule that stalls or mismatches is an error whose message
-// holds the grid with "<-- ERROR HERE" at each stuck stage's step.
+// Checks counts (one forward and one backward per micro-batch, chunk and stage, at most one
+// weight gradient, after its backward; chunks in range, and several only on 2 stages or more;
+// one optimizer step, last), that both ends of every pair of stages post the transfers from
+// one to the other in the same order (the k-th send matches the k-th receive), and simulates
+// all stages: a stage reaching a run of transfers posts its ExchangeGroups at once and goes
+// on; each stage's posted groups run one after the other, and a group completes only together
+// with its counterpart group on the peer, when both are the first unfinished group of their
+// stage; a forward or backward waits for the receive it needs, a weight gradient for its
+// backward. A schedule that stalls or mismatches is an error whose message holds the grid
+// with "<-- ERROR HERE" at each stuck stage's step.
 absl::Status ValidateSchedule(const PipelineSchedule& s);
 
 // The stage-by-step grid (one column per stage).
 std::string ScheduleGrid(const PipelineSchedule& s, const std::vector<int>& marks = {});
 
-// Peak number of micro-batches whose activations a stage holds at once.
+// Peak number of micro-batches whose activations a stage holds at once, over all its chunks
+// (a backward frees them; a deferred weight gradient keeps only what it needs).
 int PeakInFlight(const PipelineSchedule& s, int stage);
 
 }  // namespace tandem

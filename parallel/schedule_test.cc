@@ -13,8 +13,9 @@ std::string Row(const PipelineSchedule& s, int stage) {
   return absl::StrJoin(out, " ");
 }
 
-PipelineSchedule FromText(int stages, int mbs, const std::vector<std::string>& rows) {
-  PipelineSchedule s{stages, mbs, std::vector<std::vector<Action>>(stages)};
+PipelineSchedule FromText(int stages, int mbs, const std::vector<std::string>& rows,
+                          int chunks = 1) {
+  PipelineSchedule s{stages, mbs, std::vector<std::vector<Action>>(stages), chunks};
   for (int st = 0; st < stages; ++st) {
     std::vector<std::string> parts = absl::StrSplit(rows[st], ' ', absl::SkipEmpty());
     for (const std::string& p : parts) {
@@ -41,6 +42,31 @@ TEST(ScheduleTest, OneFOneBTable) {
   PipelineSchedule t = OneFOneBSchedule(4, 2);
   EXPECT_EQ(Row(t, 0), "0F0 0F1 0B0 0B1");
   EXPECT_EQ(Row(t, 3), "3F0 3B0 3F1 3B1");
+}
+
+// ZB-H1 on 3 stages, 4 micro-batches: stage s defers its Ws by s backwards; without the Ws
+// every row is 1F1B's.
+TEST(ScheduleTest, ZeroBubbleH1Table) {
+  const PipelineSchedule s = ZeroBubbleH1Schedule(3, 4);
+  EXPECT_EQ(Row(s, 0), "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3");
+  EXPECT_EQ(Row(s, 1), "1F0 1F1 1B0 1F2 1B1 1W0 1F3 1B2 1W1 1B3 1W2 1W3");
+  EXPECT_EQ(Row(s, 2), "2F0 2B0 2F1 2B1 2F2 2B2 2W0 2F3 2B3 2W1 2W2 2W3");
+  for (int k = 1; k <= 8; ++k) {
+    for (int m = 1; m <= 16; ++m) {
+      const PipelineSchedule z = ZeroBubbleH1Schedule(k, m), o = OneFOneBSchedule(k, m);
+      for (int st = 0; st < k; ++st) {
+        std::vector<Action> fb, ws;
+        for (const Action& a : z.actions[st]) {
+          (a.type == ActionType::kWeightGradient ? ws : fb).push_back(a);
+        }
+        EXPECT_EQ(fb, o.actions[st]) << "K=" << k << " M=" << m << " stage " << st;
+        EXPECT_EQ(ws.size(), st == 0 ? 0u : static_cast<size_t>(m));
+      }
+      const PipelineSchedule full = HoistReceives(InsertCommunication(z));
+      const absl::Status v = ValidateSchedule(full);
+      EXPECT_TRUE(v.ok()) << "K=" << k << " M=" << m << "\n" << v.message();
+    }
+  }
 }
 
 TEST(ScheduleTest, CommunicationIsInserted) {
@@ -170,6 +196,105 @@ TEST(ScheduleTest, ParseErrors) {
   EXPECT_EQ(st, 12);
   EXPECT_FALSE(MakeSchedule("zigzag", 2, 2).ok());
   EXPECT_FALSE(MakeSchedule("gpipe", 0, 2).ok());
+  for (const char* bad : {"1B3c", "1B3x1", "1Bc1", "1W", "1B3c1c2", "1OPTc1", "1B-1"}) {
+    EXPECT_FALSE(ParseAction(bad, &st).ok()) << bad;
+  }
+  const absl::Status no_chunk = ParseAction("1B3c", &st).status();
+  EXPECT_NE(no_chunk.message().find("[c CHUNK]"), std::string::npos) << no_chunk;
+}
+
+// Weight gradients and chunks in the text form: each text reads back as itself, chunk 0
+// without its suffix.
+TEST(ScheduleTest, ActionTextRoundTrip) {
+  for (const char* text : {"1B3c1", "1W3c1", "0W0", "0SA3", "12SG7", "2OPT", "3RG0c4", "0F0",
+                           "5RA11c10"}) {
+    int st = -1;
+    const auto a = ParseAction(text, &st);
+    ASSERT_TRUE(a.ok()) << text << ": " << a.status();
+    EXPECT_EQ(ActionText(st, *a), text);
+  }
+  int st = -1;
+  const auto w = ParseAction("1W3c1", &st);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(st, 1);
+  EXPECT_EQ(*w, (Action{ActionType::kWeightGradient, 3, 1}));
+  const auto c0 = ParseAction("1B3c0", &st);
+  ASSERT_TRUE(c0.ok());
+  EXPECT_EQ(*c0, (Action{ActionType::kBackward, 3, 0}));
+  EXPECT_EQ(ActionText(st, *c0), "1B3");
+}
+
+// Megatron's loop placement: 8 global stages on 4 ranks, two chunks each.
+TEST(ScheduleTest, ChunkPlacement) {
+  const StagePlace want[8] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}};
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(PlaceStage(g, 4), want[g]) << g;
+    EXPECT_EQ(GlobalStage(want[g].stage, want[g].chunk, 4), g);
+  }
+  EXPECT_EQ(PlaceStage(7, 3), (StagePlace{1, 2}));
+  EXPECT_EQ(PlaceStage(2, 1), (StagePlace{0, 2}));
+}
+
+// Two stages holding two chunks each (global stages 0 and 2 on stage 0, 1 and 3 on stage 1),
+// one micro-batch, weight gradients deferred: the activation goes from stage 1's chunk 0 back
+// to stage 0's chunk 1, and the gradient the other way; W needs no transfer.
+TEST(ScheduleTest, ChunksAndWeightGradientsValidate) {
+  const PipelineSchedule s = InsertCommunication(
+      FromText(2, 1, {"0F0 0F0c1 0B0c1 0B0 0W0c1 0W0", "1F0 1F0c1 1B0c1 1W0c1 1B0 1W0"}, 2));
+  EXPECT_EQ(s.chunks, 2);
+  EXPECT_EQ(Row(s, 0),
+            "0F0 0SA0 0RA0c1 0F0c1 0SA0c1 0RG0c1 0B0c1 0SG0c1 0RG0 0B0 0W0c1 0W0 0OPT");
+  // Stage 1's receive of gradient 0 for chunk 0 goes before W0c1, in the run of SG0c1.
+  EXPECT_EQ(Row(s, 1), "1RA0 1F0 1SA0 1RA0c1 1F0c1 1B0c1 1SG0c1 1RG0 1W0c1 1B0 1SG0 1W0 1OPT");
+  // Each transfer is a group of its own: the transfers of each run of two have their
+  // counterparts in different runs of the peer.
+  using G = std::vector<std::vector<int>>;
+  const auto groups = ExchangeGroups(s);
+  EXPECT_EQ(groups[0], (G{{1}, {2}, {4}, {5}, {7}, {8}}));
+  EXPECT_EQ(groups[1], (G{{0}, {2}, {3}, {6}, {7}, {10}}));
+  const absl::Status v = ValidateSchedule(s);
+  EXPECT_TRUE(v.ok()) << v.message();
+  // The same with one chunk is refused: the chunk-1 actions are out of range.
+  PipelineSchedule one = s;
+  one.chunks = 1;
+  const absl::Status r = ValidateSchedule(one);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("stage 0: chunk 1 out of range [0, 1) in 0RA0c1"), std::string::npos)
+      << r.message();
+}
+
+TEST(ScheduleTest, WeightGradientAndChunkErrorsAreCaught) {
+  const absl::Status early =
+      ValidateSchedule(InsertCommunication(FromText(1, 2, {"0F0 0F1 0B1 0W0 0B0 0W1"})));
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.message().find("stage 0: weight gradient of micro-batch 0 before its backward"),
+            std::string::npos)
+      << early.message();
+  EXPECT_NE(early.message().find("0W0"), std::string::npos);  // the grid is printed
+  const absl::Status twice =
+      ValidateSchedule(InsertCommunication(FromText(1, 1, {"0F0 0B0 0W0 0W0"})));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.message().find("weight gradient of micro-batch 0 twice"), std::string::npos)
+      << twice.message();
+  const absl::Status chunk =
+      ValidateSchedule(FromText(2, 1, {"0F0 0F0c2 0OPT", "1F0 1OPT"}, 2));
+  ASSERT_FALSE(chunk.ok());
+  EXPECT_NE(chunk.message().find("stage 0: chunk 2 out of range [0, 2) in 0F0c2"),
+            std::string::npos)
+      << chunk.message();
+  // A chunk's backward is missing: named with its chunk.
+  const absl::Status missing = ValidateSchedule(
+      InsertCommunication(FromText(2, 1, {"0F0 0F0c1 0B0c1 0B0", "1F0 1F0c1 1B0"}, 2)));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("stage 1 never runs the backward of micro-batch 0 on chunk 1"),
+            std::string::npos)
+      << missing.message();
+  // One stage holding two chunks would send to itself.
+  const absl::Status alone = ValidateSchedule(
+      InsertCommunication(FromText(1, 1, {"0F0 0F0c1 0B0c1 0B0"}, 2)));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.message().find("several chunks need at least 2 stages"), std::string::npos)
+      << alone.message();
 }
 
 }  // namespace

@@ -352,8 +352,8 @@ absl::Status LinearBackward(Stream& s, const Tensor& dinp, const Tensor& dweight
                             const Tensor& weight) {
   constexpr const char* kOp = "LinearBackward";
   RETURN_IF_ERROR(
-      CheckCommon(kOp, s, {{"dweight", dweight}, {"dout", dout}, {"inp", inp}, {"weight", weight}},
-                  {{"dinp", dinp}, {"dbias", dbias}}));
+      CheckCommon(kOp, s, {{"dout", dout}, {"inp", inp}, {"weight", weight}},
+                  {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}}));
   RETURN_IF_ERROR(CheckFloats(kOp, s.device(),
                               {{"dout", dout}, {"inp", inp}, {"weight", weight}, {"dinp", dinp}}));
   RETURN_IF_ERROR(
@@ -363,7 +363,7 @@ absl::Status LinearBackward(Stream& s, const Tensor& dinp, const Tensor& dweight
   const int64_t n = inp.dim(0), c = inp.dim(1), oc = weight.dim(0);
   RETURN_IF_ERROR(CheckDims(kOp, "dout", dout, {n, oc}));
   RETURN_IF_ERROR(CheckOptionalDims(kOp, "dinp", dinp, {n, c}));
-  RETURN_IF_ERROR(CheckDims(kOp, "dweight", dweight, {oc, c}));
+  RETURN_IF_ERROR(CheckOptionalDims(kOp, "dweight", dweight, {oc, c}));
   RETURN_IF_ERROR(CheckOptionalDims(kOp, "dbias", dbias, {oc}));
   const Args inputs = {{"dout", dout}, {"inp", inp}, {"weight", weight}};
   RETURN_IF_ERROR(CheckNoOverlap(kOp, {"dinp", dinp}, inputs));
@@ -507,11 +507,12 @@ absl::Status LayerNormBackward(Stream& s, const Tensor& dinp, const Tensor& dwei
                                const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   constexpr const char* kOp = "LayerNormBackward";
-  const Args floats = {{"inp", inp}, {"weight", weight}, {"dout", dout}, {"dinp", dinp}};
-  const Args others = {{"mean", mean}, {"rstd", rstd}, {"dweight", dweight}, {"dbias", dbias}};
-  RETURN_IF_ERROR(CheckDefined(kOp, others));
-  RETURN_IF_ERROR(CheckCommon(kOp, s, floats, others));
-  RETURN_IF_ERROR(CheckFloats(kOp, s.device(), floats));
+  // The outputs may each be undefined: B computes dinp alone, W the parameter gradients.
+  RETURN_IF_ERROR(CheckCommon(
+      kOp, s, {{"inp", inp}, {"weight", weight}, {"dout", dout}, {"mean", mean}, {"rstd", rstd}},
+      {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}}));
+  RETURN_IF_ERROR(CheckFloats(kOp, s.device(),
+                              {{"inp", inp}, {"weight", weight}, {"dout", dout}, {"dinp", dinp}}));
   RETURN_IF_ERROR(CheckF32(kOp, {{"mean", mean}, {"rstd", rstd}}));
   RETURN_IF_ERROR(
       CheckParamGrads(kOp, s.device(), inp.dtype(), {{"dweight", dweight}, {"dbias", dbias}}));
@@ -519,9 +520,9 @@ absl::Status LayerNormBackward(Stream& s, const Tensor& dinp, const Tensor& dwei
   const int64_t n = inp.dim(0), c = inp.dim(1);
   RETURN_IF_ERROR(CheckDims(kOp, "weight", weight, {c}));
   RETURN_IF_ERROR(CheckDims(kOp, "dout", dout, {n, c}));
-  RETURN_IF_ERROR(CheckDims(kOp, "dinp", dinp, {n, c}));
-  RETURN_IF_ERROR(CheckDims(kOp, "dweight", dweight, {c}));
-  RETURN_IF_ERROR(CheckDims(kOp, "dbias", dbias, {c}));
+  RETURN_IF_ERROR(CheckOptionalDims(kOp, "dinp", dinp, {n, c}));
+  RETURN_IF_ERROR(CheckOptionalDims(kOp, "dweight", dweight, {c}));
+  RETURN_IF_ERROR(CheckOptionalDims(kOp, "dbias", dbias, {c}));
   RETURN_IF_ERROR(CheckDims(kOp, "mean", mean, {n}));
   RETURN_IF_ERROR(CheckDims(kOp, "rstd", rstd, {n}));
   TANDEM_OPS_DISPATCH(

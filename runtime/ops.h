@@ -59,8 +59,9 @@ absl::Status LinearForward(Stream& s, const Tensor& out, const Tensor& inp, cons
 // must be defined, and out may not share memory with pre or the inputs.
 absl::Status LinearGeluForward(Stream& s, const Tensor& out, const Tensor& pre,
                                const Tensor& inp, const Tensor& weight, const Tensor& bias);
-// dinp (N, C) = dout @ weight (written; skipped when dinp is undefined);
-// dweight (OC, C) += dout^T @ inp; dbias (OC) += sum over rows of dout (if defined).
+// dinp (N, C) = dout @ weight (written); dweight (OC, C) += dout^T @ inp; dbias (OC) += sum
+// over rows of dout. Each output may be undefined and is then skipped, so a backward can
+// compute dinp now and the parameter gradients later, with the same bits.
 absl::Status LinearBackward(Stream& s, const Tensor& dinp, const Tensor& dweight,
                             const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                             const Tensor& weight);
@@ -101,7 +102,8 @@ absl::Status Fill(Stream& s, const Tensor& x, float value);
 absl::Status LayerNormForward(Stream& s, const Tensor& out, const Tensor& mean,
                               const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                               const Tensor& bias);
-// dinp (N, C) written; dweight (C) and dbias (C) accumulate.
+// dinp (N, C) written; dweight (C) and dbias (C) accumulate. Each output may be undefined
+// and is then skipped (the same bits for the others as when all are computed).
 absl::Status LayerNormBackward(Stream& s, const Tensor& dinp, const Tensor& dweight,
                                const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                const Tensor& weight, const Tensor& mean, const Tensor& rstd);

@@ -321,6 +321,42 @@ TEST(LinearTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   }
 }
 
+// A backward in two parts (the input gradient, then the parameter gradients, as a pipeline's
+// B and W) gives the bits of one call computing all, accumulating into the same gradients.
+TEST(LinearTest, BackwardOutputsComputedApartGiveTheSameBits) {
+  const int n = 9, c = 21, oc = 11;
+  const Tensor inp = Rand({n, c}), w = Rand({oc, c}), dout = Rand({n, oc});
+  const Vec dw0 = RandVec(oc * c), db0 = RandVec(oc);
+  Tensor dinp = Zeros({n, c}), dw = FromVec(dw0, {oc, c}), db = FromVec(db0, {oc});
+  ASSERT_OK(LinearBackward(Cpu(), dinp, dw, db, dout, inp, w));
+  Tensor dinp_b = Zeros({n, c}), dw_w = FromVec(dw0, {oc, c}), db_w = FromVec(db0, {oc});
+  ASSERT_OK(LinearBackward(Cpu(), dinp_b, Tensor(), Tensor(), dout, inp, w));
+  ASSERT_OK(LinearBackward(Cpu(), Tensor(), dw_w, db_w, dout, inp, w));
+  EXPECT_EQ(Get(dinp_b), Get(dinp));
+  EXPECT_EQ(Get(dw_w), Get(dw));
+  EXPECT_EQ(Get(db_w), Get(db));
+}
+
+TEST(LayerNormTest, BackwardOutputsComputedApartGiveTheSameBits) {
+  for (auto [n, c] : {std::make_pair(5, 7), std::make_pair(6, 37)}) {
+    const Tensor x = Rand({n, c}, -2.0f, 2.0f), w = Rand({c}, 0.5f, 1.5f), b = Rand({c});
+    Tensor out = Zeros({n, c}), mean = Zeros({n}), rstd = Zeros({n});
+    ASSERT_OK(LayerNormForward(Cpu(), out, mean, rstd, x, w, b));
+    const Tensor dout = Rand({n, c});
+    const Vec dw0 = RandVec(c), db0 = RandVec(c);
+    Tensor dinp = Zeros({n, c}), dw = FromVec(dw0, {c}), db = FromVec(db0, {c});
+    ASSERT_OK(LayerNormBackward(Cpu(), dinp, dw, db, dout, x, w, mean, rstd));
+    Tensor dinp_b = Zeros({n, c}), dw_w = FromVec(dw0, {c}), db_w = FromVec(db0, {c});
+    ASSERT_OK(LayerNormBackward(Cpu(), dinp_b, Tensor(), Tensor(), dout, x, w, mean, rstd));
+    ASSERT_OK(LayerNormBackward(Cpu(), Tensor(), dw_w, db_w, dout, x, w, mean, rstd));
+    EXPECT_EQ(Get(dinp_b), Get(dinp));
+    EXPECT_EQ(Get(dw_w), Get(dw));
+    EXPECT_EQ(Get(db_w), Get(db));
+    // The statistics stay required.
+    EXPECT_FALSE(LayerNormBackward(Cpu(), dinp, dw, db, dout, x, w, Tensor(), rstd).ok());
+  }
+}
+
 TEST(LinearTest, EmptyExtents) {
   // OC = 0: dinp = dout @ weight is a sum over nothing, so zeros.
   Tensor dinp = Rand({3, 4});

@@ -42,7 +42,10 @@ ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step"
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
 ABSL_FLAG(int, warmup, 20, "linear warmup steps");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(double, weight_decay, 0.0, "decoupled weight decay (AdamW) / L2 (SGD)");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "decoupled weight decay (AdamW) / L2 (SGD), on the 2-D weight matrices and the token "
+          "embedding only, as nanoGPT, Megatron and Hugging Face (--decay-all: every parameter)");
+ABSL_FLAG(bool, decay_all, false, "apply --weight-decay to every parameter (the old behaviour)");
 ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm; 0: off");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
 ABSL_FLAG(std::string, data, "", "text file to train on (default: /usr/share/common-licenses)");
@@ -107,6 +110,7 @@ absl::StatusOr<Setup> SetupFromFlags() {
   job.warmup = absl::GetFlag(FLAGS_warmup);
   job.optimizer = absl::GetFlag(FLAGS_optimizer);
   job.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  job.decay_all = absl::GetFlag(FLAGS_decay_all);
   job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   job.seed = absl::GetFlag(FLAGS_seed);
   job.data = users(absl::GetFlag(FLAGS_data));
@@ -311,10 +315,11 @@ int main(int argc, char** argv) {
                                          "n_head",         "seq_len",        "attention",
                                          "steps",          "batch",          "micro_batches",
                                          "lr",             "warmup",         "optimizer",
-                                         "weight_decay",   "clip_norm",      "seed",
-                                         "data",           "synthetic",      "device",
-                                         "dtype",          "run_dir",        "checkpoint_dir",
-                                         "checkpoint_every", "resume",       "profile_steps"}};
+                                         "weight_decay",   "decay_all",      "clip_norm",
+                                         "seed",           "data",           "synthetic",
+                                         "device",         "dtype",          "run_dir",
+                                         "checkpoint_dir", "checkpoint_every", "resume",
+                                         "profile_steps"}};
   bool help = false;
   const absl::Status parsed =
       tandem::launcher::ParseFlags(flags, std::vector<std::string>(argv + 1, argv + argc), &help);

@@ -71,7 +71,12 @@ ABSL_FLAG(int, zero, 0,
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
 ABSL_FLAG(int, warmup, 20, "linear learning-rate warmup steps");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(double, weight_decay, 0.0, "decoupled weight decay (AdamW) / L2 (SGD)");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "decoupled weight decay (AdamW) / L2 (SGD), on the 2-D weight matrices and the token "
+          "embedding only, as nanoGPT, Megatron and Hugging Face (--decay-all: every parameter)");
+ABSL_FLAG(bool, decay_all, false,
+          "apply --weight-decay to every parameter, biases, LayerNorm gains and the position "
+          "table too (the old behaviour)");
 ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm (0: off)");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
 ABSL_FLAG(std::string, data, "",
@@ -224,7 +229,8 @@ const std::vector<std::string>& FlagNames() {
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
       "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
-      "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
+      "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
+      "clip_norm", "seed", "data", "synthetic", "run_dir",
       "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
       "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
       "overlap", "recompute", "heartbeat_timeout"};
@@ -278,6 +284,7 @@ Options OptionsFromFlags() {
   o.job.warmup = absl::GetFlag(FLAGS_warmup);
   o.job.optimizer = absl::GetFlag(FLAGS_optimizer);
   o.job.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.job.decay_all = absl::GetFlag(FLAGS_decay_all);
   o.job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   o.job.seed = absl::GetFlag(FLAGS_seed);
   o.job.data = absl::GetFlag(FLAGS_data);

@@ -68,7 +68,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   ASSIGN_OR_RETURN(t->stage_,
                    Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));
   ASSIGN_OR_RETURN(t->optimizer_,
-                   Optimizer::Create(c.optimizer, t->stage_->layout().numel(), c.device));
+                   Optimizer::Create(c.optimizer, t->stage_->layout(), 0,
+                                     t->stage_->layout().numel(), c.device));
   ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.device));
   if (!c.resume.empty()) RETURN_IF_ERROR(t->LoadCheckpoint(c.resume));
   return t;

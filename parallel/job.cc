@@ -67,6 +67,7 @@ const std::vector<Field>& Fields() {
       Num("warmup", &JobConfig::warmup),
       Str("optimizer", &JobConfig::optimizer),
       Num("weight_decay", &JobConfig::weight_decay),
+      Bool("decay_all", &JobConfig::decay_all),
       Num("clip_norm", &JobConfig::clip_norm),
       Num("seed", &JobConfig::seed),
       Str("data", &JobConfig::data),
@@ -168,6 +169,7 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   t.optimizer.warmup_steps = warmup;
   t.optimizer.total_steps = steps;
   t.optimizer.weight_decay = static_cast<float>(weight_decay);
+  t.optimizer.decay_all = decay_all;
   t.optimizer.clip_norm = static_cast<float>(clip_norm);
   p.schedule = schedule;
   p.balance = balance;

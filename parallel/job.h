@@ -41,6 +41,7 @@ struct JobConfig {
   int warmup = 20;
   std::string optimizer = "adamw";
   double weight_decay = 0.0;
+  bool decay_all = false;  // decay every parameter, not only the 2-D weights and wte
   double clip_norm = 1.0;
   uint64_t seed = 1234;
   std::string data;

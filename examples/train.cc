@@ -48,7 +48,15 @@ ABSL_FLAG(double, weight_decay, 0.0,
 ABSL_FLAG(bool, decay_all, false, "apply --weight-decay to every parameter (the old behaviour)");
 ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm; 0: off");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
-ABSL_FLAG(std::string, data, "", "text file to train on (default: /usr/share/common-licenses)");
+ABSL_FLAG(std::string, data, "",
+          "text file (bytes) or token shards, a file or a glob (llm.c's format, "
+          "tools/prepare_data.py writes it) (default: /usr/share/common-licenses)");
+ABSL_FLAG(std::string, data_format, "auto",
+          "auto (llm.c's magic or a *.bin name: an llm.c shard; else text), text, llmc, uint16 "
+          "or uint32 (raw token arrays such as nanoGPT's train.bin)");
+ABSL_FLAG(int, vocab, 0,
+          "the data's vocabulary, padded to a multiple of 64 for the model (0: an llm.c "
+          "shard's kind, else the model's)");
 ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
@@ -114,6 +122,8 @@ absl::StatusOr<Setup> SetupFromFlags() {
   job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   job.seed = absl::GetFlag(FLAGS_seed);
   job.data = users(absl::GetFlag(FLAGS_data));
+  job.data_format = absl::GetFlag(FLAGS_data_format);
+  job.vocab = absl::GetFlag(FLAGS_vocab);
   job.synthetic = absl::GetFlag(FLAGS_synthetic);
   job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   job.resume = users(absl::GetFlag(FLAGS_resume));
@@ -139,6 +149,7 @@ absl::StatusOr<Setup> SetupFromFlags() {
     }
   }
   job.run_dir = setup.run_dir;
+  job.ResolveVocab();
   // The training the job's workers would run, on this device.
   auto pc = job.ToParallelConfig(*device);
   if (!pc.ok()) return pc.status();
@@ -316,10 +327,10 @@ int main(int argc, char** argv) {
                                          "steps",          "batch",          "micro_batches",
                                          "lr",             "warmup",         "optimizer",
                                          "weight_decay",   "decay_all",      "clip_norm",
-                                         "seed",           "data",           "synthetic",
-                                         "device",         "dtype",          "run_dir",
-                                         "checkpoint_dir", "checkpoint_every", "resume",
-                                         "profile_steps"}};
+                                         "seed",           "data",           "data_format",
+                                         "vocab",          "synthetic",      "device",
+                                         "dtype",          "run_dir",        "checkpoint_dir",
+                                         "checkpoint_every", "resume",       "profile_steps"}};
   bool help = false;
   const absl::Status parsed =
       tandem::launcher::ParseFlags(flags, std::vector<std::string>(argv + 1, argv + argc), &help);

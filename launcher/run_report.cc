@@ -251,6 +251,8 @@ std::string RunJson(const RunRecord& r) {
       {"clip_norm", JsonNumber(c.clip_norm)},
       {"seed", absl::StrCat(c.seed)},  // a uint64 may not fit a JSON reader's double
       {"data", c.data},
+      {"data_format", c.data_format},
+      {"vocab", c.vocab},
       {"synthetic", c.synthetic},
       {"run_dir", c.run_dir},
       {"checkpoint_every", c.checkpoint_every},

@@ -49,7 +49,8 @@ absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {
     return TokenDataset::Synthetic(int64_t{1} << 20, c.model.seq_len, c.model.vocab, c.seed);
   }
   if (c.data.empty()) return TokenDataset::Default(c.model.seq_len, c.model.vocab);
-  return TokenDataset::FromFile(c.data, c.model.seq_len, c.model.vocab);
+  return TokenDataset::Open(c.data, c.data_format, c.model.seq_len,
+                            c.data_vocab > 0 ? c.data_vocab : c.model.vocab);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {

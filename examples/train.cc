@@ -42,10 +42,21 @@ ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step"
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
 ABSL_FLAG(int, warmup, 20, "linear warmup steps");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(double, weight_decay, 0.0, "decoupled weight decay (AdamW) / L2 (SGD)");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "decoupled weight decay (AdamW) / L2 (SGD), on the 2-D weight matrices and the token "
+          "embedding only, as nanoGPT, Megatron and Hugging Face (--decay-all: every parameter)");
+ABSL_FLAG(bool, decay_all, false, "apply --weight-decay to every parameter (the old behaviour)");
 ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm; 0: off");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
-ABSL_FLAG(std::string, data, "", "text file to train on (default: /usr/share/common-licenses)");
+ABSL_FLAG(std::string, data, "",
+          "text file (bytes) or token shards, a file or a glob (llm.c's format, "
+          "tools/prepare_data.py writes it) (default: /usr/share/common-licenses)");
+ABSL_FLAG(std::string, data_format, "auto",
+          "auto (llm.c's magic or a *.bin name: an llm.c shard; else text), text, llmc, uint16 "
+          "or uint32 (raw token arrays such as nanoGPT's train.bin)");
+ABSL_FLAG(int, vocab, 0,
+          "the data's vocabulary, padded to a multiple of 64 for the model (0: an llm.c "
+          "shard's kind, else the model's)");
 ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
@@ -107,9 +118,12 @@ absl::StatusOr<Setup> SetupFromFlags() {
   job.warmup = absl::GetFlag(FLAGS_warmup);
   job.optimizer = absl::GetFlag(FLAGS_optimizer);
   job.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  job.decay_all = absl::GetFlag(FLAGS_decay_all);
   job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   job.seed = absl::GetFlag(FLAGS_seed);
   job.data = users(absl::GetFlag(FLAGS_data));
+  job.data_format = absl::GetFlag(FLAGS_data_format);
+  job.vocab = absl::GetFlag(FLAGS_vocab);
   job.synthetic = absl::GetFlag(FLAGS_synthetic);
   job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   job.resume = users(absl::GetFlag(FLAGS_resume));
@@ -135,6 +149,7 @@ absl::StatusOr<Setup> SetupFromFlags() {
     }
   }
   job.run_dir = setup.run_dir;
+  job.ResolveVocab();
   // The training the job's workers would run, on this device.
   auto pc = job.ToParallelConfig(*device);
   if (!pc.ok()) return pc.status();
@@ -311,8 +326,9 @@ int main(int argc, char** argv) {
                                          "n_head",         "seq_len",        "attention",
                                          "steps",          "batch",          "micro_batches",
                                          "lr",             "warmup",         "optimizer",
-                                         "weight_decay",   "clip_norm",      "seed",
-                                         "data",           "synthetic",      "device",
+                                         "weight_decay",   "decay_all",      "clip_norm",
+                                         "seed",           "data",           "data_format",
+                                         "vocab",          "synthetic",      "device",
                                          "dtype",          "run_dir",        "checkpoint_dir",
                                          "checkpoint_every", "resume",       "profile_steps"}};
   bool help = false;

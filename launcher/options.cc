@@ -71,11 +71,26 @@ ABSL_FLAG(int, zero, 0,
 ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
 ABSL_FLAG(int, warmup, 20, "linear learning-rate warmup steps");
 ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(double, weight_decay, 0.0, "decoupled weight decay (AdamW) / L2 (SGD)");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "decoupled weight decay (AdamW) / L2 (SGD), on the 2-D weight matrices and the token "
+          "embedding only, as nanoGPT, Megatron and Hugging Face (--decay-all: every parameter)");
+ABSL_FLAG(bool, decay_all, false,
+          "apply --weight-decay to every parameter, biases, LayerNorm gains and the position "
+          "table too (the old behaviour)");
 ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm (0: off)");
 ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
 ABSL_FLAG(std::string, data, "",
-          "text file to train on; empty: the files under /usr/share/common-licenses");
+          "text file (bytes) or token shards to train on, a file or a glob such as "
+          "'data/*_train_*.bin' (llm.c's format, tools/prepare_data.py writes it); memory-mapped; "
+          "empty: the files under /usr/share/common-licenses");
+ABSL_FLAG(std::string, data_format, "auto",
+          "auto (a file starting with llm.c's magic 20240520, or named *.bin, is an llm.c shard; "
+          "others are text), text, llmc, or uint16 / uint32 for raw token arrays such as "
+          "nanoGPT's train.bin");
+ABSL_FLAG(int, vocab, 0,
+          "the data's vocabulary: tokens must be below it; the model's is it padded to a "
+          "multiple of 64 (GPT-2's 50257 to 50304, as llm.c) (0: an llm.c shard's kind, else "
+          "the model's: 256 bytes, gpt2-small 50304)");
 ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
 ABSL_FLAG(std::string, run_dir, "",
           "where logs, metrics, checkpoints and run.json go; empty: "
@@ -224,7 +239,8 @@ const std::vector<std::string>& FlagNames() {
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
       "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
-      "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "clip_norm", "seed", "data", "synthetic", "run_dir",
+      "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
+      "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "run_dir",
       "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
       "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
       "overlap", "recompute", "heartbeat_timeout"};
@@ -278,9 +294,12 @@ Options OptionsFromFlags() {
   o.job.warmup = absl::GetFlag(FLAGS_warmup);
   o.job.optimizer = absl::GetFlag(FLAGS_optimizer);
   o.job.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.job.decay_all = absl::GetFlag(FLAGS_decay_all);
   o.job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
   o.job.seed = absl::GetFlag(FLAGS_seed);
   o.job.data = absl::GetFlag(FLAGS_data);
+  o.job.data_format = absl::GetFlag(FLAGS_data_format);
+  o.job.vocab = absl::GetFlag(FLAGS_vocab);
   o.job.synthetic = absl::GetFlag(FLAGS_synthetic);
   o.job.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -439,6 +458,7 @@ struct Validation {
     job.device = device.is_cuda() ? "cuda" : "cpu";
     job.run_dir.clear();
     job.data = o.job.synthetic ? "" : AbsolutePath(host.user_dir, o.job.data);
+    job.ResolveVocab();
     auto_resume = o.job.resume == "auto";
     job.resume = o.job.resume.empty() || auto_resume
                      ? ""
@@ -541,6 +561,7 @@ struct Validation {
       fit.lr = 1e-3;
       fit.warmup = 0;
       fit.weight_decay = 0;
+      fit.data_format = "auto";  // the data is checked by CheckData
       fit.clip_norm = 1;
       fit.bucket_mb = 25;
       absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
@@ -588,10 +609,13 @@ struct Validation {
 
   // The training data.
   void CheckData() {
-    if (!o.job.synthetic && model.ok()) {
+    const absl::StatusOr<DataFormat> format = ParseDataFormat(o.job.data_format);
+    if (!format.ok()) problem(std::string(format.status().message()));
+    if (!o.job.synthetic && model.ok() && format.ok()) {
       absl::StatusOr<TokenDataset> d =
           job.data.empty() ? TokenDataset::Default(model->seq_len, model->vocab)
-                           : TokenDataset::FromFile(job.data, model->seq_len, model->vocab);
+                           : TokenDataset::Open(job.data, *format, model->seq_len,
+                                                job.vocab > 0 ? job.vocab : model->vocab);
       if (!d.ok()) problem(absl::StrCat("--data: ", d.status().message()));
     }
   }

@@ -490,6 +490,14 @@ TEST(Validate, EachBadInputGivesItsLine) {
          o.job.data = "/nonexistent/corpus.txt";
        },
        "--data: data file /nonexistent/corpus.txt does not exist"},
+      {[](Options& o) { o.job.data_format = "int8"; },
+       "--data-format=int8: use auto, text, llmc (llm.c shards), uint16 or uint32"},
+      {[](Options& o) { o.job.vocab = -3; }, "--vocab=-3: need at least 2"},
+      {[](Options& o) {
+         o.job.synthetic = false;
+         o.job.data = "/nonexistent/shards/*.bin";
+       },
+       "--data: no file matches /nonexistent/shards/*.bin"},
       {[](Options& o) { o.hostfile = "/nonexistent/hosts"; },
        "--hostfile=/nonexistent/hosts does not exist"},
       {[](Options& o) { o.job.resume = "/nonexistent/step-000003"; },
@@ -559,6 +567,37 @@ TEST(Validate, AllProblemsAtOnce) {
   EXPECT_THAT(p, AnyLineHas("20 stages"));
   EXPECT_THAT(p, AnyLineHas("/nonexistent/corpus.txt"));
   EXPECT_THAT(p, AnyLineHas("--heartbeat-timeout=1"));
+}
+
+// llm.c shards (a relative glob) give the job their kind's vocabulary, GPT-2's 50257, which
+// the model pads to 50304; a token beyond --vocab is refused in one line.
+TEST(Validate, VocabularyComesFromTheShards) {
+  const std::string user = FreshTestPath("user");
+  ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = 1000;
+  std::vector<uint16_t> tokens(1000);
+  for (int i = 0; i < 1000; ++i) tokens[i] = static_cast<uint16_t>(50000 + i % 257);
+  for (const char* name : {"/tok_train_000000.bin", "/tok_train_000001.bin"}) {
+    std::ofstream f(user + name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    f.write(reinterpret_cast<const char*>(tokens.data()), 2000);
+  }
+  Options o = Small();
+  o.job.synthetic = false;
+  o.job.data = "tok_train_*.bin";
+  absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.data, user + "/tok_train_*.bin");
+  EXPECT_EQ(p->job.vocab, 50257);
+  EXPECT_EQ(p->job.Model()->vocab, 50304);
+  o.job.vocab = 50100;
+  EXPECT_THAT(Problems(o, CpuHost(user)),
+              ElementsAre("--data: data file " + user +
+                          "/tok_train_000000.bin holds token 50100 at position 100 but the "
+                          "vocabulary is 50100; pass --vocab=N with the tokenizer's size"));
 }
 
 TEST(Validate, RelativePathsAreTheUsers) {

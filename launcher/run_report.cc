@@ -247,9 +247,12 @@ std::string RunJson(const RunRecord& r) {
       {"warmup", c.warmup},
       {"optimizer", c.optimizer},
       {"weight_decay", JsonNumber(c.weight_decay)},
+      {"decay_all", c.decay_all},
       {"clip_norm", JsonNumber(c.clip_norm)},
       {"seed", absl::StrCat(c.seed)},  // a uint64 may not fit a JSON reader's double
       {"data", c.data},
+      {"data_format", c.data_format},
+      {"vocab", c.vocab},
       {"synthetic", c.synthetic},
       {"run_dir", c.run_dir},
       {"checkpoint_every", c.checkpoint_every},

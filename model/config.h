@@ -29,7 +29,7 @@ struct ModelConfig {
   int n_head = 4;      // GPT only
   int d_model = 128;   // GPT: channels; MLP: width
   int seq_len = 64;    // tokens per sample
-  int vocab = 256;     // byte vocabulary; for the MLP also the number of classes
+  int vocab = 256;     // bytes, or the data's padded (JobConfig::Model); MLP: also the classes
   Attention attention = Attention::kStandard;  // GPT only
 
   // Blocks in order: embedding, n_layer layers, head.

@@ -1,5 +1,6 @@
 #include "model/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
@@ -43,6 +44,7 @@ absl::StatusOr<Optimizer> Optimizer::Create(const OptimizerConfig& c, int64_t nu
   RETURN_IF_ERROR(c.Validate());
   Optimizer o;
   o.c_ = c;
+  o.decayed_ = {{0, numel}};
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
   ASSIGN_OR_RETURN(o.m_, Tensor::Empty({numel}, DType::kF32, device));
   RETURN_IF_ERROR(ZeroFill(o.m_, *s));
@@ -54,34 +56,80 @@ absl::StatusOr<Optimizer> Optimizer::Create(const OptimizerConfig& c, int64_t nu
   return o;
 }
 
+absl::StatusOr<Optimizer> Optimizer::Create(const OptimizerConfig& c, const ParamLayout& layout,
+                                            int64_t begin, int64_t end, Device device) {
+  ASSIGN_OR_RETURN(Optimizer o, Create(c, end - begin, device));
+  o.decayed_.clear();
+  for (const ElementRange& r : DecayedRanges(layout, c.decay_all)) {
+    const int64_t lo = std::max(r.begin, begin), hi = std::min(r.end, end);
+    if (hi > lo) o.decayed_.push_back({lo - begin, hi - begin});
+  }
+  return o;
+}
+
 absl::Status Optimizer::Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
                              float grad_scale, const Tensor& params_low,
                              const Tensor& device_scale, int64_t state_offset) {
   const float lr = LearningRate(c_, step);
-  Tensor m = m_, v = v_;
-  if (state_offset != 0 || params.numel() != m_.numel()) {
-    ASSIGN_OR_RETURN(m, m_.View(state_offset, {params.numel()}));
-    if (v_.defined()) {
-      ASSIGN_OR_RETURN(v, v_.View(state_offset, {params.numel()}));
-    }
+  const int64_t end = state_offset + params.numel();
+  // Runs of decayed and undecayed elements alternate; without decay one run covers them all.
+  int64_t at = state_offset;
+  if (c_.weight_decay == 0) {
+    return Update(s, params, grads, params_low, device_scale, 0, at, end - at, lr, false, step,
+                  grad_scale);
   }
+  for (const ElementRange& r : decayed_) {
+    if (r.end <= at) continue;
+    if (at >= end) break;
+    const int64_t lo = std::min(std::max(r.begin, at), end), hi = std::min(r.end, end);
+    if (lo > at) {
+      RETURN_IF_ERROR(Update(s, params, grads, params_low, device_scale, at - state_offset, at,
+                             lo - at, lr, false, step, grad_scale));
+    }
+    if (hi > lo) {
+      RETURN_IF_ERROR(Update(s, params, grads, params_low, device_scale, lo - state_offset, lo,
+                             hi - lo, lr, true, step, grad_scale));
+    }
+    at = std::max(at, hi);
+  }
+  if (at < end) {
+    RETURN_IF_ERROR(Update(s, params, grads, params_low, device_scale, at - state_offset, at,
+                           end - at, lr, false, step, grad_scale));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::Update(Stream& s, const Tensor& params, const Tensor& grads,
+                               const Tensor& params_low, const Tensor& device_scale,
+                               int64_t first, int64_t state_offset, int64_t n, float lr,
+                               bool decay, int step, float grad_scale) {
+  auto part = [&](const Tensor& t, int64_t offset) -> absl::StatusOr<Tensor> {
+    if (!t.defined() || (offset == 0 && t.numel() == n)) return t;
+    return t.View(offset, {n});
+  };
+  ASSIGN_OR_RETURN(Tensor p, part(params, first));
+  ASSIGN_OR_RETURN(Tensor g, part(grads, first));
+  ASSIGN_OR_RETURN(Tensor low, part(params_low, first));
+  ASSIGN_OR_RETURN(Tensor m, part(m_, state_offset));
+  ASSIGN_OR_RETURN(Tensor v, part(v_, state_offset));
+  const float weight_decay = decay ? c_.weight_decay : 0.0f;
   if (c_.kind == "adamw") {
     ops::AdamWConfig a;
     a.lr = lr;
     a.beta1 = c_.beta1;
     a.beta2 = c_.beta2;
     a.eps = c_.eps;
-    a.weight_decay = c_.weight_decay;
+    a.weight_decay = weight_decay;
     a.step = step + 1;
     a.grad_scale = grad_scale;
-    return ops::AdamWUpdate(s, params, grads, m, v, a, params_low, device_scale);
+    return ops::AdamWUpdate(s, p, g, m, v, a, low, device_scale);
   }
-  ops::SgdConfig g;
-  g.lr = lr;
-  g.momentum = c_.momentum;
-  g.weight_decay = c_.weight_decay;
-  g.grad_scale = grad_scale;
-  return ops::SgdMomentumUpdate(s, params, grads, m, g, params_low, device_scale);
+  ops::SgdConfig g_config;
+  g_config.lr = lr;
+  g_config.momentum = c_.momentum;
+  g_config.weight_decay = weight_decay;
+  g_config.grad_scale = grad_scale;
+  return ops::SgdMomentumUpdate(s, p, g, m, g_config, low, device_scale);
 }
 
 float ClipFactor(float sum_squares, float clip_norm) {

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "absl/status/statusor.h"
+#include "model/params.h"
 #include "runtime/ops.h"
 #include "runtime/tensor.h"
 
@@ -20,6 +23,9 @@ struct OptimizerConfig {
   int warmup_steps = 0;
   int total_steps = 1;         // for the cosine
   float weight_decay = 0.0f;
+  // Decay every parameter (biases, LayerNorm gains, position table too) instead of only the
+  // 2-D weight matrices and the token embedding (DecaysByDefault in params.h).
+  bool decay_all = false;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW
   float momentum = 0.9f;                          // SGD
   float clip_norm = 1.0f;      // clip gradients to this global L2 norm; 0 disables
@@ -31,7 +37,13 @@ float LearningRate(const OptimizerConfig& c, int step);
 
 class Optimizer {
  public:
-  // State (f32, zero) for `numel` parameters on `device`.
+  // State (f32, zero) on `device` for elements [begin, end) of `layout`'s flat buffer (all of
+  // it, or a ZeRO shard); weight decay applies where DecayedRanges(layout, c.decay_all) says,
+  // element by element, so a shard boundary may fall inside a parameter.
+  static absl::StatusOr<Optimizer> Create(const OptimizerConfig& c, const ParamLayout& layout,
+                                          int64_t begin, int64_t end, Device device);
+  // State for `numel` parameters with no layout: weight decay applies to every element (as
+  // torch.optim.AdamW over one parameter group).
   static absl::StatusOr<Optimizer> Create(const OptimizerConfig& c, int64_t numel,
                                           Device device);
   // One update at 0-based `step` with gradients multiplied by grad_scale first (unscaling
@@ -39,6 +51,7 @@ class Optimizer {
   // when defined (ops.h: not finite, the update is skipped). The state updated is elements
   // [state_offset, state_offset + params.numel()) of the optimizer's own (a part of a
   // ZeRO shard, updated bucket by bucket).
+  // Decayed and undecayed runs of elements are updated by one call each.
   absl::Status Step(Stream& s, const Tensor& params, const Tensor& grads, int step,
                     float grad_scale, const Tensor& params_low = Tensor(),
                     const Tensor& device_scale = Tensor(), int64_t state_offset = 0);
@@ -47,8 +60,15 @@ class Optimizer {
   const Tensor& state1() const { return v_; }
 
  private:
+  // Elements [state_offset, state_offset + n) from `first` of the tensors, with decay or not.
+  absl::Status Update(Stream& s, const Tensor& params, const Tensor& grads,
+                      const Tensor& params_low, const Tensor& device_scale, int64_t first,
+                      int64_t state_offset, int64_t n, float lr, bool decay, int step,
+                      float grad_scale);
+
   OptimizerConfig c_;
   Tensor m_, v_;
+  std::vector<ElementRange> decayed_;  // in the state's coordinates
 };
 
 // The factor to multiply gradients by so their global L2 norm (sqrt(sum_squares)) is at

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "model/config.h"
+#include "model/stage.h"
 
 namespace tandem {
 namespace {
@@ -126,6 +128,109 @@ TEST(OptimizerTest, DeviceScaleScalesOrSkips) {
     EXPECT_EQ(pd.ToFloatVector().value(), before);
     EXPECT_EQ(device.state0().ToFloatVector().value(), state);
   }
+}
+
+// A small GPT-like layout: the names and ranks the blocks give their parameters.
+ParamLayout SmallLayout() {
+  return ParamLayout({{"embed.wte", {4, 3}},
+                      {"embed.wpe", {2, 3}},
+                      {"h0.ln1.weight", {3}},
+                      {"h0.ln1.bias", {3}},
+                      {"h0.attn.qkv.weight", {9, 3}},
+                      {"h0.attn.qkv.bias", {9}},
+                      {"head.ln.weight", {3}},
+                      {"head.weight", {4, 3}}});
+}
+
+TEST(OptimizerTest, DecayedRangesAreTheMatricesAndTheTokenEmbedding) {
+  const ParamLayout layout = SmallLayout();
+  // wte [0, 12); wpe [12, 18); ln1 [18, 24); qkv.weight [24, 51); qkv.bias [51, 60);
+  // head.ln.weight [60, 63); head.weight [63, 75).
+  EXPECT_EQ(DecayedRanges(layout, false),
+            (std::vector<ElementRange>{{0, 12}, {24, 51}, {63, 75}}));
+  EXPECT_EQ(DecayedRanges(layout, true), (std::vector<ElementRange>{{0, 75}}));
+  // The real model: every 2-D weight but the position table, nothing 1-D.
+  ModelConfig m = *ModelPreset("gpt-tiny");
+  auto stage = *Stage::Create(m, 0, m.num_blocks(), Device::Cpu(), 1, DType::kF32);
+  int decayed = 0;
+  for (const ParamEntry& e : stage->layout().entries()) {
+    const bool want = e.spec.shape.rank() == 2 && e.spec.name != "embed.wpe";
+    EXPECT_EQ(DecaysByDefault(e.spec), want) << e.spec.name;
+    decayed += want;
+  }
+  EXPECT_EQ(decayed, 2 + 4 * m.n_layer);  // wte, head, and each layer's four matrices
+}
+
+// With zero gradients and zero moments Adam's own term is exactly 0 (0 / (0 + eps)), so what
+// a step does is the decay alone: decoupled decay multiplies a parameter by 1 - lr * decay.
+// (With lr 0 it would move nothing: AdamW's decay is scaled by the learning rate.) lr 0.5
+// and decay 0.5 give 0.75, exact in float for the values used here.
+TEST(OptimizerTest, DecayMovesOnlyTheDecayedParameters) {
+  const ParamLayout layout = SmallLayout();
+  for (const char* kind : {"adamw", "sgd"}) {
+    for (bool decay_all : {false, true}) {
+      SCOPED_TRACE(std::string(kind) + (decay_all ? " decay_all" : ""));
+      OptimizerConfig c;
+      c.kind = kind;
+      c.lr = 0.5f;
+      c.min_lr_ratio = 1.0f;
+      c.weight_decay = 0.5f;
+      c.decay_all = decay_all;
+      auto opt = *Optimizer::Create(c, layout, 0, layout.numel(), Device::Cpu());
+      std::vector<float> before(layout.numel());
+      for (size_t i = 0; i < before.size(); ++i) before[i] = 0.5f * (int(i % 7) - 3);
+      Tensor p = T(before);
+      Stream& s = **Stream::Compute(Device::Cpu());
+      ASSERT_TRUE(opt.Step(s, p, T(std::vector<float>(before.size(), 0.0f)), 0, 1.0f).ok());
+      const std::vector<float> after = p.ToFloatVector().value();
+      for (const ParamEntry& e : layout.entries()) {
+        const bool decays = decay_all || (e.spec.shape.rank() == 2 && e.spec.name != "embed.wpe");
+        for (int64_t i = e.offset; i < e.offset + e.spec.shape.numel(); ++i) {
+          EXPECT_EQ(after[i], decays ? before[i] * 0.75f : before[i]) << e.spec.name << " " << i;
+        }
+      }
+    }
+  }
+}
+
+// ZeRO-1: each replica's optimizer holds a shard of the flat buffer whose boundaries may fall
+// inside a parameter, and steps it bucket by bucket at state offsets. Every split gives the
+// bits one optimizer over the whole buffer gives.
+TEST(OptimizerTest, ShardsDecayAsTheWholeBuffer) {
+  const ParamLayout layout = SmallLayout();
+  const int64_t n = layout.numel();
+  OptimizerConfig c;
+  c.lr = 0.1f;
+  c.weight_decay = 0.3f;
+  std::vector<float> init(n), grads0(n), grads1(n);
+  for (int64_t i = 0; i < n; ++i) {
+    init[i] = 0.01f * (i % 13) - 0.05f;
+    grads0[i] = 0.02f * (i % 5) - 0.04f;
+    grads1[i] = 0.03f * (i % 3) - 0.02f;
+  }
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Tensor whole = T(init);
+  auto full = *Optimizer::Create(c, layout, 0, n, Device::Cpu());
+  ASSERT_TRUE(full.Step(s, whole, T(grads0), 0, 1.0f).ok());
+  ASSERT_TRUE(full.Step(s, whole, T(grads1), 1, 1.0f).ok());
+  const std::vector<float> want = whole.ToFloatVector().value();
+  // Shards split inside wte, qkv.weight and qkv.bias; each shard stepped in two buckets that
+  // split inside a parameter again.
+  const std::vector<int64_t> bounds = {0, 7, 30, 55, n};
+  Tensor sharded = T(init);
+  const Tensor g0 = T(grads0), g1 = T(grads1);
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    const int64_t lo = bounds[k], hi = bounds[k + 1], mid = (lo + hi) / 2;
+    auto opt = *Optimizer::Create(c, layout, lo, hi, Device::Cpu());
+    for (int step = 0; step < 2; ++step) {
+      for (auto [a, b] : {std::pair<int64_t, int64_t>{lo, mid}, {mid, hi}}) {
+        Tensor pv = *sharded.View(a, {b - a});
+        Tensor gv = *(step == 0 ? g0 : g1).View(a, {b - a});
+        ASSERT_TRUE(opt.Step(s, pv, gv, step, 1.0f, Tensor(), Tensor(), a - lo).ok());
+      }
+    }
+  }
+  EXPECT_EQ(sharded.ToFloatVector().value(), want);
 }
 
 TEST(OptimizerTest, BadConfigIsRefused) {

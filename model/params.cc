@@ -14,6 +14,25 @@ ParamLayout::ParamLayout(std::vector<ParamSpec> specs) {
   }
 }
 
+bool DecaysByDefault(const ParamSpec& spec) {
+  const std::string wpe = "embed.wpe";
+  return spec.shape.rank() == 2 && spec.name != wpe;
+}
+
+std::vector<ElementRange> DecayedRanges(const ParamLayout& layout, bool decay_all) {
+  std::vector<ElementRange> ranges;
+  for (const ParamEntry& e : layout.entries()) {
+    if (!decay_all && !DecaysByDefault(e.spec)) continue;
+    const int64_t end = e.offset + e.spec.shape.numel();
+    if (!ranges.empty() && ranges.back().end == e.offset) {
+      ranges.back().end = end;
+    } else {
+      ranges.push_back({e.offset, end});
+    }
+  }
+  return ranges;
+}
+
 absl::StatusOr<FlatBuffer> FlatBuffer::Create(const ParamLayout& layout, DType dtype,
                                               Device device) {
   FlatBuffer b;

@@ -27,6 +27,12 @@ struct ParamEntry {
   int64_t offset;  // elements from the start of the flat buffer
 };
 
+// Elements [begin, end) of a flat buffer.
+struct ElementRange {
+  int64_t begin = 0, end = 0;
+  bool operator==(const ElementRange& o) const { return begin == o.begin && end == o.end; }
+};
+
 class ParamLayout {
  public:
   explicit ParamLayout(std::vector<ParamSpec> specs);
@@ -37,6 +43,14 @@ class ParamLayout {
   std::vector<ParamEntry> entries_;
   int64_t numel_ = 0;
 };
+
+// Whether weight decay applies to `spec` by GPT-2 practice (nanoGPT, Megatron, Hugging Face):
+// the 2-D weight matrices and the token embedding; not biases, LayerNorm gains or the
+// position table (embed.wpe), which is added to the tokens' vectors, not multiplied.
+bool DecaysByDefault(const ParamSpec& spec);
+// The elements of `layout`'s flat buffer weight decay applies to, in order, neighbours merged:
+// every parameter with `decay_all`, else those DecaysByDefault picks.
+std::vector<ElementRange> DecayedRanges(const ParamLayout& layout, bool decay_all);
 
 // A flat buffer laid out by a ParamLayout, with one view per entry.
 class FlatBuffer {

@@ -49,7 +49,8 @@ absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {
     return TokenDataset::Synthetic(int64_t{1} << 20, c.model.seq_len, c.model.vocab, c.seed);
   }
   if (c.data.empty()) return TokenDataset::Default(c.model.seq_len, c.model.vocab);
-  return TokenDataset::FromFile(c.data, c.model.seq_len, c.model.vocab);
+  return TokenDataset::Open(c.data, c.data_format, c.model.seq_len,
+                            c.data_vocab > 0 ? c.data_vocab : c.model.vocab);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
@@ -68,7 +69,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   ASSIGN_OR_RETURN(t->stage_,
                    Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));
   ASSIGN_OR_RETURN(t->optimizer_,
-                   Optimizer::Create(c.optimizer, t->stage_->layout().numel(), c.device));
+                   Optimizer::Create(c.optimizer, t->stage_->layout(), 0,
+                                     t->stage_->layout().numel(), c.device));
   ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.device));
   if (!c.resume.empty()) RETURN_IF_ERROR(t->LoadCheckpoint(c.resume));
   return t;

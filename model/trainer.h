@@ -31,7 +31,9 @@ struct TrainConfig {
   int batch = 16;                // global batch, in samples
   int micro_batches = 1;         // gradient accumulation: batch / micro_batches per pass
   uint64_t seed = 1234;
-  std::string data;              // text file; empty: the default corpus
+  std::string data;              // a file or glob (model/data.h); empty: the default corpus
+  DataFormat data_format = DataFormat::kAuto;
+  int data_vocab = 0;            // tokens must be below it (0: the model's vocabulary)
   bool synthetic_data = false;
   std::string checkpoint_dir;    // where checkpoints go; empty: none
   int checkpoint_every = 0;      // steps between checkpoints (and step 0, and the last); 0: none

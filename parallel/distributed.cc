@@ -325,9 +325,9 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     t->shard_begin_ = shards[t->replica_];
     t->shard_end_ = shards[t->replica_ + 1];
   }
-  ASSIGN_OR_RETURN(t->optimizer_, Optimizer::Create(c.train.optimizer,
-                                                    t->shard_end_ - t->shard_begin_,
-                                                    c.train.device));
+  ASSIGN_OR_RETURN(t->optimizer_,
+                   Optimizer::Create(c.train.optimizer, t->stage_->layout(), t->shard_begin_,
+                                     t->shard_end_, c.train.device));
   ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.train.device));
   if (t->replicated()) {
     t->buckets_ = PlanBuckets(t->stage_->layout(), t->stage_->ParamBlocks(), c.bucket_bytes);

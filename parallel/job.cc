@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "model/data.h"
 
 namespace tandem {
 namespace {
@@ -67,9 +68,12 @@ const std::vector<Field>& Fields() {
       Num("warmup", &JobConfig::warmup),
       Str("optimizer", &JobConfig::optimizer),
       Num("weight_decay", &JobConfig::weight_decay),
+      Bool("decay_all", &JobConfig::decay_all),
       Num("clip_norm", &JobConfig::clip_norm),
       Num("seed", &JobConfig::seed),
       Str("data", &JobConfig::data),
+      Str("data_format", &JobConfig::data_format),
+      Num("vocab", &JobConfig::vocab),
       Bool("synthetic", &JobConfig::synthetic),
       Str("run_dir", &JobConfig::run_dir),
       Num("checkpoint_every", &JobConfig::checkpoint_every),
@@ -115,10 +119,23 @@ absl::StatusOr<JobConfig> JobConfig::FromText(const std::string& text) {
   return c;
 }
 
+void JobConfig::ResolveVocab() {
+  if (vocab != 0 || synthetic || data.empty()) return;
+  absl::StatusOr<DataFormat> format = ParseDataFormat(data_format);
+  if (!format.ok()) return;
+  absl::StatusOr<DataInfo> info = InspectData(data, *format);
+  if (info.ok()) vocab = info->vocab;
+}
+
 absl::StatusOr<ModelConfig> JobConfig::Model() const {
   absl::StatusOr<ModelConfig> m =
       ModelPreset(model, n_layer, d_model, n_head, seq_len, attention);
   if (!m.ok()) return m.status();
+  if (vocab < 0 || vocab == 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--vocab=%d: need at least 2 (0: the data's, else the model's)", vocab));
+  }
+  if (vocab > 0) m->vocab = PaddedVocab(vocab);
   absl::Status s = m->Validate();
   if (!s.ok()) return s;
   return m;
@@ -162,12 +179,17 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   t.micro_batches = EffectiveMicroBatches();
   t.seed = seed;
   t.data = data;
+  absl::StatusOr<DataFormat> format = ParseDataFormat(data_format);
+  if (!format.ok()) return format.status();
+  t.data_format = *format;
+  t.data_vocab = vocab;
   t.synthetic_data = synthetic;
   t.optimizer.kind = optimizer;
   t.optimizer.lr = static_cast<float>(lr);
   t.optimizer.warmup_steps = warmup;
   t.optimizer.total_steps = steps;
   t.optimizer.weight_decay = static_cast<float>(weight_decay);
+  t.optimizer.decay_all = decay_all;
   t.optimizer.clip_norm = static_cast<float>(clip_norm);
   p.schedule = schedule;
   p.balance = balance;

@@ -41,9 +41,12 @@ struct JobConfig {
   int warmup = 20;
   std::string optimizer = "adamw";
   double weight_decay = 0.0;
+  bool decay_all = false;  // decay every parameter, not only the 2-D weights and wte
   double clip_norm = 1.0;
   uint64_t seed = 1234;
-  std::string data;
+  std::string data;                  // a file or glob; empty: the default corpus
+  std::string data_format = "auto";  // auto, text, llmc, uint16 or uint32 (model/data.h)
+  int vocab = 0;  // the data's vocabulary (0: an llm.c shard's kind, else the model's)
   bool synthetic = false;
   std::string run_dir;
   int checkpoint_every = 0;
@@ -58,7 +61,11 @@ struct JobConfig {
 
   std::string ToText() const;
   static absl::StatusOr<JobConfig> FromText(const std::string& text);
-  // The model this job trains (preset plus overrides), validated.
+  // With vocab 0 and data given, the vocabulary its llm.c shards record (their kind's); left
+  // 0 where the data does not say or cannot be read (the data's own check reports that).
+  void ResolveVocab();
+  // The model this job trains (preset plus overrides; a vocab padded by PaddedVocab),
+  // validated.
   absl::StatusOr<ModelConfig> Model() const;
   // The process grid (parallel/grid.h): data parallel is `workers` replicas of one stage;
   // pipeline and model are data_parallel replicas of workers / data_parallel stages. A D

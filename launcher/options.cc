@@ -56,7 +56,9 @@ ABSL_FLAG(int, steps, 100, "optimizer steps to train");
 ABSL_FLAG(int, batch, 16, "global batch in samples, split across workers as the strategy needs");
 ABSL_FLAG(int, micro_batches, 0,
           "micro-batches per step (0: the strategy's default; pipeline: up to 4 x workers)");
-ABSL_FLAG(std::string, schedule, "gpipe", "pipeline schedule: gpipe or 1f1b");
+ABSL_FLAG(std::string, schedule, "gpipe",
+          "pipeline schedule: gpipe, 1f1b or zb-h1 (1F1B with each backward split into its "
+          "input and weight gradients, the weight gradients deferred into the bubbles)");
 ABSL_FLAG(std::string, balance, "params",
           "pipeline stage split: params (balanced by parameters), time (balanced by each "
           "block's measured forward and backward time) or block counts like 3,3,2");

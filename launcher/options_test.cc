@@ -472,7 +472,7 @@ TEST(Validate, EachBadInputGivesItsLine) {
          o.job.strategy = "pipeline";
          o.job.schedule = "zigzag";
        },
-       "unknown schedule 'zigzag': use gpipe or 1f1b"},
+       "unknown schedule 'zigzag': use gpipe, 1f1b or zb-h1"},
       {[](Options& o) {
          o.job.strategy = "model";
          o.job.micro_batches = 4;

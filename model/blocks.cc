@@ -55,6 +55,9 @@ class EmbeddingBlock : public Block {
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return B * T * c_.d_model * ElemBytes(compute);  // y
   }
+  int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
+    return B * T * c_.d_model * ElemBytes(compute) + B * T * 4;  // dy, the i32 tokens
+  }
   int64_t WorkspaceBytes(int64_t, int64_t, DType, Device) const override {
     return 0;  // Backward: dy, in place of y
   }
@@ -207,6 +210,12 @@ class TransformerBlock : public Block {
     const int64_t att = c_.attention == Attention::kFlash ? B * NH * T : B * NH * T * T;
     return N * 16 * C * ElemBytes(compute) + (4 * N + att) * 4;
   }
+  int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
+    // dy, fc_act (4C), dfc_pre (4C), ln2, dln2, res2, dres2, atty, dqkv (3C), ln1, dln1 and
+    // x in the compute dtype; the four f32 statistics per row.
+    const int64_t N = B * T;
+    return N * 20 * c_.d_model * ElemBytes(compute) + 4 * N * 4;
+  }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device device) const override {
     // Backward (Forward holds 2C per row: proj and fc_out): dy in place of y, then dfc_act and
     // dfc_pre (4C each), dln2, dres2, datty, dqkv (3C), dln1 and dx, all live until it
@@ -267,6 +276,9 @@ class MlpLayerBlock : public Block {
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return 2 * B * T * c_.d_model * ElemBytes(compute);  // h, y
+  }
+  int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
+    return 2 * B * T * c_.d_model * ElemBytes(compute);  // dh, x
   }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     return 2 * B * T * c_.d_model * ElemBytes(compute);  // dy in place of y; dh, dx
@@ -350,6 +362,11 @@ class HeadBlock : public Block {
     // and two f32 statistics per row.
     const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * N * 4 : 0;
     return N * c_.vocab * ElemBytes(compute) + N * 4 + ln;
+  }
+  int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
+    // The dlogits and h; with the LayerNorm dh, x and two f32 statistics per row.
+    const int64_t N = B * T, row = N * c_.d_model * ElemBytes(compute);
+    return N * c_.vocab * ElemBytes(compute) + row + (layernorm_ ? 2 * row + 2 * N * 4 : 0);
   }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     // Backward: dx, and with the LayerNorm the gradient of its output.

@@ -21,12 +21,14 @@ MemoryNeed& MemoryNeed::operator+=(const MemoryNeed& o) {
   activations += o.activations;
   workspace += o.workspace;
   in_flight = std::max(in_flight, o.in_flight);
+  pending_weights = std::max(pending_weights, o.pending_weights);
   return *this;
 }
 
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
-                               absl::string_view optimizer, Device device) {
+                               absl::string_view optimizer, Device device,
+                               int pending_weights) {
   const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
   // What crosses a stage boundary for a micro-batch: (rows, T, C) in the compute dtype.
   const int64_t boundary =
@@ -34,7 +36,7 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
   // A stage that ends before the head sends its output on and keeps none of it; in backward
   // its last block is given the gradient of that output (so nothing is replaced by it).
   const bool sends = end < model.num_blocks();
-  int64_t numel = 0, activations = 0, workspace = 0, after = 0;
+  int64_t numel = 0, activations = 0, workspace = 0, after = 0, stash = 0;
   // Backward frees each block's activations once it ran, and forward has not made the later
   // blocks' yet: a block's temporaries come on top of the activations of the blocks up to it.
   for (int b = end - 1; b >= begin; --b) {
@@ -49,6 +51,7 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
   }
   for (int b = begin; b < end; ++b) {
     for (const ParamSpec& p : blocks[b]->Params()) numel += p.shape.numel();
+    stash += blocks[b]->WeightStashBytes(rows, model.seq_len, compute);
   }
   MemoryNeed n;
   n.params =
@@ -60,7 +63,9 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
   const int64_t input = begin > 0 ? boundary : 0;
   n.in_flight = in_flight;
   // Recomputing keeps only the inputs, and one micro-batch's activations during its backward.
-  n.activations = in_flight * input + (recompute ? 1 : in_flight) * activations;
+  n.activations = in_flight * input + (recompute ? 1 : in_flight) * activations +
+                  int64_t{pending_weights} * stash;
+  n.pending_weights = pending_weights;
   // The matmuls' workspace stays allocated from the first step on.
   n.workspace = workspace + ops::MatmulWorkspaceBytes(device);
   return n;

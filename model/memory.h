@@ -26,6 +26,7 @@ struct MemoryNeed {
   int64_t activations = 0;  // kept for backward by the micro-batches held at once
   int64_t workspace = 0;    // temporaries and op scratch on top of the activations, at peak
   int in_flight = 1;        // micro-batches whose activations are held at once
+  int pending_weights = 0;  // micro-batches whose deferred W (zero-bubble) is pending at once
   int64_t total() const { return params + grads + optimizer + activations + workspace; }
   // Adds another worker's need on the same memory: all of it, temporaries too (each worker's
   // caching allocator keeps what it took at its peak, and replicas peak at the same time);
@@ -35,11 +36,13 @@ struct MemoryNeed {
 
 // Blocks [begin, end) of `model` trained on `device` on micro-batches of `rows` samples
 // computing in `compute` with `optimizer` ("adamw" or "sgd"), `in_flight` micro-batches held
-// at once (with `recompute`, their inputs and one micro-batch's activations). The device
-// decides the ops' scratch.
+// at once (with `recompute`, their inputs and one micro-batch's activations), and what
+// `pending_weights` micro-batches' deferred Ws keep (Block::WeightStashBytes), added to the
+// activations. The device decides the ops' scratch.
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
-                               absl::string_view optimizer, Device device);
+                               absl::string_view optimizer, Device device,
+                               int pending_weights = 0);
 
 // OK when `need` fits in `available` bytes (or available is unknown, < 0); otherwise
 // ResourceExhausted, one line: "not enough memory for <who>: at least ... is needed (...) and

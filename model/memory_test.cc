@@ -65,6 +65,46 @@ TEST(ActivationBytes, EqualWhatForwardKeeps) {
   }
 }
 
+// Every block's BackwardInput, last to first after the forwards: the bytes of the distinct
+// buffers it keeps for the W (inputs and gradients alike), and for the embedding the tokens its
+// W reads, are what WeightStashBytes declares, so a pending W is never under-counted.
+TEST(WeightStashBytes, EqualWhatBackwardInputKeeps) {
+  for (const ModelConfig& c : Configs()) {
+    SCOPED_TRACE(c.ToString() + " " + AttentionName(c.attention));
+    const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(c);
+    Stream& s = **Stream::Compute(Device::Cpu());
+    const int B = 3;
+    const MicroBatch mb = Batch(c, B);
+    std::vector<FlatBuffer> params;
+    std::vector<std::vector<Tensor>> p(blocks.size());
+    std::vector<Saved> saved(blocks.size());
+    Tensor x;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      ParamLayout layout(blocks[b]->Params());
+      params.push_back(*FlatBuffer::Create(layout, DType::kF32, Device::Cpu()));
+      ASSERT_TRUE(InitializeParams(layout, params.back(), 1).ok());
+      for (size_t i = 0; i < params.back().size(); ++i) p[b].push_back(params.back().view(i));
+      Tensor y;
+      ASSERT_TRUE(blocks[b]->Forward(s, p[b], mb, x, &y, &saved[b]).ok());
+      x = y;
+    }
+    Tensor dy;  // the head's: none
+    for (int b = static_cast<int>(blocks.size()) - 1; b >= 0; --b) {
+      SCOPED_TRACE(blocks[b]->name());
+      Tensor dx;
+      Saved for_w;
+      ASSERT_TRUE(blocks[b]->BackwardInput(s, p[b], mb, dy, saved[b], &dx, &for_w).ok());
+      std::set<const void*> seen;
+      int64_t kept = b == 0 ? static_cast<int64_t>(mb.tokens.bytes()) : 0;
+      for (const Tensor& t : for_w.t) {
+        if (t.defined() && seen.insert(t.storage().get()).second) kept += t.bytes();
+      }
+      EXPECT_EQ(blocks[b]->WeightStashBytes(B, c.seq_len, DType::kF32), kept);
+      dy = dx;
+    }
+  }
+}
+
 // A stage holding M micro-batches' activations: the allocator's live bytes grow by the
 // estimate, up to its rounding of each buffer. The whole model, and a last stage that
 // receives its inputs.

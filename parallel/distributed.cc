@@ -256,7 +256,7 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
     const int stage = grid.StageOf(r);
     MemoryNeed n = EstimateStageMemory(t.model, bounds[stage], bounds[stage + 1], rows,
                                        PeakInFlight(s, stage), c.recompute, t.dtype,
-                                       t.optimizer.kind, t.device);
+                                       t.optimizer.kind, t.device, PeakPendingWeights(s, stage));
     shard_optimizer(&n);
     // The host issues a whole step ahead of the device, and each send keeps its tensor until
     // the compute stream waited for it at the step's end (Work::WaitOn): every micro-batch's
@@ -523,12 +523,30 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   const int64_t share = tc.batch / grid_.replicas;
   const int64_t rows = share / M, T = tc.model.seq_len, C = tc.model.d_model;
   const std::vector<Action>& actions = schedule_.actions[rank];
-  // The stage's last backward (of the last micro-batch under both schedules) completes its
-  // gradients: the data-parallel buckets go out during it.
-  size_t last_backward = 0;
-  for (size_t i = 0; i < actions.size(); ++i) {
-    if (actions[i].type == ActionType::kBackward) last_backward = i;
+  // The micro-batches whose backward this stage splits: a B with a W for the same
+  // micro-batch computes the input gradient only, and the W adds the parameter gradients.
+  std::vector<bool> split(M, false);
+  for (const Action& a : actions) {
+    if (a.type == ActionType::kWeightGradient) split[a.micro_batch] = true;
   }
+  // The stage's last action writing parameter gradients (a whole backward or a W: under
+  // GPipe and 1F1B the last micro-batch's backward, under ZB-H1 the stage's last W)
+  // completes them: the data-parallel buckets go out during it.
+  size_t last_gradients = 0;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (a.type == ActionType::kWeightGradient ||
+        (a.type == ActionType::kBackward && !split[a.micro_batch])) {
+      last_gradients = i;
+    }
+  }
+  auto buckets_from = [&](size_t i) {
+    std::function<absl::Status(int)> block_done;
+    if (i == last_gradients && c_.overlap && replicated()) {
+      block_done = [this, p](int block) { return IssueBucketsReadyAt(block, p); };
+    }
+    return block_done;
+  };
   std::map<int, Tensor> outputs, input_grads, act_in, grad_in;
   std::map<int, std::shared_ptr<Work>> act_ready, grad_ready;
   std::vector<std::shared_ptr<Work>> all;
@@ -634,15 +652,22 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
       RETURN_IF_ERROR(prefetch_after(i));
       Tensor dx;
-      std::function<absl::Status(int)> block_done;
-      if (i == last_backward && c_.overlap && replicated()) {
-        block_done = [&](int block) { return IssueBucketsReadyAt(block, p); };
+      if (split[m]) {
+        // The input gradient only; what the W reads stays with the stage (and the
+        // micro-batch's tokens here) until it runs.
+        RETURN_IF_ERROR(stage_->BackwardInput(s, m, *mb, grad_in[m], &dx));
+      } else {
+        RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx, buckets_from(i)));
+        batches.erase(m);
       }
-      RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx, block_done));
       grad_in.erase(m);
-      batches.erase(m);
       if (!stage_->is_first()) input_grads[m] = dx;
       RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward ", m), m));
+    } else if (a.type == ActionType::kWeightGradient) {
+      ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
+      RETURN_IF_ERROR(stage_->BackwardWeights(s, m, *mb, buckets_from(i)));
+      batches.erase(m);
+      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward weights ", m), m));
     }
     ++i;  // the optimizer step is the caller's
   }

@@ -4,9 +4,10 @@
 //     batch; gradient buckets are all-reduced (summed: the loss is already scaled by the
 //     global token count) while backward still runs, on the last micro-batch only;
 //   pipeline: each rank holds one stage of a balanced split and runs a validated schedule
-//     (GPipe or 1F1B) with asynchronous sends and receives; with --data-parallel=D, D
-//     replicas of the pipeline (parallel/grid.h) each take a share of the batch, and each
-//     stage's D ranks all-reduce its gradients in buckets during the last backward;
+//     (GPipe, 1F1B or ZB-H1) with asynchronous sends and receives; with --data-parallel=D,
+//     D replicas of the pipeline (parallel/grid.h) each take a share of the batch, and each
+//     stage's D ranks all-reduce its gradients in buckets during the last action writing
+//     them (the last backward, or under ZB-H1 the last W);
 //   model parallel: the pipeline with one micro-batch.
 // With ZeRO-1 (zero = 1; data parallel or D >= 2) each data-parallel rank keeps the optimizer
 // state of one contiguous shard of the stage's flat buffer: the buckets are reduce-scattered
@@ -43,7 +44,7 @@ const char* StrategyName(StrategyKind k);
 struct ParallelConfig {
   TrainConfig train;
   StrategyKind strategy = StrategyKind::kData;
-  std::string schedule = "gpipe";    // pipeline: gpipe or 1f1b
+  std::string schedule = "gpipe";    // pipeline: gpipe, 1f1b or zb-h1
   std::string balance = "params";    // pipeline: params, or explicit sizes "3,3,2"
   int data_parallel = 1;             // pipeline and model: replicas D (D x stages = world)
   int zero = 0;                      // 1: ZeRO-1, optimizer state sharded over the replicas
@@ -78,7 +79,8 @@ absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_si
 
 // What each of `world_size` ranks must hold during a step (model/memory.h), given the stage
 // bounds PlanStages returned: its stage's model state (under ZeRO-1 its shard of the optimizer
-// state) and the activations of as many micro-batches as its schedule holds at once.
+// state), the activations of as many micro-batches as its schedule holds at once, and what
+// as many deferred Ws as it keeps pending at once hold (zb-h1).
 absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
                                                         const StageBounds& bounds, int world_size);
 

@@ -1,8 +1,8 @@
 // Run under mpirun on 3, 4 and 6 ranks (hybrid_test_np3, _np4, _np6): replicas of a pipeline
-// (D x K, parallel/grid.h) and ZeRO-1 against one worker on the same global batch and seed,
-// losses within 1e-5 relative and weights within 1e-4; and a resume across layouts, from a
-// D=2 x K=2 checkpoint (with ZeRO-1 and without) into data parallelism on one worker and the
-// reverse.
+// (D x K, parallel/grid.h; GPipe, 1F1B and ZB-H1) and ZeRO-1 against one worker on the same
+// global batch and seed, losses within 1e-5 relative and weights within 1e-4; and a resume
+// across layouts, from a D=2 x K=2 checkpoint (with ZeRO-1 and without) into data
+// parallelism on one worker and the reverse.
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -47,7 +47,7 @@ TEST(HybridTest, ReplicasOfAPipeline) {
   if (layouts.empty()) GTEST_SKIP() << "no D x K layout with D, K >= 2 on " << comm->world_size();
   for (const std::string& opt : kOptimizers) {
     for (int d : layouts) {
-      for (const char* schedule : {"gpipe", "1f1b"}) {
+      for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
         CheckParity(Hybrid(opt, d, schedule, 0), comm,
                     absl::StrFormat("D=%d x K=%d %s", d, comm->world_size() / d, schedule),
                     kWeightTolerance);
@@ -61,9 +61,11 @@ TEST(HybridTest, ZeroOneWithReplicasOfAPipeline) {
   if (layouts.empty()) GTEST_SKIP() << "no D x K layout with D, K >= 2 on " << comm->world_size();
   for (const std::string& opt : kOptimizers) {
     for (int d : layouts) {
-      CheckParity(Hybrid(opt, d, "1f1b", 1), comm,
-                  absl::StrFormat("ZeRO-1 D=%d x K=%d 1f1b", d, comm->world_size() / d),
-                  kWeightTolerance);
+      for (const char* schedule : {"1f1b", "zb-h1"}) {
+        CheckParity(Hybrid(opt, d, schedule, 1), comm,
+                    absl::StrFormat("ZeRO-1 D=%d x K=%d %s", d, comm->world_size() / d, schedule),
+                    kWeightTolerance);
+      }
     }
   }
 }

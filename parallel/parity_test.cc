@@ -2,6 +2,7 @@
 // every strategy, schedule and micro-batch count that fits the world size trains a small model
 // for a number of steps and must give the losses and weights of one worker on the same global
 // batch and seed, the losses within 1e-5 relative (docs/DESIGN.md, invariant 1).
+#include <cstdio>
 #include <map>
 
 #include "absl/strings/str_format.h"
@@ -63,6 +64,50 @@ TEST(ParityTest, ModelAndPipelineParallel) {
   }
 }
 
+// ZB-H1 on K ranks with M = 2K micro-batches (K=2 M=4, K=3 M=6, K=4 M=8): every stage but
+// the first splits its backwards into B and a deferred W.
+TEST(ParityTest, ZeroBubbleH1) {
+  const int K = comm->world_size();
+  if (K < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
+  for (const std::string& opt : kOptimizers) {
+    for (ModelKind kind : {ModelKind::kGpt, ModelKind::kMlp}) {
+      for (bool recompute : {false, true}) {
+        ParallelConfig pc;
+        pc.train = Base(kind, 2 * K, opt);
+        pc.strategy = StrategyKind::kPipeline;
+        pc.schedule = "zb-h1";
+        pc.recompute = recompute;
+        Check(pc, absl::StrFormat("pipeline zb-h1 %s K=%d M=%d recompute=%d",
+                                  kind == ModelKind::kGpt ? "gpt" : "mlp", K, 2 * K, recompute));
+      }
+    }
+  }
+}
+
+// The GPT pipeline under `schedule` with M micro-batches, AdamW.
+ParallelConfig Pipeline(const char* schedule, int micro_batches) {
+  ParallelConfig pc;
+  pc.train = Base(ModelKind::kGpt, micro_batches, "adamw");
+  pc.strategy = StrategyKind::kPipeline;
+  pc.schedule = schedule;
+  return pc;
+}
+
+// The trainer's peak in flight and the allocator's peak above what was live before, in bytes,
+// over the second step of Pipeline(schedule, M) (the first warms the allocator's cache).
+std::pair<int, int64_t> PeakOfASecondStep(const char* schedule, int micro_batches) {
+  auto t = DistributedTrainer::Create(Pipeline(schedule, micro_batches), comm);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return {};
+  Allocator* cpu = *GetAllocator(Device::Cpu());
+  EXPECT_TRUE((*t)->Step().ok());
+  cpu->ResetPeak();
+  const int64_t base = cpu->stats().allocated_bytes;
+  StepTiming timing;
+  EXPECT_TRUE((*t)->Step(&timing).ok());
+  return {timing.peak_in_flight, cpu->stats().peak_allocated_bytes - base};
+}
+
 // 1F1B holds at most min(K - stage, M) micro-batches of activations on a stage where GPipe
 // holds all M, and the allocator's peak shows it on every stage that keeps activations for
 // backward (here every stage but the first, which holds the embedding alone: its sends keep
@@ -72,18 +117,7 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
   if (K < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
   std::map<std::string, std::pair<int, int64_t>> seen;  // schedule -> (in flight, peak bytes)
   for (const char* schedule : {"gpipe", "1f1b"}) {
-    ParallelConfig pc;
-    pc.train = Base(ModelKind::kGpt, 8, "adamw");
-    pc.strategy = StrategyKind::kPipeline;
-    pc.schedule = schedule;
-    auto t = *DistributedTrainer::Create(pc, comm);
-    Allocator* cpu = *GetAllocator(Device::Cpu());
-    ASSERT_TRUE(t->Step().ok());  // the first step warms the allocator's cache
-    cpu->ResetPeak();
-    const int64_t base = cpu->stats().allocated_bytes;
-    StepTiming timing;
-    ASSERT_TRUE(t->Step(&timing).ok());
-    seen[schedule] = {timing.peak_in_flight, cpu->stats().peak_allocated_bytes - base};
+    ASSERT_NO_FATAL_FAILURE(seen[schedule] = PeakOfASecondStep(schedule, 8));
   }
   const int stage = comm->rank();
   EXPECT_EQ(seen["gpipe"].first, 8) << "stage " << stage;
@@ -97,6 +131,41 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
                                              Device::Cpu());
   if (one.activations > 0) {
     EXPECT_LT(seen["1f1b"].second, seen["gpipe"].second) << "stage " << stage;
+  }
+}
+
+// ZB-H1 against 1F1B on the same K ranks and M = 2K micro-batches: the micro-batches whose
+// activations a stage holds at once (the trainer's peak in flight) are no more than 1F1B's,
+// as its Bs free them where 1F1B's backwards do. What the pending Ws keep comes on top on
+// every stage after the first (stage s has up to s + 1 pending): the memory check counts it,
+// and the allocator's peak over a step is printed per stage for both schedules.
+TEST(ParityTest, ZeroBubbleH1Peak) {
+  const int K = comm->world_size();
+  if (K < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
+  const int M = 2 * K;
+  const int stage = comm->rank();
+  std::map<std::string, std::pair<int, int64_t>> seen;  // schedule -> (in flight, peak bytes)
+  std::map<std::string, MemoryNeed> need;  // schedule -> the memory check's need
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    ASSERT_NO_FATAL_FAILURE(seen[schedule] = PeakOfASecondStep(schedule, M));
+    const ParallelConfig pc = Pipeline(schedule, M);
+    need[schedule] = (*RankMemoryNeeds(pc, *PlanStages(pc, K), K))[stage];
+  }
+  auto held = [&](const char* schedule) {
+    return static_cast<long long>(need[schedule].activations + need[schedule].workspace);
+  };
+  std::printf("peak K=%d M=%d stage %d: 1f1b in flight %d, %lld bytes (estimate %lld); zb-h1 "
+              "in flight %d, %lld bytes (estimate %lld, %d Ws pending)\n",
+              K, M, stage, seen["1f1b"].first, static_cast<long long>(seen["1f1b"].second),
+              held("1f1b"), seen["zb-h1"].first, static_cast<long long>(seen["zb-h1"].second),
+              held("zb-h1"), need["zb-h1"].pending_weights);
+  std::fflush(stdout);
+  EXPECT_EQ(seen["1f1b"].first, K - stage) << "stage " << stage;
+  EXPECT_LE(seen["zb-h1"].first, seen["1f1b"].first) << "stage " << stage;
+  EXPECT_EQ(need["zb-h1"].in_flight, need["1f1b"].in_flight) << "stage " << stage;
+  EXPECT_EQ(need["zb-h1"].pending_weights, stage == 0 ? 0 : stage + 1) << "stage " << stage;
+  if (stage > 0) {
+    EXPECT_GT(need["zb-h1"].activations, need["1f1b"].activations) << "stage " << stage;
   }
 }
 

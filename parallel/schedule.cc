@@ -185,8 +185,11 @@ absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages
   if (name == "1f1b") {
     return HoistReceives(InsertCommunication(OneFOneBSchedule(stages, micro_batches)));
   }
+  if (name == "zb-h1") {
+    return HoistReceives(InsertCommunication(ZeroBubbleH1Schedule(stages, micro_batches)));
+  }
   return absl::InvalidArgumentError(
-      absl::StrFormat("unknown schedule '%s': use gpipe or 1f1b", name));
+      absl::StrFormat("unknown schedule '%s': use gpipe, 1f1b or zb-h1", name));
 }
 
 std::string ScheduleGrid(const PipelineSchedule& s, const std::vector<int>& marks) {
@@ -560,6 +563,21 @@ int PeakInFlight(const PipelineSchedule& s, int stage) {
   for (const Action& a : s.actions[stage]) {
     if (a.type == ActionType::kForward) peak = std::max(peak, ++now);
     if (a.type == ActionType::kBackward) --now;
+  }
+  return peak;
+}
+
+int PeakPendingWeights(const PipelineSchedule& s, int stage) {
+  int now = 0, peak = 0;
+  std::map<std::pair<int, int>, bool> split;  // (chunk, micro-batch) with a W
+  for (const Action& a : s.actions[stage]) {
+    if (a.type == ActionType::kWeightGradient) split[{a.chunk, a.micro_batch}] = true;
+  }
+  for (const Action& a : s.actions[stage]) {
+    if (a.type == ActionType::kBackward && split.count({a.chunk, a.micro_batch})) {
+      peak = std::max(peak, ++now);
+    }
+    if (a.type == ActionType::kWeightGradient) --now;
   }
   return peak;
 }

@@ -90,11 +90,10 @@ PipelineSchedule OneFOneBSchedule(int stages, int micro_batches);
 // 1F1B's order, with the backward split on every stage but the first: stage s runs each
 // micro-batch's B where 1F1B runs its backward and its W s backwards later (oldest first),
 // the last s Ws filling the cool-down, where 1F1B's stage s waits. The first stage's Bs stay
-// whole backwards (no W). Compute actions only. Not offered by MakeSchedule: PipelinePass
-// does not run W yet.
+// whole backwards (no W). Compute actions only.
 PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches);
-// "gpipe" or "1f1b", with communication inserted, the receives hoisted (HoistReceives) and
-// the optimizer step appended.
+// "gpipe", "1f1b" or "zb-h1", with communication inserted, the receives hoisted
+// (HoistReceives) and the optimizer step appended.
 absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages,
                                               int micro_batches);
 
@@ -138,8 +137,12 @@ absl::Status ValidateSchedule(const PipelineSchedule& s);
 std::string ScheduleGrid(const PipelineSchedule& s, const std::vector<int>& marks = {});
 
 // Peak number of micro-batches whose activations a stage holds at once, over all its chunks
-// (a backward frees them; a deferred weight gradient keeps only what it needs).
+// (from the forward to the backward, whole or B: Stage::in_flight).
 int PeakInFlight(const PipelineSchedule& s, int stage);
+// Peak number of micro-batches whose W is pending on a stage at once (from the B to the W:
+// Stage::weights_pending), each keeping what its W reads. The two peaks need not fall at
+// the same moment: their sum bounds what the stage holds from above.
+int PeakPendingWeights(const PipelineSchedule& s, int stage);
 
 }  // namespace tandem
 

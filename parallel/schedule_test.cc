@@ -145,6 +145,34 @@ TEST(ScheduleTest, InFlightActivations) {
   }
 }
 
+// ZB-H1's Bs free the activations where 1F1B's backwards do, so the micro-batches in flight
+// are 1F1B's; the pending Ws: none on the first stage; on stage s, each W comes s Bs after
+// its own, so right after a B in the steady state s + 1 are pending (with M = 2K micro-batches
+// the steady state is reached on every stage).
+TEST(ScheduleTest, ZeroBubbleH1InFlightAndPendingWeights) {
+  for (int k = 1; k <= 6; ++k) {
+    const int m = 2 * k;
+    const PipelineSchedule z = ZeroBubbleH1Schedule(k, m);
+    for (int st = 0; st < k; ++st) {
+      EXPECT_EQ(PeakInFlight(z, st), k - st) << "K=" << k << " stage " << st;
+      EXPECT_EQ(PeakPendingWeights(z, st), st == 0 ? 0 : st + 1) << "K=" << k << " stage " << st;
+    }
+  }
+  // Table of ZeroBubbleH1Table, stage 2: 2B0 2F1 2B1 2F2 2B2 (three pending) 2W0 ...
+  EXPECT_EQ(PeakPendingWeights(ZeroBubbleH1Schedule(3, 4), 2), 3);
+  // No W: nothing pending.
+  EXPECT_EQ(PeakPendingWeights(OneFOneBSchedule(3, 4), 2), 0);
+}
+
+TEST(ScheduleTest, ZeroBubbleH1IsOffered) {
+  auto z = MakeSchedule("zb-h1", 3, 6);
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_TRUE(ValidateSchedule(*z).ok());
+  EXPECT_EQ(Row(*z, 1), Row(HoistReceives(InsertCommunication(ZeroBubbleH1Schedule(3, 6))), 1));
+  const absl::Status unknown = MakeSchedule("zigzag", 2, 2).status();
+  EXPECT_EQ(unknown.message(), "unknown schedule 'zigzag': use gpipe, 1f1b or zb-h1");
+}
+
 TEST(ScheduleTest, DeadlockIsCaughtAndMarked) {
   // Stage 0 runs each micro-batch's backward before the next forward, but stage 1 runs both
   // forwards first: stage 0 waits for a gradient stage 1 only sends after a forward that

@@ -336,6 +336,7 @@ absl::Status RunAllGatherParts(CommState& st, const Tensor& t,
   return absl::OkStatus();
 }
 
+// `peer` by its rank in the job, as the operation's description names it.
 absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want, int peer) {
   int got = 0;
   MPI_RETURN_IF_ERROR(MPI_Get_count(&status, type, &got));
@@ -364,7 +365,7 @@ absl::Status RunRecv(CommState& st, const Tensor& t, int peer) {
   return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
     MPI_Status status;
     MPI_RETURN_IF_ERROR(MPI_Recv(base + off * esize, c, type, peer, kTag, st.comm, &status));
-    return CheckReceived(status, type, c, peer);
+    return CheckReceived(status, type, c, st.id.JobRankOf(peer));
   });
 }
 
@@ -408,7 +409,7 @@ absl::Status RunSendRecv(CommState& st, const std::vector<PeerTransfer>& transfe
     const PeerTransfer& x = transfers[i];
     if (x.kind != PeerTransfer::Kind::kRecv) continue;
     RETURN_IF_ERROR(CheckReceived(statuses[i], MoveType(x.tensor.dtype()),
-                                  static_cast<int>(x.tensor.numel()), x.peer));
+                                  static_cast<int>(x.tensor.numel()), st.id.JobRankOf(x.peer)));
   }
   return absl::OkStatus();
 }
@@ -636,22 +637,23 @@ class MpiCommunicator : public Communicator {
     // The job's ranks the split put in the group, against the caller's layout.
     std::vector<int> made(state->id.world_size);
     {
-      MPI_Group group, parent;
-      MPI_RETURN_IF_ERROR(MPI_Comm_group(state->comm, &group));
-      MPI_RETURN_IF_ERROR(MPI_Comm_group(state_->comm, &parent));
       std::vector<int> ranks(made.size());
       for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
-      const int e = MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(),
-                                              parent, made.data());
-      MPI_Group_free(&group);
-      MPI_Group_free(&parent);
+      MPI_Group group = MPI_GROUP_NULL, parent = MPI_GROUP_NULL;
+      int e = MPI_Comm_group(state->comm, &group);
+      if (e == MPI_SUCCESS) e = MPI_Comm_group(state_->comm, &parent);
+      if (e == MPI_SUCCESS) {
+        e = MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(), parent,
+                                      made.data());
+      }
+      if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
+      if (parent != MPI_GROUP_NULL) MPI_Group_free(&parent);
       MPI_RETURN_IF_ERROR(e);
       for (int& r : made) r = state_->id.JobRankOf(r);
     }
-    if (absl::Status s = CheckSplitMembers(state_->id, state->id, members, &made); !s.ok()) {
-      MPI_Comm_free(&state->comm);
-      return s;
-    }
+    // On a mismatch the new communicator is left allocated: freeing it is collective, and
+    // the group's other ranks may not have refused it. The error ends the job.
+    RETURN_IF_ERROR(CheckSplitMembers(state_->id, state->id, members, &made));
     state->id.members = members;
     {
       absl::MutexLock lock(&state_->mu);

@@ -363,6 +363,8 @@ namespace {
 // (the strategy, the device, the model) and skip what an earlier problem makes moot. Every
 // problem is collected, one line each.
 struct Validation {
+  Validation(const Validation&) = delete;  // `job` refers into this object's `plan`
+  Validation& operator=(const Validation&) = delete;
   Validation(const Options& options, const HostInfo& host_info)
       : o(options),
         host(host_info),

@@ -58,7 +58,11 @@ class MappedFile {
       return absl::PermissionDeniedError(absl::StrFormat("cannot read data file %s", path));
     }
     struct stat st;
-    fstat(fd, &st);
+    if (fstat(fd, &st) != 0) {
+      const std::string why = strerror(errno);
+      close(fd);
+      return absl::InternalError(absl::StrFormat("cannot stat data file %s: %s", path, why));
+    }
     auto m = std::shared_ptr<MappedFile>(new MappedFile);
     m->size_ = st.st_size;
     if (m->size_ > 0) {

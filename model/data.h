@@ -1,7 +1,9 @@
 // Token data: a text file read as bytes, llm.c's token shards (a header of 256 int32: magic
 // 20240520, version 1, token count; then uint16 tokens) or raw uint16 / uint32 token arrays
-// (nanoGPT's train.bin), the files memory-mapped, never read whole. Each file is cut into
-// samples of seq_len + 1 tokens (inputs and next-token targets), shuffled per epoch by seed. Training draws global batches
+// (nanoGPT's train.bin), token files memory-mapped (read once at opening, to check every
+// token against the vocabulary; a text file is read into memory as before). Each file is cut
+// into samples of seq_len + 1 tokens (inputs and next-token targets), shuffled per epoch by
+// seed. Training draws global batches
 // from the endless sequence epoch 0, epoch 1, ...; a rank takes its contiguous share of each
 // global batch, so across ranks every sample is seen exactly once per epoch. A position in
 // that sequence (samples consumed) is all a checkpoint needs to resume the data exactly.

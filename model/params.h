@@ -44,9 +44,10 @@ class ParamLayout {
   int64_t numel_ = 0;
 };
 
-// Whether weight decay applies to `spec` by GPT-2 practice (nanoGPT, Megatron, Hugging Face):
-// the 2-D weight matrices and the token embedding; not biases, LayerNorm gains or the
-// position table (embed.wpe), which is added to the tokens' vectors, not multiplied.
+// Whether weight decay applies to `spec` by default: the 2-D weight matrices and the token
+// embedding; not biases, LayerNorm gains or the position table (embed.wpe), which is added to
+// the tokens' vectors, not multiplied. (Hugging Face and Megatron exclude biases and norms;
+// nanoGPT decays every 2-D tensor, the position table included.)
 bool DecaysByDefault(const ParamSpec& spec);
 // The elements of `layout`'s flat buffer weight decay applies to, in order, neighbours merged:
 // every parameter with `decay_all`, else those DecaysByDefault picks.

@@ -339,6 +339,11 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   }
   if (c.strategy != StrategyKind::kData) {
     ASSIGN_OR_RETURN(t->schedule_, StrategySchedule(c, grid.stages));
+    if (t->schedule_.chunks != 1) {  // PipelinePass holds one Stage a rank
+      return absl::UnimplementedError(absl::StrFormat(
+          "schedule '%s' has %d model chunks a rank; only one is run", c.schedule,
+          t->schedule_.chunks));
+    }
     t->exchange_groups_ = ExchangeGroups(t->schedule_)[t->stage_index_];
     RETURN_IF_ERROR(t->ConnectNeighbours());
   }

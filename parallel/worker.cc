@@ -341,11 +341,6 @@ absl::Status TrainSteps(const JobConfig& job, const ParallelConfig& pc, int rank
   MetricsWriter metrics(MetricsPath(job.run_dir, rank));
   Allocator* allocator = *GetAllocator(pc.train.device);
   const TestFaults faults;
-  // A run from its start keeps the initial weights too, as step 0 (before the first step):
-  // the run can be reproduced, or compared, from its beginning (--resume=<dir>/step-000000).
-  if (job.checkpoint_every > 0 && trainer->step() == 0 && job.resume.empty()) {
-    RETURN_IF_ERROR(trainer->SaveCheckpoint(ckpt_dir));
-  }
   // From here on, the steady state: with --debug-syncs every host synchronization but the
   // loss reads and checkpoints says where it came from.
   HostSync::SetDebug(job.debug_syncs);
@@ -440,6 +435,11 @@ absl::Status Train(int rank, int world, Progress* progress, bool* preempted) {
     // world size: this rank loads its parameters by name from the shards holding them.
     RETURN_IF_ERROR(trainer->LoadCheckpoint(job.resume));
     std::printf("resumed from %s at step %d\n", job.resume.c_str(), trainer->step());
+  }
+  // A run from its start keeps the initial weights too, as step 0 (before the first step):
+  // the run can be reproduced, or compared, from its beginning (--resume=<dir>/step-000000).
+  if (job.checkpoint_every > 0 && trainer->step() == 0 && job.resume.empty()) {
+    RETURN_IF_ERROR(trainer->SaveCheckpoint(job.run_dir + "/checkpoints"));
   }
   Profiler::Enable(job.profile);
   // A run that fails (an error, another rank's abort) keeps what it recorded: its trace

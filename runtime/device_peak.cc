@@ -1,6 +1,6 @@
 #include "runtime/device_peak.h"
 
-#include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 
 namespace tandem {
@@ -32,6 +32,20 @@ constexpr Entry kPeaks[] = {
     {"T4", 7, 5, {"T4", 0, 65, 8.1}},
 };
 
+// Whether `word` stands in `name` as a whole word: not inside a longer one ("T4" is not in
+// "T400", "H200" not in "GH200", "V100" not in "V100S").
+bool HasWord(absl::string_view name, absl::string_view word) {
+  for (size_t at = name.find(word); at != absl::string_view::npos;
+       at = name.find(word, at + 1)) {
+    const size_t end = at + word.size();
+    if ((at == 0 || !absl::ascii_isalnum(name[at - 1])) &&
+        (end == name.size() || !absl::ascii_isalnum(name[end]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 double DevicePeak::TflopsFor(DType dtype) const {
@@ -44,7 +58,7 @@ double DevicePeak::TflopsFor(DType dtype) const {
 
 std::optional<DevicePeak> FindDevicePeak(absl::string_view name, int major, int minor) {
   for (const Entry& e : kPeaks) {
-    if (!absl::StrContains(name, e.name_has)) continue;
+    if (!HasWord(name, e.name_has)) continue;
     if (e.major != major || e.minor != minor) return std::nullopt;
     return e.peak;
   }

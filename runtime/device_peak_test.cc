@@ -43,6 +43,9 @@ TEST(DevicePeak, UnknownGpusAndMismatchesHaveNoPeak) {
   EXPECT_FALSE(FindDevicePeak("NVIDIA GeForce RTX 4090", 8, 9).has_value());
   EXPECT_FALSE(FindDevicePeak("NVIDIA H100 80GB HBM3", 8, 0).has_value());  // name and sm disagree
   EXPECT_FALSE(FindDevicePeak("", 0, 0).has_value());
+  // Names that hold a known one inside a longer word.
+  EXPECT_FALSE(FindDevicePeak("NVIDIA T400", 7, 5).has_value());
+  EXPECT_FALSE(FindDevicePeak("Tesla V100S-PCIE-32GB", 7, 0).has_value());
 }
 
 TEST(DevicePeak, Mfu) {

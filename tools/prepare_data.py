@@ -153,9 +153,15 @@ def main():
         fail(f"{a.text} gives {len(tokens)} tokens: too few for a train and a val shard")
     paths = [os.path.join(a.out, f"{name}_val_000000.bin")]
     write_shard(paths[0], val, vocab)
-    for k, start in enumerate(range(0, len(train), a.shard_tokens)):
+    # Shards of --shard-tokens; a tail shorter than half of one joins the shard before it, so
+    # that no shard is too short to hold a sample (a reader refuses such a file).
+    starts = list(range(0, len(train), a.shard_tokens))
+    if len(starts) > 1 and len(train) - starts[-1] < a.shard_tokens // 2:
+        starts.pop()
+    for k, start in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(train)
         paths.append(os.path.join(a.out, f"{name}_train_{k:06d}.bin"))
-        write_shard(paths[-1], train[start:start + a.shard_tokens], vocab)
+        write_shard(paths[-1], train[start:end], vocab)
     print(f"{len(tokens)} tokens (vocabulary {vocab}): {len(val)} val, {len(train)} train in "
           f"{len(paths) - 1} shard(s) under {a.out}")
 

@@ -137,6 +137,6 @@ expect "one shard skipped, one passed" "$tmp/sharded.txt" "$logs" 0 "1 passed, 0
 gtest_xml sharded/sharded/shard_2_of_2 skipped
 expect "every shard skipped" "$tmp/sharded.txt" "$logs" 0 "0 passed, 0 failed, 1 skipped" 0
 
-printf 'ERROR: /work/runtime/BUILD.bazel:3:8: Compiling runtime/a.cc failed\n' >"$tmp/broken.txt"
+printf 'ERROR: /src/tandem/runtime/BUILD.bazel:3:8: Compiling runtime/a.cc failed\n' >"$tmp/broken.txt"
 expect "the build failed before any test" "$tmp/broken.txt" "$logs" 1 "0 passed, 1 failed, 0 skipped" 1
 echo "PASSED: count_tests.sh"

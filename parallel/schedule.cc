@@ -321,6 +321,11 @@ std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule
 }
 
 absl::Status ValidateSchedule(const PipelineSchedule& s) {
+  return SimulateSchedule(s, ScheduleDurations{}).status();
+}
+
+absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
+                                               const ScheduleDurations& d) {
   auto fail = [&](const std::string& why, const std::vector<int>& marks) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid pipeline schedule: ", why, "\n", ScheduleGrid(s, marks)));
@@ -328,6 +333,20 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
   const int S = s.stages, M = s.micro_batches, V = s.chunks;
   if (static_cast<int>(s.actions.size()) != S) return fail("wrong number of stages", {});
   if (V < 1) return fail(absl::StrFormat("%d chunks per stage: at least 1", V), {});
+  bool durations_ok = d.transfer >= 0 &&
+                      (d.per_stage.empty() || static_cast<int>(d.per_stage.size()) == S);
+  for (const auto& chunks : d.per_stage) {
+    durations_ok = durations_ok && static_cast<int>(chunks.size()) == V;
+    for (const ComputeSeconds& c : chunks) {
+      durations_ok = durations_ok && c.forward >= 0 && c.backward >= 0 && c.weight >= 0;
+    }
+  }
+  if (!durations_ok) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "durations for a schedule of %d stages x %d chunks: give %d rows of %d (or none), and "
+        "no negative time",
+        S, V, S, V));
+  }
   if (V > 1 && S < 2) {
     return fail("several chunks need at least 2 stages (one stage would send to itself)", {});
   }
@@ -437,7 +456,13 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
                         list(sides.first), list(sides.second)),
         {});
   }
-  // Simulation over the exchange groups.
+  // Simulation over the exchange groups. split[st][k]: a W follows the B of k on stage st.
+  std::vector<std::vector<bool>> split(S, std::vector<bool>(V * M, false));
+  for (int st = 0; st < S; ++st) {
+    for (const Action& x : s.actions[st]) {
+      if (x.type == ActionType::kWeightGradient) split[st][x.chunk * M + x.micro_batch] = true;
+    }
+  }
   const std::vector<std::vector<std::vector<int>>> groups = ExchangeGroups(s);
   std::vector<std::map<int, int>> group_of(S);  // action index -> group, per stage
   for (int st = 0; st < S; ++st) {
@@ -455,13 +480,28 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
                                   : std::make_pair(peer, group_of[peer][j]));
     }
   }
+  // The clock: each stage's time where it stands, when each of its posted groups was posted,
+  // and when its last group completed (a stage's groups run one after the other).
+  const auto seconds = [&](int st, const Action& x) {
+    if (d.per_stage.empty()) return 0.0;
+    const ComputeSeconds& c = d.per_stage[st][x.chunk];
+    if (x.type == ActionType::kForward) return c.forward;
+    if (x.type == ActionType::kWeightGradient) return c.weight;
+    return split[st][x.chunk * M + x.micro_batch] ? c.backward : c.backward + c.weight;
+  };
+  std::vector<double> now(S, 0), queue_free(S, 0);
+  SimulatedStep out;
+  out.busy.assign(S, 0);
   std::vector<size_t> pc(S, 0);
   std::vector<std::deque<int>> posted(S);
-  // Per stage, indexed by chunk * M + micro-batch.
-  std::vector<std::vector<bool>> have_act(S, std::vector<bool>(V * M, false));
-  std::vector<std::vector<bool>> have_grad(S, std::vector<bool>(V * M, false));
-  std::vector<std::vector<bool>> fwd_done(S, std::vector<bool>(V * M, false));
-  std::vector<std::vector<bool>> bwd_done(S, std::vector<bool>(V * M, false));
+  std::vector<std::vector<double>> posted_at(S);
+  for (int st = 0; st < S; ++st) posted_at[st].assign(groups[st].size(), 0);
+  // Per stage, indexed by chunk * M + micro-batch: when the activation or gradient arrived
+  // and the forward or backward ended; kNotYet until then.
+  constexpr double kNotYet = -1;
+  using Times = std::vector<std::vector<double>>;
+  Times act_at(S, std::vector<double>(V * M, kNotYet)), grad_at = act_at, fwd_end = act_at,
+      bwd_end = act_at;
   for (;;) {
     bool progress = false, done = true;
     for (int st = 0; st < S; ++st) {
@@ -475,20 +515,35 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
         size_t e = pc[st];
         while (e < a.size() && a[e].is_communication()) ++e;
         const int last = group_of[st][static_cast<int>(e - 1)];
-        for (int g = first; g <= last; ++g) posted[st].push_back(g);
+        for (int g = first; g <= last; ++g) {
+          posted[st].push_back(g);
+          posted_at[st][g] = now[st];
+        }
         pc[st] = e;
+        progress = true;
+        continue;
+      }
+      if (x.type == ActionType::kOptimizerStep) {  // not timed: the step's end
+        ++pc[st];
         progress = true;
         continue;
       }
       const int k = x.chunk * M + x.micro_batch;
       const int g = GlobalStage(st, x.chunk, S);
-      bool ready = true;
-      if (x.type == ActionType::kForward) ready = g == 0 || have_act[st][k];
-      if (x.type == ActionType::kBackward) ready = fwd_done[st][k] && (g == S * V - 1 || have_grad[st][k]);
-      if (x.type == ActionType::kWeightGradient) ready = bwd_done[st][k];
-      if (!ready) continue;
-      if (x.type == ActionType::kForward) fwd_done[st][k] = true;
-      if (x.type == ActionType::kBackward) bwd_done[st][k] = true;
+      // When what the action needs is there; kNotYet if it is not yet.
+      double needs = 0;
+      if (x.type == ActionType::kForward && g > 0) needs = act_at[st][k];
+      if (x.type == ActionType::kBackward) {
+        needs = fwd_end[st][k];
+        if (g < S * V - 1) needs = needs < 0 || grad_at[st][k] < 0 ? kNotYet : std::max(needs, grad_at[st][k]);
+      }
+      if (x.type == ActionType::kWeightGradient) needs = bwd_end[st][k];
+      if (needs < 0) continue;
+      const double took = seconds(st, x);
+      now[st] = std::max(now[st], needs) + took;
+      out.busy[st] += took;
+      if (x.type == ActionType::kForward) fwd_end[st][k] = now[st];
+      if (x.type == ActionType::kBackward) bwd_end[st][k] = now[st];
       ++pc[st];
       progress = true;
     }
@@ -511,18 +566,32 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
         mark[peer] = groups[peer][h].front();
         return fail("two neighbours group the transfers between them differently", mark);
       }
+      // Once both are posted and both stages' earlier groups are done, the group's transfers.
+      const double at = std::max({posted_at[st][g], posted_at[peer][h], queue_free[st],
+                                  queue_free[peer]}) +
+                        d.transfer * static_cast<double>(groups[st][g].size());
       for (const auto& [stage, group] : {std::make_pair(st, g), std::make_pair(peer, h)}) {
         for (int i : groups[stage][group]) {
           const Action& y = s.actions[stage][i];
           const int k = y.chunk * M + y.micro_batch;
-          if (y.type == ActionType::kRecvActivation) have_act[stage][k] = true;
-          if (y.type == ActionType::kRecvGradient) have_grad[stage][k] = true;
+          if (y.type == ActionType::kRecvActivation) act_at[stage][k] = at;
+          if (y.type == ActionType::kRecvGradient) grad_at[stage][k] = at;
         }
+        queue_free[stage] = at;
         posted[stage].pop_front();
       }
       progress = true;
     }
-    if (done) return absl::OkStatus();
+    if (done) {
+      // A stage's step ends once its last compute action and its last transfer have; all
+      // stages end together (the step's end is a reduction over every rank), and what a stage
+      // did not spend computing until then it waited.
+      for (int st = 0; st < S; ++st) out.makespan = std::max({out.makespan, now[st], queue_free[st]});
+      for (int st = 0; st < S; ++st) {
+        out.bubble_fraction += out.makespan > 0 ? (1 - out.busy[st] / out.makespan) / S : 0;
+      }
+      return out;
+    }
     if (!progress) {
       std::vector<int> mark(S, -1);
       for (int st = 0; st < S; ++st) {
@@ -539,6 +608,11 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
 
 PipelineSchedule HoistReceives(const PipelineSchedule& s) {
   PipelineSchedule out = s;
+  // The yardstick a move must not lengthen: the step with every F, B and W one unit long.
+  const ScheduleDurations unit = ScheduleDurations::Uniform(s.stages, s.chunks, {1, 1, 1});
+  const absl::StatusOr<SimulatedStep> before = SimulateSchedule(out, unit);
+  if (!before.ok()) return out;  // invalid already: nothing to keep valid
+  double makespan = before->makespan;
   for (int st = 0; st < out.stages; ++st) {
     for (size_t i = 0; i < out.actions[st].size(); ++i) {
       const Action a = out.actions[st][i];
@@ -552,7 +626,11 @@ PipelineSchedule HoistReceives(const PipelineSchedule& s) {
       std::vector<Action>& row = moved.actions[st];
       row.erase(row.begin() + static_cast<std::ptrdiff_t>(i));
       row.insert(row.begin() + static_cast<std::ptrdiff_t>(p), a);
-      if (ValidateSchedule(moved).ok()) out = std::move(moved);
+      const absl::StatusOr<SimulatedStep> after = SimulateSchedule(moved, unit);
+      if (after.ok() && after->makespan <= makespan) {
+        makespan = after->makespan;
+        out = std::move(moved);
+      }
     }
   }
   return out;

@@ -109,7 +109,10 @@ PipelineSchedule InsertCommunication(const PipelineSchedule& compute);
 // the transfer runs while that computes (on GPUs and CPU workers alike, a stage's transfers
 // run in its order, each after the compute issued before it). Greedy, stage by stage and in
 // order; a move is kept only if ValidateSchedule still accepts the whole schedule (it
-// refuses, e.g., a receive that would come before a send its peer needs first).
+// refuses, e.g., a receive that would come before a send its peer needs first) and the step
+// it times (SimulateSchedule, every F, B and W one unit) is no longer: a receive posted early
+// heads its stage's queue of transfers until the peer sends, and a send queued behind it
+// waits too (ZB-H1 on 3 stages or more would otherwise lose its textbook bubble).
 PipelineSchedule HoistReceives(const PipelineSchedule& s);
 
 // The groups each stage issues its transfers in, as action indices: every run of consecutive
@@ -132,6 +135,48 @@ std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule
 // backward. A schedule that stalls or mismatches is an error whose message holds the grid
 // with "<-- ERROR HERE" at each stuck stage's step.
 absl::Status ValidateSchedule(const PipelineSchedule& s);
+
+// How long a stage's compute actions on one chunk take (any unit, the same for all).
+// Zero-bubble's convention: `backward` is a B that computes the input gradient only and
+// `weight` its W, so a B without a W for its micro-batch (a whole backward) takes
+// backward + weight. Where a schedule never splits the backward, backward may hold the whole
+// of it and weight 0.
+struct ComputeSeconds {
+  double forward = 0;
+  double backward = 0;
+  double weight = 0;
+};
+
+struct ScheduleDurations {
+  // [stage][chunk]; empty: every action takes no time.
+  std::vector<std::vector<ComputeSeconds>> per_stage;
+  // Each transfer: an exchange group of n transfers takes n * transfer.
+  double transfer = 0;
+  // Every stage and chunk alike.
+  static ScheduleDurations Uniform(int stages, int chunks, ComputeSeconds c) {
+    return {std::vector<std::vector<ComputeSeconds>>(stages,
+                                                     std::vector<ComputeSeconds>(chunks, c))};
+  }
+};
+
+// One step of a schedule, timed (optimizer step excluded).
+struct SimulatedStep {
+  std::vector<double> busy;  // per stage, the time it computed
+  double makespan = 0;       // from the first action to the last stage's end
+  // The mean over stages of (makespan - busy) / makespan: the share of the step a stage
+  // waits on a neighbour, as the runtime measures it (strategy_bench, launcher/run_report).
+  double bubble_fraction = 0;
+};
+
+// ValidateSchedule's simulation with time: each compute action starts once the stage is
+// free and what it needs is there (the receive it waits for, or for a W its B) and takes its
+// duration; a group of transfers completes, with its counterpart, once both are posted and
+// both stages' earlier groups are done, plus its transfer time; a stage's step ends once its
+// last compute action and its last transfer have. The step ends when the last stage's does:
+// a stage's time until then that it does not compute is its bubble. An invalid schedule, or
+// durations not shaped [stages][chunks], is the error ValidateSchedule gives.
+absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
+                                               const ScheduleDurations& d);
 
 // The stage-by-step grid (one column per stage).
 std::string ScheduleGrid(const PipelineSchedule& s, const std::vector<int>& marks = {});

@@ -325,5 +325,92 @@ TEST(ScheduleTest, WeightGradientAndChunkErrorsAreCaught) {
       << alone.message();
 }
 
+// The textbook bubbles, with F = B = W = 1 (a whole backward is B + W = 2): GPipe and 1F1B
+// take (M + K - 1)(F + B + W) and each stage computes M(F + B + W), so the bubble is
+// (K - 1) / (M + K - 1) (Huang et al.; Narayanan et al.); ZB-H1 waits (K - 1)(F + B - W) per
+// stage (Qi et al., section 3), so it takes 3M + K - 1 and its bubble is
+// (K - 1) / (3M + K - 1). Receives hoisted and transfers grouped as the runtime does.
+TEST(SimulateScheduleTest, TextbookBubbles) {
+  for (int k = 1; k <= 6; ++k) {
+    for (int m : {1, 2, 3, 4, 8, 16}) {
+      const ScheduleDurations unit = ScheduleDurations::Uniform(k, 1, {1, 1, 1});
+      for (const char* name : {"gpipe", "1f1b"}) {
+        auto s = MakeSchedule(name, k, m);
+        ASSERT_TRUE(s.ok());
+        auto r = SimulateSchedule(*s, unit);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_DOUBLE_EQ(r->makespan, 3.0 * (m + k - 1)) << name << " K=" << k << " M=" << m;
+        for (int st = 0; st < k; ++st) EXPECT_DOUBLE_EQ(r->busy[st], 3.0 * m);
+        EXPECT_NEAR(r->bubble_fraction, double(k - 1) / (m + k - 1), 1e-12)
+            << name << " K=" << k << " M=" << m;
+      }
+      // ZB-H1's figure needs its steady state: at least K micro-batches.
+      if (m < k) continue;
+      auto z = MakeSchedule("zb-h1", k, m);
+      ASSERT_TRUE(z.ok());
+      auto r = SimulateSchedule(*z, unit);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_DOUBLE_EQ(r->makespan, 3.0 * m + (k - 1)) << "zb-h1 K=" << k << " M=" << m;
+      for (int st = 0; st < k; ++st) EXPECT_DOUBLE_EQ(r->busy[st], 3.0 * m);
+      EXPECT_NEAR(r->bubble_fraction, double(k - 1) / (3 * m + k - 1), 1e-12)
+          << "zb-h1 K=" << k << " M=" << m;
+    }
+  }
+}
+
+// Unequal times, each makespan worked out by hand on a Gantt chart of the compute actions.
+TEST(SimulateScheduleTest, UnequalTimesByHand) {
+  // K=2, M=2, F=1, B=2, W=1. 1F1B: stage 1 F0 [1,2] B0 [2,5] F1 [5,6] B1 [6,9]; stage 0
+  // F0 F1 [0,2], B0 [5,8], B1 [9,12]: 12 = (M+K-1)(F+B+W), each stage waiting 4.
+  const ScheduleDurations d = ScheduleDurations::Uniform(2, 1, {1, 2, 1});
+  auto o = SimulateSchedule(*MakeSchedule("1f1b", 2, 2), d);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_DOUBLE_EQ(o->makespan, 12);
+  EXPECT_DOUBLE_EQ(o->bubble_fraction, 4.0 / 12);
+  // ZB-H1: stage 1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7] W0 [7,8] W1 [8,9]; stage 0 (whole
+  // backwards of 3) F0 F1 [0,2], B0 [4,7], B1 [7,10]: 10, each stage waiting
+  // (K-1)(F+B-W) = 2.
+  auto z = SimulateSchedule(*MakeSchedule("zb-h1", 2, 2), d);
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_DOUBLE_EQ(z->makespan, 10);
+  EXPECT_DOUBLE_EQ(z->busy[0], 8);
+  EXPECT_DOUBLE_EQ(z->busy[1], 8);
+  EXPECT_DOUBLE_EQ(z->bubble_fraction, 2.0 / 10);
+  // GPipe, stages unlike: stage 0 F=1, backward 1; stage 1 F=2, backward 3. Stage 0 F0 F1
+  // [0,2]; stage 1 F0 [1,3] F1 [3,5] B1 [5,8] B0 [8,11]; stage 0 B1 [8,9] B0 [11,12]: 12, the
+  // stages waiting 8 and 2.
+  ScheduleDurations u;
+  u.per_stage = {{{1, 1, 0}}, {{2, 3, 0}}};
+  auto g = SimulateSchedule(*MakeSchedule("gpipe", 2, 2), u);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_DOUBLE_EQ(g->makespan, 12);
+  EXPECT_DOUBLE_EQ(g->busy[0], 4);
+  EXPECT_DOUBLE_EQ(g->busy[1], 10);
+  EXPECT_DOUBLE_EQ(g->bubble_fraction, (8.0 / 12 + 2.0 / 12) / 2);
+  // A transfer of 0.5: GPipe, K=2, M=1, F=B=1: stage 0 F0 [0,1], the activation there at
+  // 1.5; stage 1 F0 [1.5,2.5] B0 [2.5,3.5], the gradient there at 4; stage 0 B0 [4,5].
+  ScheduleDurations t = ScheduleDurations::Uniform(2, 1, {1, 1, 0});
+  t.transfer = 0.5;
+  auto x = SimulateSchedule(*MakeSchedule("gpipe", 2, 1), t);
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_DOUBLE_EQ(x->makespan, 5);
+  EXPECT_DOUBLE_EQ(x->bubble_fraction, 3.0 / 5);
+}
+
+TEST(SimulateScheduleTest, BadDurationsAndSchedulesAreRefused) {
+  auto s = MakeSchedule("1f1b", 2, 2);
+  ASSERT_TRUE(s.ok());
+  const absl::Status rows = SimulateSchedule(*s, ScheduleDurations::Uniform(3, 1, {1, 1, 0})).status();
+  EXPECT_EQ(rows.message(),
+            "durations for a schedule of 2 stages x 1 chunks: give 2 rows of 1 (or none), and no "
+            "negative time");
+  EXPECT_FALSE(SimulateSchedule(*s, ScheduleDurations::Uniform(2, 1, {1, -1, 0})).ok());
+  // An invalid schedule: the validator's error.
+  const PipelineSchedule stuck = FromText(2, 1, {"0RG0 0F0 0SA0 0B0 0OPT", "1RA0 1F0 1B0 1SG0 1OPT"});
+  const absl::Status v = SimulateSchedule(stuck, ScheduleDurations::Uniform(2, 1, {1, 1, 0})).status();
+  EXPECT_EQ(v, ValidateSchedule(stuck));
+  EXPECT_NE(v.message().find("deadlock"), std::string::npos) << v.message();
+}
+
 }  // namespace
 }  // namespace tandem

@@ -366,7 +366,8 @@ std::string SummaryTable(const RunRecord& r) {
   }
   if (r.job.strategy != "data" && !r.ranks.empty()) {
     absl::StrAppendFormat(
-        &out, "bubble      %.3f of each step measured; GPipe's (K-1)/(M+K-1) = %.3f\n",
+        &out,
+        "bubble      %.3f of each step (optimizer aside) measured; GPipe's (K-1)/(M+K-1) = %.3f\n",
         MeanBubbleFraction(totals),
         GpipeBubbleFraction(grid.stages, r.job.EffectiveMicroBatches()));
   }

@@ -79,8 +79,12 @@ struct RankTotals {
     if (comm_seconds <= 0) return -1;
     return std::max(0.0, 1.0 - exposed_comm_seconds / comm_seconds);
   }
-  // Pipeline bubble: the share of the step spent waiting for a neighbouring stage.
-  double bubble_fraction() const { return step_seconds > 0 ? bubble_seconds / step_seconds : 0; }
+  // Pipeline bubble: the share of the step's pipeline (all but the gradient norm and the
+  // optimizer step) spent waiting on another stage, as SimulateSchedule's bubble counts it.
+  double bubble_fraction() const {
+    const double pipeline = step_seconds - optimizer_seconds;
+    return pipeline > 0 ? bubble_seconds / pipeline : 0;
+  }
 };
 RankTotals Totals(int rank, const std::vector<StepRecord>& steps);
 

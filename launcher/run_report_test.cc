@@ -146,6 +146,16 @@ TEST(Totals, SumsAndPeak) {
   EXPECT_EQ(t.peak_memory_bytes, 300);
 }
 
+// The bubble is a share of the step's pipeline, the gradient norm and optimizer step aside.
+TEST(Totals, BubbleFractionLeavesTheOptimizerOut) {
+  RankTotals t;
+  t.step_seconds = 1;
+  t.optimizer_seconds = 0.2;
+  t.bubble_seconds = 0.2;
+  EXPECT_DOUBLE_EQ(t.bubble_fraction(), 0.25);
+  EXPECT_DOUBLE_EQ(RankTotals{}.bubble_fraction(), 0);
+}
+
 RunRecord Sample() {
   RunRecord r;
   r.job.strategy = "pipeline";

@@ -652,6 +652,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
         outputs[m] = y;
       }
       RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("forward ", m), m));
+      p->computed.push_back(a);
     } else if (a.type == ActionType::kBackward) {
       RETURN_IF_ERROR(wait_for(grad_ready, m, "a gradient from the next stage"));
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
@@ -668,11 +669,13 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       grad_in.erase(m);
       if (!stage_->is_first()) input_grads[m] = dx;
       RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward ", m), m));
+      p->computed.push_back(a);
     } else if (a.type == ActionType::kWeightGradient) {
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
       RETURN_IF_ERROR(stage_->BackwardWeights(s, m, *mb, buckets_from(i)));
       batches.erase(m);
       RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward weights ", m), m));
+      p->computed.push_back(a);
     }
     ++i;  // the optimizer step is the caller's
   }
@@ -736,7 +739,9 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
     ASSIGN_OR_RETURN(auto w, comm_->AllReduce(p.reduced));
     RETURN_IF_ERROR(WaitOn(*w, *s, "the reduction of the step's loss and gradient norm"));
   }
-  RETURN_IF_ERROR(p.timeline->Mark(kExposedComm, "reduce loss"));
+  // On a pipeline, this is where the stages that finished first wait for the last one (its
+  // three numbers take microseconds): the bubble's end, as a schedule's makespan counts it.
+  RETURN_IF_ERROR(p.timeline->Mark(grid_.stages > 1 ? kBubble : kExposedComm, "reduce loss"));
   if (zero()) {
     RETURN_IF_ERROR(ZeroStepEnd(*s, sumsq, scale, &p));
   } else {
@@ -781,8 +786,12 @@ absl::Status DistributedTrainer::ReadPending() {
     done.timing = p.timing;
     if (v[2] > 0.5f) stop_agreed_ = true;
     ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, p.timeline->Phases());
+    size_t computed = 0;
     for (const StreamTimeline::Phase& phase : phases) {
       AddPhase(phase, &done.timing);
+      if (phase.kind == kCompute && computed < p.computed.size()) {
+        done.timing.action_seconds.push_back({p.computed[computed++], phase.seconds});
+      }
       if (Profiler::enabled()) {
         TraceEvent e;
         e.name = phase.name;

@@ -91,12 +91,17 @@ struct StepTiming {
   double compute_seconds = 0;        // forward and backward
   double comm_seconds = 0;           // the communicator's busy time on the step's operations
   double exposed_comm_seconds = 0;   // the stream waiting for gradient or loss reductions
-  double bubble_seconds = 0;         // pipeline: waiting for activations or gradients
+  // Pipeline: waiting on another stage (for an activation or gradient, for a send to be
+  // taken, or at the step's end for the last stage to finish).
+  double bubble_seconds = 0;
   double optimizer_seconds = 0;      // gradient norm, clipping and the update
   double input_seconds = 0;          // waiting for a micro-batch's copy to the device
   int64_t comm_bytes = 0;            // bytes all-reduced or sent
   uint64_t last_sequence = 0;        // the communicator's last collective sequence number
   int peak_in_flight = 0;            // most micro-batches whose activations were held
+  // Pipeline: each forward, backward (B) and weight gradient (W) the stage ran, in order,
+  // with its seconds on the stream.
+  std::vector<std::pair<Action, double>> action_seconds;
   // Host synchronizations during the step's issue and, for the step whose end the host read
   // the losses at, that read (runtime/host_sync.h).
   int64_t host_syncs = 0;
@@ -163,6 +168,8 @@ class DistributedTrainer {
     Tensor host;        // the same, copied to pinned host memory at the step's end
     std::unique_ptr<StreamTimeline> timeline;
     StepTiming timing;  // the host's figures: bytes, sequence numbers, in flight, host syncs
+    // Pipeline: the schedule's compute actions in the order of the timeline's compute phases.
+    std::vector<Action> computed;
     // Its operations on each of Comms() are (first_sequences[i], last_sequences[i]].
     std::vector<uint64_t> first_sequences, last_sequences;
   };

@@ -2,9 +2,11 @@
 // scenario from rank 0. Scenarios (all CPU workers, gpt-tiny unless said otherwise):
 //   data:      tokens/s of data parallelism with overlap on and off and buckets of 1, 4, 25
 //              and 100 MB (on one rank this is the single-worker baseline);
-//   pipeline:  GPipe with M = 1, 4, 8, 16 micro-batches: the measured bubble (time a stage
-//              waits for activations or gradients, over the step time, averaged over stages)
-//              beside GPipe's (K - 1) / (M + K - 1);
+//   pipeline:  GPipe, 1F1B and ZB-H1 with M = 1, 4, 8, 16 micro-batches: the measured bubble
+//              (time a stage waits on another, over the step's time but the optimizer's,
+//              averaged over stages) beside the bubble SimulateSchedule expects from each
+//              stage's measured F, B and W times (medians) and GPipe's (K - 1) / (M + K - 1),
+//              with each stage's F, B and W and activation peak;
 //   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
 //              micro-batches, in this process's CPU stream mode (TANDEM_CPU_STREAMS): run
 //              once per mode to compare them;
@@ -53,15 +55,49 @@ double Median(std::vector<double> v) {
 struct Measured {
   double step_seconds = 0;
   double bubble_fraction = 0;  // averaged over ranks
+  double bubble_seconds = 0;   // averaged over ranks
   double comm_seconds = 0;     // rank 0's medians
   double exposed_seconds = 0;
   double peak_activation_bytes = 0;  // rank 0's allocator peak above the model state
+  // Per rank: its allocator peak above the model state, and its median forward, B and W
+  // seconds (0 where it ran none).
+  std::vector<double> peak_bytes, forward, backward, weight;
 };
+
+// The median seconds of the actions of `type` in `steps`; 0 if there are none.
+double MedianSeconds(const std::vector<StepTiming>& steps, ActionType type) {
+  std::vector<double> v;
+  for (const StepTiming& t : steps) {
+    for (const auto& [a, seconds] : t.action_seconds) {
+      if (a.type == type) v.push_back(seconds);
+    }
+  }
+  return v.empty() ? 0 : Median(v);
+}
+
+// Each rank's `mine` on every rank, in rank order.
+absl::StatusOr<std::vector<std::vector<double>>> Gather(const std::vector<double>& mine,
+                                                        Communicator* comm) {
+  const int n = comm->world_size(), k = static_cast<int>(mine.size());
+  std::vector<float> slots(n * k, 0.0f);
+  for (int i = 0; i < k; ++i) slots[comm->rank() * k + i] = static_cast<float>(mine[i]);
+  auto v = Tensor::FromVector(slots, {n * k});
+  if (!v.ok()) return v.status();
+  auto w = comm->AllReduce(*v);
+  if (!w.ok()) return w.status();
+  if (absl::Status s = (*w)->Wait(absl::Minutes(1)); !s.ok()) return s;
+  std::vector<std::vector<double>> out(k, std::vector<double>(n));
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < k; ++i) out[i][r] = v->data<float>()[r * k + i];
+  }
+  return out;
+}
 
 absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
   auto t = DistributedTrainer::Create(pc, comm);
   if (!t.ok()) return t.status();
-  std::vector<double> seconds, bubbles, comm_s, exposed_s, peaks;
+  std::vector<double> seconds, bubbles, bubble_s, comm_s, exposed_s, peaks;
+  std::vector<StepTiming> timings;
   Allocator* cpu = *GetAllocator(Device::Cpu());
   for (int i = 0; i < kWarmup + kMeasured; ++i) {
     StepTiming timing;
@@ -70,23 +106,58 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
     if (!r.ok()) return r.status();
     if (i < kWarmup) continue;
     seconds.push_back(r->seconds);
-    bubbles.push_back(timing.bubble_seconds / r->seconds);
+    // As launcher/run_report counts it: the share of the step but its optimizer's.
+    bubbles.push_back(timing.bubble_seconds / (r->seconds - timing.optimizer_seconds));
+    bubble_s.push_back(timing.bubble_seconds);
     comm_s.push_back(timing.comm_seconds);
     exposed_s.push_back(timing.exposed_comm_seconds);
     peaks.push_back(static_cast<double>(peak));
+    timings.push_back(std::move(timing));
   }
-  // Average each rank's median bubble fraction, and take the slowest rank's step time.
-  auto v = *Tensor::FromVector({static_cast<float>(Median(bubbles)), 0.0f}, {2});
-  auto w = comm->AllReduce(v);
-  if (!w.ok()) return w.status();
-  if (absl::Status s = (*w)->Wait(absl::Minutes(1)); !s.ok()) return s;
+  // Each rank's median bubble fraction and seconds (averaged), peak, and F, B and W times.
+  auto all = Gather({Median(bubbles), Median(bubble_s), Median(peaks),
+                     MedianSeconds(timings, ActionType::kForward),
+                     MedianSeconds(timings, ActionType::kBackward),
+                     MedianSeconds(timings, ActionType::kWeightGradient)},
+                    comm);
+  if (!all.ok()) return all.status();
   Measured m;
   m.step_seconds = Median(seconds);
-  m.bubble_fraction = v.data<float>()[0] / comm->world_size();
+  for (int r = 0; r < comm->world_size(); ++r) {
+    m.bubble_fraction += (*all)[0][r] / comm->world_size();
+    m.bubble_seconds += (*all)[1][r] / comm->world_size();
+  }
   m.comm_seconds = Median(comm_s);
   m.exposed_seconds = Median(exposed_s);
   m.peak_activation_bytes = Median(peaks);
+  m.peak_bytes = (*all)[2];
+  m.forward = (*all)[3];
+  m.backward = (*all)[4];
+  m.weight = (*all)[5];
   return m;
+}
+
+// The bubble SimulateSchedule expects of `schedule` on K = m.forward.size() stages with the
+// stages' measured F, B and W times.
+absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_batches,
+                                      const Measured& m) {
+  const int K = static_cast<int>(m.forward.size());
+  auto s = MakeSchedule(schedule, K, micro_batches);
+  if (!s.ok()) return s.status();
+  ScheduleDurations d;
+  for (int st = 0; st < K; ++st) {
+    d.per_stage.push_back({{m.forward[st], m.backward[st], m.weight[st]}});
+  }
+  auto r = SimulateSchedule(*s, d);
+  if (!r.ok()) return r.status();
+  return r->bubble_fraction;
+}
+
+// Seconds as milliseconds, one number per rank.
+Json Milliseconds(const std::vector<double>& seconds) {
+  Json out = Json::array();
+  for (double s : seconds) out.push_back(JsonRounded(1e3 * s, 3));
+  return out;
 }
 
 struct StateBytes {
@@ -179,7 +250,7 @@ int Main(int argc, char** argv) {
       }
     } else if (mode == "pipeline") {
       bool warmed = false;  // the first run warms up and is not reported
-      for (const char* schedule : {"gpipe", "gpipe", "1f1b"}) {
+      for (const char* schedule : {"gpipe", "gpipe", "1f1b", "zb-h1"}) {
         for (int mbs : {1, 4, 8, 16}) {
           const bool report = warmed;
           warmed = true;
@@ -190,16 +261,26 @@ int Main(int argc, char** argv) {
           auto m = Run(pc, comm->get());
           if (Failed(m.status(), &rc)) break;
           if (!report) break;
+          auto expected = ExpectedBubble(schedule, mbs, *m);
+          if (Failed(expected.status(), &rc)) break;
+          Json peaks = Json::array();
+          for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
           emit({{"bench", "pipeline"},
                 {"schedule", schedule},
                 {"stages", world},
                 {"micro_batches", mbs},
                 {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
+                {"bubble_expected", JsonRounded(*expected, 4)},
                 {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
+                {"bubble_ms", JsonRounded(1e3 * m->bubble_seconds, 3)},
+                {"forward_ms", Milliseconds(m->forward)},
+                {"backward_ms", Milliseconds(m->backward)},
+                {"weight_ms", Milliseconds(m->weight)},
                 {"step_seconds", JsonRounded(m->step_seconds, 6)},
                 {"tokens_per_second",
                  JsonRounded(32 * pc.train.model.seq_len / m->step_seconds, 1)},
-                {"stage0_peak_activation_bytes", JsonRounded(m->peak_activation_bytes, 0)}});
+                {"stage0_peak_activation_bytes", JsonRounded(m->peak_activation_bytes, 0)},
+                {"peak_activation_bytes", peaks}});
         }
         if (rc) break;
       }

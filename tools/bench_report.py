@@ -292,6 +292,61 @@ def hybrid_section(d):
     print()
 
 
+def pipeline_section(rows, base):
+    print("## Pipeline (gpt-tiny, global batch 32)\n")
+    print("Measured bubble: the time a stage waits on another (for an activation or gradient, "
+          "for its sends to be taken, and at the step's end for the last stage) over the "
+          "step's time but the optimizer's, averaged over stages. Expected: the same figure "
+          "for the schedule simulated (`SimulateSchedule`) with each stage's measured "
+          "forward, B and W times (medians over the run) and no transfer time; measured / "
+          "expected near 1 says the runtime adds little waiting of its own. (K-1)/(M+K-1) is "
+          "GPipe's and 1F1B's textbook bubble with equal stages; interleaving v chunks per "
+          "stage would take it to (K-1)/(vM+K-1), which Tandem does not offer yet. With 4 "
+          "stages on 2 cores the workers share cores, so waiting includes time-slicing; the "
+          "2-stage rows are the clean ones. Throughput is against one worker (data table "
+          "above). Activation peak: each stage's allocator peak above its model state during "
+          "a step, stage 0 first (under ZB-H1 it includes what the deferred Ws keep).\n")
+    print("| schedule | stages K | micro-batches M | measured bubble | expected | measured / expected "
+          "| (K-1)/(M+K-1) | tokens/s vs 1 worker | activation peak per stage MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for s in rows:
+        rel = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
+        expected = s.get("bubble_expected")
+        ratio = (f"{s['bubble_measured'] / expected:.2f}" if expected else "-")
+        peaks = " / ".join(f"{b / 2**20:.1f}" for b in s.get("peak_activation_bytes",
+                                                             [s["stage0_peak_activation_bytes"]]))
+        print(f"| {s['schedule']} | {s['stages']} | {s['micro_batches']} | "
+              f"{s['bubble_measured']:.3f} | "
+              + (f"{expected:.3f}" if expected is not None else "-")
+              + f" | {ratio} | {s['bubble_gpipe']:.3f} | {rel:.2f} | {peaks} |")
+    print()
+    # Qi et al.'s bubble times from ZB-H1's measured F, B (input gradient) and W, each the
+    # mean over the stages that ran it (B and W: the stages that split their backward).
+    zb = [s for s in rows if s["schedule"] == "zb-h1" and s["stages"] > 1]
+    if zb:
+        print("ZB-H1 against 1F1B in time (Qi et al.): with F the forward, B the input "
+              "gradient and W the weight gradient of a stage, 1F1B waits (K-1)(F+B+W) and "
+              "ZB-H1 (K-1)(F+B-W), here from each ZB-H1 run's measured times (means over "
+              "the stages; B and W over the stages that split their backward), beside the "
+              "waiting measured, per stage.\n")
+        print("| K | M | F ms | B ms | W ms | 1F1B (K-1)(F+B+W) ms | ZB-H1 (K-1)(F+B-W) ms "
+              "| 1F1B measured ms | ZB-H1 measured ms |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        mean = lambda v: sum(v) / len(v) if v else float("nan")
+        for s in zb:
+            k = s["stages"]
+            f = mean(s["forward_ms"])
+            b = mean(s["backward_ms"][1:])
+            w = mean(s["weight_ms"][1:])
+            ofob = next((o for o in rows if o["schedule"] == "1f1b" and o["stages"] == k and
+                         o["micro_batches"] == s["micro_batches"]), None)
+            waited = lambda r: f"{r['bubble_ms']:.1f}" if r and "bubble_ms" in r else "-"
+            print(f"| {k} | {s['micro_batches']} | {f:.2f} | {b:.2f} | {w:.2f} | "
+                  f"{(k - 1) * (f + b + w):.1f} | {(k - 1) * (f + b - w):.1f} | "
+                  f"{waited(ofob)} | {waited(s)} |")
+        print()
+
+
 def main():
     d = sys.argv[1]
     now = datetime.date.today().isoformat()
@@ -354,21 +409,7 @@ def main():
               f"on GPUs the all-reduce runs on the device beside the compute stream. At "
               f"the default 25 MB, gpt-tiny's 6.6 MB of gradients are one bucket, all-reduced "
               f"after backward.\n")
-    print("## Pipeline (gpt-tiny, global batch 32)\n")
-    print("Measured bubble: the time a stage waits for activations or gradients over the step "
-          "time, averaged over stages. With 4 stages on 2 cores the workers share cores, so "
-          "waiting includes time-slicing; the 2-stage rows are the clean ones. Throughput is "
-          "against one worker (data table above); activation peak is stage 0's allocator peak "
-          "above the model state during a step.\n")
-    print("| schedule | stages K | micro-batches M | measured bubble | (K-1)/(M+K-1) | tokens/s vs 1 worker | stage 0 activation peak MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for s in strat:
-        if s["bench"] == "pipeline":
-            rel = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
-            print(f"| {s['schedule']} | {s['stages']} | {s['micro_batches']} | "
-                  f"{s['bubble_measured']:.3f} | {s['bubble_gpipe']:.3f} | {rel:.2f} | "
-                  f"{s['stage0_peak_activation_bytes'] / 2**20:.1f} |")
-    print()
+    pipeline_section([s for s in strat if s["bench"] == "pipeline"], base)
     hybrid_section(d)
     zero_section(d)
     print("## Against PyTorch on the same model\n")

@@ -1,7 +1,7 @@
 // `bazel run //tools:compare -- --gpus=4 --model=gpt-tiny`: trains the same model, global
 // batch, seed and steps on one worker and under every strategy on N workers (data parallel
-// with and without ZeRO-1, model, pipeline GPipe and 1F1B, and both schedules in every hybrid
-// layout of D replicas x K stages with D, K >= 2) through the launcher, then writes
+// with and without ZeRO-1, model, pipeline GPipe, 1F1B and ZB-H1, and each schedule in every
+// hybrid layout of D replicas x K stages with D, K >= 2) through the launcher, then writes
 // report.md, report.html and report.json.
 #include <fcntl.h>
 #include <sched.h>
@@ -49,8 +49,8 @@ constexpr char kHelp[] =
     "Usage: bazel run //tools:compare -- [--gpus=N] [--out=DIR] [launcher flags]\n"
     "Trains the same model, global batch, seed and number of steps on one worker (the\n"
     "baseline) and with N workers under data parallel, data parallel with ZeRO-1, model\n"
-    "parallel, pipeline GPipe and pipeline 1F1B, and, for every D x K = N with D, K >= 2,\n"
-    "D replicas of a K-stage pipeline under GPipe and 1F1B (4 workers: 2 x 2; 6: 2 x 3 and\n"
+    "parallel, pipeline GPipe, 1F1B and ZB-H1, and, for every D x K = N with D, K >= 2,\n"
+    "D replicas of a K-stage pipeline under each schedule (4 workers: 2 x 2; 6: 2 x 3 and\n"
     "3 x 2; a prime N has none). Each runs through the launcher with --profile; then compare\n"
     "writes report.md, report.html (self-contained) and report.json with the charts beside\n"
     "them.\n"
@@ -231,7 +231,7 @@ std::vector<std::pair<int, int>> HybridLayouts(int n) {
 }
 
 // The runs on `gpus` workers: the baseline, data parallel with and without ZeRO-1, model
-// parallel, the two pipeline schedules, then each hybrid layout with both schedules.
+// parallel, the three pipeline schedules, then each hybrid layout with each schedule.
 std::vector<Run> Runs(int gpus) {
   const std::string n = absl::StrCat("--gpus=", gpus);
   std::vector<Run> runs = {
@@ -241,10 +241,12 @@ std::vector<Run> Runs(int gpus) {
       {"model", "model parallel", {"--strategy=model", n}},
       {"gpipe", "pipeline GPipe", {"--strategy=pipeline", "--schedule=gpipe", n}},
       {"1f1b", "pipeline 1F1B", {"--strategy=pipeline", "--schedule=1f1b", n}},
+      {"zb-h1", "pipeline ZB-H1", {"--strategy=pipeline", "--schedule=zb-h1", n}},
   };
   for (const auto& [d, k] : HybridLayouts(gpus)) {
     for (const auto& [schedule, name] : {std::pair<std::string, std::string>{"gpipe", "GPipe"},
-                                         std::pair<std::string, std::string>{"1f1b", "1F1B"}}) {
+                                         std::pair<std::string, std::string>{"1f1b", "1F1B"},
+                                         std::pair<std::string, std::string>{"zb-h1", "ZB-H1"}}) {
       runs.push_back({absl::StrFormat("d%dk%d-%s", d, k, schedule),
                       absl::StrFormat("%d replicas x %d-stage %s", d, k, name),
                       {"--strategy=pipeline", absl::StrCat("--schedule=", schedule),

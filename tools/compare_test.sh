@@ -32,7 +32,7 @@ cat "$tmp/big.txt"
 grep -qF "compare: none of the 2-worker runs would start; nothing was written" "$tmp/big.txt" ||
   fail "--seq-len=200000: no summary line"
 for label in "one worker" "data parallel" "data parallel, ZeRO-1" "model parallel" \
-  "pipeline GPipe" "pipeline 1F1B"; do
+  "pipeline GPipe" "pipeline 1F1B" "pipeline ZB-H1"; do
   grep -qF "compare: $label: not enough memory" "$tmp/big.txt" || fail "no line for $label"
 done
 [ ! -e "$tmp/big" ] || fail "--seq-len=200000: $tmp/big was created"
@@ -106,20 +106,20 @@ for label in "data parallel" "data parallel, ZeRO-1"; do
     "$tmp/mixed.txt" || fail "--gpus=3: $label not reported as refused"
 done
 [ ! -e "$tmp/mixed/logs/data.log" ] || fail "--gpus=3: data parallel was started"
-[ "$(grep -c '"ran": true' "$tmp/mixed/report.json")" -eq 4 ] || fail "not 4 runs in report.json"
+[ "$(grep -c '"ran": true' "$tmp/mixed/report.json")" -eq 5 ] || fail "not 5 runs in report.json"
 grep -qF '"error": "--batch=8 is not divisible by 3 workers' "$tmp/mixed/report.json" ||
   fail "report.json lacks data parallel's reason"
 [ "$(grep -c "No hybrid layout: 3 workers" "$tmp/mixed/report.md")" -eq 1 ] ||
   fail "report.md does not say once that 3 workers have no hybrid layout"
 
-# 4 workers: every strategy, ZeRO-1 and both schedules of 2 replicas x 2 stages run, and the
+# 4 workers: every strategy, ZeRO-1 and each schedule of 2 replicas x 2 stages run, and the
 # report's loss deviation column puts each within 1e-4 (relative) of one worker's losses.
 check "4 workers: ZeRO-1 and the 2 x 2 layouts run with one worker's losses"
-timeout 400 "$compare" --gpus=4 "${small[@]}" --out="$tmp/four" >"$tmp/four.txt" 2>&1
+timeout 500 "$compare" --gpus=4 "${small[@]}" --out="$tmp/four" >"$tmp/four.txt" 2>&1
 rc=$?
 cat "$tmp/four.txt"
 [ "$rc" -eq 0 ] || fail "--gpus=4: exit $rc, not 0"
-[ "$(grep -c '"ran": true' "$tmp/four/report.json")" -eq 8 ] || fail "not 8 runs in report.json"
+[ "$(grep -c '"ran": true' "$tmp/four/report.json")" -eq 10 ] || fail "not 10 runs in report.json"
 # The results table's rows by their first cell; the columns found by the header's names.
 awk -F' *[|] *' '
   /^[|] strategy [|] workers [|] layout/ {
@@ -137,6 +137,7 @@ awk -F' *[|] *' '
     want["data parallel, ZeRO-1"] = "4 x 1, ZeRO-1"
     want["2 replicas x 2-stage GPipe"] = "2 x 2"
     want["2 replicas x 2-stage 1F1B"] = "2 x 2"
+    want["2 replicas x 2-stage ZB-H1"] = "2 x 2"
     bad = 0
     for (label in want) {
       if (!(label in row)) { print "no row for " label; bad = 1; continue }
@@ -150,7 +151,8 @@ awk -F' *[|] *' '
     exit bad
   }' "$tmp/four/report.md" || fail "report.md: the ZeRO-1 and 2 x 2 rows are not as they should be"
 grep -qF "No hybrid layout" "$tmp/four/report.md" && fail "report.md says 4 workers have no hybrid layout"
-for f in timeline-data-zero1.svg timeline-d2k2-gpipe.svg timeline-d2k2-1f1b.svg; do
+for f in timeline-data-zero1.svg timeline-d2k2-gpipe.svg timeline-d2k2-1f1b.svg \
+  timeline-d2k2-zb-h1.svg timeline-zb-h1.svg; do
   [ -s "$tmp/four/$f" ] || fail "no $f"
 done
 grep -qF ">rank 3 (1, 1)<" "$tmp/four/timeline-d2k2-1f1b.svg" ||

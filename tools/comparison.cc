@@ -54,39 +54,51 @@ std::string FirstLine(const std::string& s) {
 }
 
 // A fixed colour per strategy; a hybrid layout "d{D}k{K}-{schedule}" gets a hue chosen by
-// its layout (the same for the same D and K in every report), GPipe the darker shade and
-// 1F1B the lighter.
+// its layout (the same for the same D and K in every report), GPipe the darkest shade, 1F1B
+// the lightest and ZB-H1 the one between.
 std::string StrategyColor(const std::string& name) {
   static const std::map<std::string, std::string> kFixed = {
       {"baseline", "#8c8c8c"}, {"data", "#4e79a7"},  {"data-zero1", "#a0cbe8"},
       {"model", "#f28e2b"},    {"gpipe", "#59a14f"}, {"1f1b", "#b07aa1"},
+      {"zb-h1", "#8cd17d"},
   };
   if (const auto it = kFixed.find(name); it != kFixed.end()) return it->second;
-  // {GPipe, 1F1B} shades.
-  static const char* const kHybrid[][2] = {
-      {"#e15759", "#ff9d9a"}, {"#9c755f", "#d7b5a6"}, {"#edc948", "#f1e2a1"},
-      {"#499894", "#86bcb6"}, {"#d37295", "#fabfd2"}, {"#79706e", "#bab0ac"},
+  // {GPipe, 1F1B, ZB-H1} shades.
+  static const char* const kHybrid[][3] = {
+      {"#e15759", "#ff9d9a", "#f07a79"}, {"#9c755f", "#d7b5a6", "#b99582"},
+      {"#edc948", "#f1e2a1", "#efd574"}, {"#499894", "#86bcb6", "#67aaa5"},
+      {"#d37295", "#fabfd2", "#e698b3"}, {"#79706e", "#bab0ac", "#99908d"},
   };
   const size_t dash = name.find('-');
   if (name.size() > 1 && name[0] == 'd' && dash != std::string::npos) {
     uint32_t hash = 2166136261u;  // FNV-1a of the layout, "d2k2"
     for (char c : name.substr(0, dash)) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619u;
     const auto& shades = kHybrid[hash % (sizeof(kHybrid) / sizeof(kHybrid[0]))];
-    return shades[name.substr(dash + 1) == "1f1b" ? 1 : 0];
+    const std::string schedule = name.substr(dash + 1);
+    return shades[schedule == "1f1b" ? 1 : schedule == "zb-h1" ? 2 : 0];
   }
   return "#76b7b2";
 }
 
+// "GPipe", "1F1B" or "ZB-H1" for a schedule's flag value.
+std::string ScheduleName(const std::string& schedule) {
+  if (schedule == "1f1b") return "1F1B";
+  if (schedule == "zb-h1") return "ZB-H1";
+  return "GPipe";
+}
+
 double Share(double part, double whole) { return whole > 0 ? part / whole : 0; }
 
-SpanKind KindOf(const TraceEvent& e) {
+// A span of a run whose grid has `stages` stages.
+SpanKind KindOf(const TraceEvent& e, int stages) {
   if (e.category == "comm") return SpanKind::kComm;
   if (e.category == "optimizer") return SpanKind::kOptimizer;
   if (e.category == "idle") {
     // The waits the workers count as exposed communication (ZeRO-1's "gather parameters":
-    // its all-gather); the others are a pipeline's bubble.
-    const bool exposed =
-        e.name == "wait for gradients" || e.name == "reduce loss" || e.name == "gather parameters";
+    // its all-gather; "reduce loss" but on a pipeline, where it is the wait for the last
+    // stage); the others are a pipeline's bubble.
+    const bool exposed = e.name == "wait for gradients" || e.name == "gather parameters" ||
+                         (e.name == "reduce loss" && stages == 1);
     return exposed ? SpanKind::kExposedComm : SpanKind::kBubble;
   }
   if (absl::StartsWith(e.name, "forward")) return SpanKind::kForward;
@@ -397,6 +409,17 @@ std::vector<std::string> Comparisons(const Figures& f, const Standing& s) {
                                     Ratio(Share(f.tokens_per_second, gpipe->tokens_per_second))));
     }
   }
+  if (f.schedule == "zb-h1" && f.activation_bytes > 0) {
+    const Figures* onef1b = s.Find([&](const Figures& g) {
+      return SameLayout(f, g) && g.schedule == "1f1b" && g.zero == f.zero;
+    });
+    if (onef1b != nullptr) {
+      out.push_back(absl::StrFormat(
+          "vs 1F1B: %s its speed with %s its activation memory",
+          Ratio(Share(f.tokens_per_second, onef1b->tokens_per_second)),
+          Ratio(Share(f.activation_bytes, onef1b->activation_bytes))));
+    }
+  }
   if (f.strategy == "pipeline" && f.replicas > 1 && f.stages > 1) {
     const Figures* one = s.Find([&](const Figures& g) {
       return g.strategy == "pipeline" && g.schedule == f.schedule && g.replicas == 1 && g.zero == 0;
@@ -636,7 +659,7 @@ std::string TimelineCaption(const RunData& run) {
     return "One batch through the stages in turn: each stage waits (grey) while the others "
            "compute.";
   }
-  const std::string schedule = run.schedule == "1f1b" ? "1F1B" : "GPipe";
+  const std::string schedule = ScheduleName(run.schedule);
   if (grid.hybrid()) {
     const std::string flow = run.strategy == "model"
                                  ? "each replica's batch through its stages in turn"
@@ -733,7 +756,7 @@ absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::
       span.comm_lane = comm;
       span.start_ms = (std::max(s, w.start) - t0) / 1e3;
       span.end_ms = (std::min(end, w.end) - t0) / 1e3;
-      span.kind = KindOf(e);
+      span.kind = KindOf(e, run.grid.stages);
       if ((span.kind == SpanKind::kForward || span.kind == SpanKind::kBackward) &&
           e.micro_batch >= 0) {
         span.text = absl::StrCat(e.micro_batch);

@@ -345,7 +345,10 @@ Figures Fig(const std::string& name, const std::string& label, double tps, int64
     f.stages = 4;
   } else {
     f.strategy = "pipeline";
-    f.schedule = absl::EndsWith(name, "1f1b") ? "1f1b" : "gpipe";
+    f.schedule = "gpipe";
+    for (const char* other : {"1f1b", "zb-h1"}) {
+      if (absl::EndsWith(name, other)) f.schedule = other;
+    }
     f.replicas = absl::StartsWith(name, "d2k2") ? 2 : 1;
     f.stages = 4 / f.replicas;
   }
@@ -461,6 +464,28 @@ TEST(RecommendTest, PicksAHybridLayoutAndStatesZeroOnesSaving) {
   EXPECT_THAT(f[2].recommendation, testing::StartsWith("least memory per rank: "));
 }
 
+// ZB-H1 is set against 1F1B of the same layout (the schedule it reorders), and a hybrid
+// ZB-H1 layout against the one ZB-H1 pipeline too.
+TEST(RecommendTest, SetsZeroBubbleAgainstOneFOneB) {
+  std::vector<Figures> f = {
+      Fig("baseline", "one worker", 1000, 100, 60, 1),
+      Fig("1f1b", "pipeline 1F1B", 2700, 50, 15, 2.7),
+      Fig("zb-h1", "pipeline ZB-H1", 2900, 55, 18, 2.9),
+      Fig("d2k2-1f1b", "2 replicas x 2-stage 1F1B", 3400, 25, 20, 3.4),
+      Fig("d2k2-zb-h1", "2 replicas x 2-stage ZB-H1", 3500, 28, 22, 3.5),
+  };
+  Recommend(&f, /*host_cores=*/8);
+  EXPECT_THAT(f[2].recommendation,
+              HasSubstr(absl::StrCat("vs 1F1B: ", X(2900, 2700), " its speed with ", X(18, 15),
+                                     " its activation memory")));
+  EXPECT_THAT(f[4].recommendation,
+              HasSubstr(absl::StrCat("vs 1F1B: ", X(3500, 3400), " its speed with ", X(22, 20),
+                                     " its activation memory")));
+  EXPECT_THAT(f[4].recommendation,
+              HasSubstr(absl::StrCat("vs pipeline ZB-H1: ", X(3500, 2900), " its speed with ",
+                                     X(28, 55), " its peak memory per rank")));
+}
+
 TEST(RecommendTest, CallsOutLossesAndASlowerThanOneWorkerHost) {
   std::vector<Figures> f = {
       Fig("baseline", "one worker", 1000, 100, 60, 1),
@@ -520,6 +545,17 @@ TEST(TimelineTest, CutsOneStepFromEveryRankOnOneClock) {
   EXPECT_EQ(kinds[SpanKind::kExposedComm], 4);  // wait for gradients, reduce loss
   EXPECT_EQ(kinds[SpanKind::kBubble], 2);       // wait 1
   EXPECT_EQ(kinds[SpanKind::kOptimizer], 4);    // gradient norm, optimizer
+  // On a pipeline the loss reduction is where the stages wait for the last one: bubble.
+  RunSpec pipeline = spec;
+  pipeline.strategy = "pipeline";
+  absl::StatusOr<RunData> piped = ReadRun(WriteRun(pipeline));
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  absl::StatusOr<GanttSpec> pg = StepTimeline(*piped, 1, "t");
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  std::map<SpanKind, int> pipeline_kinds;
+  for (const GanttSpan& s : pg->spans) pipeline_kinds[s.kind]++;
+  EXPECT_EQ(pipeline_kinds[SpanKind::kExposedComm], 2);  // wait for gradients
+  EXPECT_EQ(pipeline_kinds[SpanKind::kBubble], 4);       // wait 1, reduce loss
 
   EXPECT_FALSE(StepTimeline(*run, 3, "t").ok());  // only 3 steps
   RunSpec plain = spec;

@@ -787,10 +787,13 @@ absl::Status DistributedTrainer::ReadPending() {
     if (v[2] > 0.5f) stop_agreed_ = true;
     ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, p.timeline->Phases());
     size_t computed = 0;
+    double input = 0;  // the input wait before the next compute action
     for (const StreamTimeline::Phase& phase : phases) {
       AddPhase(phase, &done.timing);
+      if (phase.kind == kInput) input += phase.seconds;
       if (phase.kind == kCompute && computed < p.computed.size()) {
-        done.timing.action_seconds.push_back({p.computed[computed++], phase.seconds});
+        done.timing.action_seconds.push_back({p.computed[computed++], input + phase.seconds});
+        input = 0;
       }
       if (Profiler::enabled()) {
         TraceEvent e;

@@ -100,7 +100,8 @@ struct StepTiming {
   uint64_t last_sequence = 0;        // the communicator's last collective sequence number
   int peak_in_flight = 0;            // most micro-batches whose activations were held
   // Pipeline: each forward, backward (B) and weight gradient (W) the stage ran, in order,
-  // with its seconds on the stream.
+  // with its seconds on the stream, a forward's with its input wait (time the stage spent
+  // neither computing nor waiting on another stage).
   std::vector<std::pair<Action, double>> action_seconds;
   // Host synchronizations during the step's issue and, for the step whose end the host read
   // the losses at, that read (runtime/host_sync.h).

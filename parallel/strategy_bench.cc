@@ -5,8 +5,10 @@
 //   pipeline:  GPipe, 1F1B and ZB-H1 with M = 1, 4, 8, 16 micro-batches: the measured bubble
 //              (time a stage waits on another, over the step's time but the optimizer's,
 //              averaged over stages) beside the bubble SimulateSchedule expects from each
-//              stage's measured F, B and W times (medians) and GPipe's (K - 1) / (M + K - 1),
-//              with each stage's F, B and W and activation peak;
+//              stage's measured F (with its input wait), B and W times (medians), again
+//              with each transfer taking an activation's measured one-way time between
+//              ranks 0 and 1, and GPipe's (K - 1) / (M + K - 1), with each stage's F, B
+//              and W and activation peak;
 //   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
 //              micro-batches, in this process's CPU stream mode (TANDEM_CPU_STREAMS): run
 //              once per mode to compare them;
@@ -137,14 +139,42 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
   return m;
 }
 
+// One activation's transfer from rank 0 to rank 1 as a pipeline of `c` sends it: half the
+// median of 15 round trips (after 3 to warm up), rank 0 sending first. The other ranks take
+// no part; every rank gets rank 0's figure.
+absl::StatusOr<double> TransferSeconds(const TrainConfig& c, Communicator* comm) {
+  if (comm->world_size() < 2) return 0.0;
+  const int64_t rows = c.batch / c.micro_batches;
+  auto t = Tensor::Empty({rows, c.model.seq_len, c.model.d_model}, c.dtype, c.device);
+  if (!t.ok()) return t.status();
+  const int rank = comm->rank();
+  auto step = [&](bool send) -> absl::Status {
+    auto w = send ? comm->Send(*t, 1 - rank) : comm->Recv(*t, 1 - rank);
+    if (!w.ok()) return w.status();
+    return (*w)->Wait(absl::Minutes(1));
+  };
+  std::vector<double> trips;
+  for (int i = 0; i < 18 && rank < 2; ++i) {
+    const absl::Time start = absl::Now();
+    for (bool send : {rank == 0, rank != 0}) {
+      if (absl::Status st = step(send); !st.ok()) return st;
+    }
+    if (i >= 3) trips.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  auto all = Gather({rank == 0 ? Median(trips) / 2 : 0.0}, comm);
+  if (!all.ok()) return all.status();
+  return (*all)[0][0];
+}
+
 // The bubble SimulateSchedule expects of `schedule` on K = m.forward.size() stages with the
-// stages' measured F, B and W times.
+// stages' measured F, B and W times, each transfer taking `transfer_seconds`.
 absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_batches,
-                                      const Measured& m) {
+                                      const Measured& m, double transfer_seconds = 0) {
   const int K = static_cast<int>(m.forward.size());
   auto s = MakeSchedule(schedule, K, micro_batches);
   if (!s.ok()) return s.status();
   ScheduleDurations d;
+  d.transfer = transfer_seconds;
   for (int st = 0; st < K; ++st) {
     d.per_stage.push_back({{m.forward[st], m.backward[st], m.weight[st]}});
   }
@@ -263,6 +293,10 @@ int Main(int argc, char** argv) {
           if (!report) break;
           auto expected = ExpectedBubble(schedule, mbs, *m);
           if (Failed(expected.status(), &rc)) break;
+          auto transfer = TransferSeconds(pc.train, comm->get());
+          if (Failed(transfer.status(), &rc)) break;
+          auto with_transfers = ExpectedBubble(schedule, mbs, *m, *transfer);
+          if (Failed(with_transfers.status(), &rc)) break;
           Json peaks = Json::array();
           for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
           emit({{"bench", "pipeline"},
@@ -271,6 +305,8 @@ int Main(int argc, char** argv) {
                 {"micro_batches", mbs},
                 {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
                 {"bubble_expected", JsonRounded(*expected, 4)},
+                {"transfer_ms", JsonRounded(1e3 * *transfer, 3)},
+                {"bubble_expected_with_transfers", JsonRounded(*with_transfers, 4)},
                 {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
                 {"bubble_ms", JsonRounded(1e3 * m->bubble_seconds, 3)},
                 {"forward_ms", Milliseconds(m->forward)},

@@ -298,27 +298,38 @@ def pipeline_section(rows, base):
           "for its sends to be taken, and at the step's end for the last stage) over the "
           "step's time but the optimizer's, averaged over stages. Expected: the same figure "
           "for the schedule simulated (`SimulateSchedule`) with each stage's measured "
-          "forward, B and W times (medians over the run) and no transfer time; measured / "
-          "expected near 1 says the runtime adds little waiting of its own. (K-1)/(M+K-1) is "
-          "GPipe's and 1F1B's textbook bubble with equal stages; interleaving v chunks per "
-          "stage would take it to (K-1)/(vM+K-1), which Tandem does not offer yet. With 4 "
-          "stages on 2 cores the workers share cores, so waiting includes time-slicing; the "
-          "2-stage rows are the clean ones. Throughput is against one worker (data table "
-          "above). Activation peak: each stage's allocator peak above its model state during "
-          "a step, stage 0 first (under ZB-H1 it includes what the deferred Ws keep).\n")
+          "forward (with its input wait), B and W times (medians over the run) and transfers "
+          "taking no time; "
+          "measured / expected near 1 says the runtime adds little waiting of its own. "
+          "With transfers: the same simulation with each transfer taking an activation's "
+          "measured one-way time between two ranks (transfer ms). GPipe sends while it "
+          "computes, but 1F1B and ZB-H1 put each micro-batch's transfers on the critical "
+          "path (stage 1 needs the next activation right after each backward, stage 0 the "
+          "gradient), so where transfers are slow, as when the communication threads share "
+          "busy cores, their measured bubble exceeds the transfer-free expectation and "
+          "follows the one with transfers. (K-1)/(M+K-1) is GPipe's and 1F1B's textbook "
+          "bubble with equal stages; interleaving v chunks per stage would take it to "
+          "(K-1)/(vM+K-1), which Tandem does not offer yet. With 4 stages on 2 cores the "
+          "workers share cores, so waiting includes time-slicing; the 2-stage rows are the "
+          "clean ones. Throughput is against one worker (data table above). Activation "
+          "peak: each stage's allocator peak above its model state during a step, stage 0 "
+          "first; under ZB-H1 it includes what the deferred Ws keep, so its later stages "
+          "hold more than 1F1B's (docs/DESIGN.md, section 5).\n")
     print("| schedule | stages K | micro-batches M | measured bubble | expected | measured / expected "
-          "| (K-1)/(M+K-1) | tokens/s vs 1 worker | activation peak per stage MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| transfer ms | expected with transfers | (K-1)/(M+K-1) | tokens/s vs 1 worker "
+          "| activation peak per stage MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in rows:
         rel = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
         expected = s.get("bubble_expected")
-        ratio = (f"{s['bubble_measured'] / expected:.2f}" if expected else "-")
+        ratio = f"{s['bubble_measured'] / expected:.2f}" if expected else "-"
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in s.get("peak_activation_bytes",
                                                              [s["stage0_peak_activation_bytes"]]))
+        opt = lambda key, fmt: format(s[key], fmt) if key in s else "-"
         print(f"| {s['schedule']} | {s['stages']} | {s['micro_batches']} | "
-              f"{s['bubble_measured']:.3f} | "
-              + (f"{expected:.3f}" if expected is not None else "-")
-              + f" | {ratio} | {s['bubble_gpipe']:.3f} | {rel:.2f} | {peaks} |")
+              f"{s['bubble_measured']:.3f} | {opt('bubble_expected', '.3f')} | {ratio} | "
+              f"{opt('transfer_ms', '.2f')} | {opt('bubble_expected_with_transfers', '.3f')} | "
+              f"{s['bubble_gpipe']:.3f} | {rel:.2f} | {peaks} |")
     print()
     # Qi et al.'s bubble times from ZB-H1's measured F, B (input gradient) and W, each the
     # mean over the stages that ran it (B and W: the stages that split their backward).

@@ -190,6 +190,26 @@ TEST(PlannerTest, BlockProfileFileRoundTrip) {
   EXPECT_EQ(p.optimizer_per_param, 1e-6);
 }
 
+TEST(PlannerTest, BlockTimesDerivedFromFlops) {
+  // d_model C = 32, seq T = 16, vocab V = 256; 2 rows: 32 tokens, at 1 TFLOP/s and 1 TB/s.
+  const ModelConfig m = TwoLayerModel("gpt", 32, 2, 16, 256);
+  const BlockProfile p = *DeriveBlockProfile(m, DType::kF32, 2, 1, 1.0, 1);
+  ASSERT_EQ(p.blocks.size(), 4u);
+  // A layer a token: forward 24 C^2 + 4 T C = 24576 + 2048 FLOPs, B 24576 + 4096, W 24576.
+  EXPECT_DOUBLE_EQ(p.blocks[1].forward, 851968e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[1].backward, 917504e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[1].weight, 786432e-12);
+  // The head: 2 C V = 16384 FLOPs a token for each part.
+  EXPECT_DOUBLE_EQ(p.blocks[3].forward, 524288e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[3].weight, 524288e-12);
+  // Half the MFU, twice the time.
+  EXPECT_DOUBLE_EQ(DeriveBlockProfile(m, DType::kF32, 2, 1, 0.5, 1)->blocks[2].forward,
+                   2 * 851968e-12);
+  EXPECT_DOUBLE_EQ(p.optimizer_per_param, 28e-12);
+  EXPECT_TRUE(absl::StrContains(p.source, "not measured")) << p.source;
+  EXPECT_FALSE(DeriveBlockProfile(m, DType::kF32, 2, 1, 1.5, 1).ok());
+}
+
 TEST(PlannerTest, MeasuredProfileHasEveryBlock) {
   const ModelConfig m = TwoLayerModel("gpt", 32, 2, 16, 256);
   const BlockProfile p = *MeasureBlockProfile(m, Device::Cpu(), DType::kF32, 2, "adamw", 1);

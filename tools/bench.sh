@@ -66,12 +66,12 @@ for np in 2 4; do
   "$runfiles/tools/compare" --plan --gpus=$np --model=gpt-tiny --batch=16 --steps=8 \
     --out="$out_dir/plan$np" >"$out_dir/plan$np.txt" 2>&1 || true
 done
-start=$(date +%s.%N)
+start=$(date +%s%N)
 "$runfiles/tools/compare" --plan --gpus=64 --model=gpt2-small --batch=512 --dtype=bf16 \
   --device=cuda --device-memory=141GB --link=50,5 \
   --block-times="$runfiles/examples/block_times/gpt2-small-h200.json" --no-run \
   --out="$out_dir/plan64" >"$out_dir/plan64.txt" 2>&1 || true
-echo "{\"seconds\": $(echo "$(date +%s.%N) - $start" | bc)}" >"$out_dir/plan64.json"
+echo "{\"milliseconds\": $((($(date +%s%N) - start) / 1000000))}" >"$out_dir/plan64.json"
 step "PyTorch on the same model (1 process, 2-process DDP over Gloo)"
 for procs in 1 2; do
   python3 "$runfiles/tools/bench_pytorch.py" --procs "$procs" --steps 12 \

@@ -343,7 +343,7 @@ def planner_section(d):
     timing = os.path.join(d, "plan64.json")
     if os.path.exists(timing):
         with open(timing) as f:
-            seconds = json.load(f)["seconds"]
+            seconds = json.load(f)["milliseconds"] / 1e3
         print(f"- Planning gpt2-small on 64 H200s from the example block times "
               f"(`examples/plan_h200_cluster.sh`, no GPU, `--no-run`) took {seconds:.1f} s.")
     print()

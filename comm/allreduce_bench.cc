@@ -15,6 +15,8 @@
 //   queued  Tandem's operation issued --iters times, then the last one waited (nccl-tests'
 //           method: operations queue on the communication thread);
 //   waited  Tandem's operation then Wait, each time (the latency of one handoff included).
+// --json prints one line per size with the three ways' seconds per operation instead of the
+// table: compare --plan fits its link model to them.
 #include <mpi.h>
 
 #include <algorithm>
@@ -47,6 +49,7 @@ struct Flags {
   int64_t max_bytes = 64 << 20;
   int reps = 9;
   double target_ms = 50;  // length of one timed repetition of one way
+  bool json = false;      // one JSON line per size instead of the table
 };
 
 constexpr absl::Duration kTimeout = absl::Seconds(120);
@@ -156,7 +159,7 @@ absl::Status Run(const Flags& flags) {
   const int n = comm->world_size();
   const CollectiveInfo info = InfoOf(flags.kind);
   const double bus_factor = n > 1 ? info.bus_multiple * (n - 1.0) / n : 1.0;
-  if (rank == 0) {
+  if (rank == 0 && !flags.json) {
     std::printf(
         "%s %s against raw %s, %d ranks, median of %d reps "
         "(algbw, busbw in GB/s; busbw = algbw * %s(n-1)/n)\n",
@@ -252,7 +255,13 @@ absl::Status Run(const Flags& flags) {
     const double qr = Median(q_ratio), wr = Median(w_ratio);
     auto algbw = [&](double s) { return bytes / s / 1e9; };
     ratios.emplace_back(bytes, qr);
-    if (rank == 0) {
+    if (rank == 0 && flags.json) {
+      // Seconds per operation, for fitting a link model (compare --plan).
+      std::printf("{\"bytes\": %lld, \"ranks\": %d, \"raw_s\": %.9g, \"queued_s\": %.9g, "
+                  "\"waited_s\": %.9g}\n",
+                  static_cast<long long>(bytes), n, r, q, w);
+      std::fflush(stdout);
+    } else if (rank == 0) {
       std::printf("%10lld %6d | %9.1f %7.3f %7.3f | %9.1f %7.3f %7.3f %6.3f | %9.1f %7.3f %6.3f\n",
                   static_cast<long long>(bytes), iters, r * 1e6, algbw(r),
                   algbw(r) * bus_factor, q * 1e6, algbw(q), algbw(q) * bus_factor, qr,
@@ -260,7 +269,7 @@ absl::Status Run(const Flags& flags) {
       std::fflush(stdout);
     }
   }
-  if (rank == 0) {
+  if (rank == 0 && !flags.json) {
     std::printf("ratio = Tandem busbw / raw MPI busbw, the median over repetitions of the "
                 "pair measured together (1.000 = no overhead)\n");
     double worst = 0;
@@ -320,6 +329,8 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(v, &flags.reps) && flags.reps >= 1;
     } else if (tandem::ParseFlag(argv[i], "--target_ms", &v)) {
       ok = absl::SimpleAtod(v, &flags.target_ms) && flags.target_ms > 0;
+    } else if (std::strcmp(argv[i], "--json") == 0) {
+      flags.json = true;
     } else {
       ok = false;
     }
@@ -327,7 +338,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "allreduce_bench: bad flag '%s' (flags: "
                    "--collective=all_reduce|all_gather|reduce_scatter --min_bytes=N "
-                   "--max_bytes=N --reps=N --target_ms=X)\n",
+                   "--max_bytes=N --reps=N --target_ms=X --json)\n",
                    argv[i]);
       tandem::FinalizeMpi().IgnoreError();
       return 2;

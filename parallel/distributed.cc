@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
+#include "model/block.h"
 #include "model/sharded_checkpoint.h"
 #include "runtime/allocator.h"
 #include "runtime/host_sync.h"
@@ -80,8 +81,8 @@ const char* StrategyName(StrategyKind k) {
   return "?";
 }
 
-absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
-                                                        DType compute, int rows, uint64_t seed) {
+absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
+                                                         DType compute, int rows, uint64_t seed) {
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
   const int n = model.num_blocks();
   // One single-block stage per block, chained, so each block is timed on its own.
@@ -97,33 +98,49 @@ absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model
                    MakeMicroBatch(data, DataOrder(data.num_samples(), seed), 0, 0, rows,
                                   model.seq_len, device, 1.0f / (rows * model.seq_len)));
   constexpr int kRuns = 4;  // the first is a warm-up
-  std::vector<std::vector<double>> runs(n);
+  // runs[3 * b + part]: block b's forward (part 0), B (1) and W (2), one entry per run.
+  std::vector<std::vector<double>> runs(3 * n);
   for (int r = 0; r < kRuns; ++r) {
-    // Each block's forward and backward between events on the stream: the device's time.
+    // Each part between events on the stream: the device's time.
     ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
     std::vector<Tensor> outs(n + 1);
     for (int b = 0; b < n; ++b) {
       RETURN_IF_ERROR(stages[b]->Forward(*s, 0, mb, outs[b], &outs[b + 1]));
-      RETURN_IF_ERROR(timeline.Mark(b, "forward"));
+      RETURN_IF_ERROR(timeline.Mark(3 * b, "forward"));
     }
     Tensor d;
     for (int b = n - 1; b >= 0; --b) {
       Tensor dx;
-      RETURN_IF_ERROR(stages[b]->Backward(*s, 0, mb, d, &dx));
-      RETURN_IF_ERROR(timeline.Mark(b, "backward"));
+      RETURN_IF_ERROR(stages[b]->BackwardInput(*s, 0, mb, d, &dx));
+      RETURN_IF_ERROR(timeline.Mark(3 * b + 1, "backward input"));
+      RETURN_IF_ERROR(stages[b]->BackwardWeights(*s, 0, mb));
+      RETURN_IF_ERROR(timeline.Mark(3 * b + 2, "backward weights"));
       d = dx;
     }
     RETURN_IF_ERROR(s->Synchronize());
     ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, timeline.Phases());
-    for (int b = 0; b < n; ++b) runs[b].push_back(0);
+    for (std::vector<double>& v : runs) v.push_back(0);
     for (const StreamTimeline::Phase& p : phases) runs[p.kind].back() += p.seconds;
   }
-  std::vector<double> seconds(n);
-  for (int b = 0; b < n; ++b) {
-    std::vector<double> v(runs[b].begin() + 1, runs[b].end());
+  auto median = [&](int k) {
+    std::vector<double> v(runs[k].begin() + 1, runs[k].end());
     std::sort(v.begin(), v.end());
-    seconds[b] = v[v.size() / 2];
+    return v[v.size() / 2];
+  };
+  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
+  std::vector<BlockTime> times(n);
+  for (int b = 0; b < n; ++b) {
+    times[b] = {blocks[b]->name(), median(3 * b), median(3 * b + 1), median(3 * b + 2)};
   }
+  return times;
+}
+
+absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
+                                                        DType compute, int rows, uint64_t seed) {
+  ASSIGN_OR_RETURN(std::vector<BlockTime> times,
+                   MeasureBlockTimes(model, device, compute, rows, seed));
+  std::vector<double> seconds;
+  for (const BlockTime& t : times) seconds.push_back(t.total());
   return seconds;
 }
 
@@ -157,7 +174,8 @@ absl::StatusOr<ProcessGrid> GridOf(const ParallelConfig& c, int world) {
   return ProcessGrid::Make(world, c.data_parallel);
 }
 
-absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
+absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world,
+                                       const PipelineSchedule* schedule) {
   const TrainConfig& t = c.train;
   RETURN_IF_ERROR(t.Validate());
   const int blocks = t.model.num_blocks();
@@ -222,13 +240,16 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world) {
   } else {
     ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, stages));
   }
-  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, stages));
-  RETURN_IF_ERROR(ValidateSchedule(s));
+  if (schedule == nullptr) {
+    ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, stages));
+    RETURN_IF_ERROR(ValidateSchedule(s));
+  }
   return bounds;
 }
 
 absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
-                                                        const StageBounds& bounds, int world_size) {
+                                                        const StageBounds& bounds, int world_size,
+                                                        const PipelineSchedule* schedule) {
   const TrainConfig& t = c.train;
   ASSIGN_OR_RETURN(ProcessGrid grid, GridOf(c, world_size));
   // Under ZeRO-1 a rank keeps the optimizer state of its shard, ceil(numel / D) elements.
@@ -246,7 +267,12 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
     shard_optimizer(&n);
     return std::vector<MemoryNeed>(world_size, n);
   }
-  ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, grid.stages));
+  PipelineSchedule made;
+  if (schedule == nullptr) {
+    ASSIGN_OR_RETURN(made, StrategySchedule(c, grid.stages));
+    schedule = &made;
+  }
+  const PipelineSchedule& s = *schedule;
   const int64_t rows = t.batch / grid.replicas / t.micro_batches;
   // A tensor crossing a stage boundary, for one micro-batch.
   const int64_t boundary = rows * t.model.seq_len * t.model.d_model *

@@ -60,12 +60,27 @@ absl::StatusOr<ProcessGrid> GridOf(const ParallelConfig& c, int world);
 
 // Checks that the strategy fits the model and world size (batch divisible, stages <= blocks,
 // schedule valid), before any worker starts. Returns the bounds of the grid's stages
-// (pipeline / model) or {0, num_blocks} (data parallel).
-absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world_size);
+// (pipeline / model) or {0, num_blocks} (data parallel). `schedule`, where given, is the
+// pipeline's, already made and validated by the caller (the planner makes each once).
+absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world_size,
+                                       const PipelineSchedule* schedule = nullptr);
 
-// Forward + backward seconds of each block of `model` on `device`, computing in `compute`
-// (the run's --dtype), for one micro-batch of `rows` samples (the median of a few runs after
-// a warm-up): the cost --balance=time splits.
+// Seconds one block takes for a micro-batch: its forward, its backward's input gradient (B,
+// Stage::BackwardInput) and its weight gradient (W, Stage::BackwardWeights); B + W is the
+// whole backward.
+struct BlockTime {
+  std::string name;
+  double forward = 0;
+  double backward = 0;
+  double weight = 0;
+  double total() const { return forward + backward + weight; }
+};
+// Each block of `model` on `device`, computing in `compute` (the run's --dtype), timed alone
+// for one micro-batch of `rows` samples by events on the stream (the median of a few runs
+// after a warm-up).
+absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
+                                                         DType compute, int rows, uint64_t seed);
+// Their totals, forward + backward: the cost --balance=time splits.
 absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
                                                         DType compute, int rows, uint64_t seed);
 // MeasureBlockSeconds for the job `c` describes (its model, device and dtype, one
@@ -80,9 +95,10 @@ absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_si
 // What each of `world_size` ranks must hold during a step (model/memory.h), given the stage
 // bounds PlanStages returned: its stage's model state (under ZeRO-1 its shard of the optimizer
 // state), the activations of as many micro-batches as its schedule holds at once, and what
-// as many deferred Ws as it keeps pending at once hold (zb-h1).
-absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
-                                                        const StageBounds& bounds, int world_size);
+// as many deferred Ws as it keeps pending at once hold (zb-h1). `schedule` as PlanStages'.
+absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(
+    const ParallelConfig& c, const StageBounds& bounds, int world_size,
+    const PipelineSchedule* schedule = nullptr);
 
 // Per-step measurements of one rank. The times are the compute stream's, measured by events
 // recorded on it between the step's phases (runtime/timeline.h), never by host clocks: on a

@@ -4,8 +4,9 @@
 # communicator vs raw MPI (all-reduce, all-gather, reduce-scatter), runtime matmul vs raw
 # sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
 # bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, ZeRO-1's optimizer state per
-# rank, CPU streams (asynchronous against immediate), and PyTorch on the same model where it
-# is installed. Takes about ten minutes on 2 cores.
+# rank, CPU streams (asynchronous against immediate), the planner's predictions against runs,
+# and PyTorch on the same model where it is installed. Takes about a quarter of an hour on 2
+# cores.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
@@ -60,6 +61,17 @@ for pair in 1 2 3; do
     done
   done
 done
+step "planner: compare --plan on 2 and 4 workers, predicted against measured; 64 H200s planned"
+for np in 2 4; do
+  "$runfiles/tools/compare" --plan --gpus=$np --model=gpt-tiny --batch=16 --steps=8 \
+    --out="$out_dir/plan$np" >"$out_dir/plan$np.txt" 2>&1 || true
+done
+start=$(date +%s%N)
+"$runfiles/tools/compare" --plan --gpus=64 --model=gpt2-small --batch=512 --dtype=bf16 \
+  --device=cuda --device-memory=141GB --link=50,5 \
+  --block-times="$runfiles/examples/block_times/gpt2-small-h200.json" --no-run \
+  --out="$out_dir/plan64" >"$out_dir/plan64.txt" 2>&1 || true
+echo "{\"milliseconds\": $((($(date +%s%N) - start) / 1000000))}" >"$out_dir/plan64.json"
 step "PyTorch on the same model (1 process, 2-process DDP over Gloo)"
 for procs in 1 2; do
   python3 "$runfiles/tools/bench_pytorch.py" --procs "$procs" --steps 12 \

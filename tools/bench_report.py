@@ -358,6 +358,63 @@ def pipeline_section(rows, base):
         print()
 
 
+def planner_section(d):
+    """compare --plan's predictions against the runs it checks itself on (plan.json), and how
+    long planning 64 H200s took."""
+    runs = [(np, os.path.join(d, f"plan{np}", "plan.json")) for np in (2, 4)]
+    if not any(os.path.exists(p) for _, p in runs):
+        return
+    print("## Planner: predicted against measured (gpt-tiny, global batch 16)\n")
+    print("`bazel run //tools:compare -- --plan --gpus=N --model=gpt-tiny --batch=16 --steps=8`: "
+          "block times measured here, the link timed with two workers, every layout predicted; "
+          "then its top 3 layouts and the best pure strategy run through the launcher. Error is "
+          "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "
+          "the memory the largest rank's allocator peak against the launcher's estimate. "
+          "Targets: step 15%, memory 10%, the layout ranked first within 5% of the fastest "
+          "measured.\n")
+    print("| workers | layout | predicted step ms | measured step ms | step error | "
+          "predicted memory MB | measured peak MB | memory error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    verdicts = []
+    for np, path in runs:
+        if not os.path.exists(path):
+            print(f"| {np} | did not run (see plan{np}.txt) | | | | | | |")
+            continue
+        with open(path) as f:
+            checks = json.load(f)["checks"]
+        ran = [c for c in checks if c.get("ran")]
+        for c in checks:
+            if not c.get("ran"):
+                print(f"| {np} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | did not run | | | | |")
+                continue
+            print(f"| {np} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | "
+                  f"{1e3 * c['measured_step_seconds']:.1f} | {100 * c['step_error']:+.1f}% | "
+                  f"{c['memory_bytes'] / 2**20:.1f} | {c['measured_peak_bytes'] / 2**20:.1f} | "
+                  f"{100 * c['memory_error']:+.1f}% |")
+        if ran:
+            fastest = min(c["measured_step_seconds"] for c in ran)
+            first = checks[0]
+            behind = (first["measured_step_seconds"] / fastest - 1) if first.get("ran") else float("nan")
+            worst_step = max(abs(c["step_error"]) for c in ran)
+            worst_mem = max(abs(c["memory_error"]) for c in ran)
+            verdicts.append(
+                f"{np} workers: largest step error {100 * worst_step:.1f}% "
+                f"({'within' if worst_step <= 0.15 else 'over'} 15%), largest memory error "
+                f"{100 * worst_mem:.1f}% ({'within' if worst_mem <= 0.10 else 'over'} 10%), the "
+                f"layout ranked first {100 * behind:.1f}% behind the fastest measured "
+                f"({'within' if behind <= 0.05 else 'over'} 5%).")
+    print()
+    for v in verdicts:
+        print(f"- {v}")
+    timing = os.path.join(d, "plan64.json")
+    if os.path.exists(timing):
+        with open(timing) as f:
+            seconds = json.load(f)["milliseconds"] / 1e3
+        print(f"- Planning gpt2-small on 64 H200s from the example block times "
+              f"(`examples/plan_h200_cluster.sh`, no GPU, `--no-run`) took {seconds:.1f} s.")
+    print()
+
+
 def main():
     d = sys.argv[1]
     now = datetime.date.today().isoformat()
@@ -423,6 +480,7 @@ def main():
     pipeline_section([s for s in strat if s["bench"] == "pipeline"], base)
     hybrid_section(d)
     zero_section(d)
+    planner_section(d)
     print("## Against PyTorch on the same model\n")
     print("`tools/bench_pytorch.py`: the same GPT (gpt-tiny sizes), batch, sequence length and "
           "AdamW, random tokens, f32, one thread per process; DDP over Gloo for 2 processes.\n")

@@ -35,7 +35,10 @@
 #include "launcher/paths.h"
 #include "launcher/process.h"
 #include "runtime/files.h"
+#include "runtime/json.h"
+#include "runtime/status.h"
 #include "tools/comparison.h"
+#include "tools/plan.h"
 
 namespace tandem {
 namespace tools {
@@ -557,8 +560,109 @@ int WriteAll(const Comparison& c, std::vector<Entry> entries, absl::Time now) {
   return any ? 0 : 1;
 }
 
+// The link between two CPU workers of this host, fitted (FitLinkToAllReduce) to Tandem's
+// all-reduce from 64 KB to 16 MB as //comm:allreduce_bench times it under mpirun.
+absl::StatusOr<LinkModel> MeasureLink(const char* argv0) {
+  ASSIGN_OR_RETURN(std::string bench,
+                   launcher::FindRunfile("comm/allreduce_bench_bin", argv0, Cwd(),
+                                         "Start compare with `bazel run //tools:compare -- ...`"));
+  ASSIGN_OR_RETURN(std::string mpirun,
+                   launcher::FindInPath("mpirun",
+                                        "install Open MPI (Debian: apt-get install openmpi-bin)"));
+  std::vector<std::string> env = launcher::CurrentEnvironment();
+  env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
+  env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
+  std::string output;
+  ASSIGN_OR_RETURN(launcher::ExitStatus ended,
+                   launcher::RunCaptured({mpirun, "--oversubscribe", "-np", "2", "--bind-to",
+                                          "none", "--mca", "btl", "self,vader", bench, "--json",
+                                          "--min_bytes=65536", "--max_bytes=16777216", "--reps=3",
+                                          "--target_ms=20"},
+                                         env, &output));
+  if (!ended.ok()) {
+    return absl::InternalError(absl::StrFormat(
+        "timing the link failed (%s): %s; give --link=bandwidth_GBps,latency_us instead",
+        ended.ToString(), FirstLineOf(output)));
+  }
+  std::vector<LinkSample> samples;
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (!absl::StartsWith(line, "{")) continue;
+    ASSIGN_OR_RETURN(Json j, ParseJson(line));
+    samples.push_back({NumberOr(j, "bytes", 0), NumberOr(j, "waited_s", 0)});
+  }
+  return FitLinkToAllReduce(samples, 2);
+}
+
+// compare --plan: predicts every layout (tools/plan.h), then, unless --no-run, runs the ones it
+// checks itself on through the launcher, as the comparison runs its strategies.
+int PlanMain(int argc, char** argv, absl::Time now) {
+  PlanOptions o;
+  if (std::optional<int> stop = ParsePlanArgs({argv + 1, argv + argc}, &o)) return *stop;
+  o.request.host_cores = o.request.base.train.device.is_cuda() ? 0 : HostCores();
+  // Files named relative to where the user ran bazel run.
+  const std::string bwd = launcher::BuildWorkingDirectory();
+  for (std::string* path : {&o.block_times, &o.write_block_times}) {
+    if (!path->empty()) *path = launcher::AbsolutePath(bwd.empty() ? Cwd() : bwd, *path);
+  }
+  std::optional<LinkModel> link;
+  if (o.link.empty()) {
+    std::printf("compare --plan: timing the link between two workers ...\n");
+    std::fflush(stdout);
+    absl::StatusOr<LinkModel> measured = MeasureLink(argv[0]);
+    if (!measured.ok()) {
+      std::fprintf(stderr, "compare --plan: %s\n", std::string(measured.status().message()).c_str());
+      return 1;
+    }
+    link = *measured;
+  }
+  if (absl::Status s = PreparePlan(&o, link); !s.ok()) {
+    std::fprintf(stderr, "compare --plan: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  const absl::StatusOr<Plan> plan = MakePlan(o.request);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "compare --plan: %s\n", std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  Comparison c;
+  c.options.gpus = o.request.gpus;
+  c.options.out_dir = o.out_dir;
+  c.options.args = o.args;
+  c.options.pass = o.model_flags;
+  if (std::optional<int> stop = Prepare(argv[0], now, &c)) return *stop;
+  for (const std::string& n : PlanNotes(*plan, o.request)) std::printf("%s\n", n.c_str());
+  std::printf("\n%s\n", PlanTable(*plan, o.top).c_str());
+  std::fflush(stdout);
+  std::vector<PlanCheck> checks;
+  if (o.run) {
+    const std::vector<Prediction> checked = LayoutsToCheck(*plan);
+    c.runs.clear();
+    for (size_t i = 0; i < checked.size(); ++i) {
+      std::vector<std::string> flags = checked[i].layout.LauncherFlags();
+      flags.push_back(absl::StrCat("--gpus=", o.request.gpus));
+      c.runs.push_back({absl::StrCat("plan-", i + 1), checked[i].layout.Name(), flags});
+    }
+    c.refused.assign(c.runs.size(), "");
+    std::vector<Entry> entries;
+    if (std::optional<int> stop = RunAll(c, &entries)) return *stop;
+    std::vector<Figures> measured;
+    for (const Entry& e : entries) measured.push_back(ComputeFigures(e, nullptr));
+    checks = CheckPlan(checked, measured);
+    std::printf("\n%s\n", CheckTable(checks).c_str());
+    for (const std::string& v : CheckVerdict(checks)) std::printf("%s\n", v.c_str());
+  }
+  const std::string date = absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone());
+  if (absl::Status s = WritePlanReport(c.out_dir, o, *plan, checks, date); !s.ok()) {
+    std::fprintf(stderr, "compare --plan: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("\nplan: %s/plan.md\n      %s/plan.json\n", c.out_dir.c_str(), c.out_dir.c_str());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   const absl::Time now = absl::Now();
+  if (WantsPlan({argv + 1, argv + argc})) return PlanMain(argc, argv, now);
   Comparison c;
   c.options.args.assign(argv + 1, argv + argc);
   if (std::optional<int> stop = ParseArgs(&c.options)) return *stop;

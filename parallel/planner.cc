@@ -1,0 +1,556 @@
+#include "parallel/planner.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "model/block.h"
+#include "model/optimizer.h"
+#include "parallel/grid.h"
+#include "parallel/partition.h"
+#include "parallel/schedule.h"
+#include "runtime/files.h"
+#include "runtime/format.h"
+#include "runtime/json.h"
+#include "runtime/status.h"
+#include "runtime/stream.h"
+#include "runtime/timeline.h"
+
+namespace tandem {
+
+double LinkModel::SendRecv(double bytes) const { return latency_s + bytes / bytes_per_s; }
+
+double LinkModel::AllReduce(double bytes, int ranks) const {
+  return ranks <= 1 ? 0 : 2.0 * (ranks - 1) * SendRecv(bytes / ranks);
+}
+
+double LinkModel::ReduceScatter(double bytes, int ranks) const {
+  return ranks <= 1 ? 0 : (ranks - 1) * SendRecv(bytes / ranks);
+}
+
+double LinkModel::AllGather(double bytes, int ranks) const { return ReduceScatter(bytes, ranks); }
+
+std::string LinkModel::ToString() const {
+  return absl::StrFormat("%.3g GB/s, %.3g us", bytes_per_s / 1e9, latency_s * 1e6);
+}
+
+absl::StatusOr<LinkModel> ParseLink(absl::string_view text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ',');
+  double gbps = 0, us = -1;
+  if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &gbps) ||
+      !absl::SimpleAtod(parts[1], &us) || !(gbps > 0) || !(us >= 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--link=%s: give bandwidth_GBps,latency_us, both positive, e.g. --link=450,3 (NVLink "
+        "within a node) or --link=50,5 (400 Gb/s InfiniBand)",
+        text));
+  }
+  return LinkModel{us * 1e-6, gbps * 1e9};
+}
+
+absl::StatusOr<LinkModel> FitLink(const std::vector<LinkSample>& samples) {
+  // Least squares of the relative error (weights 1/seconds^2): sizes from kilobytes to
+  // megabytes differ in time a thousandfold, and a plain fit would leave the latency to the
+  // noise of the largest.
+  double sw = 0, mx = 0, my = 0;
+  for (const LinkSample& s : samples) {
+    if (!(s.seconds > 0)) return absl::InvalidArgumentError("a link timing must be positive");
+    const double w = 1 / (s.seconds * s.seconds);
+    sw += w;
+    mx += w * s.bytes;
+    my += w * s.seconds;
+  }
+  mx /= sw;
+  my /= sw;
+  double sxy = 0, sxx = 0;
+  for (const LinkSample& s : samples) {
+    const double w = 1 / (s.seconds * s.seconds);
+    sxy += w * (s.bytes - mx) * (s.seconds - my);
+    sxx += w * (s.bytes - mx) * (s.bytes - mx);
+  }
+  if (samples.size() < 2 || !(sxx > 0)) {
+    return absl::InvalidArgumentError("fitting a link needs timings of at least two sizes");
+  }
+  const double per_byte = sxy / sxx;
+  if (!(per_byte > 0)) {
+    return absl::InvalidArgumentError(
+        "the link's timings do not grow with the message size: no bandwidth fits them");
+  }
+  // A negative intercept is noise around a latency too small to see: none.
+  return LinkModel{std::max(0.0, my - per_byte * mx), 1.0 / per_byte};
+}
+
+absl::StatusOr<LinkModel> FitLinkToAllReduce(const std::vector<LinkSample>& samples, int ranks) {
+  if (ranks < 2) return absl::InvalidArgumentError("an all-reduce times a link on 2 ranks or more");
+  const double steps = 2.0 * (ranks - 1);
+  std::vector<LinkSample> messages;
+  for (const LinkSample& s : samples) messages.push_back({s.bytes / ranks, s.seconds / steps});
+  return FitLink(messages);
+}
+
+absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
+                                                 DType compute, int rows,
+                                                 absl::string_view optimizer, uint64_t seed) {
+  BlockProfile p;
+  p.model = model.ToString();
+  p.device = device.ToString();
+  std::string name;
+  int major = 0, minor = 0;
+  if (device.is_cuda() && CudaDeviceIdentity(device.index(), &name, &major, &minor)) {
+    p.device = name;
+  }
+  p.dtype = DTypeName(compute);
+  p.rows = rows;
+  ASSIGN_OR_RETURN(p.blocks, MeasureBlockTimes(model, device, compute, rows, seed));
+  // One optimizer step over the whole model's parameters, timed as the blocks are.
+  const int64_t n = model.num_params();
+  OptimizerConfig oc;
+  oc.kind = std::string(optimizer);
+  ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(oc, n, device));
+  ASSIGN_OR_RETURN(Tensor params, Tensor::FromVector(std::vector<float>(n, 0.5f), {n}, device));
+  ASSIGN_OR_RETURN(Tensor grads, Tensor::FromVector(std::vector<float>(n, 1e-3f), {n}, device));
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
+  std::vector<double> runs;
+  for (int r = 0; r < 4; ++r) {  // the first is a warm-up
+    ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
+    RETURN_IF_ERROR(opt.Step(*s, params, grads, r, 1.0f));
+    RETURN_IF_ERROR(timeline.Mark(0, "optimizer"));
+    RETURN_IF_ERROR(s->Synchronize());
+    ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, timeline.Phases());
+    if (r > 0) runs.push_back(phases.at(0).seconds);
+  }
+  std::sort(runs.begin(), runs.end());
+  p.optimizer_per_param = runs[runs.size() / 2] / n;
+  p.source = absl::StrFormat("measured on %s, %d rows a micro-batch", p.device, rows);
+  return p;
+}
+
+absl::StatusOr<BlockProfile> DeriveBlockProfile(const ModelConfig& model, DType compute, int rows,
+                                                double tflops, double mfu, double tbps) {
+  if (model.kind != ModelKind::kGpt || !(tflops > 0) || !(mfu > 0 && mfu <= 1) || !(tbps > 0)) {
+    return absl::InvalidArgumentError(
+        "block times from FLOPs need a GPT, a peak > 0, an MFU in (0, 1] and a bandwidth > 0");
+  }
+  BlockProfile p;
+  p.model = model.ToString();
+  p.device = absl::StrFormat("%g TFLOP/s, %g TB/s", tflops, tbps);
+  p.dtype = DTypeName(compute);
+  p.rows = rows;
+  const double tokens = double(rows) * model.seq_len, C = model.d_model, T = model.seq_len,
+               V = model.vocab, flops = tflops * 1e12 * mfu, bytes = tbps * 1e12;
+  const double act = DTypeSize(compute);
+  // Embedding: read a row of each table and write the sum; its W reads the gradient and adds
+  // into the f32 table gradient.
+  p.blocks.push_back({"embed", tokens * 3 * C * act / bytes, 0, tokens * C * (act + 8) / bytes});
+  for (int l = 0; l < model.n_layer; ++l) {
+    p.blocks.push_back({absl::StrCat("h", l), tokens * (24 * C * C + 4 * T * C) / flops,
+                        tokens * (24 * C * C + 8 * T * C) / flops, tokens * 24 * C * C / flops});
+  }
+  const double head = tokens * 2 * C * V / flops;
+  p.blocks.push_back({"head", head, head, head});
+  // AdamW: reads the parameter, gradient and two moments (f32), writes the parameter and the
+  // moments: 28 bytes.
+  p.optimizer_per_param = 28 / bytes;
+  p.source = absl::StrFormat(
+      "derived from FLOPs at %.0f%% MFU of %g TFLOP/s and memory traffic at %g TB/s, not "
+      "measured",
+      100 * mfu, tflops, tbps);
+  return p;
+}
+
+absl::StatusOr<BlockProfile> ReadBlockProfile(const std::string& path) {
+  ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
+  BlockProfile p;
+  p.model = StringOr(j, "model", "");
+  p.device = StringOr(j, "device", "");
+  p.dtype = StringOr(j, "dtype", "f32");
+  p.rows = static_cast<int>(NumberOr(j, "rows", 0));
+  p.optimizer_per_param = NumberOr(j, "optimizer_seconds_per_param", -1);
+  p.source = StringOr(j, "source", "");
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--block-times=%s: %s (write one with bazel run //tools:compare -- --plan "
+        "--write-block-times=FILE on the target hardware)",
+        path, why));
+  };
+  if (p.model.empty() || p.rows <= 0 || p.optimizer_per_param < 0) {
+    return bad("needs \"model\", \"rows\" > 0 and \"optimizer_seconds_per_param\"");
+  }
+  const Json blocks = j.contains("blocks") ? j["blocks"] : Json();
+  if (!blocks.is_array() || blocks.empty()) return bad("needs a non-empty \"blocks\" array");
+  for (const Json& b : blocks) {
+    BlockTime t{StringOr(b, "name", ""), NumberOr(b, "forward", -1), NumberOr(b, "backward", -1),
+                NumberOr(b, "weight", -1)};
+    if (t.forward < 0 || t.backward < 0 || t.weight < 0) {
+      return bad("each block needs \"forward\", \"backward\" and \"weight\" seconds, >= 0");
+    }
+    p.blocks.push_back(t);
+  }
+  return p;
+}
+
+absl::Status WriteBlockProfile(const BlockProfile& p, const std::string& path) {
+  Json j;
+  j["model"] = p.model;
+  j["device"] = p.device;
+  j["dtype"] = p.dtype;
+  j["rows"] = p.rows;
+  j["source"] = p.source;
+  j["optimizer_seconds_per_param"] = JsonNumber(p.optimizer_per_param);
+  j["blocks"] = Json::array();
+  for (const BlockTime& t : p.blocks) {
+    j["blocks"].push_back({{"name", t.name},
+                           {"forward", JsonNumber(t.forward)},
+                           {"backward", JsonNumber(t.backward)},
+                           {"weight", JsonNumber(t.weight)}});
+  }
+  return WriteFileAtomically(path, JsonText(j, JsonLayout::kObjects) + "\n");
+}
+
+std::string Layout::Name() const {
+  std::string s;
+  if (strategy == StrategyKind::kData) {
+    s = absl::StrFormat("data D=%d", data_parallel);
+  } else {
+    s = absl::StrFormat("d%dk%d %s", data_parallel, stages,
+                        strategy == StrategyKind::kModel ? "model" : schedule);
+  }
+  if (micro_batches > 1 || strategy == StrategyKind::kPipeline) {
+    absl::StrAppend(&s, " M=", micro_batches);
+  }
+  if (zero) absl::StrAppend(&s, " zero1");
+  if (recompute) absl::StrAppend(&s, " recompute");
+  if (data_parallel > 1) absl::StrAppend(&s, " bucket ", FormatBytes(bucket_bytes));
+  return s;
+}
+
+std::vector<std::string> Layout::LauncherFlags() const {
+  std::vector<std::string> f = {absl::StrCat("--strategy=", StrategyName(strategy)),
+                                absl::StrCat("--micro-batches=", micro_batches)};
+  if (strategy != StrategyKind::kData) {
+    f.push_back(absl::StrCat("--data-parallel=", data_parallel));
+    f.push_back(absl::StrCat("--balance=", balance));
+  }
+  if (strategy == StrategyKind::kPipeline) f.push_back(absl::StrCat("--schedule=", schedule));
+  if (zero) f.push_back("--zero=1");
+  if (recompute) f.push_back("--recompute");
+  f.push_back(absl::StrCat("--bucket-mb=", bucket_bytes / double(1 << 20)));
+  return f;
+}
+
+std::string Prediction::Reason() const {
+  const std::pair<double, const char*> parts[] = {
+      {bubble_s, "pipeline bubble"},
+      {exposed_comm_s, layout.zero ? "exposed reduce-scatter" : "exposed all-reduce"},
+      {optimizer_s, layout.zero ? "optimizer and all-gather" : "optimizer"},
+      {sharing_s, "workers waiting for a core"},
+  };
+  const auto* top = std::max_element(std::begin(parts), std::end(parts));
+  if (step_s <= 0 || top->first / step_s < 0.05) return "compute bound";
+  return absl::StrFormat("%s %.0f%% of the step", top->second, 100 * top->first / step_s);
+}
+
+namespace {
+
+// Parameters of each block of `model`.
+std::vector<int64_t> BlockParams(const ModelConfig& model) {
+  std::vector<int64_t> out;
+  for (const std::unique_ptr<Block>& b : BuildBlocks(model)) {
+    int64_t n = 0;
+    for (const ParamSpec& p : b->Params()) n += p.shape.numel();
+    out.push_back(n);
+  }
+  return out;
+}
+
+// When the last of `buckets` (sizes in bytes, in the order backward fills them, evenly over a
+// backward of `window` seconds) is reduced, by `cost` one after another, from the window's
+// end: the communication the backward does not hide (DDP's overlap).
+double ExposedAfter(const std::vector<double>& buckets, double window,
+                    const std::function<double(double)>& cost) {
+  double t = 0, filled = 0, total = 0;
+  for (double b : buckets) total += b;
+  for (double b : buckets) {
+    filled += b;
+    t = std::max(t, window * filled / total) + cost(b);
+  }
+  return std::max(0.0, t - window);
+}
+
+// A gradient buffer of `bytes` cut into buckets of at most `bucket` bytes.
+std::vector<double> Buckets(double bytes, double bucket) {
+  std::vector<double> out;
+  for (double left = bytes; left > 0; left -= bucket) out.push_back(std::min(left, bucket));
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+// The schedule a pipeline layout runs, made and validated (MakePlan makes each once).
+absl::StatusOr<PipelineSchedule> LayoutSchedule(const Layout& l) {
+  ASSIGN_OR_RETURN(PipelineSchedule s,
+                   MakeSchedule(l.strategy == StrategyKind::kModel ? "gpipe" : l.schedule,
+                                l.stages, l.micro_batches));
+  RETURN_IF_ERROR(ValidateSchedule(s));
+  return s;
+}
+
+// Predict with the layout's schedule given (nullptr for data parallel).
+absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layout,
+                                       const PipelineSchedule* schedule) {
+  const ModelConfig& model = r.base.train.model;
+  if (static_cast<int>(r.profile.blocks.size()) != model.num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the block times are for %d blocks (%s) and %s has %d", r.profile.blocks.size(),
+        r.profile.model, model.name, model.num_blocks()));
+  }
+  ParallelConfig c = r.base;
+  c.strategy = layout.strategy;
+  c.schedule = layout.schedule.empty() ? "gpipe" : layout.schedule;
+  c.data_parallel = layout.strategy == StrategyKind::kData ? 1 : layout.data_parallel;
+  c.train.micro_batches = layout.micro_batches;
+  c.recompute = layout.recompute;
+  c.zero = layout.zero;
+  c.bucket_bytes = layout.bucket_bytes;
+  c.balance = layout.balance;
+  ASSIGN_OR_RETURN(StageBounds bounds, PlanStages(c, r.gpus, schedule));
+  ASSIGN_OR_RETURN(ProcessGrid grid, GridOf(c, r.gpus));
+  ASSIGN_OR_RETURN(std::vector<MemoryNeed> needs, RankMemoryNeeds(c, bounds, r.gpus, schedule));
+  Prediction p;
+  p.layout = layout;
+  for (const MemoryNeed& n : needs) p.memory_bytes = std::max(p.memory_bytes, n.total());
+
+  const int K = grid.stages, D = grid.replicas, M = layout.micro_batches;
+  const double rows = double(c.train.batch) / D / M;
+  const double scale = rows / r.profile.rows;
+  const std::vector<int64_t> block_params = BlockParams(model);
+  std::vector<ComputeSeconds> stage(K);
+  std::vector<int64_t> stage_params(K, 0);
+  for (int s = 0; s < K; ++s) {
+    for (int b = bounds[s]; b < bounds[s + 1]; ++b) {
+      stage[s].forward += r.profile.blocks[b].forward * scale;
+      stage[s].backward += r.profile.blocks[b].backward * scale;
+      stage[s].weight += r.profile.blocks[b].weight * scale;
+      stage_params[s] += block_params[b];
+    }
+    if (layout.recompute) stage[s].backward += stage[s].forward;  // the forward again first
+  }
+
+  // The compute of a step, and each stage's time in it.
+  SimulatedStep sim;
+  if (K == 1) {
+    const double one = stage[0].forward + stage[0].backward + stage[0].weight;
+    sim.busy = {M * one};
+    sim.makespan = M * one;
+  } else {
+    ScheduleDurations d;
+    for (int s = 0; s < K; ++s) d.per_stage.push_back({stage[s]});
+    const double boundary =
+        rows * model.seq_len * model.d_model * static_cast<double>(DTypeSize(c.train.dtype));
+    d.transfer = r.link.SendRecv(boundary);
+    ASSIGN_OR_RETURN(sim, SimulateSchedule(*schedule, d));
+  }
+
+  // Each stage's data-parallel gradient reduction and optimizer step after its compute; the
+  // step ends with the slowest stage's.
+  double tail = -1;
+  int slowest = 0;
+  for (int s = 0; s < K; ++s) {
+    const double grad_bytes = 4.0 * stage_params[s];
+    double exposed = 0, optimizer = r.profile.optimizer_per_param * stage_params[s];
+    if (D > 1) {
+      const std::vector<double> buckets = Buckets(grad_bytes, double(layout.bucket_bytes));
+      auto cost = [&](double b) {
+        return layout.zero ? r.link.ReduceScatter(b, D) : r.link.AllReduce(b, D);
+      };
+      // The buckets fill during the step's last backward of this stage.
+      const double window = c.overlap ? stage[s].backward + stage[s].weight : 0;
+      exposed = ExposedAfter(buckets, window, cost);
+      if (layout.zero) optimizer = optimizer / D + r.link.AllGather(grad_bytes, D);
+    }
+    if (exposed + optimizer > tail) {
+      tail = exposed + optimizer;
+      slowest = s;
+      p.exposed_comm_s = exposed;
+      p.optimizer_s = optimizer;
+    }
+  }
+  p.compute_s = sim.busy[slowest];
+  p.bubble_s = sim.makespan - sim.busy[slowest];
+  p.step_s = sim.makespan + tail;
+  // CPU workers sharing fewer cores: a step takes at least all ranks' compute over the cores.
+  if (r.host_cores > 0 && r.gpus > r.host_cores) {
+    double work = 0;
+    for (int s = 0; s < K; ++s) {
+      work += D * (sim.busy[s] + r.profile.optimizer_per_param * stage_params[s] /
+                                     (layout.zero ? D : 1));
+    }
+    p.sharing_s = std::max(0.0, work / r.host_cores - p.step_s);
+    p.step_s += p.sharing_s;
+  }
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<Prediction> Predict(const PlanRequest& r, const Layout& layout) {
+  if (layout.stages == 1) return PredictWith(r, layout, nullptr);
+  ASSIGN_OR_RETURN(PipelineSchedule s, LayoutSchedule(layout));
+  return PredictWith(r, layout, &s);
+}
+
+namespace {
+
+// Digits out of a refusal, so that layouts refused for the same reason count together.
+std::string ReasonKind(absl::string_view message) {
+  std::string out;
+  for (char ch : message.substr(0, message.find('\n'))) {
+    if (std::isdigit(static_cast<unsigned char>(ch))) {
+      if (out.empty() || out.back() != 'N') out += 'N';
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+const char* PureKind(const Layout& l) {
+  if (l.strategy == StrategyKind::kData) return "data parallel";
+  if (l.data_parallel != 1) return nullptr;
+  return l.strategy == StrategyKind::kModel ? "model parallel" : "pipeline";
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
+  const ModelConfig& model = r.base.train.model;
+  if (r.profile.model != model.ToString()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the block times are for \"%s\", not \"%s\": measure them for this model "
+        "(leave out --block-times) or give its file",
+        r.profile.model, model.ToString()));
+  }
+  std::vector<double> block_seconds;
+  for (const BlockTime& t : r.profile.blocks) block_seconds.push_back(t.total());
+  const int batch = r.base.train.batch;
+  Plan plan;
+  // Each pipeline schedule made once: layouts that differ only in ZeRO, recomputation or
+  // buckets share it.
+  std::map<std::tuple<StrategyKind, std::string, int, int>, absl::StatusOr<PipelineSchedule>>
+      schedules;
+  auto consider = [&](const Layout& l) {
+    ++plan.considered;
+    absl::StatusOr<Prediction> p;
+    if (l.stages == 1) {
+      p = PredictWith(r, l, nullptr);
+    } else {
+      const auto key = std::make_tuple(l.strategy, l.schedule, l.stages, l.micro_batches);
+      auto it = schedules.find(key);
+      if (it == schedules.end()) it = schedules.emplace(key, LayoutSchedule(l)).first;
+      p = it->second.ok() ? PredictWith(r, l, &*it->second) : it->second.status();
+    }
+    if (!p.ok()) {
+      ++plan.dropped[absl::StrCat("refused: ", ReasonKind(p.status().message()))];
+    } else if (r.device_memory >= 0 && p->memory_bytes > r.device_memory) {
+      ++plan.dropped[absl::StrCat("needs more than the device's ", FormatBytes(r.device_memory))];
+    } else {
+      plan.ranked.push_back(*p);
+    }
+  };
+  for (int K = 1; K <= r.gpus; ++K) {
+    if (r.gpus % K != 0) continue;
+    const int D = r.gpus / K;
+    if (batch % D != 0) {
+      ++plan.dropped[absl::StrFormat("the batch of %d does not split over %d replicas", batch,
+                                     D)];
+      continue;
+    }
+    Layout base;
+    base.data_parallel = D;
+    base.stages = K;
+    if (K > 1) {
+      if (K > model.num_blocks()) {
+        ++plan.dropped[absl::StrFormat("more stages than the model's %d blocks",
+                                       model.num_blocks())];
+        continue;
+      }
+      ASSIGN_OR_RETURN(base.balance, BalancedSizes(block_seconds, K));
+    }
+    // (strategy, schedule): data parallel alone, or model parallel and each pipeline schedule.
+    std::vector<std::pair<StrategyKind, std::string>> kinds = {{StrategyKind::kData, ""}};
+    if (K > 1) {
+      kinds = {{StrategyKind::kModel, ""},
+               {StrategyKind::kPipeline, "gpipe"},
+               {StrategyKind::kPipeline, "1f1b"},
+               {StrategyKind::kPipeline, "zb-h1"}};
+    }
+    for (const auto& [strategy, schedule] : kinds) {
+      std::vector<int> ms;
+      const int replica_batch = batch / D;
+      for (int m = 1; m <= replica_batch; ++m) {
+        if (replica_batch % m != 0) continue;
+        if (strategy == StrategyKind::kModel && m != 1) continue;
+        if (strategy == StrategyKind::kPipeline && (m < 2 || m > 8 * K)) continue;
+        ms.push_back(m);
+      }
+      for (int m : ms) {
+        for (bool recompute : {false, true}) {
+          for (int zero : {0, 1}) {
+            if (zero && D < 2) continue;
+            for (int64_t bucket : r.bucket_bytes) {
+              if (D < 2 && bucket != r.bucket_bytes.front()) continue;
+              Layout l = base;
+              l.strategy = strategy;
+              l.schedule = schedule;
+              l.micro_batches = m;
+              l.recompute = recompute;
+              l.zero = zero;
+              l.bucket_bytes = bucket;
+              consider(l);
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
+                   [](const Prediction& a, const Prediction& b) {
+                     // Equal steps (to rounding; workers sharing cores are bound by their
+                     // total work): the one faster with a core each, then fewer
+                     // micro-batches (each has a cost the linear times leave out), then less
+                     // memory.
+                     auto differ = [](double x, double y) {
+                       return std::abs(x - y) > 1e-9 * std::max(std::abs(x), std::abs(y));
+                     };
+                     if (differ(a.step_s, b.step_s)) return a.step_s < b.step_s;
+                     const double ua = a.step_s - a.sharing_s, ub = b.step_s - b.sharing_s;
+                     if (differ(ua, ub)) return ua < ub;
+                     return std::make_pair(a.layout.micro_batches, a.memory_bytes) <
+                            std::make_pair(b.layout.micro_batches, b.memory_bytes);
+                   });
+  for (const Prediction& p : plan.ranked) {
+    const char* kind = PureKind(p.layout);
+    if (kind != nullptr && !plan.best_pure.count(kind)) plan.best_pure[kind] = p;
+  }
+  if (plan.ranked.empty()) {
+    std::string why;
+    for (const auto& [reason, n] : plan.dropped) {
+      absl::StrAppend(&why, why.empty() ? "" : "; ", n, " ", reason);
+    }
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "no layout of %d ranks fits %s (%d considered: %s)", r.gpus, model.name,
+        plan.considered, why));
+  }
+  return plan;
+}
+
+}  // namespace tandem

@@ -1,0 +1,160 @@
+// The planner: predicts every parallel layout's step time and memory for N devices from
+// measured parts, without running them. A layout is D data-parallel replicas of a K-stage
+// pipeline (K = 1: data parallel) with a schedule, M micro-batches, recomputation, ZeRO-1 and
+// a gradient bucket size. Its prediction:
+//   compute   each block's forward, input-gradient (B) and weight-gradient (W) seconds for a
+//             micro-batch, from a BlockProfile measured here or read from a file written on the
+//             target hardware; they scale with the micro-batch's rows;
+//   pipeline  the schedule simulated with those durations (SimulateSchedule), each stage's
+//             activations sent to the next in a transfer timed by the link model;
+//   gradients the data-parallel all-reduce (ZeRO-1: reduce-scatter, then the all-gather of the
+//             updated parameters) of each stage's buckets, by an alpha-beta model of the link
+//             (ring algorithms), overlapped with the step's last backward as DDP does;
+//   optimizer each rank's parameters (under ZeRO-1 its shard) times the measured seconds per
+//             parameter;
+//   memory    the launcher's estimator (RankMemoryNeeds), the most of any rank;
+//   sharing   where more workers run than the host has cores (CPU workers), the step cannot
+//             be shorter than all ranks' compute over the cores.
+#ifndef TANDEM_PARALLEL_PLANNER_H_
+#define TANDEM_PARALLEL_PLANNER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "parallel/distributed.h"
+
+namespace tandem {
+
+// The alpha-beta (Hockney) model of a link: a message of n bytes takes alpha + n / bandwidth.
+// Collectives over p ranks use the ring algorithms' step counts (NCCL's and Open MPI's for
+// large messages): all-reduce 2(p-1) steps of n/p bytes, reduce-scatter and all-gather p-1.
+struct LinkModel {
+  double latency_s = 0;    // alpha
+  double bytes_per_s = 0;  // bandwidth
+  double SendRecv(double bytes) const;
+  double AllReduce(double bytes, int ranks) const;
+  double ReduceScatter(double bytes, int ranks) const;
+  double AllGather(double bytes, int ranks) const;
+  // "12.5 GB/s, 3.0 us"
+  std::string ToString() const;
+};
+
+// "bandwidth_GBps,latency_us", e.g. "450,3" (NVLink 4 within a node), "50,5" (400 Gb/s
+// InfiniBand across nodes); both positive, or an error saying the form.
+absl::StatusOr<LinkModel> ParseLink(absl::string_view text);
+
+// One timed message: `bytes` in `seconds`.
+struct LinkSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+// The fit of seconds = alpha + bytes / bandwidth to samples of at least two sizes, least
+// squares of the relative error; an error where the fit is not physical (a bandwidth that is
+// not positive).
+absl::StatusOr<LinkModel> FitLink(const std::vector<LinkSample>& samples);
+// The link under ring all-reduces of `bytes` over `ranks` timed as `samples`: each is
+// 2(ranks-1) messages of bytes/ranks, so the fit is FitLink's over those messages.
+absl::StatusOr<LinkModel> FitLinkToAllReduce(const std::vector<LinkSample>& samples, int ranks);
+
+// Per-block times of one model on one kind of device, and the optimizer's seconds per
+// parameter; written by a measurement (MeasureBlockProfile) or by hand for hardware not here,
+// where `source` says how the figures were made.
+struct BlockProfile {
+  std::string model;   // the ModelConfig's ToString(): a profile fits only its model
+  std::string device;  // e.g. "cpu", "NVIDIA H200"
+  std::string dtype;   // the compute dtype's name
+  int rows = 1;        // samples per micro-batch the times are for
+  std::vector<BlockTime> blocks;  // each block's, for `rows` samples
+  double optimizer_per_param = 0;  // seconds per parameter of one optimizer step
+  std::string source;
+};
+
+// MeasureBlockTimes for `rows` samples, and one optimizer step over the whole model's
+// parameters, timed alike.
+absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
+                                                 DType compute, int rows,
+                                                 absl::string_view optimizer, uint64_t seed);
+// Block times for hardware not here, derived from each block's FLOPs for `rows` samples at
+// `mfu` of a `tflops` peak (a layer: forward 24 C^2 + 4 T C FLOPs a token, B 24 C^2 + 8 T C,
+// W 24 C^2; the head 2 C V each; the embedding's lookups and scatter-add, and the optimizer's
+// AdamW pass (28 bytes a parameter), as memory traffic at `tbps` TB/s).
+absl::StatusOr<BlockProfile> DeriveBlockProfile(const ModelConfig& model, DType compute, int rows,
+                                                double tflops, double mfu, double tbps);
+
+// --block-times files: JSON (Write gives Read's input back).
+absl::StatusOr<BlockProfile> ReadBlockProfile(const std::string& path);
+absl::Status WriteBlockProfile(const BlockProfile& p, const std::string& path);
+
+// One layout of N ranks.
+struct Layout {
+  StrategyKind strategy = StrategyKind::kData;
+  int data_parallel = 1;  // D
+  int stages = 1;         // K
+  std::string schedule;   // pipeline: gpipe, 1f1b or zb-h1; "" otherwise
+  int micro_batches = 1;  // M
+  bool recompute = false;
+  int zero = 0;
+  int64_t bucket_bytes = 25 << 20;
+  std::string balance = "params";  // the stage sizes the prediction assumed ("3,3,2")
+  // "d2k2 1f1b M=4 zero1 recompute bucket 4 MB"
+  std::string Name() const;
+  // The launcher flags that run it: --strategy, --schedule, --data-parallel, --micro-batches,
+  // --zero, --recompute, --bucket-mb, --balance.
+  std::vector<std::string> LauncherFlags() const;
+};
+
+struct Prediction {
+  Layout layout;
+  double step_s = 0;
+  // Parts of the step on its slowest path: compute, pipeline bubble (the stage's wait on its
+  // neighbours), exposed gradient communication and the optimizer (with ZeRO-1's all-gather).
+  double compute_s = 0, bubble_s = 0, exposed_comm_s = 0, optimizer_s = 0;
+  // CPU workers on fewer cores than workers: what the step takes on top, waiting for a core.
+  double sharing_s = 0;
+  int64_t memory_bytes = 0;  // the rank that needs the most
+  // The largest cost besides compute, as a share of the step: "exposed all-reduce 31% of the
+  // step"; "compute bound" where none is above 5%.
+  std::string Reason() const;
+};
+
+struct PlanRequest {
+  ParallelConfig base;       // the model, global batch, dtype, device, optimizer, seed
+  int gpus = 1;              // N
+  int host_cores = 0;        // CPU workers: the cores they share (0: each has its own)
+  int64_t device_memory = -1;  // bytes per device; -1: not checked
+  BlockProfile profile;
+  LinkModel link;
+  // The choices enumerated beside D x K and the schedules.
+  std::vector<int64_t> bucket_bytes = {int64_t{25} << 20};
+};
+
+struct Plan {
+  // Fitting layouts, fastest first; equal steps: faster without core sharing, then fewer
+  // micro-batches, then less memory first.
+  std::vector<Prediction> ranked;
+  int considered = 0;              // layouts enumerated
+  // Layouts left out, counted by reason ("needs 152 GB per device, more than 141 GB": by
+  // the reason's kind, e.g. "does not fit in device memory").
+  std::map<std::string, int> dropped;
+  // The fastest of each kind: "data parallel", "pipeline", "model parallel" (absent where none
+  // fits).
+  std::map<std::string, Prediction> best_pure;
+};
+
+// One layout's prediction; an error where the layout cannot run (batch not divisible, more
+// stages than blocks, an invalid schedule), as the launcher would refuse it.
+absl::StatusOr<Prediction> Predict(const PlanRequest& r, const Layout& layout);
+
+// Every layout of r.gpus ranks: D x K = N; for K >= 2 each schedule; M among the divisors
+// of the replica's batch (for K >= 2, from K up to 8K); recomputation off and on; ZeRO-1 off and on
+// where D >= 2; each bucket size where D >= 2. An error for a request nothing can satisfy
+// (no layout fits, or the profile is not for the request's model), in one line.
+absl::StatusOr<Plan> MakePlan(const PlanRequest& r);
+
+}  // namespace tandem
+
+#endif  // TANDEM_PARALLEL_PLANNER_H_

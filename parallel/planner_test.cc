@@ -1,0 +1,226 @@
+#include "parallel/planner.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "model/test_configs.h"
+#include "runtime/test_files.h"
+
+namespace tandem {
+namespace {
+
+TEST(PlannerTest, FitLinkRecoversKnownParameters) {
+  const double alpha = 5e-6, bandwidth = 12e9;
+  std::vector<LinkSample> exact, noisy;
+  int k = 0;
+  for (double n = 4096; n <= 64 << 20; n *= 4, ++k) {
+    const double t = alpha + n / bandwidth;
+    exact.push_back({n, t});
+    // +-1%, alternating, so the noise has no trend.
+    noisy.push_back({n, t * (k % 2 ? 1.01 : 0.99)});
+  }
+  LinkModel l = *FitLink(exact);
+  EXPECT_NEAR(l.latency_s, alpha, 1e-12);
+  EXPECT_NEAR(l.bytes_per_s / bandwidth, 1.0, 1e-9);
+  l = *FitLink(noisy);
+  EXPECT_NEAR(l.bytes_per_s / bandwidth, 1.0, 0.02);
+}
+
+TEST(PlannerTest, FitLinkToAllReduceRecoversTheLink) {
+  const LinkModel truth{2e-6, 20e9};
+  for (int ranks : {2, 4, 8}) {
+    std::vector<LinkSample> samples;
+    for (double n = 65536; n <= 16 << 20; n *= 2) samples.push_back({n, truth.AllReduce(n, ranks)});
+    const LinkModel l = *FitLinkToAllReduce(samples, ranks);
+    EXPECT_NEAR(l.latency_s, truth.latency_s, 1e-12) << ranks;
+    EXPECT_NEAR(l.bytes_per_s / truth.bytes_per_s, 1.0, 1e-9) << ranks;
+  }
+}
+
+TEST(PlannerTest, FitLinkRefusesWhatFitsNoLink) {
+  EXPECT_FALSE(FitLink({{1024, 1e-5}}).ok());
+  EXPECT_FALSE(FitLink({{1024, 1e-5}, {1024, 2e-5}}).ok());
+  const absl::Status s = FitLink({{1024, 1e-3}, {1 << 20, 1e-5}}).status();
+  EXPECT_TRUE(absl::StrContains(s.message(), "do not grow")) << s;
+}
+
+TEST(PlannerTest, ParseLinkAndRingCosts) {
+  const LinkModel l = *ParseLink("450,3");
+  EXPECT_DOUBLE_EQ(l.bytes_per_s, 450e9);
+  EXPECT_DOUBLE_EQ(l.latency_s, 3e-6);
+  // Ring all-reduce of n bytes over p ranks: 2(p-1) steps of n/p bytes (Patarasuk & Yuan).
+  const double n = 1 << 30;
+  EXPECT_DOUBLE_EQ(l.AllReduce(n, 8), 14 * (3e-6 + n / 8 / 450e9));
+  EXPECT_DOUBLE_EQ(l.ReduceScatter(n, 8), 7 * (3e-6 + n / 8 / 450e9));
+  EXPECT_DOUBLE_EQ(l.AllGather(n, 8), l.ReduceScatter(n, 8));
+  EXPECT_EQ(l.AllReduce(n, 1), 0);
+  for (const char* bad : {"450", "450,", "-1,3", "0,3", "fast,3", "450,3,1"}) {
+    const absl::Status s = ParseLink(bad).status();
+    EXPECT_TRUE(absl::StrContains(s.message(), "bandwidth_GBps,latency_us")) << bad << ": " << s;
+    EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  }
+}
+
+// A 2-layer GPT (4 blocks) whose every block takes forward 1 s, B 1 s and W 1 s for 2 rows,
+// the optimizer 1 us per parameter, on a link of no latency and 1 GB/s.
+PlanRequest Request(int gpus, int batch) {
+  PlanRequest r;
+  r.base.train.model = TwoLayerModel("gpt", 32, 2, 16, 256);
+  r.base.train.batch = batch;
+  r.gpus = gpus;
+  r.profile.model = r.base.train.model.ToString();
+  r.profile.rows = 2;
+  r.profile.optimizer_per_param = 1e-6;
+  for (const char* name : {"embed", "h0", "h1", "head"}) r.profile.blocks.push_back({name, 1, 1, 1});
+  r.link = {0, 1e9};
+  return r;
+}
+
+TEST(PlannerTest, DataParallelStepByHand) {
+  const PlanRequest r = Request(2, 4);  // 2 rows per replica: the profile's
+  Layout l;
+  l.data_parallel = 2;
+  l.bucket_bytes = int64_t{1} << 40;  // one bucket
+  const Prediction p = *Predict(r, l);
+  const double params = r.base.train.model.num_params();
+  // Compute: 4 blocks x 3 s. The one bucket is full at the backward's end: all of its ring
+  // all-reduce (2 steps of half the gradients' bytes at 1 GB/s) is exposed.
+  EXPECT_DOUBLE_EQ(p.compute_s, 12);
+  EXPECT_NEAR(p.exposed_comm_s, 2 * (4 * params / 2) / 1e9, 1e-12);
+  EXPECT_NEAR(p.optimizer_s, params * 1e-6, 1e-12);
+  EXPECT_NEAR(p.step_s, 12 + p.exposed_comm_s + p.optimizer_s, 1e-12);
+  EXPECT_EQ(p.bubble_s, 0);
+
+  // ZeRO-1: the reduce-scatter (1 step of half), the optimizer on half the parameters, then
+  // the all-gather of the updated half.
+  l.zero = 1;
+  const Prediction z = *Predict(r, l);
+  EXPECT_NEAR(z.exposed_comm_s, (4 * params / 2) / 1e9, 1e-12);
+  EXPECT_NEAR(z.optimizer_s, params / 2 * 1e-6 + (4 * params / 2) / 1e9, 1e-12);
+  EXPECT_LT(z.memory_bytes, p.memory_bytes);
+}
+
+TEST(PlannerTest, GpipeBubbleByHand) {
+  PlanRequest r = Request(2, 8);
+  r.profile.optimizer_per_param = 0;
+  r.link = {0, 1e30};  // transfers take no time
+  Layout l;
+  l.strategy = StrategyKind::kPipeline;
+  l.stages = 2;
+  l.schedule = "gpipe";
+  l.micro_batches = 4;  // 2 rows each: the profile's
+  l.balance = "2,2";
+  const Prediction p = *Predict(r, l);
+  // Each stage: F = 2 s, backward (B + W) = 4 s, for each of M = 4 micro-batches. GPipe's step
+  // is (M + K - 1)(F + B + W) = 5 x 6 s, of which (K - 1)/(M + K - 1) = 1/5 is bubble.
+  EXPECT_NEAR(p.step_s, 30, 1e-9);
+  EXPECT_NEAR(p.compute_s, 24, 1e-9);
+  EXPECT_NEAR(p.bubble_s, 6, 1e-9);
+  // Recomputing adds a forward to every backward: 5 x 8 s.
+  l.recompute = true;
+  EXPECT_NEAR(Predict(r, l)->step_s, 40, 1e-9);
+}
+
+TEST(PlannerTest, CoresSharedByWorkers) {
+  PlanRequest r = Request(4, 8);
+  r.profile.optimizer_per_param = 0;
+  r.link = {0, 1e30};
+  r.host_cores = 2;
+  Layout l;
+  l.data_parallel = 4;
+  // Each of 4 workers computes 12 s; on 2 cores the step takes 4 x 12 / 2 s.
+  const Prediction p = *Predict(r, l);
+  EXPECT_NEAR(p.step_s, 24, 1e-9);
+  EXPECT_NEAR(p.sharing_s, 12, 1e-9);
+  EXPECT_TRUE(absl::StrContains(p.Reason(), "waiting for a core")) << p.Reason();
+}
+
+TEST(PlannerTest, PlanKeepsToTheMemoryLimit) {
+  PlanRequest r = Request(4, 16);
+  const Plan all = *MakePlan(r);
+  ASSERT_FALSE(all.ranked.empty());
+  int64_t least = all.ranked[0].memory_bytes, most = least;
+  for (const Prediction& p : all.ranked) {
+    least = std::min(least, p.memory_bytes);
+    most = std::max(most, p.memory_bytes);
+  }
+  ASSERT_LT(least, most);
+  for (size_t i = 1; i < all.ranked.size(); ++i) {
+    EXPECT_LE(all.ranked[i - 1].step_s, all.ranked[i].step_s * (1 + 1e-9));  // ties to rounding
+  }
+  EXPECT_EQ(all.best_pure.count("data parallel"), 1u);
+  EXPECT_EQ(all.best_pure.count("pipeline"), 1u);
+
+  r.device_memory = (least + most) / 2;
+  const Plan some = *MakePlan(r);
+  EXPECT_EQ(some.considered, all.considered);
+  EXPECT_LT(some.ranked.size(), all.ranked.size());
+  for (const Prediction& p : some.ranked) EXPECT_LE(p.memory_bytes, r.device_memory);
+  int dropped = 0;
+  for (const auto& [reason, n] : some.dropped) {
+    if (absl::StrContains(reason, "needs more than the device's")) dropped += n;
+  }
+  EXPECT_EQ(dropped + some.ranked.size(), all.ranked.size());
+
+  r.device_memory = 1024;
+  const absl::Status none = MakePlan(r).status();
+  EXPECT_TRUE(absl::StrContains(none.message(), "no layout of 4 ranks fits")) << none;
+  EXPECT_EQ(none.message().find('\n'), std::string::npos);
+}
+
+TEST(PlannerTest, RefusesAProfileOfAnotherModel) {
+  PlanRequest r = Request(2, 4);
+  r.profile.model = "gpt2-small: ...";
+  const absl::Status s = MakePlan(r).status();
+  EXPECT_TRUE(absl::StrContains(s.message(), "block times are for")) << s;
+}
+
+TEST(PlannerTest, BlockProfileFileRoundTrip) {
+  const PlanRequest r = Request(2, 4);
+  const std::string path = FreshTestPath("profile.json");
+  ASSERT_TRUE(WriteBlockProfile(r.profile, path).ok());
+  const BlockProfile p = *ReadBlockProfile(path);
+  EXPECT_EQ(p.model, r.profile.model);
+  EXPECT_EQ(p.rows, 2);
+  ASSERT_EQ(p.blocks.size(), 4u);
+  EXPECT_EQ(p.blocks[3].name, "head");
+  EXPECT_EQ(p.blocks[3].weight, 1);
+  EXPECT_EQ(p.optimizer_per_param, 1e-6);
+}
+
+TEST(PlannerTest, BlockTimesDerivedFromFlops) {
+  // d_model C = 32, seq T = 16, vocab V = 256; 2 rows: 32 tokens, at 1 TFLOP/s and 1 TB/s.
+  const ModelConfig m = TwoLayerModel("gpt", 32, 2, 16, 256);
+  const BlockProfile p = *DeriveBlockProfile(m, DType::kF32, 2, 1, 1.0, 1);
+  ASSERT_EQ(p.blocks.size(), 4u);
+  // A layer a token: forward 24 C^2 + 4 T C = 24576 + 2048 FLOPs, B 24576 + 4096, W 24576.
+  EXPECT_DOUBLE_EQ(p.blocks[1].forward, 851968e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[1].backward, 917504e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[1].weight, 786432e-12);
+  // The head: 2 C V = 16384 FLOPs a token for each part.
+  EXPECT_DOUBLE_EQ(p.blocks[3].forward, 524288e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[3].weight, 524288e-12);
+  // Half the MFU, twice the time.
+  EXPECT_DOUBLE_EQ(DeriveBlockProfile(m, DType::kF32, 2, 1, 0.5, 1)->blocks[2].forward,
+                   2 * 851968e-12);
+  EXPECT_DOUBLE_EQ(p.optimizer_per_param, 28e-12);
+  EXPECT_TRUE(absl::StrContains(p.source, "not measured")) << p.source;
+  EXPECT_FALSE(DeriveBlockProfile(m, DType::kF32, 2, 1, 1.5, 1).ok());
+}
+
+TEST(PlannerTest, MeasuredProfileHasEveryBlock) {
+  const ModelConfig m = TwoLayerModel("gpt", 32, 2, 16, 256);
+  const BlockProfile p = *MeasureBlockProfile(m, Device::Cpu(), DType::kF32, 2, "adamw", 1);
+  ASSERT_EQ(p.blocks.size(), 4u);
+  for (const BlockTime& t : p.blocks) {
+    EXPECT_GT(t.forward, 0) << t.name;
+    EXPECT_GT(t.backward, 0) << t.name;
+  }
+  EXPECT_GT(p.blocks[1].weight, 0);  // a layer's matmuls have weight gradients
+  EXPECT_GT(p.optimizer_per_param, 0);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,456 @@
+#include "tools/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "launcher/flags.h"
+#include "runtime/files.h"
+#include "runtime/format.h"
+#include "runtime/json.h"
+#include "runtime/status.h"
+
+ABSL_FLAG(bool, plan, false, "predict every layout instead of running the strategies");
+ABSL_FLAG(int, gpus, 4, "devices (workers) to plan for");
+ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp, as the launcher's");
+ABSL_FLAG(int, n_layer, 0, "layers (0: the model's default)");
+ABSL_FLAG(int, d_model, 0, "channels (0: the model's default)");
+ABSL_FLAG(int, n_head, 0, "attention heads (0: the model's default)");
+ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the model's default)");
+ABSL_FLAG(int, batch, 16, "global batch in samples");
+ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32, bf16 or f16");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu or cuda: the device kind the memory estimate is for, and where block times are "
+          "measured without --block-times");
+ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
+ABSL_FLAG(uint64_t, seed, 1234, "seed of the runs and of the block timing");
+ABSL_FLAG(std::string, device_memory, "",
+          "memory per device, e.g. 80GB or 141GB (GB = 2^30 bytes, as Tandem prints sizes); "
+          "layouts that need more are left out (default: not checked)");
+ABSL_FLAG(std::string, block_times, "",
+          "read each block's forward, B and W times from this JSON file (written by "
+          "--write-block-times on the target hardware) instead of measuring them here");
+ABSL_FLAG(std::string, derive_block_times, "",
+          "TFLOPS,MFU,TBps: derive the block times from FLOPs at this MFU of this peak, and "
+          "memory-bound work at this bandwidth, e.g. 989,0.4,4.8 for an H200 in bf16 (for "
+          "hardware not here, until a measured --block-times file replaces them)");
+ABSL_FLAG(std::string, write_block_times, "", "write the block times used to this file");
+ABSL_FLAG(std::string, link, "",
+          "bandwidth_GBps,latency_us of the links between devices, e.g. 450,3 (NVLink) or 50,5 "
+          "(InfiniBand); default: measured here with two CPU workers");
+ABSL_FLAG(bool, run, true,
+          "run the top 3 layouts and the best pure strategy and report predicted against "
+          "measured (--no-run: predict only)");
+ABSL_FLAG(int, steps, 8, "steps of each checking run");
+ABSL_FLAG(int, top, 10, "layouts in the ranked table");
+ABSL_FLAG(std::string, bucket_mb, "25",
+          "gradient bucket sizes to consider, in MB, comma-separated (e.g. 1,4,25)");
+ABSL_FLAG(std::string, out, "", "output folder (default reports/plan-<time>)");
+
+namespace tandem {
+namespace tools {
+namespace {
+
+const launcher::FlagSet& PlanFlags() {
+  static const auto* flags = new launcher::FlagSet{
+      "tools/plan.cc",
+      {"plan", "gpus", "model", "n_layer", "d_model", "n_head", "seq_len", "batch", "dtype",
+       "device", "optimizer", "seed", "device_memory", "block_times", "derive_block_times",
+       "write_block_times", "link",
+       "run", "steps", "top", "bucket_mb", "out"}};
+  return *flags;
+}
+
+constexpr char kUsage[] =
+    "Usage: bazel run //tools:compare -- --plan --gpus=N --model=M [flags]\n"
+    "Predicts the step time and memory of every layout of N devices (D replicas x K stages,\n"
+    "each schedule, micro-batches, recomputation, ZeRO-1, bucket size) from each block's\n"
+    "measured forward, B and W times, a simulation of the schedule and an alpha-beta model of\n"
+    "the links; leaves out what does not fit in --device-memory; prints the ranked table and\n"
+    "writes plan.md and plan.json. Without --no-run it then runs the top 3 layouts and the\n"
+    "best pure strategy through the launcher and reports predicted against measured.\n"
+    "  e.g. bazel run //tools:compare -- --plan --gpus=64 --model=gpt2-small --batch=512 \\\n"
+    "         --dtype=bf16 --device=cuda --device-memory=141GB --link=450,3 \\\n"
+    "         --block-times=examples/block_times/gpt2-small-h200.json --no-run\n";
+
+// "141GB" -> 141 * 2^30, in the binary units Tandem prints sizes in ("GiB" the same); a bare
+// number is bytes.
+absl::StatusOr<int64_t> ParseMemory(const std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"tib", 1099511627776.0}, {"gib", 1073741824.0}, {"mib", 1048576.0}, {"kib", 1024.0},
+      {"tb", 1099511627776.0},  {"gb", 1073741824.0},  {"mb", 1048576.0},  {"kb", 1024.0},
+      {"b", 1}};
+  std::string t = absl::AsciiStrToLower(text);
+  double unit = 1;
+  for (const auto& [suffix, factor] : kUnits) {
+    if (absl::EndsWith(t, suffix)) {
+      t.resize(t.size() - std::strlen(suffix));
+      unit = factor;
+      break;
+    }
+  }
+  double v = 0;
+  if (!absl::SimpleAtod(t, &v) || !(v > 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--device-memory=%s: give a size such as 80GB or 141GB", text));
+  }
+  return static_cast<int64_t>(v * unit);
+}
+
+std::string Seconds(double s) {
+  if (s >= 1) return absl::StrFormat("%.2f s", s);
+  return absl::StrFormat("%.1f ms", s * 1e3);
+}
+
+std::string Share(double part, double whole) {
+  return whole > 0 ? absl::StrFormat("%.0f%%", 100 * part / whole) : "-";
+}
+
+std::string Row(int rank, const Prediction& p) {
+  return absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+                         rank > 0 ? absl::StrCat(rank) : "-", p.layout.Name(), Seconds(p.step_s),
+                         Share(p.compute_s, p.step_s), Share(p.bubble_s, p.step_s),
+                         Share(p.exposed_comm_s, p.step_s), Share(p.optimizer_s, p.step_s),
+                         FormatBytes(p.memory_bytes), p.Reason());
+}
+
+}  // namespace
+
+bool WantsPlan(const std::vector<std::string>& args) {
+  return std::find(args.begin(), args.end(), "--plan") != args.end();
+}
+
+std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptions* o) {
+  o->args = args;
+  bool help = false;
+  if (absl::Status s = launcher::ParseFlags(PlanFlags(), args, &help); !s.ok()) {
+    for (absl::string_view line : absl::StrSplit(s.message(), '\n')) {
+      std::fprintf(stderr, "compare --plan: %s\n", std::string(line).c_str());
+    }
+    return 2;
+  }
+  if (help) {
+    std::fputs(launcher::HelpText(PlanFlags(), kUsage).c_str(), stdout);
+    return 0;
+  }
+  std::vector<std::string> problems;
+  auto problem = [&](const absl::Status& s) {
+    if (!s.ok()) problems.push_back(std::string(s.message()));
+  };
+  PlanRequest& r = o->request;
+  r.gpus = absl::GetFlag(FLAGS_gpus);
+  if (r.gpus < 1) problems.push_back("--gpus: plan for at least 1 device");
+  TrainConfig& t = r.base.train;
+  absl::StatusOr<ModelConfig> model =
+      ModelPreset(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_n_layer),
+                  absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_head),
+                  absl::GetFlag(FLAGS_seq_len), "standard");
+  if (model.ok()) {
+    t.model = *model;
+    problem(t.model.Validate());
+  } else {
+    problem(model.status());
+  }
+  t.batch = absl::GetFlag(FLAGS_batch);
+  if (t.batch < 1) problems.push_back("--batch: give at least 1 sample");
+  if (absl::StatusOr<DType> d = ParseDType(absl::GetFlag(FLAGS_dtype)); d.ok()) {
+    t.dtype = *d;
+  } else {
+    problem(d.status());
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cpu" || device == "cuda") {
+    t.device = device == "cpu" ? Device::Cpu() : Device::Cuda(0);
+  } else {
+    problems.push_back(absl::StrFormat("--device=%s: use cpu or cuda", device));
+  }
+  t.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
+  if (t.optimizer.kind != "adamw" && t.optimizer.kind != "sgd") {
+    problems.push_back(absl::StrFormat("--optimizer=%s: use adamw or sgd", t.optimizer.kind));
+  }
+  t.seed = absl::GetFlag(FLAGS_seed);
+  if (const std::string m = absl::GetFlag(FLAGS_device_memory); !m.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseMemory(m);
+    if (bytes.ok()) r.device_memory = *bytes;
+    problem(bytes.status());
+  }
+  r.bucket_bytes.clear();
+  for (absl::string_view mb : absl::StrSplit(absl::GetFlag(FLAGS_bucket_mb), ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(mb, &v) || !(v > 0)) {
+      problems.push_back(absl::StrFormat(
+          "--bucket-mb=%s: give sizes in MB, comma-separated, e.g. 1,4,25",
+          absl::GetFlag(FLAGS_bucket_mb)));
+      break;
+    }
+    r.bucket_bytes.push_back(static_cast<int64_t>(v * (1 << 20)));
+  }
+  o->block_times = absl::GetFlag(FLAGS_block_times);
+  o->write_block_times = absl::GetFlag(FLAGS_write_block_times);
+  if (const std::string d = absl::GetFlag(FLAGS_derive_block_times); !d.empty()) {
+    const std::vector<std::string> v = absl::StrSplit(d, ',');
+    o->derive.resize(3);
+    if (v.size() != 3 || !absl::SimpleAtod(v[0], &o->derive[0]) ||
+        !absl::SimpleAtod(v[1], &o->derive[1]) || !absl::SimpleAtod(v[2], &o->derive[2]) ||
+        !(o->derive[0] > 0) || !(o->derive[1] > 0 && o->derive[1] <= 1) || !(o->derive[2] > 0)) {
+      problems.push_back(absl::StrFormat(
+          "--derive-block-times=%s: give TFLOPS,MFU,TBps, e.g. 989,0.4,4.8 (MFU in (0, 1])", d));
+    }
+    if (!o->block_times.empty()) {
+      problems.push_back("--derive-block-times and --block-times: give one of them");
+    }
+  }
+  o->link = absl::GetFlag(FLAGS_link);
+  if (!o->link.empty()) problem(ParseLink(o->link).status());
+  o->run = absl::GetFlag(FLAGS_run);
+  o->steps = absl::GetFlag(FLAGS_steps);
+  o->top = absl::GetFlag(FLAGS_top);
+  o->out_dir = absl::GetFlag(FLAGS_out);
+  if (o->run && t.device.is_cuda() && CudaDeviceCount() < r.gpus) {
+    problems.push_back(absl::StrFormat(
+        "--device=cuda: checking runs need %d GPUs here; add --no-run to predict only",
+        r.gpus));
+  }
+  if (o->block_times.empty() && o->derive.empty() && t.device.is_cuda() &&
+      CudaDeviceCount() < 1) {
+    problems.push_back(
+        "--device=cuda: no GPU here to time the blocks on; give --block-times=FILE written on "
+        "the target hardware");
+  }
+  if (o->steps < 3) problems.push_back("--steps: the checking runs need at least 3 steps");
+  if (!problems.empty()) {
+    for (const std::string& p : problems) std::fprintf(stderr, "compare --plan: %s\n", p.c_str());
+    return 2;
+  }
+  o->model_flags = {absl::StrCat("--model=", absl::GetFlag(FLAGS_model)),
+                    absl::StrCat("--batch=", t.batch),
+                    absl::StrCat("--dtype=", DTypeName(t.dtype)),
+                    absl::StrCat("--device=", device),
+                    absl::StrCat("--optimizer=", t.optimizer.kind),
+                    absl::StrCat("--seed=", t.seed),
+                    absl::StrCat("--steps=", o->steps)};
+  for (const auto& [name, v] : {std::pair<const char*, int>{"n-layer", absl::GetFlag(FLAGS_n_layer)},
+                                {"d-model", absl::GetFlag(FLAGS_d_model)},
+                                {"n-head", absl::GetFlag(FLAGS_n_head)},
+                                {"seq-len", absl::GetFlag(FLAGS_seq_len)}}) {
+    if (v != 0) o->model_flags.push_back(absl::StrFormat("--%s=%d", name, v));
+  }
+  return std::nullopt;
+}
+
+absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measured_link) {
+  PlanRequest& r = o->request;
+  const TrainConfig& t = r.base.train;
+  if (!o->block_times.empty()) {
+    ASSIGN_OR_RETURN(r.profile, ReadBlockProfile(o->block_times));
+  } else if (!o->derive.empty()) {
+    ASSIGN_OR_RETURN(r.profile, DeriveBlockProfile(t.model, t.dtype, std::max(1, t.batch / r.gpus),
+                                                   o->derive[0], o->derive[1], o->derive[2]));
+  } else {
+    // One micro-batch of a data-parallel replica's rows: the times scale from there.
+    const int rows = std::max(1, t.batch / r.gpus);
+    ASSIGN_OR_RETURN(r.profile, MeasureBlockProfile(t.model, t.device, t.dtype, rows,
+                                                    t.optimizer.kind, t.seed));
+  }
+  if (!o->write_block_times.empty()) {
+    RETURN_IF_ERROR(WriteBlockProfile(r.profile, o->write_block_times));
+  }
+  if (!o->link.empty()) {
+    ASSIGN_OR_RETURN(r.link, ParseLink(o->link));
+  } else if (measured_link.has_value()) {
+    r.link = *measured_link;
+  } else {
+    return absl::InvalidArgumentError(
+        "no link model: give --link=bandwidth_GBps,latency_us");
+  }
+  return absl::OkStatus();
+}
+
+std::string PlanTable(const Plan& plan, int top) {
+  std::string out =
+      "| rank | layout | step | compute | bubble | exposed comm | optimizer | memory per "
+      "device | why |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  const int n = std::min<int>(top, plan.ranked.size());
+  for (int i = 0; i < n; ++i) absl::StrAppend(&out, Row(i + 1, plan.ranked[i]));
+  for (const auto& [kind, p] : plan.best_pure) {
+    const auto it = std::find_if(plan.ranked.begin(), plan.ranked.begin() + n,
+                                 [&](const Prediction& q) { return q.layout.Name() == p.layout.Name(); });
+    if (it != plan.ranked.begin() + n) continue;
+    const auto at = std::find_if(plan.ranked.begin(), plan.ranked.end(), [&](const Prediction& q) {
+      return q.layout.Name() == p.layout.Name();
+    });
+    absl::StrAppend(&out, Row(static_cast<int>(at - plan.ranked.begin()) + 1, p));
+  }
+  return out;
+}
+
+std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
+  std::vector<std::string> notes = {
+      absl::StrFormat("%d layouts of %d devices considered, %d fit%s.", plan.considered, r.gpus,
+                      plan.ranked.size(),
+                      r.device_memory >= 0
+                          ? absl::StrCat(" in ", FormatBytes(r.device_memory), " per device")
+                          : ""),
+      absl::StrFormat("Block times: %s (%s, %s, %d rows a micro-batch).", r.profile.source,
+                      r.profile.device, r.profile.dtype, r.profile.rows),
+      absl::StrFormat("Link: %s (alpha-beta; ring all-reduce, reduce-scatter, all-gather).",
+                      r.link.ToString())};
+  for (const auto& [reason, n] : plan.dropped) {
+    notes.push_back(absl::StrFormat("Left out %d: %s.", n, reason));
+  }
+  for (const auto& [kind, p] : plan.best_pure) {
+    notes.push_back(absl::StrFormat("Best %s: %s, %s a step.", kind, p.layout.Name(),
+                                    Seconds(p.step_s)));
+  }
+  return notes;
+}
+
+std::vector<Prediction> LayoutsToCheck(const Plan& plan) {
+  std::vector<Prediction> out;
+  auto add = [&](const Prediction& p) {
+    for (const Prediction& q : out) {
+      if (q.layout.Name() == p.layout.Name()) return;
+    }
+    out.push_back(p);
+  };
+  for (size_t i = 0; i < plan.ranked.size() && i < 3; ++i) add(plan.ranked[i]);
+  if (auto it = plan.best_pure.find("data parallel"); it != plan.best_pure.end()) {
+    add(it->second);
+  } else if (auto pipe = plan.best_pure.find("pipeline"); pipe != plan.best_pure.end()) {
+    add(pipe->second);
+  }
+  return out;
+}
+
+std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
+                                 const std::vector<Figures>& measured) {
+  std::vector<PlanCheck> out;
+  for (size_t i = 0; i < checked.size() && i < measured.size(); ++i) {
+    PlanCheck c{checked[i], measured[i]};
+    if (c.measured.ran && c.measured.step_seconds > 0) {
+      c.step_error = (c.predicted.step_s - c.measured.step_seconds) / c.measured.step_seconds;
+    }
+    if (c.measured.ran && c.measured.peak_bytes > 0) {
+      c.memory_error = double(c.predicted.memory_bytes - c.measured.peak_bytes) /
+                       double(c.measured.peak_bytes);
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string CheckTable(const std::vector<PlanCheck>& checks) {
+  std::string out =
+      "| layout | predicted step | measured step | error | predicted memory | measured peak | "
+      "error |\n| --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const PlanCheck& c : checks) {
+    if (!c.measured.ran) {
+      absl::StrAppend(&out, "| ", c.predicted.layout.Name(), " | ", Seconds(c.predicted.step_s),
+                      " | did not run: ", c.measured.error, " | | | | |\n");
+      continue;
+    }
+    absl::StrAppend(
+        &out, absl::StrFormat("| %s | %s | %s | %+.1f%% | %s | %s | %+.1f%% |\n",
+                              c.predicted.layout.Name(), Seconds(c.predicted.step_s),
+                              Seconds(c.measured.step_seconds), 100 * c.step_error,
+                              FormatBytes(c.predicted.memory_bytes),
+                              FormatBytes(c.measured.peak_bytes), 100 * c.memory_error));
+  }
+  return out;
+}
+
+std::vector<std::string> CheckVerdict(const std::vector<PlanCheck>& checks) {
+  std::vector<std::string> out;
+  double worst_step = 0, worst_memory = 0, fastest = 0;
+  int ran = 0;
+  for (const PlanCheck& c : checks) {
+    if (!c.measured.ran) continue;
+    ++ran;
+    worst_step = std::max(worst_step, std::abs(c.step_error));
+    worst_memory = std::max(worst_memory, std::abs(c.memory_error));
+    if (fastest == 0 || c.measured.step_seconds < fastest) fastest = c.measured.step_seconds;
+  }
+  if (ran == 0) return {"No checking run completed."};
+  out.push_back(absl::StrFormat("Largest step-time error %.1f%% (target 15%%): %s.",
+                                100 * worst_step, worst_step <= 0.15 ? "met" : "missed"));
+  out.push_back(absl::StrFormat("Largest memory error %.1f%% (target 10%%): %s.",
+                                100 * worst_memory, worst_memory <= 0.10 ? "met" : "missed"));
+  if (checks[0].measured.ran) {
+    const double behind = checks[0].measured.step_seconds / fastest - 1;
+    out.push_back(absl::StrFormat(
+        "The layout ranked first, %s, measured %.1f%% behind the fastest measured (target "
+        "5%%): %s.",
+        checks[0].predicted.layout.Name(), 100 * behind, behind <= 0.05 ? "met" : "missed"));
+  }
+  return out;
+}
+
+absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const Plan& plan,
+                             const std::vector<PlanCheck>& checks, const std::string& date) {
+  const PlanRequest& r = o.request;
+  std::string command = "bazel run //tools:compare --";
+  for (const std::string& a : o.args) absl::StrAppend(&command, " ", a);
+  std::string md = absl::StrFormat("# Plan: %s on %d devices\n\n`%s`, %s\n\n",
+                                   r.base.train.model.name, r.gpus, command, date);
+  for (const std::string& n : PlanNotes(plan, r)) absl::StrAppend(&md, "- ", n, "\n");
+  absl::StrAppend(&md, "\n## Ranked layouts\n\n", PlanTable(plan, o.top));
+  if (!checks.empty()) {
+    absl::StrAppend(&md, "\n## Predicted against measured\n\n", CheckTable(checks), "\n");
+    for (const std::string& v : CheckVerdict(checks)) absl::StrAppend(&md, "- ", v, "\n");
+  }
+  Json j;
+  j["command"] = command;
+  j["date"] = date;
+  j["gpus"] = r.gpus;
+  j["model"] = r.base.train.model.ToString();
+  j["considered"] = plan.considered;
+  j["dropped"] = Json::object();
+  for (const auto& [reason, n] : plan.dropped) j["dropped"][reason] = n;
+  j["link"] = {{"bytes_per_second", JsonNumber(r.link.bytes_per_s)},
+               {"latency_seconds", JsonNumber(r.link.latency_s)}};
+  auto prediction = [](const Prediction& p) {
+    return Json{{"layout", p.layout.Name()},
+                {"flags", absl::StrJoin(p.layout.LauncherFlags(), " ")},
+                {"step_seconds", JsonNumber(p.step_s)},
+                {"compute_seconds", JsonNumber(p.compute_s)},
+                {"bubble_seconds", JsonNumber(p.bubble_s)},
+                {"exposed_comm_seconds", JsonNumber(p.exposed_comm_s)},
+                {"optimizer_seconds", JsonNumber(p.optimizer_s)},
+                {"sharing_seconds", JsonNumber(p.sharing_s)},
+                {"memory_bytes", p.memory_bytes},
+                {"reason", p.Reason()}};
+  };
+  j["ranked"] = Json::array();
+  for (size_t i = 0; i < plan.ranked.size() && static_cast<int>(i) < o.top; ++i) {
+    j["ranked"].push_back(prediction(plan.ranked[i]));
+  }
+  j["checks"] = Json::array();
+  for (const PlanCheck& c : checks) {
+    Json k = prediction(c.predicted);
+    k["ran"] = c.measured.ran;
+    if (c.measured.ran) {
+      k["measured_step_seconds"] = JsonNumber(c.measured.step_seconds);
+      k["measured_peak_bytes"] = c.measured.peak_bytes;
+      k["step_error"] = JsonNumber(c.step_error);
+      k["memory_error"] = JsonNumber(c.memory_error);
+    } else {
+      k["error"] = c.measured.error;
+    }
+    j["checks"].push_back(k);
+  }
+  RETURN_IF_ERROR(MakeDirs(dir));
+  RETURN_IF_ERROR(WriteFileAtomically(dir + "/plan.md", md));
+  return WriteFileAtomically(dir + "/plan.json", JsonText(j, JsonLayout::kObjects) + "\n");
+}
+
+}  // namespace tools
+}  // namespace tandem

@@ -1,0 +1,74 @@
+// `bazel run //tools:compare -- --plan ...`: the planner's command line, its ranked table and
+// report, and the check of its predictions against runs (parallel/planner.h predicts).
+#ifndef TANDEM_TOOLS_PLAN_H_
+#define TANDEM_TOOLS_PLAN_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "parallel/planner.h"
+#include "tools/comparison.h"
+
+namespace tandem {
+namespace tools {
+
+struct PlanOptions {
+  PlanRequest request;       // all but the profile and the link, which Prepare fills
+  std::string block_times;   // --block-times: read the profile from here
+  std::vector<double> derive;  // --derive-block-times: TFLOPS, MFU, TB/s; empty: none
+  std::string write_block_times;
+  std::string link;          // --link as given; "" to measure
+  bool run = true;           // run the top layouts and check the predictions
+  int steps = 8;             // of each run
+  int top = 10;
+  std::string out_dir;       // as given; "" for reports/plan-<time>
+  std::vector<std::string> model_flags;  // the launcher flags that name the model and batch
+  std::vector<std::string> args;         // as given
+};
+
+// True where compare's command line asks for the planner.
+bool WantsPlan(const std::vector<std::string>& args);
+
+// Parses compare --plan's command line into *o. Returns the exit code to stop with: 0 after
+// --help, 2 after printing the problems (one line each); nothing to go on.
+std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptions* o);
+
+// Fills o->request's profile (read from --block-times, or measured here on the request's
+// device and written to --write-block-times where given) and link (--link, or
+// `measured_link` where --link is not given: none is an error saying what to give).
+absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measured_link);
+
+// The plan's ranked table (markdown): the top `top` layouts, then the best of each pure
+// strategy not among them, each with its predicted step, parts, memory and reason.
+std::string PlanTable(const Plan& plan, int top);
+// What the plan considered and left out, a line each.
+std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r);
+
+// The layouts the planner checks by running them: its top 3 and the best pure strategy (data
+// parallel, or the pipeline where no data-parallel layout fits), without repeats.
+std::vector<Prediction> LayoutsToCheck(const Plan& plan);
+
+// One checked layout: predicted against measured.
+struct PlanCheck {
+  Prediction predicted;
+  Figures measured;          // measured.ran false: it did not run (measured.error says why)
+  double step_error = 0;     // (predicted - measured) / measured
+  double memory_error = 0;
+};
+std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
+                                 const std::vector<Figures>& measured);
+// The check's table and verdict lines: every error against its target (step 15%, memory
+// 10%), and whether the layout ranked first is within 5% of the fastest measured.
+std::string CheckTable(const std::vector<PlanCheck>& checks);
+std::vector<std::string> CheckVerdict(const std::vector<PlanCheck>& checks);
+
+// plan.md and plan.json in `dir`.
+absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const Plan& plan,
+                             const std::vector<PlanCheck>& checks, const std::string& date);
+
+}  // namespace tools
+}  // namespace tandem
+
+#endif  // TANDEM_TOOLS_PLAN_H_

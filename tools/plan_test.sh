@@ -1,0 +1,76 @@
+#!/bin/bash
+# compare --plan: bad flags refused in one line with nothing written; 64 H200s planned from the
+# example block times without a GPU, every layout within the memory given, ranked by predicted
+# step; a memory no layout fits refused in one line; and on 2 CPU workers, the plan checked
+# against real runs of its top layouts through the launcher (the link timed here).
+# Usage: plan_test.sh COMPARE BLOCK_TIMES
+set -u
+. "$(dirname "$0")/junit.sh"  # check, fail; the checks as JUnit XML
+compare="$(cd "$(dirname "$1")" && pwd -P)/$(basename "$1")"
+block_times="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+export TMPDIR="$tmp"
+h200=(--plan --gpus=64 --model=gpt2-small --batch=512 --dtype=bf16 --device=cuda
+  --link=50,5 --block-times="$block_times" --no-run)
+
+check "bad flags: one line each, exit 2, nothing written"
+for bad in --link=fast --device-memory=lots --gpus=0 --derive-block-times=989,2,4.8 \
+  --bucket-mb=x --block-times="$tmp/none.json"; do
+  timeout 60 "$compare" --plan --gpus=2 --model=gpt-tiny --link=1,1 --no-run "$bad" \
+    --out="$tmp/bad" >"$tmp/bad.txt" 2>&1
+  rc=$?
+  cat "$tmp/bad.txt"
+  [ "$rc" -eq 2 ] || fail "$bad: exit $rc, not 2"
+  [ "$(wc -l <"$tmp/bad.txt")" -eq 1 ] || fail "$bad: not one line"
+  grep -q "^compare --plan: " "$tmp/bad.txt" || fail "$bad: not compare's line"
+  [ ! -e "$tmp/bad" ] || fail "$bad: $tmp/bad was created"
+done
+
+check "64 H200s from the example block times, without a GPU"
+timeout 120 "$compare" "${h200[@]}" --device-memory=141GB --out="$tmp/h200" >"$tmp/h200.txt" 2>&1
+rc=$?
+cat "$tmp/h200.txt"
+[ "$rc" -eq 0 ] || fail "exit $rc"
+grep -q "^## Ranked layouts" "$tmp/h200/plan.md" || fail "plan.md has no ranked table"
+grep -q "derived from FLOPs at 40% MFU" "$tmp/h200/plan.md" || fail "plan.md hides the source"
+python3 - "$tmp/h200/plan.json" <<'PY' || fail "plan.json"
+import json, sys
+p = json.load(open(sys.argv[1]))
+ranked = p["ranked"]
+assert len(ranked) == 10, len(ranked)
+steps = [r["step_seconds"] for r in ranked]
+assert all(a <= b * (1 + 1e-9) for a, b in zip(steps, steps[1:])), steps
+assert all(r["memory_bytes"] <= 141 * 2**30 for r in ranked)
+for r in ranked:  # the parts add up to the step
+  parts = sum(r[k] for k in ("compute_seconds", "bubble_seconds", "exposed_comm_seconds",
+                             "optimizer_seconds", "sharing_seconds"))
+  assert abs(parts - r["step_seconds"]) <= 1e-9 * r["step_seconds"], r
+assert p["dropped"]["more stages than the model's 14 blocks"] == 3, p["dropped"]
+PY
+
+check "a memory no layout fits: one line, exit 2"
+timeout 120 "$compare" "${h200[@]}" --device-memory=100MB --out="$tmp/small" >"$tmp/small.txt" 2>&1
+rc=$?
+cat "$tmp/small.txt"
+[ "$rc" -eq 2 ] || fail "exit $rc, not 2"
+grep -q "^compare --plan: no layout of 64 ranks fits gpt2-small" "$tmp/small.txt" ||
+  fail "no one-line refusal"
+[ ! -e "$tmp/small" ] || fail "$tmp/small was created"
+
+check "2 CPU workers: the top layouts run and are set against their predictions"
+timeout 900 "$compare" --plan --gpus=2 --model=gpt --n-layer=2 --d-model=32 --n-head=2 \
+  --seq-len=16 --batch=8 --steps=4 --out="$tmp/run" >"$tmp/run.txt" 2>&1
+rc=$?
+cat "$tmp/run.txt"
+[ "$rc" -eq 0 ] || fail "exit $rc"
+grep -q "timing the link between two workers" "$tmp/run.txt" || fail "the link was not timed"
+python3 - "$tmp/run/plan.json" <<'PY' || fail "plan.json's checks"
+import json, sys
+checks = json.load(open(sys.argv[1]))["checks"]
+assert 3 <= len(checks) <= 4, len(checks)
+for c in checks:
+  assert c["ran"], c
+  assert c["measured_step_seconds"] > 0 and c["measured_peak_bytes"] > 0, c
+  assert abs(c["step_error"] - (c["step_seconds"] / c["measured_step_seconds"] - 1)) < 1e-6, c
+PY
+grep -q "^## Predicted against measured" "$tmp/run/plan.md" || fail "plan.md has no check"

@@ -1,19 +1,23 @@
 // Samples text from a trained GPT, a token at a time with a key/value cache (model/generate.h):
 //   bazel run //examples:generate -- --checkpoint=runs/tiny --prompt="The " --tokens=200
-// --checkpoint is a run directory (its newest complete checkpoint), its checkpoints/
-// directory, or one checkpoint (checkpoints/step-000300, or any file of it), written by any
+// --checkpoint is a run directory (its newest complete checkpoint; examples/train's newest
+// file), its checkpoints/ directory, or one checkpoint (checkpoints/step-000300, or any file of it), written by any
 // strategy and world size. The model comes from the checkpoint's own description of it; the
 // ids the data had (below a padded vocabulary) from the run's job.conf or run.json. Tokens
 // are bytes, or with --tokenizer a tokenizer.json's byte-level BPE.
+#include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "launcher/flags.h"
@@ -61,6 +65,20 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
         IsDirectory(path + "/checkpoints") ? path + "/checkpoints" : path;
     std::vector<std::string> passed_over;
     absl::StatusOr<std::string> latest = FindLatestCheckpoint(dir, &passed_over);
+    if (!latest.ok() && passed_over.empty()) {
+      // No manifest: examples/train writes lone step-NNNNNN.ckpt files.
+      int newest = -1;
+      if (DIR* d = opendir(dir.c_str())) {
+        while (struct dirent* e = readdir(d)) {
+          const std::string name = e->d_name;
+          if (absl::EndsWith(name, ".ckpt") && !absl::StrContains(name, ".stage-")) {
+            newest = std::max(newest, CheckpointStep(name));
+          }
+        }
+        closedir(d);
+      }
+      if (newest >= 0) latest = CheckpointPrefixFor(dir, newest);
+    }
     if (!latest.ok()) {
       return absl::NotFoundError(absl::StrFormat(
           "--checkpoint=%s: no complete checkpoint in %s%s; train with --checkpoint-every or "
@@ -72,7 +90,7 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   const int step = CheckpointStep(path);
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--checkpoint=%s is neither a directory nor a checkpoint (…/checkpoints/step-N)", path));
+        "--checkpoint=%s is neither a directory nor a checkpoint (<run>/checkpoints/step-N)", path));
   }
   return CheckpointPrefixFor(launcher::DirOf(path), step);
 }
@@ -102,6 +120,9 @@ absl::Status Run() {
   const double temperature = absl::GetFlag(FLAGS_temperature);
   const int top_k = absl::GetFlag(FLAGS_top_k);
   if (tokens < 0) return absl::InvalidArgumentError("--tokens must be >= 0");
+  if (tokens == 0 && absl::GetFlag(FLAGS_benchmark)) {
+    return absl::InvalidArgumentError("--benchmark times the tokens generated: give --tokens >= 1");
+  }
   if (!(temperature >= 0)) return absl::InvalidArgumentError("--temperature must be >= 0");
   if (top_k < 0) return absl::InvalidArgumentError("--top-k must be >= 0 (0: every token)");
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
@@ -183,20 +204,28 @@ absl::Status Run() {
   };
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   const absl::Time start = absl::Now();
+  const std::clock_t cpu_start = std::clock();
   ASSIGN_OR_RETURN(std::vector<int32_t> out, Generate(*weights, prompt_ids, o, print));
   const double cached_s = absl::ToDoubleSeconds(absl::Now() - start);
+  const double cached_cpu_s = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   std::fputc('\n', stdout);
   RETURN_IF_ERROR(decode);
   if (absl::GetFlag(FLAGS_benchmark)) {
     o.use_cache = false;
     const absl::Time full_start = absl::Now();
+    const std::clock_t full_cpu_start = std::clock();
     ASSIGN_OR_RETURN(std::vector<int32_t> again, Generate(*weights, prompt_ids, o));
     const double full_s = absl::ToDoubleSeconds(absl::Now() - full_start);
+    const double full_cpu_s = static_cast<double>(std::clock() - full_cpu_start) / CLOCKS_PER_SEC;
+    // Wall time, and this process's CPU time (all its threads): on a shared machine the
+    // second is the steadier measure of the work done.
     std::fprintf(stderr,
                  "generate: %d tokens after a %zu-token prompt on %s: %.1f tokens/s with the "
-                 "key/value cache, %.1f tokens/s recomputing the forward (%.1fx)%s\n",
+                 "key/value cache, %.1f tokens/s recomputing the forward (%.1fx); per token "
+                 "%.2f ms and %.2f ms of CPU time (%.1fx)%s\n",
                  tokens, prompt_ids.size(), device.ToString().c_str(), tokens / cached_s,
-                 tokens / full_s, full_s / cached_s,
+                 tokens / full_s, full_s / cached_s, 1e3 * cached_cpu_s / tokens,
+                 1e3 * full_cpu_s / tokens, full_cpu_s / cached_cpu_s,
                  again == out ? "; the same tokens" : "; the tokens differ (rounding)");
   }
   return absl::OkStatus();

@@ -157,9 +157,16 @@ absl::Status Run() {
     ASSIGN_OR_RETURN(tokenizer, BpeTokenizer::Load(launcher::AbsolutePath(user_dir, tokenizer_path)));
   }
   // The ids that may be generated: the data's, never a padded vocabulary's extra ids.
-  int vocab = DataVocab(launcher::DirOf(launcher::DirOf(prefix)));
-  if (vocab <= 0 || vocab > model.vocab) vocab = model.vocab;
-  if (bpe) vocab = std::min(vocab, tokenizer.size());
+  const int data_vocab = DataVocab(launcher::DirOf(launcher::DirOf(prefix)));
+  if (!bpe && data_vocab > 256) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the run trained on token ids (vocabulary %d), not bytes: pass --tokenizer=<the "
+        "tokenizer.json its data was prepared with>",
+        data_vocab));
+  }
+  int vocab = data_vocab <= 0 || data_vocab > model.vocab ? model.vocab : data_vocab;
+  // Bytes are ids 0..255 whatever the model's vocabulary (gpt2-small's is padded past them).
+  vocab = std::min(vocab, bpe ? tokenizer.size() : 256);
   std::vector<int32_t> prompt_ids;
   if (bpe) {
     ASSIGN_OR_RETURN(prompt_ids, tokenizer.Encode(prompt));

@@ -14,6 +14,8 @@
 #include "model/test_configs.h"
 #include "model/tokenizer.h"
 #include "model/trainer.h"
+#include "runtime/ops.h"
+#include "runtime/profiler.h"
 #include "runtime/status_testing.h"
 #include "runtime/test_files.h"
 
@@ -100,6 +102,55 @@ TEST(GenerateTest, CachedLogitsEqualTheTrainingForward) {
 }
 
 ModelConfig SmallGpt() { return TwoLayerModel("gpt", 64, 4, 32, 256); }
+
+// O(T) per token, counted: step t runs one CachedAttentionForward per layer over t + 1 keys
+// (4 (t + 1) C flops each, the op's count of its q k^T and p v), and every other op the same
+// work whatever t. (Rows after t are never read: KernelTest.CachedAttention's nan rows.)
+TEST(GenerateTest, EachStepsWorkGrowsLinearlyWithThePosition) {
+  const ModelConfig c = SmallGpt();
+  std::unique_ptr<GptWeights> w = SharpWeights(c, 8);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvCacheDecoder> d, KvCacheDecoder::Create(*w));
+  double other_flops = -1;
+  Profiler::Enable(true);
+  for (int t = 0; t < c.seq_len; ++t) {
+    Profiler::Reset();
+    ASSERT_OK(d->Step(static_cast<int32_t>(t % c.vocab)).status());
+    double attention = 0, others = 0;
+    int64_t attention_calls = 0;
+    for (const OpStat& op : Profiler::OpTable()) {
+      if (op.name == "CachedAttentionForward") {
+        attention += op.flops;
+        attention_calls += op.count;
+      } else {
+        others += op.flops;
+      }
+    }
+    EXPECT_EQ(attention_calls, c.n_layer);
+    EXPECT_EQ(attention, 4.0 * (t + 1) * c.d_model * c.n_layer) << "step " << t;
+    if (other_flops < 0) other_flops = others;
+    EXPECT_EQ(others, other_flops) << "step " << t;
+  }
+  Profiler::Enable(false);
+  Profiler::Reset();
+  EXPECT_GT(other_flops, 0);
+}
+
+TEST(GenerateTest, CachedAttentionRefusesBadArguments) {
+  Stream& s = **Stream::Compute(Device::Cpu());
+  const Tensor qkv = *Tensor::FromVector(std::vector<float>(24, 0.5f), {1, 24});  // C = 8
+  const Tensor out = *Tensor::Empty({1, 8}, DType::kF32, Device::Cpu());
+  const Tensor k = *Tensor::Empty({2, 5, 4}, DType::kF32, Device::Cpu());
+  const Tensor v = *Tensor::Empty({2, 5, 4}, DType::kF32, Device::Cpu());
+  ASSERT_OK(ops::CachedAttentionForward(s, out, k, v, qkv, 4, 2));
+  EXPECT_FALSE(ops::CachedAttentionForward(s, out, k, v, qkv, 5, 2).ok());   // past maxT
+  EXPECT_FALSE(ops::CachedAttentionForward(s, out, k, v, qkv, -1, 2).ok());
+  EXPECT_FALSE(ops::CachedAttentionForward(s, out, k, v, qkv, 0, 4).ok());   // (4, 5, 2) wanted
+  const Tensor v3 = *Tensor::Empty({2, 3, 4}, DType::kF32, Device::Cpu());
+  EXPECT_FALSE(ops::CachedAttentionForward(s, out, k, v3, qkv, 0, 2).ok());
+  const Tensor two_rows = *Tensor::FromVector(std::vector<float>(48, 0.5f), {2, 24});
+  EXPECT_FALSE(ops::CachedAttentionForward(s, out, k, v, two_rows, 0, 2).ok());
+  EXPECT_FALSE(ops::CachedAttentionForward(s, out, k, k, qkv, 0, 2).ok());  // k and v shared
+}
 
 TEST(GenerateTest, GreedyIsDeterministicAndTheSameWithoutTheCache) {
   std::unique_ptr<GptWeights> w = SharpWeights(SmallGpt(), 5);

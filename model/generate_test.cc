@@ -1,6 +1,7 @@
 // Generation: the key/value cache's logits against the training forward's, sampling's
-// determinism and distribution, the context's slide, loading a checkpoint by name, and the
-// byte-level BPE tokenizer against a hand-written tokenizer.json.
+// determinism and distribution, the context's slide, each step's work, loading a checkpoint
+// by name, and the byte-level BPE tokenizer against a hand-written tokenizer.json and against
+// Hugging Face's tokenizers.
 #include "model/generate.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "model/test_configs.h"
 #include "model/tokenizer.h"
 #include "model/trainer.h"
+#include "runtime/json.h"
 #include "runtime/ops.h"
 #include "runtime/profiler.h"
 #include "runtime/status_testing.h"
@@ -300,6 +302,22 @@ TEST(TokenizerTest, DecodesAndEncodesByteLevelBpe) {
   EXPECT_FALSE(t.Encode("xyz").ok());
   EXPECT_FALSE(BpeTokenizer::FromJson(R"({"model": {"vocab": {"\u4e00": 0}}})").ok());
   EXPECT_FALSE(BpeTokenizer::FromJson("{}").ok());
+}
+
+// Against Hugging Face's tokenizers, an outside oracle: a byte-level BPE it trained and the
+// ids it encodes texts to (tests/data, written by tools/make_tokenizer_fixture.py).
+TEST(TokenizerTest, EncodesAsHuggingFaceTokenizers) {
+  ASSERT_OK_AND_ASSIGN(BpeTokenizer t, BpeTokenizer::Load("tests/data/bpe_tokenizer.json"));
+  ASSERT_OK_AND_ASSIGN(Json samples, ReadJsonFile("tests/data/bpe_samples.json"));
+  ASSERT_GE(samples.size(), 60u);
+  for (const Json& sample : samples) {
+    const std::string text = sample["text"].get<std::string>();
+    const std::vector<int32_t> ids = sample["ids"].get<std::vector<int32_t>>();
+    ASSERT_OK_AND_ASSIGN(std::vector<int32_t> got, t.Encode(text));
+    EXPECT_EQ(got, ids) << "\"" << text << "\"";
+    ASSERT_OK_AND_ASSIGN(std::string back, t.Decode(ids));
+    EXPECT_EQ(back, text);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 #include "model/config.h"
 
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "runtime/status.h"
 
@@ -56,6 +60,41 @@ absl::Status ModelConfig::Validate() const {
     return bad(absl::StrFormat("--n-head=%d must divide --d-model=%d", n_head, d_model));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ParseModelDescription(absl::string_view text) {
+  auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("model description '%s' does not read: %s", text, why));
+  };
+  const size_t colon = text.find(": ");
+  if (colon == absl::string_view::npos) return bad("no 'name: ' at its start");
+  ModelConfig c;
+  c.name = std::string(text.substr(0, colon));
+  const std::string rest(text.substr(colon + 2));
+  char kind[8] = {};
+  int n = 0;
+  if (std::sscanf(rest.c_str(), "%7[a-z], %d layers, %n", kind, &c.n_layer, &n) != 2) {
+    return bad("expected '<kind>, <n> layers, ...'");
+  }
+  const std::string sizes = rest.substr(n);
+  if (std::string(kind) == "gpt") {
+    if (std::sscanf(sizes.c_str(), "d_model %d, %d heads, seq %d, vocab %d", &c.d_model,
+                    &c.n_head, &c.seq_len, &c.vocab) != 4) {
+      return bad("expected 'd_model <C>, <NH> heads, seq <T>, vocab <V>' after the layers");
+    }
+    if (absl::EndsWith(text, ", flash attention")) c.attention = Attention::kFlash;
+  } else if (std::string(kind) == "mlp") {
+    c.kind = ModelKind::kMlp;
+    if (std::sscanf(sizes.c_str(), "width %d, seq %d, vocab %d", &c.d_model, &c.seq_len,
+                    &c.vocab) != 3) {
+      return bad("expected 'width <C>, seq <T>, vocab <V>' after the layers");
+    }
+  } else {
+    return bad("the kind is neither gpt nor mlp");
+  }
+  if (c.ToString() != text) return bad("it is not what those sizes describe");
+  return c;
 }
 
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name, int n_layer, int d_model,

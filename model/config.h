@@ -47,6 +47,10 @@ struct ModelConfig {
   absl::Status Validate() const;
 };
 
+// The configuration a ToString() text describes (a checkpoint records its model so); the
+// error says what in it did not read.
+absl::StatusOr<ModelConfig> ParseModelDescription(absl::string_view text);
+
 // "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M's sizes, vocabulary padded to 50304,
 // untied head), "gpt" and "mlp" (sizes from flags, starting from gpt-tiny's and mlp's
 // defaults: depth 4, width 512).

@@ -412,4 +412,46 @@ absl::Status LoadShardedTrainingState(const std::string& prefix, const TrainConf
   return LoadStateFromShards(shards, prefix, c, stage, optimizer, scaler, step, range);
 }
 
+absl::Status LoadParamsByName(const std::string& prefix, const ModelConfig& model,
+                              const ParamLayout& layout, const Tensor& params) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(prefix));
+  if (m.model != model.ToString()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "checkpoint %s is of model '%s', not '%s'", prefix, m.model, model.ToString()));
+  }
+  const std::string dir = DirOf(prefix);
+  std::vector<float> host(layout.numel());
+  std::map<std::string, const ParamEntry*> wanted;
+  for (const ParamEntry& e : layout.entries()) wanted[e.spec.name] = &e;
+  for (const ShardRecord& s : m.shards) {
+    const std::string path = absl::StrCat(dir, "/", s.file);
+    ASSIGN_OR_RETURN(CheckpointData d, ReadShard(dir, s, ManifestPath(prefix)));
+    ASSIGN_OR_RETURN(std::string layout_text, d.Meta("layout"));
+    absl::StatusOr<std::vector<ShardParam>> shard_layout = ParseShardLayout(layout_text);
+    if (!shard_layout.ok()) {
+      return CorruptCheckpointError(path, std::string(shard_layout.status().message()));
+    }
+    ASSIGN_OR_RETURN(const std::vector<float>* values, d.Array("params"));
+    for (const ShardParam& p : *shard_layout) {
+      auto it = wanted.find(p.name);
+      if (it == wanted.end()) continue;
+      const ParamEntry& e = *it->second;
+      if (p.numel != e.spec.shape.numel() ||
+          p.offset + p.numel > static_cast<int64_t>(values->size())) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "checkpoint %s: parameter '%s' has %d values, the model needs %d", path, p.name,
+            p.numel, e.spec.shape.numel()));
+      }
+      std::copy_n(values->data() + p.offset, p.numel, host.data() + e.offset);
+      wanted.erase(it);
+    }
+  }
+  if (!wanted.empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "checkpoint %s holds no parameter '%s'", prefix, wanted.begin()->first));
+  }
+  ASSIGN_OR_RETURN(Tensor t, Tensor::FromVector(host, params.shape()));
+  return CopySync(params, t);
+}
+
 }  // namespace tandem

@@ -110,6 +110,13 @@ absl::Status LoadShardedTrainingState(const std::string& prefix, const TrainConf
                                       Stage& stage, Optimizer* optimizer, LossScaler* scaler,
                                       int* step, StateRange range = {});
 
+// The model's parameters alone from checkpoint `prefix` (written by any strategy and world
+// size), each found by its name, into `params` (f32, laid out by `layout`, on any device): for
+// inference, which needs no optimizer state. Refuses, before anything changes, a checkpoint of
+// another model than `model` or one missing a parameter of the layout, naming it.
+absl::Status LoadParamsByName(const std::string& prefix, const ModelConfig& model,
+                              const ParamLayout& layout, const Tensor& params);
+
 }  // namespace tandem
 
 #endif  // TANDEM_MODEL_SHARDED_CHECKPOINT_H_

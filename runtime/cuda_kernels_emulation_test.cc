@@ -356,6 +356,70 @@ TYPED_TEST(KernelTest, CausalSoftmax) {
   CausalSoftmaxCase<TypeParam>(70, 70);      // several lanes' columns per row
 }
 
+// One query over a cache: row `pos` of each head's cache gets the new k and v, and the
+// output is softmax(q k^T / sqrt(hs)) v over rows 0..pos, against a double reference; rows
+// after pos hold nan, so a read past pos shows.
+template <typename E>
+void CachedAttentionCase(int NH, int hs, int max_t, int pos) {
+  SCOPED_TRACE(::testing::Message() << "NH=" << NH << " hs=" << hs << " max_t=" << max_t
+                                    << " pos=" << pos);
+  const int64_t C = int64_t{NH} * hs, cache = int64_t{NH} * max_t * hs;
+  const std::vector<float> qkv = Rounded<E>(Random(3 * C, 17));
+  std::vector<float> kc = Rounded<E>(Random(cache, 18)), vc = Rounded<E>(Random(cache, 19));
+  for (int h = 0; h < NH; ++h) {
+    for (int64_t i = (int64_t{h} * max_t + pos + 1) * hs; i < int64_t{h + 1} * max_t * hs; ++i) {
+      kc[i] = vc[i] = NAN;
+    }
+  }
+  const std::vector<float> kc0 = kc, vc0 = vc;
+  std::vector<E> kc_s = Stored<E>(kc), vc_s = Stored<E>(vc), out(C, FromF32<E>(NAN));
+  const std::vector<E> qkv_s = Stored<E>(qkv);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  LaunchAndCheck(NH, kThreads, (hs + pos + 1) * sizeof(float), [&] {
+    attention::CachedAttentionKernel<E>(out.data(), kc_s.data(), vc_s.data(), qkv_s.data(), pos,
+                                        max_t, NH, hs, scale);
+  });
+  std::vector<float> want(C);
+  for (int h = 0; h < NH; ++h) {
+    const int64_t row = (int64_t{h} * max_t + pos) * hs;
+    for (int d = 0; d < hs; ++d) {
+      kc[row + d] = qkv[C + h * hs + d];
+      vc[row + d] = qkv[2 * C + h * hs + d];
+    }
+    std::vector<double> p(pos + 1);
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j <= pos; ++j) {
+      double dot = 0;
+      for (int d = 0; d < hs; ++d) dot += double{qkv[h * hs + d]} * kc[(int64_t{h} * max_t + j) * hs + d];
+      p[j] = dot * scale;
+      mx = std::max(mx, p[j]);
+    }
+    for (double& x : p) sum += (x = std::exp(x - mx));
+    for (int d = 0; d < hs; ++d) {
+      double acc = 0;
+      for (int j = 0; j <= pos; ++j) acc += p[j] / sum * vc[(int64_t{h} * max_t + j) * hs + d];
+      want[h * hs + d] = static_cast<float>(acc);
+    }
+  }
+  EXPECT_TRUE(Close("out", Floats(out), want, Tol<E>()));
+  EXPECT_TRUE(Close("k_cache", Floats(kc_s), Rounded<E>(kc), 0.0));  // the new row, exactly
+  EXPECT_TRUE(Close("v_cache", Floats(vc_s), Rounded<E>(vc), 0.0));
+  if (std::is_same<E, float>::value) {
+    // The CPU backend's op on the same cache gives the same output.
+    Tensor cpu_out = F32(std::vector<float>(C, NAN), {1, C});
+    Tensor k = F32(kc0, {NH, max_t, hs}), v = F32(vc0, {NH, max_t, hs});
+    ASSERT_OK(ops::CachedAttentionForward(Cpu(), cpu_out, k, v, F32(qkv, {1, 3 * C}), pos, NH));
+    EXPECT_TRUE(Close("CPU op", Values(cpu_out), want, Tol<E>()));
+    EXPECT_TRUE(Close("CPU op's k_cache", Values(k), kc, 0.0));
+  }
+}
+
+TYPED_TEST(KernelTest, CachedAttention) {
+  CachedAttentionCase<TypeParam>(1, 4, 3, 0);     // the first token: one key
+  CachedAttentionCase<TypeParam>(3, 16, 40, 17);  // rows after pos are never read
+  CachedAttentionCase<TypeParam>(2, 32, 300, 299);  // more keys than a block's threads
+}
+
 template <typename E, int P>
 void PermuteCase(int S, int B, int T, int NH, int hs) {
   SCOPED_TRACE(::testing::Message() << "S=" << S << " B=" << B << " T=" << T << " NH=" << NH

@@ -633,6 +633,31 @@ TEST_P(CudaOpsDTypeTest, AttentionBackward) {
   }
 }
 
+// Generation's attention of one query over a cache: the kernel against the CPU loops, with
+// pos at the first row, inside, and at the last row of caches up to GPT-2 small's.
+TEST_P(CudaOpsDTypeTest, CachedAttentionForward) {
+  const DType t = GetParam();
+  struct Case {
+    int64_t nh, hs, max_t, pos;
+  };
+  for (const Case& c : {Case{1, 4, 3, 0}, Case{3, 16, 40, 17}, Case{12, 64, 1024, 1023}}) {
+    SCOPED_TRACE(::testing::Message() << "NH=" << c.nh << " hs=" << c.hs << " maxT=" << c.max_t
+                                      << " pos=" << c.pos);
+    const int64_t C = c.nh * c.hs;
+    Pair qkv = Random({1, 3 * C}, t);
+    Pair k = Random({c.nh, c.max_t, c.hs}, t);
+    Pair v = Random({c.nh, c.max_t, c.hs}, t);
+    Pair out = Output({1, C}, t);
+    ASSERT_TRUE(Both([&](Stream& s, auto at) {
+      return CachedAttentionForward(s, at(out), at(k), at(v), at(qkv), c.pos,
+                                    static_cast<int>(c.nh));
+    }));
+    EXPECT_TRUE(Close(out, 2 * Tol(t)));
+    EXPECT_TRUE(Close(k, 0.0));  // the new row, exactly; the others untouched
+    EXPECT_TRUE(Close(v, 0.0));
+  }
+}
+
 // FlashAttention: head sizes 32, 64 and 128 in bf16/f16 run on tensor cores (odd T leaves
 // partial 64-row tiles; T = 256 takes several), the others (hs 4 and 48, and f32) the
 // cuBLAS path with a temporary; the CPU is the reference for both. Empty heads (C = 0: every

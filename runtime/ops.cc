@@ -660,6 +660,43 @@ absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor&
                       dout, qkv, out, lse, num_heads);
 }
 
+absl::Status CachedAttentionForward(Stream& s, const Tensor& out, const Tensor& k_cache,
+                                    const Tensor& v_cache, const Tensor& qkv, int64_t pos,
+                                    int num_heads) {
+  constexpr const char* kOp = "CachedAttentionForward";
+  const Args all = {{"out", out}, {"k_cache", k_cache}, {"v_cache", v_cache}, {"qkv", qkv}};
+  RETURN_IF_ERROR(CheckCommon(kOp, s, all));
+  RETURN_IF_ERROR(CheckFloats(kOp, s.device(), all));
+  RETURN_IF_ERROR(CheckRank(kOp, "qkv", qkv, 2, "(1, 3C)"));
+  if (qkv.dim(0) != 1 || qkv.dim(1) % 3 != 0) {
+    return Invalid("%s: qkv must be (1, 3C) ([q | k | v] of one position), got %s", kOp,
+                   qkv.ToString());
+  }
+  const int64_t C = qkv.dim(1) / 3;
+  if (num_heads < 1 || C % num_heads != 0) {
+    return Invalid("%s: C = %d (qkv %s) is not divisible by num_heads = %d", kOp, C,
+                   qkv.ToString(), num_heads);
+  }
+  RETURN_IF_ERROR(CheckRank(kOp, "k_cache", k_cache, 3, "(NH, maxT, hs)"));
+  const int64_t max_t = k_cache.dim(1);
+  RETURN_IF_ERROR(CheckDims(kOp, "k_cache", k_cache, {num_heads, max_t, C / num_heads}));
+  RETURN_IF_ERROR(CheckShape(kOp, "v_cache", v_cache, k_cache.shape()));
+  RETURN_IF_ERROR(CheckDims(kOp, "out", out, {1, C}));
+  if (pos < 0 || pos >= max_t) {
+    return Invalid("%s: pos = %d is outside the cache's %d rows (k_cache %s)", kOp, pos, max_t,
+                   k_cache.ToString());
+  }
+  RETURN_IF_ERROR(CheckNoOverlap(kOp, {"out", out},
+                                 {{"qkv", qkv}, {"k_cache", k_cache}, {"v_cache", v_cache}}));
+  RETURN_IF_ERROR(CheckNoOverlap(kOp, {"k_cache", k_cache}, {{"qkv", qkv}, {"v_cache", v_cache}}));
+  RETURN_IF_ERROR(CheckNoOverlap(kOp, {"v_cache", v_cache}, {{"qkv", qkv}}));
+  // q k^T and p v over pos + 1 keys; the keys and values read, qkv, out.
+  const double keys = static_cast<double>(pos + 1);
+  TANDEM_OPS_DISPATCH(CachedAttentionForward,
+                      Cost(4.0 * keys * C, Bytes({qkv, out}) + 2 * keys * C * DTypeSize(qkv.dtype())),
+                      s, out, k_cache, v_cache, qkv, pos, num_heads);
+}
+
 AttentionScratch AttentionScratchBytes(Device device, DType dtype, int64_t B, int64_t T, int64_t C,
                                        int num_heads, bool flash) {
   if (device.is_cpu())

@@ -141,6 +141,16 @@ absl::Status FlashAttentionBackward(Stream& s, const Tensor& dqkv, const Tensor&
                                     const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                     int num_heads);
 
+// One query attending to a cache of keys and values, for generation a token at a time: the k
+// and v of qkv (1, 3C) ([q | k | v], as above) are written to row `pos` of k_cache and v_cache
+// (NH, maxT, hs), then out (1, C) = softmax(q k^T / sqrt(hs)) v over the cache's rows
+// 0..pos of each head: the last row of causal attention over the sequence the cache holds.
+// Its work and memory traffic are O(pos * C); rows after pos are neither read nor written.
+// Any float (out, the caches and qkv one dtype); 0 <= pos < maxT.
+absl::Status CachedAttentionForward(Stream& s, const Tensor& out, const Tensor& k_cache,
+                                    const Tensor& v_cache, const Tensor& qkv, int64_t pos,
+                                    int num_heads);
+
 // The most the attention ops above allocate for their own use (beyond their arguments) on
 // `device`'s backend, for qkv (B, T, 3C) in `dtype` with `num_heads` heads: in forward and in
 // backward, of standard attention or of FlashAttention (`flash`). The sum of the sizes each

@@ -225,6 +225,42 @@ absl::Status AttentionBackward(Stream& s, const Tensor& dqkv, const Tensor& dout
   });
 }
 
+// One block per head over its cache rows 0..pos; the probabilities live in shared memory
+// (the opt-in maximum allows about 56 000 positions on an H100).
+absl::Status CachedAttentionForward(Stream& s, const Tensor& out, const Tensor& k_cache,
+                                    const Tensor& v_cache, const Tensor& qkv, int64_t pos,
+                                    int num_heads) {
+  constexpr const char* kOp = "CachedAttentionForward";
+  ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
+  RETURN_IF_ERROR(SameFloatDType(kOp, qkv.dtype(), {&out, &k_cache, &v_cache}));
+  const int hs = static_cast<int>(k_cache.dim(2)), max_t = static_cast<int>(k_cache.dim(1));
+  const size_t smem = (static_cast<size_t>(hs) + pos + 1) * sizeof(float);
+  int device = 0, optin = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (smem > std::max<size_t>(48 << 10, optin)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d cached positions need %d bytes of shared memory, more than this GPU's %d", kOp,
+        pos + 1, smem, optin));
+  }
+  const float scale = hs > 0 ? 1.0f / std::sqrt(static_cast<float>(hs)) : 1.0f;
+  return DispatchFloat(kOp, qkv.dtype(), [&](auto tag) -> absl::Status {
+    using E = decltype(tag);
+    auto kernel = CachedAttentionKernel<E>;
+    if (smem > (48 << 10)) {
+      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    kernel<<<num_heads, kThreads, smem, stream>>>(MutPtr<E>(out), MutPtr<E>(k_cache),
+                                                  MutPtr<E>(v_cache), Ptr<E>(qkv),
+                                                  static_cast<int>(pos), max_t, num_heads, hs,
+                                                  scale);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  });
+}
+
 // The scratch of the ops below: FlashAttention's follows from the path it takes.
 AttentionScratch AttentionScratchBytes(DType dtype, int64_t B, int64_t T, int64_t C, int num_heads,
                                        bool flash) {

@@ -97,3 +97,43 @@ __global__ void CausalSoftmaxBackwardKernel(E* dpre, E* att_low, const float* da
     if (att_low != nullptr) att_low[row * T + j] = FromF32<E>(aj);
   }
 }
+
+// One query over a key/value cache (generation), one block per head: the head's k and v of
+// qkv are written to cache row `pos`, then the block's threads score keys 0..pos (a thread a
+// key), merge the softmax statistics across the block, and each thread sums one output
+// dimension over the keys. Dynamic shared memory: hs floats of q, then pos + 1 probabilities.
+// out: (C); k_cache, v_cache: (NH, max_t, hs); qkv: (3C) = [q | k | v]
+template <typename E>
+__global__ void CachedAttentionKernel(E* out, E* k_cache, E* v_cache, const E* qkv, int pos,
+                                      int max_t, int NH, int hs, float scale) {
+  float* q = reinterpret_cast<float*>(DynamicShared());  // (hs)
+  float* p = q + hs;                                     // (pos + 1)
+  const int h = blockIdx.x;
+  const int64_t C = static_cast<int64_t>(NH) * hs;
+  E* kc = k_cache + static_cast<int64_t>(h) * max_t * hs;
+  E* vc = v_cache + static_cast<int64_t>(h) * max_t * hs;
+  const E* qh = qkv + static_cast<int64_t>(h) * hs;
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+    kc[static_cast<int64_t>(pos) * hs + d] = qh[C + d];
+    vc[static_cast<int64_t>(pos) * hs + d] = qh[2 * C + d];
+    q[d] = ToF32(qh[d]);
+  }
+  __syncthreads();  // the new row and q are read by every thread below
+  MaxSum ms = MaxSumEmpty();
+  for (int j = threadIdx.x; j <= pos; j += blockDim.x) {
+    const E* k = kc + static_cast<int64_t>(j) * hs;
+    float dot = 0.0f;
+    for (int d = 0; d < hs; ++d) dot += q[d] * ToF32(k[d]);
+    p[j] = scale * dot;
+    ms = MaxSumAdd(ms, p[j]);
+  }
+  ms = BlockMaxSum(ms);  // synchronizes: every score is written
+  const float inv = 1.0f / ms.s;
+  for (int j = threadIdx.x; j <= pos; j += blockDim.x) p[j] = expf(p[j] - ms.m) * inv;
+  __syncthreads();
+  for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j <= pos; ++j) acc += p[j] * ToF32(vc[static_cast<int64_t>(j) * hs + d]);
+    out[static_cast<int64_t>(h) * hs + d] = FromF32<E>(acc);
+  }
+}

@@ -427,7 +427,11 @@ absl::Status DistributedTrainer::IssueBucket(size_t i, Pending* p) {
   const Bucket& b = buckets_[i];
   ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(b.begin, {b.end - b.begin}));
   std::unique_ptr<Work> w;
-  if (zero()) {
+  // The tied table's bucket (the last) is all-reduced even under ZeRO-1: a reduce-scatter
+  // sums in an order that follows the parts, which differ between the first and the last
+  // stage's buffers, and from three replicas on the two copies would drift apart by rounding.
+  const bool table = embed_ != nullptr && i + 1 == buckets_.size();
+  if (zero() && !table) {
     ASSIGN_OR_RETURN(w, dp_->ReduceScatterParts(g, BucketParts(i)));
   } else {
     ASSIGN_OR_RETURN(w, dp_->AllReduce(g));

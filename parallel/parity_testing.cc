@@ -48,9 +48,14 @@ Trained TrainOneWorker(TrainConfig c) {
   auto t = Trainer::Create(c);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return {};
-  std::vector<float> losses;
-  EXPECT_TRUE((*t)->Run([&](const StepReport& r) { losses.push_back(r.loss); }).ok());
-  return Collect((*t)->stage(), losses);
+  std::vector<float> losses, norms;
+  EXPECT_TRUE((*t)->Run([&](const StepReport& r) {
+                    losses.push_back(r.loss);
+                    norms.push_back(r.grad_norm);
+                  }).ok());
+  Trained r = Collect((*t)->stage(), losses);
+  r.grad_norms = norms;
+  return r;
 }
 
 Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps,
@@ -63,18 +68,21 @@ Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps
     EXPECT_TRUE(s.ok()) << s;
     if (!s.ok()) return {};
   }
-  std::vector<float> losses;
+  std::vector<float> losses, norms;
   for (int i = 0; i < steps; ++i) {
     auto r = (*t)->Step();
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
     losses.push_back(r->loss);
+    norms.push_back(r->grad_norm);
   }
   if (!save_dir.empty()) {
     absl::Status s = (*t)->SaveCheckpoint(save_dir);
     EXPECT_TRUE(s.ok()) << s;
   }
-  return Collect((*t)->stage(), losses);
+  Trained trained = Collect((*t)->stage(), losses);
+  trained.grad_norms = norms;
+  return trained;
 }
 
 void ExpectClose(const std::vector<float>& want, const std::vector<float>& got,
@@ -163,6 +171,9 @@ void CheckParity(const ParallelConfig& pc, Communicator* comm, const std::string
   Trained one = TrainOneWorker(pc.train);
   Trained many = TrainDistributed(pc, comm, pc.train.steps);
   ExpectTiedCopiesEqual(pc, comm, many);
+  // The norm counts each parameter once (a tied table's copy not twice).
+  // (Within 1e-3 of the largest: AdamW turns rounding into visible changes, as in weights.)
+  ExpectClose(one.grad_norms, many.grad_norms, name + " gradient norms", 1e-3, comm->rank());
   ExpectClose(one.losses, many.losses, name + " losses", 0, comm->rank());
   if (weight_abs_tol > 0) {
     ExpectSameWeights(one, many, name, weight_abs_tol, comm->rank(), /*absolute=*/true);

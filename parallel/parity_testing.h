@@ -20,6 +20,7 @@ TrainConfig ParityConfig(ModelKind kind, int micro_batches, const std::string& o
 
 struct Trained {
   std::vector<float> losses;
+  std::vector<float> grad_norms;  // each step's, before clipping
   std::map<std::string, std::vector<float>> params;  // this rank's, by name
 };
 
@@ -52,7 +53,8 @@ double WeightTolerance(const std::string& optimizer);
 // "embed.wte" in `got` is the first stage's of the same replica, bit for bit (collective).
 void ExpectTiedCopiesEqual(const ParallelConfig& pc, Communicator* comm, const Trained& got);
 
-// pc.train.steps steps of `pc` across `comm` against one worker: losses, and weights within
+// pc.train.steps steps of `pc` across `comm` against one worker: losses, gradient norms
+// (within 1e-3 of the largest: AdamW makes rounding visible), and weights within
 // WeightTolerance, or within `weight_abs_tol` (absolute) when it is positive; tied, the
 // copies of the table equal (ExpectTiedCopiesEqual).
 void CheckParity(const ParallelConfig& pc, Communicator* comm, const std::string& name,

@@ -3,7 +3,6 @@
 // NH = heads, N = B * T rows.
 #include <algorithm>
 #include <cmath>
-
 #include <map>
 #include <set>
 

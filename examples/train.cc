@@ -28,7 +28,8 @@
 #include "runtime/files.h"
 #include "runtime/profiler.h"
 
-ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp");
+ABSL_FLAG(std::string, model, "gpt-tiny",
+          "gpt-tiny, gpt2-small (GPT-2 124M, tied: 124,475,904 parameters), gpt or mlp");
 ABSL_FLAG(int, n_layer, 0, "layers (0: the preset's)");
 ABSL_FLAG(int, d_model, 0, "channels / MLP width (0: the preset's)");
 ABSL_FLAG(int, n_head, 0, "attention heads (0: the preset's)");
@@ -36,6 +37,11 @@ ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the preset's)");
 ABSL_FLAG(std::string, attention, "standard",
           "GPT attention: standard (keeps the T x T probabilities) or flash (keeps each row's "
           "log-sum-exp and recomputes them in backward)");
+ABSL_FLAG(bool, tie_embeddings, false,
+          "the output head's weight is the token embedding's table, as GPT-2's (on a pipeline the "
+          "first and last stage each hold it and sum its gradients every step); gpt2-small, "
+          "GPT-2 124M (124,475,904 parameters with its vocabulary padded to 50304; GPT-2's "
+          "124,439,808 at 50257), is always tied");
 ABSL_FLAG(int, steps, 300, "optimizer steps");
 ABSL_FLAG(int, batch, 16, "samples per step");
 ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
@@ -110,6 +116,7 @@ absl::StatusOr<Setup> SetupFromFlags() {
   job.n_head = absl::GetFlag(FLAGS_n_head);
   job.seq_len = absl::GetFlag(FLAGS_seq_len);
   job.attention = absl::GetFlag(FLAGS_attention);
+  job.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
   job.dtype = absl::GetFlag(FLAGS_dtype);
   job.steps = absl::GetFlag(FLAGS_steps);
   job.batch = absl::GetFlag(FLAGS_batch);
@@ -324,6 +331,7 @@ int main(int argc, char** argv) {
   const tandem::launcher::FlagSet flags{"examples/train.cc",
                                         {"model",          "n_layer",        "d_model",
                                          "n_head",         "seq_len",        "attention",
+                                         "tie_embeddings",
                                          "steps",          "batch",          "micro_batches",
                                          "lr",             "warmup",         "optimizer",
                                          "weight_decay",   "decay_all",      "clip_norm",

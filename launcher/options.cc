@@ -42,8 +42,8 @@ ABSL_FLAG(int, gpus, 1,
 ABSL_FLAG(std::string, device, "auto",
           "auto (CUDA when a GPU is visible, else CPU workers), cuda or cpu");
 ABSL_FLAG(std::string, model, "gpt-tiny",
-          "gpt-tiny, gpt2-small, or gpt / mlp sized by --n-layer, --d-model, --n-head, "
-          "--seq-len");
+          "gpt-tiny, gpt2-small (GPT-2 124M, tied: 124,475,904 parameters), or gpt / mlp sized "
+          "by --n-layer, --d-model, --n-head, --seq-len");
 ABSL_FLAG(int, n_layer, 0, "layers (0: the model's default)");
 ABSL_FLAG(int, d_model, 0, "channels, or the MLP's width (0: the model's default)");
 ABSL_FLAG(int, n_head, 0, "attention heads (0: the model's default)");
@@ -51,6 +51,11 @@ ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the model's default)");
 ABSL_FLAG(std::string, attention, "standard",
           "GPT attention: standard (keeps the T x T probabilities for backward) or flash "
           "(keeps each row's log-sum-exp and recomputes them; O(T) memory per head)");
+ABSL_FLAG(bool, tie_embeddings, false,
+          "the output head's weight is the token embedding's table, as GPT-2's (on a pipeline the "
+          "first and last stage each hold it and sum its gradients every step); gpt2-small, "
+          "GPT-2 124M (124,475,904 parameters with its vocabulary padded to 50304; GPT-2's "
+          "124,439,808 at 50257), is always tied");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16 and f16 on CUDA only)");
 ABSL_FLAG(int, steps, 100, "optimizer steps to train");
 ABSL_FLAG(int, batch, 16, "global batch in samples, split across workers as the strategy needs");
@@ -240,7 +245,7 @@ const std::vector<std::string>& FlagNames() {
   // clang-format off
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
-      "attention", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
+      "attention", "tie_embeddings", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
       "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
       "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "run_dir",
       "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
@@ -284,6 +289,7 @@ Options OptionsFromFlags() {
   o.job.n_head = absl::GetFlag(FLAGS_n_head);
   o.job.seq_len = absl::GetFlag(FLAGS_seq_len);
   o.job.attention = absl::GetFlag(FLAGS_attention);
+  o.job.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
   o.job.dtype = absl::GetFlag(FLAGS_dtype);
   o.job.steps = absl::GetFlag(FLAGS_steps);
   o.job.batch = absl::GetFlag(FLAGS_batch);

@@ -235,6 +235,7 @@ std::string RunJson(const RunRecord& r) {
       {"n_head", c.n_head},
       {"seq_len", c.seq_len},
       {"attention", c.attention},
+      {"tie_embeddings", c.tie_embeddings},
       {"dtype", c.dtype},
       {"steps", c.steps},
       {"batch", c.batch},

@@ -41,7 +41,8 @@ class Block {
   virtual ~Block() = default;
   // "embed", "h3", "head".
   virtual std::string name() const = 0;
-  // The block's parameters, names prefixed by name().
+  // The parameters the block reads, in the order its ops take them: its own, named
+  // "<name()>.…", and any of another block's it shares (a tied head lists "embed.wte").
   virtual std::vector<ParamSpec> Params() const = 0;
   // y = block(x). The embedding ignores x; the head's y is the per-token loss (B*T) f32.
   // `params` are the views of Params(), in order.
@@ -83,6 +84,15 @@ class Block {
 
 // The blocks of a GPT or an MLP for `config`, embedding first and head last.
 std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config);
+
+// The parameters a stage of blocks [begin, end) of `blocks` holds, in the order of its flat
+// buffer, each once: a shared one (the tied "embed.wte") is one parameter where its owner is
+// in the stage, and where only a borrower is (a pipeline's last stage), a copy that comes
+// first, at offset 0. `block_params`, if given, receives for each block the indices of its
+// Params() in the result.
+std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& blocks, int begin,
+                                   int end,
+                                   std::vector<std::vector<size_t>>* block_params = nullptr);
 
 }  // namespace tandem
 

@@ -3,7 +3,10 @@
 // NH = heads, N = B * T rows.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "model/block.h"
 #include "runtime/ops.h"
@@ -24,13 +27,18 @@ absl::StatusOr<Tensor> F32(const Tensor& t, const Shape& shape) {
 
 int64_t ElemBytes(DType d) { return static_cast<int64_t>(DTypeSize(d)); }
 
+// The token table: the embedding's, and with tied embeddings the head's weight too.
+ParamSpec TokenTable(const ModelConfig& c) {
+  return {"embed.wte", {c.vocab, c.d_model}, Init::kNormal, 0.02f};
+}
+
 // Token embedding plus learned positions (GPT) or token embedding only (MLP).
 class EmbeddingBlock : public Block {
  public:
   EmbeddingBlock(const ModelConfig& c, bool positions) : c_(c), positions_(positions) {}
   std::string name() const override { return "embed"; }
   std::vector<ParamSpec> Params() const override {
-    std::vector<ParamSpec> p = {{"embed.wte", {c_.vocab, c_.d_model}, Init::kNormal, 0.02f}};
+    std::vector<ParamSpec> p = {TokenTable(c_)};
     if (positions_) p.push_back({"embed.wpe", {c_.seq_len, c_.d_model}, Init::kNormal, 0.01f});
     return p;
   }
@@ -291,7 +299,9 @@ class MlpLayerBlock : public Block {
 
 // Final LayerNorm (GPT only), the vocabulary projection and the softmax cross-entropy,
 // fused with its backward: dlogits are made in the forward pass (after llm.c), so the
-// logits are never kept.
+// logits are never kept. Tied, the projection's weight is the embedding's "embed.wte" (the
+// same [V, C] shape): its W adds dW into the table's gradient, before the embedding's
+// scatter-add of the same micro-batch (backward runs the head first).
 class HeadBlock : public Block {
  public:
   HeadBlock(const ModelConfig& c, bool layernorm) : c_(c), layernorm_(layernorm) {}
@@ -303,7 +313,11 @@ class HeadBlock : public Block {
       p.push_back({"head.ln.weight", {C}, Init::kOnes});
       p.push_back({"head.ln.bias", {C}, Init::kZeros});
     }
-    p.push_back({"head.weight", {V, C}, Init::kNormal, 0.02f});
+    if (c_.tie_embeddings) {
+      p.push_back(TokenTable(c_));
+    } else {
+      p.push_back({"head.weight", {V, C}, Init::kNormal, 0.02f});
+    }
     if (!layernorm_) p.push_back({"head.bias", {V}, Init::kZeros});
     return p;
   }
@@ -388,6 +402,46 @@ absl::Status Block::Backward(Stream& s, const std::vector<Tensor>& params,
   Saved for_w;
   RETURN_IF_ERROR(BackwardInput(s, params, mb, dy, saved, dx, &for_w));
   return BackwardWeights(s, params, grads, mb, for_w);
+}
+
+std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& blocks, int begin,
+                                   int end, std::vector<std::vector<size_t>>* block_params) {
+  // A block's own parameters are named after it ("head.ln.weight"); any other it lists
+  // ("embed.wte" in a tied head) is another block's.
+  auto owns = [](const Block& b, const ParamSpec& p) {
+    return absl::StartsWith(p.name, b.name() + ".");
+  };
+  std::vector<ParamSpec> specs;
+  std::map<std::string, size_t> index;
+  auto add = [&](const ParamSpec& p) {
+    if (index.emplace(p.name, specs.size()).second) specs.push_back(p);
+  };
+  // Borrowed parameters whose owner is not in the stage: copies, first.
+  std::set<std::string> owned;
+  for (int b = begin; b < end; ++b) {
+    for (const ParamSpec& p : blocks[b]->Params()) {
+      if (owns(*blocks[b], p)) owned.insert(p.name);
+    }
+  }
+  for (int b = begin; b < end; ++b) {
+    for (const ParamSpec& p : blocks[b]->Params()) {
+      if (!owns(*blocks[b], p) && !owned.count(p.name)) add(p);
+    }
+  }
+  for (int b = begin; b < end; ++b) {
+    for (const ParamSpec& p : blocks[b]->Params()) {
+      if (owns(*blocks[b], p)) add(p);
+    }
+  }
+  if (block_params != nullptr) {
+    block_params->clear();
+    for (int b = begin; b < end; ++b) {
+      std::vector<size_t> idx;
+      for (const ParamSpec& p : blocks[b]->Params()) idx.push_back(index.at(p.name));
+      block_params->push_back(std::move(idx));
+    }
+  }
+  return specs;
 }
 
 std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config) {

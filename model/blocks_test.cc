@@ -1,6 +1,10 @@
 // The model's blocks: gradients against finite differences of the loss, and a model split
 // into stages computing exactly what the whole model computes.
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "model/data.h"
@@ -72,6 +76,27 @@ void CheckGradients(const ModelConfig& c, float h, double abs_tol) {
   EXPECT_GT(checked, 20);
 }
 
+// Forward then backward of `mb` through `stages` chained (a model split at their bounds);
+// the last stage's losses.
+std::vector<float> Chain(const std::vector<Stage*>& stages, const MicroBatch& mb) {
+  Stream& s = **Stream::Compute(Device::Cpu());
+  Tensor x;
+  for (Stage* st : stages) {
+    Tensor y;
+    EXPECT_TRUE(st->Forward(s, 0, mb, x, &y).ok());
+    x = y;
+  }
+  const std::vector<float> losses = *x.ToFloatVector();
+  Tensor d;
+  for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+    Tensor dx;
+    EXPECT_TRUE((*it)->Backward(s, 0, mb, d, &dx).ok());
+    d = dx;
+  }
+  EXPECT_FALSE(d.defined());
+  return losses;
+}
+
 TEST(BlocksTest, GptGradientsMatchFiniteDifferences) { CheckGradients(SmallGpt(), 1e-2f, 2e-4); }
 TEST(BlocksTest, MlpGradientsMatchFiniteDifferences) { CheckGradients(SmallMlp(), 3e-4f, 3e-4); }
 TEST(BlocksTest, GptFlashAttentionGradientsMatchFiniteDifferences) {
@@ -81,57 +106,131 @@ TEST(BlocksTest, GptFlashAttentionGradientsMatchFiniteDifferences) {
 }
 
 TEST(BlocksTest, ParameterCountMatchesConfig) {
-  for (ModelConfig c : {SmallGpt(), SmallMlp(), *ModelPreset("gpt-tiny")}) {
+  ModelConfig tied_gpt = SmallGpt(), tied_mlp = SmallMlp();
+  tied_gpt.tie_embeddings = tied_mlp.tie_embeddings = true;
+  for (ModelConfig c : {SmallGpt(), SmallMlp(), *ModelPreset("gpt-tiny"), tied_gpt, tied_mlp}) {
     auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 1);
     EXPECT_EQ(st->layout().numel(), c.num_params()) << c.ToString();
   }
-  // GPT-2 small: the 124,439,808 parameters of the 124M model, whose output projection is
-  // tied to the token embedding, with the vocabulary padded from 50257 to 50304 rows, plus
-  // Tandem's untied head (V x C): a stage boundary may fall between embedding and head, so
-  // they cannot share one buffer.
+  // GPT-2 small is GPT-2 124M, tied. By hand from its shapes (V 50257, C 768, T 1024, 12
+  // layers): wte V*C = 38,597,376; wpe T*C = 786,432; a layer's two LayerNorms 4C, qkv
+  // 3C*C + 3C, projection C*C + C, MLP 4C*C + 4C and 4C*C + C: 12C^2 + 13C = 7,087,872,
+  // times 12 = 85,054,464; the final LayerNorm 2C = 1,536. Sum: 124,439,808. Padded to
+  // 50304 rows, 47 more rows of 768: 124,475,904.
+  const int64_t C = 768, layer = 4 * C + 3 * C * C + 3 * C + C * C + C + 4 * C * C + 4 * C +
+                                 4 * C * C + C;
+  EXPECT_EQ(layer, 7087872);
+  EXPECT_EQ(50257 * C + 1024 * C + 12 * layer + 2 * C, 124439808);
   ModelConfig g = *ModelPreset("gpt2-small");
-  const int64_t padding = int64_t{50304 - 50257} * 768;
-  EXPECT_EQ(g.num_params(), 124439808 + padding + int64_t{50304} * 768);
-  // In matmuls: the 124M model's count (its tied embedding counted once, as the head) less
-  // the position table.
-  EXPECT_EQ(g.num_matmul_params(), 124439808 + padding - int64_t{1024} * 768);
+  EXPECT_TRUE(g.tie_embeddings);
+  EXPECT_EQ(g.num_params(), 124475904);
+  EXPECT_EQ(g.num_params(), 124439808 + int64_t{50304 - 50257} * 768);
+  EXPECT_NE(g.ToString().find("124.48M parameters, tied"), std::string::npos) << g.ToString();
+  // In matmuls: every parameter but the position table (the tied table is the head's weight).
+  EXPECT_EQ(g.num_matmul_params(), 124475904 - int64_t{1024} * 768);
+  // Untied, the head adds its own V x C, and the table is only looked up.
+  g.tie_embeddings = false;
+  EXPECT_EQ(g.num_params(), 124475904 + int64_t{50304} * 768);
+  EXPECT_EQ(g.num_matmul_params(), 124475904 - int64_t{1024} * 768);
   // The MLP looks up its input embedding (V x C) and multiplies the rest.
   const ModelConfig m = SmallMlp();
   EXPECT_EQ(m.num_matmul_params(), m.num_params() - int64_t{m.vocab} * m.d_model);
+  EXPECT_EQ(tied_mlp.num_matmul_params(), tied_mlp.num_params());
+}
+
+// A tied head computes what an untied head whose weight is a copy of the table computes: the
+// same losses, and the table's gradient is the untied table's plus the head's.
+TEST(BlocksTest, TiedHeadIsTheUntiedHeadReadingTheTable) {
+  for (ModelConfig untied : {SmallGpt(), SmallMlp()}) {
+    ModelConfig tied = untied;
+    tied.tie_embeddings = true;
+    Stream& s = **Stream::Compute(Device::Cpu());
+    MicroBatch mb = Batch(untied, 3, 11);
+    auto a = *Stage::Create(tied, 0, tied.num_blocks(), Device::Cpu(), 4);
+    auto b = *Stage::Create(untied, 0, untied.num_blocks(), Device::Cpu(), 4);
+    std::map<std::string, std::pair<int64_t, int64_t>> in_a, in_b;  // offset, numel
+    for (const ParamEntry& e : a->layout().entries()) in_a[e.spec.name] = {e.offset, e.spec.shape.numel()};
+    for (const ParamEntry& e : b->layout().entries()) in_b[e.spec.name] = {e.offset, e.spec.shape.numel()};
+    EXPECT_EQ(in_a.count("head.weight"), 0u);
+    EXPECT_EQ(in_a.size() + 1, in_b.size());
+    // The untied model's weights are the tied one's, its head's the table.
+    const float* pa = a->params().flat().data<float>();
+    float* pb = b->params().flat().data<float>();
+    for (const auto& [name, where] : in_b) {
+      const auto& from = in_a[name == "head.weight" ? "embed.wte" : name];
+      ASSERT_EQ(from.second, where.second) << name;
+      std::copy_n(pa + from.first, from.second, pb + where.first);
+    }
+    Tensor la, lb, dx;
+    ASSERT_TRUE(a->Forward(s, 0, mb, Tensor(), &la).ok());
+    ASSERT_TRUE(b->Forward(s, 0, mb, Tensor(), &lb).ok());
+    EXPECT_EQ(*la.ToFloatVector(), *lb.ToFloatVector()) << tied.ToString();
+    ASSERT_TRUE(a->Backward(s, 0, mb, Tensor(), &dx).ok());
+    ASSERT_TRUE(b->Backward(s, 0, mb, Tensor(), &dx).ok());
+    const std::vector<float> ga = *a->grads().flat().ToFloatVector();
+    const std::vector<float> gb = *b->grads().flat().ToFloatVector();
+    for (const auto& [name, where] : in_a) {
+      for (int64_t i = 0; i < where.second; ++i) {
+        double want = gb[in_b[name].first + i];
+        if (name == "embed.wte") want += gb[in_b["head.weight"].first + i];
+        // Only the order of the table's two addends differs: one rounding.
+        ASSERT_NEAR(ga[where.first + i], want, 1e-7 * (1 + std::fabs(want)) + 2e-6 * std::fabs(want))
+            << name << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(BlocksTest, TiedGptGradientsMatchFiniteDifferences) {
+  ModelConfig c = SmallGpt();
+  c.tie_embeddings = true;
+  CheckGradients(c, 1e-2f, 2e-4);
 }
 
 // Stages [0, k) and [k, n) chained compute the same losses and gradients as one stage, and
-// their initial weights are the same whatever the split.
+// their initial weights are the same whatever the split. Tied, the last stage holds a copy of
+// the table, first in its buffer, initialized as the first stage's, and the two stages' table
+// gradients add up to the whole model's (in another order: within one rounding).
 TEST(BlocksTest, SplitStagesMatchTheWholeModel) {
-  for (ModelConfig c : {SmallGpt(), SmallMlp()}) {
+  ModelConfig tied = SmallGpt();
+  tied.tie_embeddings = true;
+  for (ModelConfig c : {SmallGpt(), SmallMlp(), tied}) {
     const int n = c.num_blocks();
-    Stream& s = **Stream::Compute(Device::Cpu());
+    const int64_t table = c.tie_embeddings ? int64_t{c.vocab} * c.d_model : 0;
     MicroBatch mb = Batch(c, 2, 3);
     auto whole = *Stage::Create(c, 0, n, Device::Cpu(), 9);
-    Tensor losses, dx;
-    ASSERT_TRUE(whole->Forward(s, 0, mb, Tensor(), &losses).ok());
-    ASSERT_TRUE(whole->Backward(s, 0, mb, Tensor(), &dx).ok());
-    const std::vector<float> want_loss = *losses.ToFloatVector();
+    EXPECT_EQ(whole->embedding_copy_numel(), 0);
+    const std::vector<float> want_loss = Chain({whole.get()}, mb);
     const std::vector<float> want_grad = *whole->grads().flat().ToFloatVector();
     const std::vector<float> want_param = *whole->params().flat().ToFloatVector();
     for (int k = 1; k < n; ++k) {
       auto a = *Stage::Create(c, 0, k, Device::Cpu(), 9);
       auto b = *Stage::Create(c, k, n, Device::Cpu(), 9);
-      Tensor mid, l2, dmid, dnone;
-      ASSERT_TRUE(a->Forward(s, 0, mb, Tensor(), &mid).ok());
-      ASSERT_TRUE(b->Forward(s, 0, mb, mid, &l2).ok());
-      ASSERT_TRUE(b->Backward(s, 0, mb, Tensor(), &dmid).ok());
-      ASSERT_TRUE(a->Backward(s, 0, mb, dmid, &dnone).ok());
-      EXPECT_FALSE(dnone.defined());
-      EXPECT_EQ(*l2.ToFloatVector(), want_loss) << "split at " << k;
-      std::vector<float> g = *a->grads().flat().ToFloatVector();
-      std::vector<float> gb = *b->grads().flat().ToFloatVector();
-      g.insert(g.end(), gb.begin(), gb.end());
-      EXPECT_EQ(g, want_grad) << "split at " << k;
-      std::vector<float> p = *a->params().flat().ToFloatVector();
-      std::vector<float> pb = *b->params().flat().ToFloatVector();
-      p.insert(p.end(), pb.begin(), pb.end());
-      EXPECT_EQ(p, want_param) << "split at " << k;
+      EXPECT_EQ(a->embedding_copy_numel(), 0);
+      ASSERT_EQ(b->embedding_copy_numel(), table);
+      EXPECT_EQ(b->layout().numel(), c.num_params() - a->layout().numel() + table);
+      if (table > 0) {
+        EXPECT_EQ(b->layout().entries().front().spec.name, "embed.wte");
+        // The copy is complete, for the buckets, after the stage's first block.
+        EXPECT_EQ(b->ParamBlocks().front(), 0);
+      }
+      EXPECT_EQ(Chain({a.get(), b.get()}, mb), want_loss) << "split at " << k;
+      const std::vector<float> ga = *a->grads().flat().ToFloatVector();
+      const std::vector<float> gb = *b->grads().flat().ToFloatVector();
+      const std::vector<float> pa = *a->params().flat().ToFloatVector();
+      const std::vector<float> pb = *b->params().flat().ToFloatVector();
+      for (int64_t i = 0; i < table; ++i) {
+        ASSERT_EQ(pb[i], want_param[i]) << "split at " << k;
+        const double sum = double{ga[i]} + gb[i];
+        ASSERT_NEAR(sum, want_grad[i], 1e-7 + 2e-6 * std::fabs(want_grad[i]))
+            << "split at " << k;
+      }
+      // Everything else, bit for bit.
+      std::vector<float> g(ga.begin() + table, ga.end()), p(pa.begin() + table, pa.end());
+      g.insert(g.end(), gb.begin() + table, gb.end());
+      p.insert(p.end(), pb.begin() + table, pb.end());
+      EXPECT_EQ(g, std::vector<float>(want_grad.begin() + table, want_grad.end())) << k;
+      EXPECT_EQ(p, std::vector<float>(want_param.begin() + table, want_param.end())) << k;
     }
   }
 }

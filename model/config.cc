@@ -23,28 +23,31 @@ const char* AttentionName(Attention a) {
 int64_t ModelConfig::num_params() const {
   const int64_t C = d_model, V = vocab;
   if (kind == ModelKind::kMlp) {
-    // embedding (V, C); per layer (C, C) + C; head (V, C) + V
-    return V * C + n_layer * (C * C + C) + V * C + V;
+    // embedding (V, C); per layer (C, C) + C; head (V, C) unless tied, + V
+    return V * C + n_layer * (C * C + C) + (tie_embeddings ? 0 : V * C) + V;
   }
   const int64_t per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C +
                             (4 * C * C + 4 * C) + (4 * C * C + C);
-  return V * C + static_cast<int64_t>(seq_len) * C + n_layer * per_layer + 2 * C + V * C;
+  return V * C + static_cast<int64_t>(seq_len) * C + n_layer * per_layer + 2 * C +
+         (tie_embeddings ? 0 : V * C);
 }
 
 int64_t ModelConfig::num_matmul_params() const {
-  const int64_t embedding = static_cast<int64_t>(vocab) * d_model;
+  // Tied, the token table is the head's weight: multiplied, and counted once.
+  const int64_t embedding = tie_embeddings ? 0 : static_cast<int64_t>(vocab) * d_model;
   const int64_t positions = kind == ModelKind::kGpt ? static_cast<int64_t>(seq_len) * d_model : 0;
   return num_params() - embedding - positions;
 }
 
 std::string ModelConfig::ToString() const {
+  const char* tied = tie_embeddings ? ", tied" : "";
   if (kind == ModelKind::kMlp) {
-    return absl::StrFormat("%s: mlp, %d layers, width %d, seq %d, vocab %d, %.2fM parameters",
-                           name, n_layer, d_model, seq_len, vocab, num_params() / 1e6);
+    return absl::StrFormat("%s: mlp, %d layers, width %d, seq %d, vocab %d, %.2fM parameters%s",
+                           name, n_layer, d_model, seq_len, vocab, num_params() / 1e6, tied);
   }
   return absl::StrFormat(
-      "%s: gpt, %d layers, d_model %d, %d heads, seq %d, vocab %d, %.2fM parameters%s", name,
-      n_layer, d_model, n_head, seq_len, vocab, num_params() / 1e6,
+      "%s: gpt, %d layers, d_model %d, %d heads, seq %d, vocab %d, %.2fM parameters%s%s", name,
+      n_layer, d_model, n_head, seq_len, vocab, num_params() / 1e6, tied,
       attention == Attention::kFlash ? ", flash attention" : "");
 }
 
@@ -93,13 +96,16 @@ absl::StatusOr<ModelConfig> ParseModelDescription(absl::string_view text) {
   } else {
     return bad("the kind is neither gpt nor mlp");
   }
+  c.tie_embeddings = absl::StrContains(text, " parameters, tied");
   if (c.ToString() != text) return bad("it is not what those sizes describe");
   return c;
 }
 
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name, int n_layer, int d_model,
-                                        int n_head, int seq_len, absl::string_view attention) {
+                                        int n_head, int seq_len, absl::string_view attention,
+                                        bool tie_embeddings) {
   ASSIGN_OR_RETURN(ModelConfig m, ModelPreset(name));
+  if (tie_embeddings) m.tie_embeddings = true;
   if (n_layer) m.n_layer = n_layer;
   if (d_model) m.d_model = d_model;
   if (n_head) m.n_head = n_head;
@@ -119,9 +125,11 @@ absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
     c.seq_len = 1024;
     // GPT-2's 50257-token vocabulary padded to 50304, a multiple of 64 (as nanoGPT and llm.c
     // do), so the head's matmuls have tensor-core-friendly sizes and 16-byte aligned rows;
-    // the padding ids are never targets, so training drives their logits down. The 124M
-    // model's sizes, with an untied head (163M parameters, 124M of them in matmuls).
+    // the padding ids are never targets, so training drives their logits down. The head is
+    // the token embedding, as GPT-2's: 124,475,904 parameters (GPT-2's 124,439,808 with the
+    // 47 padding rows).
     c.vocab = 50304;
+    c.tie_embeddings = true;
     return c;
   }
   if (name == "mlp") {

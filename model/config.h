@@ -31,17 +31,23 @@ struct ModelConfig {
   int seq_len = 64;    // tokens per sample
   int vocab = 256;     // bytes, or the data's padded (JobConfig::Model); MLP: also the classes
   Attention attention = Attention::kStandard;  // GPT only
+  // The head's projection is the token embedding's table "embed.wte" (GPT-2's tying): no
+  // "head.weight". A pipeline's last stage holds a copy, kept equal to the first stage's by
+  // summing their gradients every step (DistributedTrainer's embedding group).
+  bool tie_embeddings = false;
 
   // Blocks in order: embedding, n_layer layers, head.
   int num_blocks() const { return n_layer + 2; }
   // Parameters in all blocks.
   int64_t num_params() const;
-  // Those that take part in a matmul: all but the token and position embedding tables, which
-  // are only looked up. The N of the usual 6 N FLOPs per trained token (forward 2 N, backward
-  // 4 N; attention's score and value products are left out), as in MFU. For gpt2-small, whose
-  // head is not tied to the embedding, 124M of its 163M.
+  // Those that take part in a matmul: all but the position table and, untied, the token
+  // table, which are only looked up; tied, the token table is the head's weight and counts
+  // once. The N of the usual 6 N FLOPs per trained token (forward 2 N, backward 4 N;
+  // attention's score and value products are left out), as in MFU. For gpt2-small (tied)
+  // 124.48M less the 0.79M position table.
   int64_t num_matmul_params() const;
-  // "gpt-tiny: gpt, 8 layers, d_model 128, 4 heads, seq 64, vocab 256, 1.65M parameters".
+  // "gpt-tiny: gpt, 8 layers, d_model 128, 4 heads, seq 64, vocab 256, 1.65M parameters",
+  // with ", tied" after the count when the embeddings are tied.
   std::string ToString() const;
   // Checks every size (positive, heads divide d_model, ...); the error says which and why.
   absl::Status Validate() const;
@@ -51,14 +57,16 @@ struct ModelConfig {
 // error says what in it did not read.
 absl::StatusOr<ModelConfig> ParseModelDescription(absl::string_view text);
 
-// "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M's sizes, vocabulary padded to 50304,
-// untied head), "gpt" and "mlp" (sizes from flags, starting from gpt-tiny's and mlp's
-// defaults: depth 4, width 512).
+// "gpt-tiny" (the default), "gpt2-small" (GPT-2 124M: its sizes and tied embeddings, the
+// vocabulary padded to 50304), "gpt" and "mlp" (sizes from flags, starting from gpt-tiny's
+// and mlp's defaults: depth 4, width 512). Only gpt2-small is tied by default.
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name);
-// The preset with each size that is not 0 put in its place and the attention parsed (as flags
-// set them); the sizes are not validated.
+// The preset with each size that is not 0 put in its place, the attention parsed and the
+// embeddings tied if `tie_embeddings` (or the preset ties them) (as flags set them); the sizes
+// are not validated.
 absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name, int n_layer, int d_model,
-                                        int n_head, int seq_len, absl::string_view attention);
+                                        int n_head, int seq_len, absl::string_view attention,
+                                        bool tie_embeddings = false);
 
 }  // namespace tandem
 

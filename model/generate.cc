@@ -46,19 +46,16 @@ absl::StatusOr<std::unique_ptr<GptWeights>> GptWeights::Create(const ModelConfig
   }
   std::unique_ptr<GptWeights> w(new GptWeights(config, device));
   w->blocks_ = BuildBlocks(config);
-  std::vector<ParamSpec> specs;
-  std::vector<size_t> first;  // each block's first entry in the layout
-  for (const auto& b : w->blocks_) {
-    first.push_back(specs.size());
-    for (ParamSpec& p : b->Params()) specs.push_back(std::move(p));
-  }
-  first.push_back(specs.size());
+  // Each parameter once (a tied head reads the embedding's table), as a whole-model stage.
+  std::vector<std::vector<size_t>> block_params;
+  std::vector<ParamSpec> specs =
+      StageParams(w->blocks_, 0, static_cast<int>(w->blocks_.size()), &block_params);
   w->layout_ = std::make_unique<ParamLayout>(std::move(specs));
   ASSIGN_OR_RETURN(w->params_, FlatBuffer::Create(*w->layout_, DType::kF32, device));
   RETURN_IF_ERROR(InitializeParams(*w->layout_, w->params_, seed));
-  for (size_t b = 0; b + 1 < first.size(); ++b) {
+  for (const std::vector<size_t>& indices : block_params) {
     std::vector<Tensor> views;
-    for (size_t i = first[b]; i < first[b + 1]; ++i) views.push_back(w->params_.view(i));
+    for (size_t i : indices) views.push_back(w->params_.view(i));
     w->block_params_.push_back(std::move(views));
   }
   return w;

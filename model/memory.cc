@@ -49,8 +49,9 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
     after += kept;
     activations += kept;
   }
+  // The stage's parameters each once; a last stage's copy of the tied table counts.
+  for (const ParamSpec& p : StageParams(blocks, begin, end)) numel += p.shape.numel();
   for (int b = begin; b < end; ++b) {
-    for (const ParamSpec& p : blocks[b]->Params()) numel += p.shape.numel();
     stash += blocks[b]->WeightStashBytes(rows, model.seq_len, compute);
   }
   MemoryNeed n;

@@ -207,6 +207,27 @@ TEST(EstimateStageMemory, StagesAddUpAndRecomputeKeepsOneMicroBatch) {
   EXPECT_GT(half.activations, one.activations / 2);
 }
 
+// Tied, the whole model holds the table once and a pipeline's last stage holds a copy: the
+// estimate counts what each stage allocates, by hand from the shapes.
+TEST(EstimateStageMemory, TiedEmbeddingsCountTheLastStagesCopy) {
+  ModelConfig untied = Small("gpt"), tied = Small("gpt");
+  tied.tie_embeddings = true;
+  const int n = tied.num_blocks();
+  const int64_t table = int64_t{tied.vocab} * tied.d_model;
+  auto f32_grads = [&](const ModelConfig& c, int begin, int end) {
+    return EstimateStageMemory(c, begin, end, 2, 1, false, DType::kF32, "adamw", Device::Cpu())
+        .grads;
+  };
+  EXPECT_EQ(f32_grads(tied, 0, n), 4 * (untied.num_params() - table));
+  for (int k = 1; k < n; ++k) {
+    // The last stage's copy takes the place of the untied head's weight: the same size.
+    EXPECT_EQ(f32_grads(tied, k, n), f32_grads(untied, k, n)) << k;
+    EXPECT_EQ(f32_grads(tied, 0, k) + f32_grads(tied, k, n), 4 * (tied.num_params() + table));
+    auto last = *Stage::Create(tied, k, n, Device::Cpu(), 1);
+    EXPECT_EQ(f32_grads(tied, k, n), 4 * last->layout().numel()) << k;
+  }
+}
+
 TEST(EstimateStageMemory, StandardAttentionGrowsWithTheSquareOfTheSequence) {
   ModelConfig c = *ModelPreset("gpt-tiny");
   auto activations = [&](int seq_len, Attention a) {

@@ -93,10 +93,11 @@ int CheckpointStep(const std::string& path) {
   return step;
 }
 
-std::string FormatShardLayout(const ParamLayout& layout) {
+std::string FormatShardLayout(const ParamLayout& layout, int64_t skip) {
   std::string out;
   for (const ParamEntry& e : layout.entries()) {
-    absl::StrAppend(&out, out.empty() ? "" : ",", e.spec.name, ":", e.offset, ":",
+    if (e.offset < skip) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ",", e.spec.name, ":", e.offset - skip, ":",
                     e.spec.shape.numel());
   }
   return out;
@@ -398,7 +399,9 @@ absl::Status LoadShardedTrainingState(const std::string& prefix, const TrainConf
   std::vector<std::string> paths;
   data.reserve(m.shards.size());
   for (const ShardRecord& s : m.shards) {
-    if (s.block_end <= stage.begin() || s.block_begin >= stage.end()) continue;  // not mine
+    // Shards holding the stage's blocks, and the embedding's for a copy of the tied table.
+    const bool copy = stage.embedding_copy_numel() > 0 && s.block_begin == 0;
+    if (!copy && (s.block_end <= stage.begin() || s.block_begin >= stage.end())) continue;
     ASSIGN_OR_RETURN(CheckpointData d, ReadShard(dir, s, manifest));
     data.push_back(std::move(d));
     paths.push_back(absl::StrCat(dir, "/", s.file));

@@ -44,8 +44,10 @@ struct ShardParam {
   int64_t offset = 0;
   int64_t numel = 0;
 };
-// The "layout" metadata entry: "name:offset:numel" for each parameter, comma-separated.
-std::string FormatShardLayout(const ParamLayout& layout);
+// The "layout" metadata entry: "name:offset:numel" for each parameter, comma-separated;
+// those within the first `skip` elements (a last stage's copy of the tied table, which the
+// first stage's shard holds) left out and the others' offsets counted from `skip`.
+std::string FormatShardLayout(const ParamLayout& layout, int64_t skip = 0);
 absl::StatusOr<std::vector<ShardParam>> ParseShardLayout(const std::string& text);
 
 // One shard as the manifest lists it.
@@ -92,7 +94,8 @@ struct StateRange {
   int64_t end = -1;  // -1: to the end
 };
 
-// The training state of one stage, assembled from shards by parameter name: the stage's
+// The training state of one stage, assembled from shards by parameter name (a last stage's
+// copy of the tied table from the shard holding the embedding): the stage's
 // parameters and optimizer state are found, each by its name, in whichever shards hold them
 // (written by any strategy and world size, with ZeRO-1 or without: a checkpoint holds the
 // whole state), after checking model, optimizer and batch. The optimizer receives `range` of

@@ -150,6 +150,58 @@ TEST(ShardedCheckpoint, ReshardsAcrossStageCounts) {
   EXPECT_EQ(ByName(again), truth);
 }
 
+// Tied, a checkpoint holds the table once: a last stage's shard leaves its copy out, and a
+// last stage loads its copy (weights and moments) from the shard holding the embedding.
+TEST(ShardedCheckpoint, TiedTableIsHeldOnce) {
+  const std::string dir = FreshTestDir("tied");
+  TrainConfig c = ResumableConfig();
+  c.model.tie_embeddings = true;
+  c.steps = 3;
+  auto t = *Trainer::Create(c);
+  ASSERT_TRUE(t->Run(nullptr).ok());
+  const std::string whole = dir + "/whole.ckpt";
+  ASSERT_TRUE(t->SaveCheckpoint(whole).ok());
+  const auto truth = ByName(whole);
+  ASSERT_EQ(truth.count("embed.wte"), 1u);
+  EXPECT_EQ(truth.count("head.weight"), 0u);
+  const int n = c.model.num_blocks();
+  std::vector<Part> parts;
+  parts.push_back(MakePart(c, 0, 1));
+  parts.push_back(MakePart(c, 1, n));
+  for (Part& p : parts) {
+    ASSERT_TRUE(LoadTrainingState(whole, c, *p.stage, &p.optimizer, &p.scaler, &p.step).ok());
+  }
+  SaveParts(c, parts, dir, 3);
+  const std::string prefix = CheckpointPrefixFor(dir, 3);
+  const auto first = ByName(dir + "/step-000003.stage-0.ckpt");
+  const auto last = ByName(dir + "/step-000003.stage-1.ckpt");
+  EXPECT_EQ(first.at("embed.wte"), truth.at("embed.wte"));
+  EXPECT_EQ(last.count("embed.wte"), 0u);
+  EXPECT_EQ(last.size() + first.size(), truth.size());
+  // A fresh last stage fills its copy from the first stage's shard.
+  Part fresh = MakePart(c, 1, n);
+  ASSERT_TRUE(
+      LoadShardedTrainingState(prefix, c, *fresh.stage, &fresh.optimizer, &fresh.scaler,
+                               &fresh.step)
+          .ok());
+  const int64_t table = int64_t{c.model.vocab} * c.model.d_model;
+  ASSERT_EQ(fresh.stage->embedding_copy_numel(), table);
+  const std::vector<Tensor> state = {fresh.stage->params().flat(), fresh.optimizer.state0(),
+                                     fresh.optimizer.state1()};
+  for (size_t a = 0; a < state.size(); ++a) {
+    const std::vector<float> v = *state[a].ToFloatVector();
+    EXPECT_EQ(std::vector<float>(v.begin(), v.begin() + table), truth.at("embed.wte")[a]) << a;
+  }
+  // And the shards load back into one stage, as they were.
+  Part one = MakePart(c, 0, n);
+  ASSERT_TRUE(
+      LoadShardedTrainingState(prefix, c, *one.stage, &one.optimizer, &one.scaler, &one.step)
+          .ok());
+  const std::string again = dir + "/again.ckpt";
+  ASSERT_TRUE(SaveTrainingState(again, c, *one.stage, one.optimizer, one.scaler, one.step).ok());
+  EXPECT_EQ(ByName(again), truth);
+}
+
 // A run continued from a checkpoint that went through 4 stages and back equals the
 // uninterrupted run, bit for bit.
 TEST(ShardedCheckpoint, ContinuingAfterReshardingIsBitExact) {

@@ -19,15 +19,11 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, 
   }
   std::unique_ptr<Stage> st(new Stage(config, begin, end, device));
   std::vector<std::unique_ptr<Block>> all = BuildBlocks(config);
-  std::vector<ParamSpec> specs;
-  for (int b = begin; b < end; ++b) {
-    std::vector<size_t> idx;
-    for (ParamSpec& p : all[b]->Params()) {
-      idx.push_back(specs.size());
-      specs.push_back(std::move(p));
-    }
-    st->block_params_.push_back(std::move(idx));
-    st->blocks_.push_back(std::move(all[b]));
+  std::vector<ParamSpec> specs = StageParams(all, begin, end, &st->block_params_);
+  for (int b = begin; b < end; ++b) st->blocks_.push_back(std::move(all[b]));
+  // A last stage without the embedding holds a copy of the tied table, first (StageParams).
+  if (config.tie_embeddings && begin > 0 && end == config.num_blocks()) {
+    st->embedding_copy_numel_ = specs.front().shape.numel();
   }
   st->layout_ = std::make_unique<ParamLayout>(std::move(specs));
   ASSIGN_OR_RETURN(st->params_, FlatBuffer::Create(*st->layout_, DType::kF32, device));
@@ -159,10 +155,13 @@ absl::Status Stage::RunBackward(Stream& s, int id, const MicroBatch& mb, const T
 }
 
 std::vector<int> Stage::ParamBlocks() const {
-  std::vector<int> owner(layout_->entries().size());
-  for (size_t b = 0; b < block_params_.size(); ++b) {
-    for (size_t i : block_params_[b]) owner[i] = static_cast<int>(b);
+  // Backward runs the blocks last to first: a parameter two blocks share (the tied table) is
+  // complete after the lower one; a copy only once summed, after the whole backward.
+  std::vector<int> owner(layout_->entries().size(), 0);
+  for (int b = static_cast<int>(block_params_.size()) - 1; b >= 0; --b) {
+    for (size_t i : block_params_[b]) owner[i] = b;
   }
+  if (embedding_copy_numel_ > 0) owner[0] = 0;
   return owner;
 }
 

@@ -61,9 +61,17 @@ class Stage {
                                const std::function<absl::Status(int)>& block_done = nullptr);
   // Number of micro-batches whose BackwardInput ran and BackwardWeights not yet.
   int weights_pending() const { return static_cast<int>(for_w_.size()); }
-  // Number of blocks in the stage, and the block (stage-relative) owning each parameter.
+  // Number of blocks in the stage, and for each parameter the block (stage-relative) after
+  // whose backward its gradient is complete: its owner's, for the tied table shared by
+  // embedding and head the embedding's, for the last stage's copy of it the stage's first
+  // block (its gradient is summed with the first stage's after the stage's backward).
+  // Non-decreasing in the parameter's index.
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   std::vector<int> ParamBlocks() const;
+  // With tied embeddings, on a last stage without the embedding: the elements at the start of
+  // the flat buffers that are the copy of "embed.wte" the head reads (its gradient is the
+  // head's share only, until summed with the first stage's); 0 on every other stage.
+  int64_t embedding_copy_numel() const { return embedding_copy_numel_; }
   // Forgets every micro-batch's activations (e.g. after an evaluation forward).
   void DropActivations() {
     saved_.clear();
@@ -100,6 +108,7 @@ class Stage {
   std::map<int, std::vector<Saved>> for_w_;              // after B: id -> per block, for W
   bool recompute_ = false;
   int peak_in_flight_ = 0;
+  int64_t embedding_copy_numel_ = 0;
   std::vector<Tensor> BlockParams(int b) const;
   std::vector<Tensor> BlockGrads(int b) const;
   absl::Status RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,

@@ -245,16 +245,23 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
                                const std::map<std::string, std::string>& extra,
                                CheckpointFileInfo* info) {
   CheckpointData d;
-  ASSIGN_OR_RETURN(std::vector<float> p, stage.params().flat().ToFloatVector());
-  d.arrays.emplace_back("params", std::move(p));
+  // A checkpoint holds the tied table once: the first stage's, not a last stage's copy
+  // (the first elements of its buffers), which loads from it.
+  const int64_t skip = stage.embedding_copy_numel();
+  auto add = [&](const std::string& name, const Tensor& t) -> absl::Status {
+    ASSIGN_OR_RETURN(std::vector<float> v, t.ToFloatVector());
+    v.erase(v.begin(), v.begin() + skip);
+    d.arrays.emplace_back(name, std::move(v));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(add("params", stage.params().flat()));
   for (size_t i = 0; i < optimizer_state.size(); ++i) {
-    ASSIGN_OR_RETURN(std::vector<float> v, optimizer_state[i].ToFloatVector());
-    d.arrays.emplace_back(absl::StrCat("optimizer.", i), std::move(v));
+    RETURN_IF_ERROR(add(absl::StrCat("optimizer.", i), optimizer_state[i]));
   }
   d.meta["model"] = c.model.ToString();
   d.meta["model_blocks"] = absl::StrCat(c.model.num_blocks());
   d.meta["blocks"] = absl::StrCat(stage.begin(), "-", stage.end());
-  d.meta["layout"] = FormatShardLayout(stage.layout());
+  d.meta["layout"] = FormatShardLayout(stage.layout(), skip);
   d.meta["optimizer"] = c.optimizer.kind;
   d.meta["step"] = absl::StrCat(step);
   d.meta["seed"] = absl::StrCat(c.seed);

@@ -3,7 +3,7 @@
 namespace tandem {
 
 std::vector<Bucket> PlanBuckets(const ParamLayout& layout, const std::vector<int>& param_block,
-                                int64_t bucket_bytes) {
+                                int64_t bucket_bytes, int alone) {
   std::vector<Bucket> buckets;
   const auto& e = layout.entries();
   const int n = static_cast<int>(e.size());
@@ -11,7 +11,7 @@ std::vector<Bucket> PlanBuckets(const ParamLayout& layout, const std::vector<int
   int64_t bytes = 0;
   for (int i = n - 1; i >= 0; --i) {
     bytes += e[i].spec.shape.numel() * 4;
-    if (bytes >= bucket_bytes || i == 0) {
+    if (bytes >= bucket_bytes || i == 0 || i == alone || i == alone + 1) {
       Bucket b;
       b.first_param = i;
       b.last_param = hi;

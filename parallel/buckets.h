@@ -22,9 +22,11 @@ struct Bucket {
 
 // Buckets in the order their gradients become ready (highest parameters first). A bucket
 // closes once it holds at least bucket_bytes of f32 gradients; a parameter is never split.
-// `param_block[i]` is the block owning parameter i (non-decreasing in i).
+// `param_block[i]` is the block owning parameter i (non-decreasing in i). Parameter `alone`,
+// if not -1, gets a bucket of its own (the tied table, which waits for its sum over the
+// embedding group).
 std::vector<Bucket> PlanBuckets(const ParamLayout& layout, const std::vector<int>& param_block,
-                                int64_t bucket_bytes);
+                                int64_t bucket_bytes, int alone = -1);
 
 }  // namespace tandem
 

@@ -339,6 +339,20 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
                                  stages));
     t->pp_ = t->pp_owned_.get();
   }
+  if (c.train.model.tie_embeddings && grid.stages > 1) {
+    // The embedding group of each replica: its first and last stage, which hold the tied
+    // table and its copy (Megatron's embedding group). Every rank takes part in the split;
+    // a middle stage's group is itself alone, and unused.
+    const bool end_stage = t->stage_index_ == 0 || t->stage_index_ == grid.stages - 1;
+    std::vector<int> members = {grid.RankOf(t->replica_, 0),
+                                grid.RankOf(t->replica_, grid.stages - 1)};
+    if (!end_stage) members = {rank};
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> group,
+                     comm->Split(end_stage ? t->replica_ : grid.replicas + rank, t->stage_index_,
+                                 absl::StrFormat("the embedding group of replica %d", t->replica_),
+                                 members));
+    if (end_stage) t->embed_ = std::move(group);
+  }
   const auto [begin, end] = t->BlockRange(t->stage_index_);
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
                                             c.train.seed, c.train.dtype));
@@ -356,7 +370,10 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
                                      t->shard_end_, c.train.device));
   ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.train.device));
   if (t->replicated()) {
-    t->buckets_ = PlanBuckets(t->stage_->layout(), t->stage_->ParamBlocks(), c.bucket_bytes);
+    // The tied table (or its copy), parameter 0 of both end stages, in a bucket of its own:
+    // the last, held until the embedding group summed it (IssueBucketsReadyAt).
+    t->buckets_ = PlanBuckets(t->stage_->layout(), t->stage_->ParamBlocks(), c.bucket_bytes,
+                              t->embed_ != nullptr ? 0 : -1);
     // Every replica starts from the first replica's weights.
     ASSIGN_OR_RETURN(auto w, t->dp_->Broadcast(t->stage_->params().flat()));
     RETURN_IF_ERROR(t->Wait(*w, "the broadcast of the first replica's parameters"));
@@ -436,7 +453,11 @@ absl::Status DistributedTrainer::IssueBucket(size_t i, Pending* p) {
   const Bucket& b = buckets_[i];
   ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(b.begin, {b.end - b.begin}));
   std::unique_ptr<Work> w;
-  if (zero()) {
+  // The tied table's bucket (the last) is all-reduced even under ZeRO-1: a reduce-scatter
+  // sums in an order that follows the parts, which differ between the first and the last
+  // stage's buffers, and from three replicas on the two copies would drift apart by rounding.
+  const bool table = embed_ != nullptr && i + 1 == buckets_.size();
+  if (zero() && !table) {
     ASSIGN_OR_RETURN(w, dp_->ReduceScatterParts(g, BucketParts(i)));
   } else {
     ASSIGN_OR_RETURN(w, dp_->AllReduce(g));
@@ -450,9 +471,24 @@ absl::Status DistributedTrainer::IssueBucketsReadyAt(int block, Pending* p) {
   // Each bucket's reduction is issued once backward has issued its last gradient, and runs
   // after that work (the communicator orders it after the compute stream).
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready_block >= block) {
+    // The tied table's bucket (the last) waits for ReduceEmbeddingGrads, after the pass.
+    if (embed_ != nullptr && next_bucket_ + 1 == buckets_.size()) break;
     RETURN_IF_ERROR(IssueBucket(next_bucket_++, p));
   }
   return absl::OkStatus();
+}
+
+absl::Status DistributedTrainer::ReduceEmbeddingGrads(Stream& s, Pending* p) {
+  if (embed_ == nullptr) return absl::OkStatus();
+  // The table is parameter 0 of both stages' buffers (StageParams puts the copy first).
+  const ParamEntry& table = stage_->layout().entries().front();
+  ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(0, {table.spec.shape.numel()}));
+  // Two addends: each rank's sum is the same bits. The data-parallel reduction of the
+  // table's bucket, then the norm and the optimizer, wait for it on the stream.
+  ASSIGN_OR_RETURN(std::unique_ptr<Work> w, embed_->AllReduce(g));
+  p->timing.comm_bytes += static_cast<int64_t>(g.bytes());
+  RETURN_IF_ERROR(WaitOn(*w, s, "the sum of the tied embedding's gradients"));
+  return p->timeline->Mark(kExposedComm, "sum tied embedding");
 }
 
 absl::Status DistributedTrainer::WaitForBuckets(Stream& s, Pending* p) {
@@ -505,7 +541,7 @@ std::string DistributedTrainer::Where() const {
 
 std::vector<Communicator*> DistributedTrainer::Comms() const {
   std::vector<Communicator*> comms = {comm_};
-  for (const auto& c : {dp_owned_.get(), pp_owned_.get()}) {
+  for (const auto& c : {dp_owned_.get(), pp_owned_.get(), embed_.get()}) {
     if (c != nullptr) comms.push_back(c);
   }
   return comms;
@@ -709,6 +745,9 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // last gradient or for the sends to be taken is the pipeline's bubble too.
   for (auto& w : all) RETURN_IF_ERROR(WaitOn(*w, s, w->description().c_str()));
   RETURN_IF_ERROR(timeline.Mark(kBubble, "wait for transfers"));
+  // After every send: the last stage's stream must not wait for the first stage's backward
+  // before the gradients that backward needs went out.
+  RETURN_IF_ERROR(ReduceEmbeddingGrads(s, p));
   if (!replicated()) return absl::OkStatus();
   return WaitForBuckets(s, p);
 }
@@ -740,16 +779,22 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   } else {
     RETURN_IF_ERROR(PipelinePass(*s, &loss_sum, &p));
   }
+  // The norm counts the tied table once: the first stage's, not the last stage's copy (the
+  // first elements of its buffer).
+  const int64_t copy = stage_->embedding_copy_numel();
   if (zero()) {
     // Each rank holds the reduced gradients of its shard only; the shards' sums of squares
     // add up to the stage's.
-    if (shard_end_ > shard_begin_) {
-      ASSIGN_OR_RETURN(Tensor owned, stage_->grads().flat().View(
-                                         shard_begin_, {shard_end_ - shard_begin_}));
+    const int64_t begin = std::max(shard_begin_, copy);
+    if (shard_end_ > begin) {
+      ASSIGN_OR_RETURN(Tensor owned,
+                       stage_->grads().flat().View(begin, {shard_end_ - begin}));
       RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, owned));
     }
   } else {
-    RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, stage_->grads().flat()));
+    const Tensor& grads = stage_->grads().flat();
+    ASSIGN_OR_RETURN(Tensor counted, grads.View(copy, {grads.numel() - copy}));
+    RETURN_IF_ERROR(ops::SumSquaresAccumulate(*s, sumsq, counted));
     if (replicated()) {
       // The stage's gradients are the same on each of its D ranks after the all-reduce, and
       // so is their norm; reducing it too would only add rounding. Each takes a 1/D share.

@@ -9,6 +9,10 @@
 //     stage's D ranks all-reduce its gradients in buckets during the last action writing
 //     them (the last backward, or under ZB-H1 the last W);
 //   model parallel: the pipeline with one micro-batch.
+// With tied embeddings a pipeline's last stage holds a copy of the token table for its head;
+// each step the first and last stage of a replica sum the two gradients (the embedding
+// group) before the data-parallel reduction, so both copies stay equal, and the gradient
+// norm counts the table once.
 // With ZeRO-1 (zero = 1; data parallel or D >= 2) each data-parallel rank keeps the optimizer
 // state of one contiguous shard of the stage's flat buffer: the buckets are reduce-scattered
 // instead of all-reduced, each rank updates its shard, and the updated parameters are
@@ -207,6 +211,11 @@ class DistributedTrainer {
   // gradient; those whose last block is `block` or later after `block`'s backward.
   absl::Status IssueBucket(size_t i, Pending* p);
   absl::Status IssueBucketsReadyAt(int block, Pending* p);
+  // Tied embeddings across stages: sums the first stage's table gradient and the last
+  // stage's copy's over the embedding group (both then hold the sum, so their updates stay
+  // equal), before the table's data-parallel bucket; the stream waits for it. A no-op on
+  // other stages and without tying.
+  absl::Status ReduceEmbeddingGrads(Stream& s, Pending* p);
   // The stream waits for every bucket's reduction (exposed communication).
   absl::Status WaitForBuckets(Stream& s, Pending* p);
   // The end of a ZeRO-1 step: the shard updated bucket by bucket, each bucket's parameters
@@ -247,6 +256,8 @@ class DistributedTrainer {
   std::unique_ptr<Communicator> dp_owned_, pp_owned_;
   Communicator* dp_ = nullptr;
   Communicator* pp_ = nullptr;
+  // Tied embeddings in a pipeline, on its first and last stage: those two of this replica.
+  std::unique_ptr<Communicator> embed_;
   int64_t shard_begin_ = 0, shard_end_ = 0;  // ZeRO-1: this rank's part of the flat buffer
   // The step being issued: its bucket reductions and the next bucket to issue.
   std::vector<std::unique_ptr<Work>> bucket_works_;

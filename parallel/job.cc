@@ -56,6 +56,7 @@ const std::vector<Field>& Fields() {
       Num("n_head", &JobConfig::n_head),
       Num("seq_len", &JobConfig::seq_len),
       Str("attention", &JobConfig::attention),
+      Bool("tie_embeddings", &JobConfig::tie_embeddings),
       Str("dtype", &JobConfig::dtype),
       Num("steps", &JobConfig::steps),
       Num("batch", &JobConfig::batch),
@@ -129,7 +130,7 @@ void JobConfig::ResolveVocab() {
 
 absl::StatusOr<ModelConfig> JobConfig::Model() const {
   absl::StatusOr<ModelConfig> m =
-      ModelPreset(model, n_layer, d_model, n_head, seq_len, attention);
+      ModelPreset(model, n_layer, d_model, n_head, seq_len, attention, tie_embeddings);
   if (!m.ok()) return m.status();
   if (vocab < 0 || vocab == 1) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -29,6 +29,7 @@ struct JobConfig {
   std::string model = "gpt-tiny";
   int n_layer = 0, d_model = 0, n_head = 0, seq_len = 0;  // 0: the preset's
   std::string attention = "standard";
+  bool tie_embeddings = false;  // the head uses the token table (gpt2-small: always)
   std::string dtype = "f32";
   int steps = 100;
   int batch = 16;

@@ -23,6 +23,23 @@ TEST(JobTest, TextRoundTrip) {
   EXPECT_FALSE(back->overlap);
 }
 
+// --tie-embeddings travels in the job's text to the model every worker builds; gpt2-small is
+// tied whatever the flag says.
+TEST(JobTest, TiedEmbeddings) {
+  JobConfig c;
+  EXPECT_FALSE(c.Model()->tie_embeddings);
+  c.tie_embeddings = true;
+  auto back = JobConfig::FromText(c.ToText());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->tie_embeddings);
+  EXPECT_TRUE(back->Model()->tie_embeddings);
+  EXPECT_NE(back->Model()->ToString().find(", tied"), std::string::npos);
+  JobConfig small;
+  small.model = "gpt2-small";
+  EXPECT_TRUE(small.Model()->tie_embeddings);
+  EXPECT_EQ(small.Model()->num_params(), 124475904);
+}
+
 TEST(JobTest, BadTextIsRefused) {
   EXPECT_FALSE(JobConfig::FromText("steps=ten\n").ok());
   EXPECT_FALSE(JobConfig::FromText("colour=blue\n").ok());

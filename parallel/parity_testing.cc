@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -46,9 +48,14 @@ Trained TrainOneWorker(TrainConfig c) {
   auto t = Trainer::Create(c);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return {};
-  std::vector<float> losses;
-  EXPECT_TRUE((*t)->Run([&](const StepReport& r) { losses.push_back(r.loss); }).ok());
-  return Collect((*t)->stage(), losses);
+  std::vector<float> losses, norms;
+  EXPECT_TRUE((*t)->Run([&](const StepReport& r) {
+                    losses.push_back(r.loss);
+                    norms.push_back(r.grad_norm);
+                  }).ok());
+  Trained r = Collect((*t)->stage(), losses);
+  r.grad_norms = norms;
+  return r;
 }
 
 Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps,
@@ -61,18 +68,21 @@ Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps
     EXPECT_TRUE(s.ok()) << s;
     if (!s.ok()) return {};
   }
-  std::vector<float> losses;
+  std::vector<float> losses, norms;
   for (int i = 0; i < steps; ++i) {
     auto r = (*t)->Step();
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
     losses.push_back(r->loss);
+    norms.push_back(r->grad_norm);
   }
   if (!save_dir.empty()) {
     absl::Status s = (*t)->SaveCheckpoint(save_dir);
     EXPECT_TRUE(s.ok()) << s;
   }
-  return Collect((*t)->stage(), losses);
+  Trained trained = Collect((*t)->stage(), losses);
+  trained.grad_norms = norms;
+  return trained;
 }
 
 void ExpectClose(const std::vector<float>& want, const std::vector<float>& got,
@@ -101,12 +111,69 @@ double WeightTolerance(const std::string& optimizer) {
   return optimizer == "sgd" ? 1e-5 : 1e-3;
 }
 
+void CheckResume(const ParallelConfig& first, const ParallelConfig& second,
+                 Communicator* comm, double weight_abs_tol, const std::string& name) {
+  const int steps = first.train.steps;
+  SCOPED_TRACE(name);
+  const int rank = comm->rank();
+  const Trained whole = TrainOneWorker(first.train);
+  // One rank alone is data parallelism on one worker.
+  auto alone = comm->Split(rank, 0, "this rank alone", {rank});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  auto run = [&](const ParallelConfig& pc, const std::string& resume, const std::string& save) {
+    const bool one = pc.strategy == StrategyKind::kData && pc.data_parallel == 1 &&
+                     pc.zero == 0 && comm->world_size() > 1;
+    if (one && rank != 0) return Trained{};
+    return TrainDistributed(pc, one ? alone->get() : comm, steps / 2, resume, save);
+  };
+  static int runs = 0;  // the same directory on every rank (TEST_TMPDIR is shared)
+  const std::string save = absl::StrFormat("%s/resume-%d", std::getenv("TEST_TMPDIR"), ++runs);
+  if (rank == 0) ASSERT_TRUE(std::filesystem::create_directories(save));
+  {
+    auto made = comm->Barrier();
+    ASSERT_TRUE(made.ok() && (*made)->Wait(absl::Minutes(2)).ok());
+  }
+  run(first, "", save);
+  auto barrier = comm->Barrier();
+  ASSERT_TRUE(barrier.ok() && (*barrier)->Wait(absl::Minutes(2)).ok());
+  const Trained resumed =
+      run(second, absl::StrFormat("%s/step-%06d", save, steps / 2), "");
+  if (resumed.losses.empty()) return;  // a rank outside the one-worker run
+  ExpectClose(std::vector<float>(whole.losses.begin() + steps / 2, whole.losses.end()),
+              resumed.losses, name + " losses", 0, rank);
+  ExpectSameWeights(whole, resumed, name, weight_abs_tol, rank, /*absolute=*/true);
+}
+
+void ExpectTiedCopiesEqual(const ParallelConfig& pc, Communicator* comm, const Trained& got) {
+  const ProcessGrid grid = *GridOf(pc, comm->world_size());
+  if (!pc.train.model.tie_embeddings || grid.stages == 1) return;
+  const int rank = comm->rank(), replica = grid.ReplicaOf(rank), stage = grid.StageOf(rank);
+  if (stage != 0 && stage != grid.stages - 1) return;
+  auto it = got.params.find("embed.wte");
+  ASSERT_NE(it, got.params.end()) << "rank " << rank << " holds no embed.wte";
+  const std::vector<float>& mine = it->second;
+  // The first stage's table to its replica's last stage, which compares it with its copy.
+  const Tensor t = *Tensor::FromVector(mine, {static_cast<int64_t>(mine.size())});
+  auto w = stage == 0 ? comm->Send(t, grid.RankOf(replica, grid.stages - 1))
+                      : comm->Recv(t, grid.RankOf(replica, 0));
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Wait(absl::Minutes(2)).ok());
+  if (stage == 0) return;
+  EXPECT_EQ(*t.ToFloatVector(), mine) << "replica " << replica
+                                      << ": the last stage's copy of embed.wte differs from the "
+                                         "first stage's";
+}
+
 void CheckParity(const ParallelConfig& pc, Communicator* comm, const std::string& name,
                  double weight_abs_tol) {
   SCOPED_TRACE(absl::StrFormat("%s %s on %d ranks", name, pc.train.optimizer.kind,
                                comm->world_size()));
   Trained one = TrainOneWorker(pc.train);
   Trained many = TrainDistributed(pc, comm, pc.train.steps);
+  ExpectTiedCopiesEqual(pc, comm, many);
+  // The norm counts each parameter once (a tied table's copy not twice).
+  // (Within 1e-3 of the largest: AdamW turns rounding into visible changes, as in weights.)
+  ExpectClose(one.grad_norms, many.grad_norms, name + " gradient norms", 1e-3, comm->rank());
   ExpectClose(one.losses, many.losses, name + " losses", 0, comm->rank());
   if (weight_abs_tol > 0) {
     ExpectSameWeights(one, many, name, weight_abs_tol, comm->rank(), /*absolute=*/true);

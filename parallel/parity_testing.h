@@ -20,6 +20,7 @@ TrainConfig ParityConfig(ModelKind kind, int micro_batches, const std::string& o
 
 struct Trained {
   std::vector<float> losses;
+  std::vector<float> grad_norms;  // each step's, before clipping
   std::map<std::string, std::vector<float>> params;  // this rank's, by name
 };
 
@@ -48,10 +49,24 @@ void ExpectSameWeights(const Trained& want, const Trained& got, const std::strin
 // updates of up to the full learning rate (seen: 1.3e-4 at 4 ranks x 2 micro-batches).
 double WeightTolerance(const std::string& optimizer);
 
-// pc.train.steps steps of `pc` across `comm` against one worker: losses, and weights within
-// WeightTolerance, or within `weight_abs_tol` (absolute) when it is positive.
+// With tied embeddings across stages (pc's grid has 2 or more): the last stage's copy of
+// "embed.wte" in `got` is the first stage's of the same replica, bit for bit (collective).
+void ExpectTiedCopiesEqual(const ParallelConfig& pc, Communicator* comm, const Trained& got);
+
+// pc.train.steps steps of `pc` across `comm` against one worker: losses, gradient norms
+// (within 1e-3 of the largest: AdamW makes rounding visible), and weights within
+// WeightTolerance, or within `weight_abs_tol` (absolute) when it is positive; tied, the
+// copies of the table equal (ExpectTiedCopiesEqual).
 void CheckParity(const ParallelConfig& pc, Communicator* comm, const std::string& name,
                  double weight_abs_tol = 0);
+
+// Half of first.train.steps steps in layout `first`, a checkpoint (into a directory under
+// TEST_TMPDIR), the other half in layout `second` from it: the losses and weights (within
+// `weight_abs_tol`) of one worker's uninterrupted run. A data-parallel layout without ZeRO
+// and with data_parallel 1 (the default) is one worker, on rank 0 alone; one over every rank
+// says data_parallel = the world size (the trainer ignores it). Collective over `comm`.
+void CheckResume(const ParallelConfig& first, const ParallelConfig& second,
+                 Communicator* comm, double weight_abs_tol, const std::string& name);
 
 }  // namespace tandem
 

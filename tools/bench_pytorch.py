@@ -4,7 +4,8 @@ processes with DistributedDataParallel over Gloo, for `bazel run //tools:bench`;
 (--device cuda --dtype bf16, autocast) for tools/gpu_check.sh. Prints one JSON line per run
 with tokens/s (from the median step), to set beside Tandem's figures measured in the same run.
 
-Same model (pre-LayerNorm GPT-2 blocks, tanh GELU, learned positions, untied head), same
+Same model (pre-LayerNorm GPT-2 blocks, tanh GELU, learned positions, the head untied or with
+--tie-embeddings the token embedding, as Tandem's gpt2-small), same
 sizes, global batch, sequence length and optimizer (AdamW) as Tandem's benchmark; random
 tokens; on the CPU float32 with one intra-op thread per process, as Tandem uses one BLAS thread
 per worker.
@@ -30,6 +31,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16, help="global batch")
+    ap.add_argument("--tie-embeddings", action="store_true",
+                    help="the head's weight is the token embedding's (GPT-2's tying)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (one process on cuda:0)")
@@ -96,6 +99,8 @@ def run(rank, world, args):
             self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
             self.blocks = nn.ModuleList(Block() for _ in range(args.n_layer))
             self.ln, self.head = nn.LayerNorm(C), nn.Linear(C, V, bias=False)
+            if args.tie_embeddings:
+                self.head.weight = self.wte.weight
 
         def forward(self, tokens, targets):
             x = self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
@@ -130,9 +135,11 @@ def run(rank, world, args):
     steady = sorted(times[2:]) if len(times) > 3 else sorted(times)
     median = steady[len(steady) // 2]
     params = sum(p.numel() for p in model.parameters())
-    # MFU's N: the parameters in matmuls, all but the looked-up embedding tables.
+    # MFU's N: the parameters in matmuls, all but the looked-up embedding tables (tied, the
+    # token table is the head's weight: model.parameters() lists it once, and it multiplies).
     net = model.module if world > 1 else model
-    matmul_params = params - net.wte.weight.numel() - net.wpe.weight.numel()
+    looked_up = net.wpe.weight.numel() + (0 if args.tie_embeddings else net.wte.weight.numel())
+    matmul_params = params - looked_up
     tps = args.batch * T / median
     return {"framework": "pytorch " + torch.__version__, "procs": world,
             "device": args.device, "dtype": args.dtype, "parameters": params,

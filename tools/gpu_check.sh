@@ -380,8 +380,8 @@ elif [ "${GPU_CHECK_TRAIN:-1}" = 1 ] && [ -x "$here/train/train" ]; then
     # MFU against the peak Tandem's run found for this GPU (none: unknown, no MFU).
     peak="$(sed -n 's/^MFU .* over \([0-9.]*\) TFLOP\/s.*/\1/p' "$work/train-TANDEM.log" | head -1)"
     timeout "$(allow 240 0)" python3 "$here/train/bench_pytorch.py" --device cuda --dtype bf16 \
-        --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50304 --batch 8 \
-        --steps "$steps" --peak-tflops "${peak:-0}" >"$work/train-PYTORCH.log" 2>&1
+        --n-layer 12 --d-model 768 --n-head 12 --seq-len 1024 --vocab 50304 --tie-embeddings \
+        --batch 8 --steps "$steps" --peak-tflops "${peak:-0}" >"$work/train-PYTORCH.log" 2>&1
     tail -n 1 "$work/train-PYTORCH.log" | sed 's/^/PYTORCH /'
   else
     echo "PYTORCH skipped: no PyTorch with CUDA here"

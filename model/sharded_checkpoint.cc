@@ -271,6 +271,30 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
   return absl::NotFoundError(absl::StrFormat("no complete checkpoint in %s", dir));
 }
 
+absl::StatusOr<std::map<std::string, std::vector<float>>> ReadCheckpointParams(
+    const std::string& prefix, Manifest* manifest, std::map<std::string, std::string>* meta) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(prefix));
+  RETURN_IF_ERROR(VerifyCheckpoint(prefix, m));
+  std::map<std::string, std::vector<float>> params;
+  for (const ShardRecord& s : m.shards) {
+    ASSIGN_OR_RETURN(CheckpointData d, ReadShard(DirOf(prefix), s, ManifestPath(prefix)));
+    const std::string path = absl::StrCat(DirOf(prefix), "/", s.file);
+    ASSIGN_OR_RETURN(std::string layout_text, d.Meta("layout"));
+    absl::StatusOr<std::vector<ShardParam>> layout = ParseShardLayout(layout_text);
+    if (!layout.ok()) return CorruptCheckpointError(path, std::string(layout.status().message()));
+    ASSIGN_OR_RETURN(const std::vector<float>* values, d.Array("params"));
+    if (meta != nullptr && &s == &m.shards.front()) *meta = d.meta;
+    for (const ShardParam& p : *layout) {
+      if (p.offset + p.numel > static_cast<int64_t>(values->size())) {
+        return CorruptCheckpointError(path, absl::StrFormat("parameter %s runs past the end of 'params'", p.name));
+      }
+      params[p.name].assign(values->begin() + p.offset, values->begin() + p.offset + p.numel);
+    }
+  }
+  if (manifest != nullptr) *manifest = std::move(m);
+  return params;
+}
+
 absl::Status LoadStateFromShards(
     const std::vector<std::pair<std::string, const CheckpointData*>>& shards,
     const std::string& what, const TrainConfig& c, Stage& stage, Optimizer* optimizer,

@@ -16,6 +16,7 @@
 #define TANDEM_MODEL_SHARDED_CHECKPOINT_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,6 +85,14 @@ absl::Status VerifyCheckpoint(const std::string& prefix, const Manifest& m);
 // `passed_over`, if given.
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
                                                  std::vector<std::string>* passed_over = nullptr);
+
+// Every parameter of checkpoint `prefix` by name, gathered from all of its shards (each
+// checked as VerifyCheckpoint does), for tools that read a model without building it
+// (tools/export). `manifest`, if given, receives the checkpoint's manifest, and `meta` the
+// metadata of its first shard (SaveTrainingState's entries). The error names the shard.
+absl::StatusOr<std::map<std::string, std::vector<float>>> ReadCheckpointParams(
+    const std::string& prefix, Manifest* manifest = nullptr,
+    std::map<std::string, std::string>* meta = nullptr);
 
 // The part of a stage's flat buffer an optimizer's state covers: all of it, or, under
 // ZeRO-1, one data-parallel rank's shard [begin, end).

@@ -3,7 +3,9 @@
 # Tandem trained, exported (//tools:export) and loaded by GPT2LMHeadModel.from_pretrained;
 # and a GPT2LMHeadModel transformers made and saved, loaded by Tandem. On a fixed batch the
 # logits agree within 1e-4 relative (tools/hf_logits_check.py). Skips, saying so, where
-# torch and transformers are not installed (pip install torch transformers).
+# torch and transformers are not installed (pip install torch transformers). And the
+# transformers-made file through --init-from (its 250-token vocabulary padded to 256, its tied
+# head taken from wte) and exported again: every tensor transformers wrote, bit for bit.
 # Usage: hf_logits_test.sh EXPORT TRAIN CHECK_SCRIPT
 set -u
 . "$(dirname "$0")/junit.sh"  # check, fail, skip; the checks as JUnit XML
@@ -39,3 +41,13 @@ python3 "$script" make "$tmp/theirs" || fail "transformers could not make its mo
   --out="$tmp/theirs.logits.safetensors" || fail "Tandem's logits failed"
 python3 "$script" compare "$tmp/theirs" "$tmp/tokens.txt" "$tmp/theirs.logits.safetensors" ||
   fail "the logits differ"
+
+check "a model transformers made, through --init-from and export: its tensors bit for bit"
+"$train" --model=gpt --n-layer=2 --d-model=32 --n-head=4 --seq-len=16 --vocab=250 --synthetic \
+  --batch=4 --steps=1 --checkpoint-every=1 --init-from="$tmp/theirs/model.safetensors" \
+  --run-dir="$tmp/from-theirs" >"$tmp/train2.txt" 2>&1 || { cat "$tmp/train2.txt"; fail "training from it failed"; }
+"$export_bin" --checkpoint="$tmp/from-theirs/checkpoints/step-0" --out="$tmp/again/model.safetensors" ||
+  fail "export failed"
+grep -qF '"vocab_size": 250' "$tmp/again/config.json" || fail "config.json's vocab_size is not 250"
+python3 "$script" same "$tmp/theirs/model.safetensors" "$tmp/again/model.safetensors" ||
+  fail "the tensors differ"

@@ -212,7 +212,9 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
   return m;
 }
 
-absl::Status VerifyCheckpoint(const std::string& prefix, const Manifest& m) {
+absl::Status VerifyCheckpoint(
+    const std::string& prefix, const Manifest& m,
+    const std::function<absl::Status(const std::string&, const CheckpointData&)>& each) {
   const std::string manifest = ManifestPath(prefix);
   const std::string dir = DirOf(prefix);
   std::vector<std::pair<int, int>> blocks;
@@ -228,6 +230,7 @@ absl::Status VerifyCheckpoint(const std::string& prefix, const Manifest& m) {
     if (absl::StatusOr<std::string> total = d.Meta("model_blocks"); total.ok()) {
       (void)absl::SimpleAtoi(*total, &model_blocks);
     }
+    if (each) RETURN_IF_ERROR(each(path, d));
     blocks.push_back({s.block_begin, s.block_end});
   }
   std::sort(blocks.begin(), blocks.end());
@@ -274,23 +277,24 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
 absl::StatusOr<std::map<std::string, std::vector<float>>> ReadCheckpointParams(
     const std::string& prefix, Manifest* manifest, std::map<std::string, std::string>* meta) {
   ASSIGN_OR_RETURN(Manifest m, ReadManifest(prefix));
-  RETURN_IF_ERROR(VerifyCheckpoint(prefix, m));
   std::map<std::string, std::vector<float>> params;
-  for (const ShardRecord& s : m.shards) {
-    ASSIGN_OR_RETURN(CheckpointData d, ReadShard(DirOf(prefix), s, ManifestPath(prefix)));
-    const std::string path = absl::StrCat(DirOf(prefix), "/", s.file);
+  bool first = true;
+  auto gather = [&](const std::string& path, const CheckpointData& d) -> absl::Status {
     ASSIGN_OR_RETURN(std::string layout_text, d.Meta("layout"));
     absl::StatusOr<std::vector<ShardParam>> layout = ParseShardLayout(layout_text);
     if (!layout.ok()) return CorruptCheckpointError(path, std::string(layout.status().message()));
     ASSIGN_OR_RETURN(const std::vector<float>* values, d.Array("params"));
-    if (meta != nullptr && &s == &m.shards.front()) *meta = d.meta;
+    if (meta != nullptr && first) *meta = d.meta;
+    first = false;
     for (const ShardParam& p : *layout) {
       if (p.offset + p.numel > static_cast<int64_t>(values->size())) {
         return CorruptCheckpointError(path, absl::StrFormat("parameter %s runs past the end of 'params'", p.name));
       }
       params[p.name].assign(values->begin() + p.offset, values->begin() + p.offset + p.numel);
     }
-  }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(VerifyCheckpoint(prefix, m, gather));
   if (manifest != nullptr) *manifest = std::move(m);
   return params;
 }

@@ -77,6 +77,10 @@ ABSL_FLAG(int, checkpoint_every, 0,
           "steps between checkpoints, and one at the end; a run from its start also keeps its "
           "initial weights, as step 0 (0: none)");
 ABSL_FLAG(std::string, resume, "", "checkpoint file (.ckpt) to resume from");
+ABSL_FLAG(std::string, init_from, "",
+          "start from the weights of a safetensors file in Hugging Face GPT-2's layout "
+          "(bazel run //tools:export wrote it, or transformers did) instead of the seed's; not "
+          "with --resume");
 ABSL_FLAG(int, profile_steps, 0,
           "profile the last N steps: each op's time on its device (events around it on the "
           "stream) and its achieved GFLOP/s and GB/s, in a table at the end (those steps are "
@@ -134,6 +138,7 @@ absl::StatusOr<Setup> SetupFromFlags() {
   job.synthetic = absl::GetFlag(FLAGS_synthetic);
   job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   job.resume = users(absl::GetFlag(FLAGS_resume));
+  job.init_from = users(absl::GetFlag(FLAGS_init_from));
   job.profile = absl::GetFlag(FLAGS_profile_steps) > 0;
   auto device = ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
@@ -338,27 +343,14 @@ int main(int argc, char** argv) {
                                          "seed",           "data",           "data_format",
                                          "vocab",          "synthetic",      "device",
                                          "dtype",          "run_dir",        "checkpoint_dir",
-                                         "checkpoint_every", "resume",       "profile_steps"}};
-  bool help = false;
-  const absl::Status parsed =
-      tandem::launcher::ParseFlags(flags, std::vector<std::string>(argv + 1, argv + argc), &help);
-  if (help) {
-    std::fputs(tandem::launcher::HelpText(
-                   flags,
-                   "Usage: bazel run //examples:train -- [flags]\n"
-                   "Trains one model on one device, without the launcher, and prints the loss\n"
-                   "of every step and the throughput; with --run-dir it also writes run.json and\n"
-                   "metrics/rank-0.jsonl there, as the launcher does.\n"
-                   "  e.g. bazel run //examples:train -- --model=gpt-tiny --steps=300\n")
-                   .c_str(),
-               stdout);
-    return 0;
-  }
-  if (!parsed.ok()) {
-    for (absl::string_view line : absl::StrSplit(parsed.message(), '\n')) {
-      std::fprintf(stderr, "train: %s\n", std::string(line).c_str());
-    }
-    return 2;
-  }
-  return tandem::Main();
+                                         "checkpoint_every", "resume",       "init_from",
+                                         "profile_steps"}};
+  const int rc = tandem::launcher::ParseCommandLine(
+      flags, argc, argv, "train",
+      "Usage: bazel run //examples:train -- [flags]\n"
+      "Trains one model on one device, without the launcher, and prints the loss\n"
+      "of every step and the throughput; with --run-dir it also writes run.json and\n"
+      "metrics/rank-0.jsonl there, as the launcher does.\n"
+      "  e.g. bazel run //examples:train -- --model=gpt-tiny --steps=300\n");
+  return rc >= 0 ? rc : tandem::Main();
 }

@@ -1,6 +1,7 @@
 #include "launcher/flags.h"
 
 #include <cstdint>
+#include <cstdio>
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
@@ -9,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 
 namespace tandem {
 namespace launcher {
@@ -171,6 +173,22 @@ absl::Status ParseFlags(const FlagSet& flags, const std::vector<std::string>& ra
   }
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
   return absl::OkStatus();
+}
+
+int ParseCommandLine(const FlagSet& flags, int argc, char** argv, const char* program,
+                     const std::string& usage) {
+  bool help = false;
+  const absl::Status parsed =
+      ParseFlags(flags, std::vector<std::string>(argv + 1, argv + argc), &help);
+  if (help) {
+    std::fputs(HelpText(flags, usage).c_str(), stdout);
+    return 0;
+  }
+  if (parsed.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(parsed.message(), '\n')) {
+    std::fprintf(stderr, "%s: %s\n", program, std::string(line).c_str());
+  }
+  return 2;
 }
 
 std::string HelpText(const FlagSet& flags, const std::string& usage) {

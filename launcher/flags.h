@@ -40,6 +40,12 @@ absl::Status ParseFlags(const FlagSet& flags, const std::vector<std::string>& ar
 // `usage` (lines ending in '\n'), then every flag with its hyphenated name, default and help.
 std::string HelpText(const FlagSet& flags, const std::string& usage);
 
+// A program's command line (argv[1..]) parsed into `flags`: with --help, prints HelpText to
+// stdout and returns 0; on a problem, prints each as "<program>: <problem>" to stderr and
+// returns 2 (a usage error); else returns -1: the program goes on.
+int ParseCommandLine(const FlagSet& flags, int argc, char** argv, const char* program,
+                     const std::string& usage);
+
 }  // namespace launcher
 }  // namespace tandem
 

@@ -27,6 +27,7 @@
 #include "launcher/hostfile.h"
 #include "launcher/paths.h"
 #include "model/data.h"
+#include "model/hf_gpt2.h"
 #include "model/sharded_checkpoint.h"
 #include "model/trainer.h"
 #include "runtime/device.h"
@@ -109,6 +110,11 @@ ABSL_FLAG(std::string, resume, "",
           "checkpoint to resume from: auto (the newest complete one in --run-dir; none: start "
           "fresh), or <dir>/step-NNNNNN (or one of its files); written by any strategy and "
           "number of workers");
+ABSL_FLAG(std::string, init_from, "",
+          "start from the weights of a safetensors file in Hugging Face GPT-2's layout (one "
+          "bazel run //tools:export wrote, or a GPT2LMHeadModel's model.safetensors) instead of "
+          "the seed's; the optimizer starts fresh; GPT models only; not with --resume=<checkpoint> (with "
+          "--resume=auto, only while the run has no checkpoint)");
 ABSL_FLAG(int, max_restarts, 0,
           "when a worker fails, restart the whole job from its newest complete checkpoint, up "
           "to this many times");
@@ -248,7 +254,7 @@ const std::vector<std::string>& FlagNames() {
       "attention", "tie_embeddings", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
       "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
       "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "run_dir",
-      "checkpoint_every", "resume", "max_restarts", "hostfile", "coordinator_address",
+      "checkpoint_every", "resume", "init_from", "max_restarts", "hostfile", "coordinator_address",
       "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
       "overlap", "recompute", "heartbeat_timeout"};
   // clang-format on
@@ -312,6 +318,7 @@ Options OptionsFromFlags() {
   o.job.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.job.resume = absl::GetFlag(FLAGS_resume);
+  o.job.init_from = absl::GetFlag(FLAGS_init_from);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   o.hostfile = absl::GetFlag(FLAGS_hostfile);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
@@ -473,6 +480,7 @@ struct Validation {
     job.resume = o.job.resume.empty() || auto_resume
                      ? ""
                      : CheckpointPrefix(AbsolutePath(host.user_dir, o.job.resume));
+    job.init_from = o.job.init_from.empty() ? "" : AbsolutePath(host.user_dir, o.job.init_from);
   }
 
   // The model, and the flags it does not use.
@@ -721,6 +729,28 @@ struct Validation {
     }
   }
 
+  // --init-from: a safetensors file whose tensors fit the model (its header is read), never
+  // with a --resume checkpoint, which holds the weights. With --resume=auto (a job script
+  // that requeues) it is the start of a run that has no checkpoint yet.
+  void CheckInitFrom() {
+    if (o.job.init_from.empty()) return;
+    const std::string label = absl::StrCat("--init-from=", o.job.init_from);
+    if (auto_resume && !job.resume.empty()) {
+      plan.notices.push_back(absl::StrFormat(
+          "%s is not read: --resume=auto continues from %s", label, job.resume));
+      job.init_from.clear();
+    } else if (!o.job.resume.empty() && !auto_resume) {
+      problem(absl::StrFormat("%s and --resume=%s: a resumed run has its weights; pass one of them",
+                              label, o.job.resume));
+    } else if (!PathExists(job.init_from)) {
+      problem(absl::StrFormat("%s does not exist", label));
+    } else if (model.ok()) {
+      if (absl::Status s = CheckGpt2File(job.init_from, *model); !s.ok()) {
+        problem(absl::StrCat("--init-from: ", s.message()));  // the message names the file
+      }
+    }
+  }
+
   // Restarts, mpirun's arguments and the hostfile, whose slots must hold the workers.
   void CheckHosts() {
     if (o.max_restarts < 0 || o.max_restarts > 1000) {
@@ -836,6 +866,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   v.CheckData();
   v.CheckRunDirectory();
   v.CheckResume();
+  v.CheckInitFrom();
   v.CheckHosts();
   v.CheckCoordinatorAddress();
   if (!v.problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(v.problems, "\n"));

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "launcher/paths.h"
 #include "model/checkpoint.h"
+#include "model/hf_gpt2.h"
 #include "model/sharded_checkpoint.h"
 #include "runtime/files.h"
 #include "runtime/format.h"
@@ -789,6 +790,55 @@ TEST(Validate, ResumeAuto) {
                           "empty directory, or continue that run with --resume=auto"));
   o.job.run_dir = "fresh";
   EXPECT_TRUE(Validate(o, CpuHost(user)).ok());
+}
+
+// The weights of `model` (seed 1) as a Hugging Face GPT-2 safetensors file at `path`.
+void WriteGpt2File(const std::string& path, const ModelConfig& model) {
+  std::unique_ptr<Stage> s = *Stage::Create(model, 0, model.num_blocks(), Device::Cpu(), 1);
+  std::map<std::string, std::vector<float>> params;
+  for (size_t i = 0; i < s->layout().entries().size(); ++i) {
+    params[s->layout().entries()[i].spec.name] = *s->params().view(i).ToFloatVector();
+  }
+  ASSERT_TRUE(WriteSafetensors(path, *ExportGpt2(model, params)).ok());
+}
+
+TEST(Validate, InitFrom) {
+  const std::string user = FreshTestDir("user");
+  const HostInfo h = CpuHost(user);
+  Options o = Small();
+  WriteGpt2File(user + "/model.safetensors", *o.job.Model());
+  o.job.init_from = "model.safetensors";  // the user's directory's
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.init_from, user + "/model.safetensors");
+  EXPECT_EQ(p->job.ToParallelConfig(Device::Cpu())->train.init_from, user + "/model.safetensors");
+
+  o.job.init_from = "none.safetensors";
+  EXPECT_THAT(Problems(o, h), ElementsAre("--init-from=none.safetensors does not exist"));
+  o.job.init_from = "model.safetensors";
+  o.job.d_model = 64;
+  EXPECT_THAT(Problems(o, h), ElementsAre(AllOf(
+                                  HasSubstr("--init-from: " + user + "/model.safetensors: tensor "
+                                            "transformer.wte.weight is [256, 32]"),
+                                  HasSubstr("pass the sizes of the model the file holds"))));
+  o.job.d_model = 32;
+  // A checkpoint holds the weights: not both.
+  WriteCheckpointAt(user, 3, 8, SmallModel());
+  o.job.resume = user + "/step-000003";
+  EXPECT_THAT(Problems(o, h), ElementsAre(HasSubstr("a resumed run has its weights")));
+  // --resume=auto: the file starts a run that has no checkpoint yet, and is not read after.
+  o.job.resume = "auto";
+  o.job.run_dir = "run";
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.init_from, user + "/model.safetensors");
+  ASSERT_EQ(std::system(("mkdir -p " + user + "/run/checkpoints").c_str()), 0);
+  WriteCheckpointAt(user + "/run/checkpoints", 2, 8, SmallModel());
+  p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.init_from, "");
+  EXPECT_THAT(p->notices, Contains(HasSubstr("--init-from=model.safetensors is not read: "
+                                             "--resume=auto continues from")));
 }
 
 TEST(Validate, HostfileCoordinatorAndRestarts) {

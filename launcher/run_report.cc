@@ -258,6 +258,7 @@ std::string RunJson(const RunRecord& r) {
       {"run_dir", c.run_dir},
       {"checkpoint_every", c.checkpoint_every},
       {"resume", c.resume},
+      {"init_from", c.init_from},
       {"bucket_mb", JsonNumber(c.bucket_mb)},
       {"overlap", c.overlap},
       {"recompute", c.recompute},

@@ -213,7 +213,9 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix) {
   return m;
 }
 
-absl::Status VerifyCheckpoint(const std::string& prefix, const Manifest& m) {
+absl::Status VerifyCheckpoint(
+    const std::string& prefix, const Manifest& m,
+    const std::function<absl::Status(const std::string&, const CheckpointData&)>& each) {
   const std::string manifest = ManifestPath(prefix);
   const std::string dir = DirOf(prefix);
   std::vector<std::pair<int, int>> blocks;
@@ -229,6 +231,7 @@ absl::Status VerifyCheckpoint(const std::string& prefix, const Manifest& m) {
     if (absl::StatusOr<std::string> total = d.Meta("model_blocks"); total.ok()) {
       (void)absl::SimpleAtoi(*total, &model_blocks);
     }
+    if (each) RETURN_IF_ERROR(each(path, d));
     blocks.push_back({s.block_begin, s.block_end});
   }
   std::sort(blocks.begin(), blocks.end());
@@ -270,6 +273,31 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
     if (passed_over) passed_over->push_back(std::string(s.message()));
   }
   return absl::NotFoundError(absl::StrFormat("no complete checkpoint in %s", dir));
+}
+
+absl::StatusOr<std::map<std::string, std::vector<float>>> ReadCheckpointParams(
+    const std::string& prefix, Manifest* manifest, std::map<std::string, std::string>* meta) {
+  ASSIGN_OR_RETURN(Manifest m, ReadManifest(prefix));
+  std::map<std::string, std::vector<float>> params;
+  bool first = true;
+  auto gather = [&](const std::string& path, const CheckpointData& d) -> absl::Status {
+    ASSIGN_OR_RETURN(std::string layout_text, d.Meta("layout"));
+    absl::StatusOr<std::vector<ShardParam>> layout = ParseShardLayout(layout_text);
+    if (!layout.ok()) return CorruptCheckpointError(path, std::string(layout.status().message()));
+    ASSIGN_OR_RETURN(const std::vector<float>* values, d.Array("params"));
+    if (meta != nullptr && first) *meta = d.meta;
+    first = false;
+    for (const ShardParam& p : *layout) {
+      if (p.offset + p.numel > static_cast<int64_t>(values->size())) {
+        return CorruptCheckpointError(path, absl::StrFormat("parameter %s runs past the end of 'params'", p.name));
+      }
+      params[p.name].assign(values->begin() + p.offset, values->begin() + p.offset + p.numel);
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(VerifyCheckpoint(prefix, m, gather));
+  if (manifest != nullptr) *manifest = std::move(m);
+  return params;
 }
 
 absl::Status LoadStateFromShards(

@@ -16,6 +16,8 @@
 #define TANDEM_MODEL_SHARDED_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,13 +81,25 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& prefix);
 // Checks that every shard the manifest lists is present, whole (read in full, checksum
 // verified) and the one listed (size and checksum as in the manifest), and that together
 // they hold every block of the model once. The error names the shard and the manifest.
-absl::Status VerifyCheckpoint(const std::string& prefix, const Manifest& m);
+// `each`, if given, sees every shard (its path and contents) as it is read, in the
+// manifest's order; its error ends the verification.
+absl::Status VerifyCheckpoint(
+    const std::string& prefix, const Manifest& m,
+    const std::function<absl::Status(const std::string&, const CheckpointData&)>& each = nullptr);
 
 // The newest complete checkpoint (manifest and shards verified) in `dir`, as a prefix;
 // NotFound when there is none. Each newer checkpoint passed over adds a line saying why to
 // `passed_over`, if given.
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
                                                  std::vector<std::string>* passed_over = nullptr);
+
+// Every parameter of checkpoint `prefix` by name, gathered from all of its shards (read once,
+// as VerifyCheckpoint checks them), for tools that read a model without building it
+// (tools/export). `manifest`, if given, receives the checkpoint's manifest, and `meta` the
+// metadata of its first shard (SaveTrainingState's entries). The error names the shard.
+absl::StatusOr<std::map<std::string, std::vector<float>>> ReadCheckpointParams(
+    const std::string& prefix, Manifest* manifest = nullptr,
+    std::map<std::string, std::string>* meta = nullptr);
 
 // The part of a stage's flat buffer an optimizer's state covers: all of it, or, under
 // ZeRO-1, one data-parallel rank's shard [begin, end).

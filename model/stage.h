@@ -31,6 +31,7 @@ class Stage {
   int begin() const { return begin_; }
   int end() const { return end_; }
   Device device() const { return device_; }
+  const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return *layout_; }
   const FlatBuffer& params() const { return params_; }
   // The 16-bit copy the blocks compute with; undefined in f32.

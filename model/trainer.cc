@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
+#include "model/hf_gpt2.h"
 #include "model/sharded_checkpoint.h"
 #include "runtime/host_sync.h"
 #include "runtime/ops.h"
@@ -32,6 +33,11 @@ absl::Status TrainConfig::Validate() const {
   if (checkpoint_every > 0 && checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--checkpoint-every=%d needs --checkpoint-dir=DIR to write them to", checkpoint_every));
+  }
+  if (!init_from.empty() && !resume.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--init-from=%s and --resume=%s: a resumed run has its weights; pass one of them",
+        init_from, resume));
   }
   if (device.is_cpu() && dtype != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -68,6 +74,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
   t->memory_ = memory;
   ASSIGN_OR_RETURN(t->stage_,
                    Stage::Create(c.model, 0, c.model.num_blocks(), c.device, c.seed, c.dtype));
+  if (!c.init_from.empty()) RETURN_IF_ERROR(InitFromSafetensors(c.init_from, *t->stage_));
   ASSIGN_OR_RETURN(t->optimizer_,
                    Optimizer::Create(c.optimizer, t->stage_->layout(), 0,
                                      t->stage_->layout().numel(), c.device));
@@ -260,6 +267,10 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
   }
   d.meta["model"] = c.model.ToString();
   d.meta["model_blocks"] = absl::StrCat(c.model.num_blocks());
+  // The data's vocabulary where the model pads it: an export keeps only its rows.
+  if (c.data_vocab > 0 && c.data_vocab < c.model.vocab) {
+    d.meta["data_vocab"] = absl::StrCat(c.data_vocab);
+  }
   d.meta["blocks"] = absl::StrCat(stage.begin(), "-", stage.end());
   d.meta["layout"] = FormatShardLayout(stage.layout(), skip);
   d.meta["optimizer"] = c.optimizer.kind;

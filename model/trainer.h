@@ -38,6 +38,9 @@ struct TrainConfig {
   std::string checkpoint_dir;    // where checkpoints go; empty: none
   int checkpoint_every = 0;      // steps between checkpoints (and step 0, and the last); 0: none
   std::string resume;            // a checkpoint file to start from
+  // A safetensors file in Hugging Face's GPT-2 layout (model/hf_gpt2.h) the parameters start
+  // from instead of the seed's; the optimizer starts fresh. Not with `resume`.
+  std::string init_from;
   absl::Status Validate() const;
 };
 

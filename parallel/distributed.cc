@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "model/block.h"
+#include "model/hf_gpt2.h"
 #include "model/sharded_checkpoint.h"
 #include "runtime/allocator.h"
 #include "runtime/host_sync.h"
@@ -356,6 +357,10 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   const auto [begin, end] = t->BlockRange(t->stage_index_);
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
                                             c.train.seed, c.train.dtype));
+  // --init-from: every rank takes its stage's parameters from the file, by name.
+  if (!c.train.init_from.empty()) {
+    RETURN_IF_ERROR(InitFromSafetensors(c.train.init_from, *t->stage_));
+  }
   t->stage_->set_recompute(c.recompute);
   const int64_t numel = t->stage_->layout().numel();
   t->shard_begin_ = 0;

@@ -79,6 +79,7 @@ const std::vector<Field>& Fields() {
       Str("run_dir", &JobConfig::run_dir),
       Num("checkpoint_every", &JobConfig::checkpoint_every),
       Str("resume", &JobConfig::resume),
+      Str("init_from", &JobConfig::init_from),
       Num("bucket_mb", &JobConfig::bucket_mb),
       Bool("overlap", &JobConfig::overlap),
       Bool("recompute", &JobConfig::recompute),
@@ -184,6 +185,7 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   if (!format.ok()) return format.status();
   t.data_format = *format;
   t.data_vocab = vocab;
+  t.init_from = init_from;
   t.synthetic_data = synthetic;
   t.optimizer.kind = optimizer;
   t.optimizer.lr = static_cast<float>(lr);

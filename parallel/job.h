@@ -52,6 +52,7 @@ struct JobConfig {
   std::string run_dir;
   int checkpoint_every = 0;
   std::string resume;
+  std::string init_from;  // a safetensors file in GPT-2's layout the weights start from
   double bucket_mb = 25;
   bool overlap = true;
   bool recompute = false;

@@ -322,8 +322,10 @@ class HeadBlock : public Block {
     RETURN_IF_ERROR(ops::LinearForward(s, logits, h, weight(p), bias(p)));
     ASSIGN_OR_RETURN(*y, F32(x, {N}));
     ASSIGN_OR_RETURN(Tensor targets, mb.targets.Reshape({N}));
-    // The logits' buffer receives its own gradient in place.
-    RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, logits, logits, targets, mb.dloss_scale));
+    // The logits' buffer receives its own gradient in place; logits past the data's
+    // vocabulary (padding) take no part in the softmax.
+    RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, logits, logits, targets, mb.dloss_scale,
+                                             c_.data_vocab > 0 ? c_.data_vocab : V));
     saved->t = {x2, h, mean, rstd, logits};
     return absl::OkStatus();
   }

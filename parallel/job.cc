@@ -135,7 +135,10 @@ absl::StatusOr<ModelConfig> JobConfig::Model() const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--vocab=%d: need at least 2 (0: the data's, else the model's)", vocab));
   }
-  if (vocab > 0) m->vocab = PaddedVocab(vocab);
+  if (vocab > 0) {
+    m->vocab = PaddedVocab(vocab);
+    m->data_vocab = vocab;  // the padded logits are masked out of the loss
+  }
   absl::Status s = m->Validate();
   if (!s.ok()) return s;
   return m;

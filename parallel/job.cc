@@ -75,6 +75,10 @@ const std::vector<Field>& Fields() {
       Str("data_format", &JobConfig::data_format),
       Num("vocab", &JobConfig::vocab),
       Bool("synthetic", &JobConfig::synthetic),
+      Str("val_data", &JobConfig::val_data),
+      Num("val_fraction", &JobConfig::val_fraction),
+      Num("eval_every", &JobConfig::eval_every),
+      Num("eval_batches", &JobConfig::eval_batches),
       Str("run_dir", &JobConfig::run_dir),
       Num("checkpoint_every", &JobConfig::checkpoint_every),
       Str("resume", &JobConfig::resume),
@@ -187,6 +191,10 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   t.data_format = *format;
   t.data_vocab = vocab;
   t.synthetic_data = synthetic;
+  t.val_data = val_data;
+  t.val_fraction = val_fraction;
+  t.eval_every = eval_every;
+  t.eval_batches = eval_batches;
   t.optimizer.kind = optimizer;
   t.optimizer.lr = static_cast<float>(lr);
   t.optimizer.warmup_steps = warmup;

@@ -770,7 +770,9 @@ absl::StatusOr<float> DistributedTrainer::Evaluate() {
   const int64_t share = tc.batch / grid_.replicas;
   const int64_t rows = share / tc.micro_batches, T = tc.model.seq_len, C = tc.model.d_model;
   const int rank = grid_.stages > 1 ? pp_->rank() : 0;
-  std::vector<std::unique_ptr<Work>> sends;
+  // Sends in flight, each holding its activation: at most a step's micro-batches (GPipe's
+  // most), so a validation holds no more than the training.
+  std::deque<std::unique_ptr<Work>> sends;
   RETURN_IF_ERROR(ForEachValidationMicroBatch(
       tc, *val_, *input_, replica_ * share, share, rows,
       [&](const MicroBatch& mb) -> absl::Status {
@@ -786,6 +788,9 @@ absl::StatusOr<float> DistributedTrainer::Evaluate() {
         if (stage_->is_last()) return AccumulateLoss(*s, loss_sum, y, scratch);
         ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->Send(y, rank + 1));
         sends.push_back(std::move(w));
+        if (static_cast<int>(sends.size()) <= tc.micro_batches) return absl::OkStatus();
+        RETURN_IF_ERROR(WaitOn(*sends.front(), *s, "an activation's send (validation)"));
+        sends.pop_front();
         return absl::OkStatus();
       }));
   for (auto& w : sends) {

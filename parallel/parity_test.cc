@@ -2,10 +2,8 @@
 // every strategy, schedule and micro-batch count that fits the world size trains a small model
 // for a number of steps and must give the losses and weights of one worker on the same global
 // batch and seed, the losses within 1e-5 relative (docs/DESIGN.md, invariant 1).
-#include <cmath>
 #include <cstdio>
 #include <map>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -87,44 +85,6 @@ TEST(ParityTest, ZeroBubbleH1) {
   }
 }
 
-// A run's training losses and its validation losses after the steps EvalDue names.
-struct Validated {
-  std::vector<float> losses;
-  std::vector<std::pair<int, float>> val;  // (steps trained, validation loss)
-};
-
-Validated OneWorkerValidated(TrainConfig c) {
-  c.micro_batches = 1;
-  Validated v;
-  auto t = Trainer::Create(c);
-  EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return v;
-  EXPECT_TRUE((*t)->Run([&](const StepReport& r) {
-                 v.losses.push_back(r.loss);
-                 if (r.val_loss) v.val.push_back({r.step + 1, *r.val_loss});
-               }).ok());
-  return v;
-}
-
-Validated DistributedValidated(const ParallelConfig& pc) {
-  Validated v;
-  auto t = DistributedTrainer::Create(pc, comm);
-  EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return v;
-  for (int i = 0; i < pc.train.steps; ++i) {
-    auto r = (*t)->Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return v;
-    v.losses.push_back(r->loss);
-    if (!pc.train.EvalDue(i + 1)) continue;
-    absl::StatusOr<float> val = (*t)->Evaluate();
-    EXPECT_TRUE(val.ok()) << val.status();
-    if (!val.ok()) return v;
-    v.val.push_back({i + 1, *val});
-  }
-  return v;
-}
-
 // The validation loss (a held-out quarter of the data, 2 batches, after steps 2, 4 and 5)
 // under data parallelism over every rank and a pipeline of every rank is one worker's within
 // 1e-5 relative, on every rank; and evaluating changes no training loss, bit for bit.
@@ -134,7 +94,7 @@ TEST(ParityTest, ValidationLoss) {
   c.val_fraction = 0.25;
   c.eval_every = 2;
   c.eval_batches = 2;
-  const Validated one = OneWorkerValidated(c);
+  const Validated one = TrainOneWorkerValidated(c);
   ASSERT_EQ(one.val.size(), 3u);
   std::vector<ParallelConfig> configs;
   ParallelConfig data;
@@ -156,17 +116,7 @@ TEST(ParityTest, ValidationLoss) {
     const std::string name = absl::StrFormat("%s %s on %d ranks", StrategyName(pc.strategy),
                                              pc.schedule, world);
     SCOPED_TRACE(name);
-    const Validated many = DistributedValidated(pc);
-    ASSERT_EQ(many.val.size(), one.val.size());
-    for (size_t i = 0; i < one.val.size(); ++i) {
-      EXPECT_EQ(many.val[i].first, one.val[i].first);
-      EXPECT_NEAR(many.val[i].second, one.val[i].second, 1e-5 * std::fabs(one.val[i].second))
-          << "validation " << i << " on rank " << comm->rank();
-    }
-    ParallelConfig plain = pc;
-    plain.train.eval_every = 0;
-    EXPECT_EQ(many.losses, DistributedValidated(plain).losses) << "rank " << comm->rank();
-    ExpectClose(one.losses, many.losses, name + " losses", 0, comm->rank());
+    CheckValidationParity(one, pc, comm, name);
   }
 }
 

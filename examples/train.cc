@@ -64,6 +64,16 @@ ABSL_FLAG(int, vocab, 0,
           "the data's vocabulary, padded to a multiple of 64 for the model (0: an llm.c "
           "shard's kind, else the model's)");
 ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
+ABSL_FLAG(std::string, val_data, "",
+          "validation data, a file or glob in --data's formats; its loss is evaluated forward "
+          "only, never trained on");
+ABSL_FLAG(double, val_fraction, 0,
+          "hold out the last F (0 < F < 1) of the training samples as validation data");
+ABSL_FLAG(int, eval_every, -1,
+          "steps between validation losses, and after the last step (0: none; default: 100 "
+          "with --val-data or --val-fraction, else none)");
+ABSL_FLAG(int, eval_batches, 4,
+          "global batches each validation evaluates: the validation data's first ones, in order");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
 ABSL_FLAG(std::string, run_dir, "",
@@ -136,6 +146,11 @@ absl::StatusOr<Setup> SetupFromFlags() {
   job.data_format = absl::GetFlag(FLAGS_data_format);
   job.vocab = absl::GetFlag(FLAGS_vocab);
   job.synthetic = absl::GetFlag(FLAGS_synthetic);
+  job.val_data = users(absl::GetFlag(FLAGS_val_data));
+  job.val_fraction = absl::GetFlag(FLAGS_val_fraction);
+  job.eval_every = absl::GetFlag(FLAGS_eval_every);
+  job.ResolveEvalEvery();
+  job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
   job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   job.resume = users(absl::GetFlag(FLAGS_resume));
   job.init_from = users(absl::GetFlag(FLAGS_init_from));
@@ -272,8 +287,10 @@ int Main() {
       step_syncs.push_back(r.host_syncs);
     }
     if (r.step + 1 == first_profiled) Profiler::Enable(true);
-    std::printf("step %4d/%d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s%s\n", r.step + 1,
-                c.steps, r.loss, r.lr, r.grad_norm, tok_s, r.skipped ? "  (skipped)" : "");
+    std::printf("step %4d/%d  loss %.4f%s  lr %.2e  norm %.3f  %7.0f tok/s%s\n", r.step + 1,
+                c.steps, r.loss,
+                r.val_loss ? absl::StrFormat("  val %.4f", *r.val_loss).c_str() : "", r.lr,
+                r.grad_norm, tok_s, r.skipped ? "  (skipped)" : "");
     std::fflush(stdout);
     record(r);
   });
@@ -341,7 +358,9 @@ int main(int argc, char** argv) {
                                          "lr",             "warmup",         "optimizer",
                                          "weight_decay",   "decay_all",      "clip_norm",
                                          "seed",           "data",           "data_format",
-                                         "vocab",          "synthetic",      "device",
+                                         "vocab",          "synthetic",      "val_data",
+                                         "val_fraction",   "eval_every",     "eval_batches",
+                                         "device",
                                          "dtype",          "run_dir",        "checkpoint_dir",
                                          "checkpoint_every", "resume",       "init_from",
                                          "profile_steps"}};

@@ -9,7 +9,9 @@
 # initial weights' checkpoint, step 0), bad_checkpoint (missing or corrupt shards refused),
 # slow_start (workers slow to set up are not taken for hung), log_every (the host reads the
 # loss every --log-every steps and synchronizes nowhere else), hybrid (replicas of a pipeline
-# with ZeRO-1: parity, placement, preemption and a crash).
+# with ZeRO-1: parity, placement, preemption and a crash), validation (--val-fraction: the
+# validation loss in the metrics, run.json, the progress line and the summary; the training
+# losses unchanged).
 set -u
 case_name="$1"
 launcher="$(cd "$(dirname "$2")" && pwd -P)/$(basename "$2")"
@@ -108,6 +110,37 @@ check_run() {  # strategy
 case "$case_name" in
   data | pipeline | model)
     check_run "$case_name"
+    ;;
+
+  validation)
+    # --val-fraction with --eval-every=2: a validation loss after steps 2, 4 and the last (5),
+    # in rank 0's metrics, run.json's val_losses, the progress line and the summary; the
+    # training losses are those of the same run (the same samples held out) never evaluating,
+    # bit for bit.
+    dir="$tmp/run-val"
+    out="$tmp/out-val.txt"
+    timeout 60 "$launcher" --strategy=pipeline --gpus=2 "${small[@]}" --steps=5 \
+      --val-fraction=0.1 --eval-every=2 --eval-batches=2 --debug-syncs --run-dir="$dir" \
+      >"$out" 2>&1
+    rc=$?
+    cat "$out"
+    [ "$rc" -eq 0 ] || fail "--val-fraction exited $rc"
+    val_steps="$(sed -n 's/^{"step": \([0-9]*\), "loss": [^,]*, "val_loss": [0-9.e+-]*,.*/\1/p' \
+      "$dir/metrics/rank-0.jsonl" | tr '\n' ' ')"
+    [ "$val_steps" = "1 3 4 " ] || fail "rank 0's validated steps are '$val_steps', not 1 3 4"
+    val_losses="$(sed -n 's/^ *"val_losses": \(.*\),$/\1/p' "$dir/run.json")"
+    echo "$val_losses" | grep -Eq '^\[\[2, [0-9.e+-]+\], \[4, [0-9.e+-]+\], \[5, [0-9.e+-]+\]\]$' ||
+      fail "run.json's val_losses are '$val_losses'"
+    grep -q "loss [0-9.]*  val [0-9.]*  " "$out" || fail "no validation loss on the progress line"
+    grep -q "^val loss    [0-9.]* (after step 5)" "$out" || fail "no validation loss in the summary"
+    grep -q "host sync #" "$dir"/logs/rank-*.log && fail "a validation synchronized unexpectedly"
+    timeout 60 "$launcher" --strategy=pipeline --gpus=2 "${small[@]}" --steps=5 \
+      --val-fraction=0.1 --eval-every=0 --run-dir="$tmp/run-noval" >/dev/null 2>&1 ||
+      fail "the run without validation failed"
+    grep -q val_losses "$tmp/run-noval/run.json" && fail "val_losses without an evaluation"
+    [ "$(same_losses "$tmp/run-noval" "$dir" 0)" -eq 5 ] || fail "not 5 steps compared"
+    no_worker_left
+    echo "PASSED: validation"
     ;;
 
   log_every)

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 
 #include "absl/flags/flag.h"
@@ -100,6 +101,18 @@ ABSL_FLAG(int, vocab, 0,
           "multiple of 64 (GPT-2's 50257 to 50304, as llm.c) (0: an llm.c shard's kind, else "
           "the model's: 256 bytes, gpt2-small 50304)");
 ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
+ABSL_FLAG(std::string, val_data, "",
+          "validation data: a file or glob in --data's formats (e.g. 'data/*_val_*.bin'); its "
+          "loss is evaluated forward only, never trained on");
+ABSL_FLAG(double, val_fraction, 0,
+          "hold out the last F (0 < F < 1) of the training samples as validation data, never "
+          "trained on (instead of --val-data)");
+ABSL_FLAG(int, eval_every, -1,
+          "steps between validation losses, and after the last step (0: none; default: 100 "
+          "with --val-data or --val-fraction, else none)");
+ABSL_FLAG(int, eval_batches, 4,
+          "global batches (of --batch samples) each validation evaluates: the validation "
+          "data's first ones, in order, the same every time");
 ABSL_FLAG(std::string, run_dir, "",
           "where logs, metrics, checkpoints and run.json go; empty: "
           "runs/<YYYYmmdd-HHMMSS>-<strategy> in the directory the launcher was started from");
@@ -253,7 +266,8 @@ const std::vector<std::string>& FlagNames() {
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
       "attention", "tie_embeddings", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
       "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
-      "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "run_dir",
+      "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "val_data",
+      "val_fraction", "eval_every", "eval_batches", "run_dir",
       "checkpoint_every", "resume", "init_from", "max_restarts", "hostfile", "coordinator_address",
       "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
       "overlap", "recompute", "heartbeat_timeout"};
@@ -315,6 +329,11 @@ Options OptionsFromFlags() {
   o.job.data_format = absl::GetFlag(FLAGS_data_format);
   o.job.vocab = absl::GetFlag(FLAGS_vocab);
   o.job.synthetic = absl::GetFlag(FLAGS_synthetic);
+  o.job.val_data = absl::GetFlag(FLAGS_val_data);
+  o.job.val_fraction = absl::GetFlag(FLAGS_val_fraction);
+  o.job.eval_every = absl::GetFlag(FLAGS_eval_every);
+  o.job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+  o.job.ResolveEvalEvery();  // --eval-every not given: decided by the validation data
   o.job.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.job.resume = absl::GetFlag(FLAGS_resume);
@@ -476,6 +495,8 @@ struct Validation {
     job.run_dir.clear();
     job.data = o.job.synthetic ? "" : AbsolutePath(host.user_dir, o.job.data);
     job.ResolveVocab();
+    if (!o.job.val_data.empty()) job.val_data = AbsolutePath(host.user_dir, o.job.val_data);
+    job.ResolveEvalEvery();
     auto_resume = o.job.resume == "auto";
     job.resume = o.job.resume.empty() || auto_resume
                      ? ""
@@ -582,6 +603,10 @@ struct Validation {
       fit.data_format = "auto";  // the data is checked by CheckData
       fit.clip_norm = 1;
       fit.bucket_mb = 25;
+      fit.val_data.clear();  // validation is checked by CheckValidation and CheckData
+      fit.val_fraction = 0;
+      fit.eval_every = 0;
+      fit.eval_batches = 1;
       absl::StatusOr<ParallelConfig> pc = fit.ToParallelConfig(device);
       absl::Status fit_status = pc.status();
       // --balance=time is measured here, once, and handed to every worker as explicit stage
@@ -625,17 +650,43 @@ struct Validation {
     }
   }
 
-  // The training data.
+  // The training data, and the validation data it or --val-data holds.
   void CheckData() {
     const absl::StatusOr<DataFormat> format = ParseDataFormat(o.job.data_format);
     if (!format.ok()) problem(std::string(format.status().message()));
-    if (!o.job.synthetic && model.ok() && format.ok()) {
-      absl::StatusOr<TokenDataset> d =
-          job.data.empty() ? TokenDataset::Default(model->seq_len, model->vocab)
-                           : TokenDataset::Open(job.data, *format, model->seq_len,
-                                                job.vocab > 0 ? job.vocab : model->vocab);
-      if (!d.ok()) problem(absl::StrCat("--data: ", d.status().message()));
+    if (!model.ok() || !format.ok()) return;
+    TrainConfig t;
+    t.model = *model;
+    t.batch = o.job.batch;
+    t.seed = o.job.seed;
+    t.data = job.data;
+    t.data_format = *format;
+    t.data_vocab = job.vocab;
+    t.synthetic_data = o.job.synthetic;
+    t.val_data = job.val_data;
+    t.val_fraction = job.val_fraction;
+    t.eval_batches = job.eval_batches;
+    const absl::StatusOr<TokenDataset> d = LoadDataset(t);
+    if (!d.ok()) {
+      problem(absl::StrCat("--data: ", d.status().message()));
+      return;
     }
+    // The validation data opens and holds at least one batch.
+    if (!validation_ok || !counts_ok) return;
+    const absl::StatusOr<std::optional<ValidationSet>> v = LoadValidation(t, *d);
+    if (!v.ok()) {
+      // A file's own problem names the file; the count's names its flag.
+      const bool named = absl::StartsWith(v.status().message(), "--");
+      problem(absl::StrCat(named ? "" : "--val-data: ", v.status().message()));
+    }
+  }
+
+  // The validation flags together (one problem at most: they depend on each other).
+  void CheckValidation() {
+    const absl::Status s = CheckValidationSettings(o.job.val_data, o.job.val_fraction,
+                                                   job.eval_every, o.job.eval_batches);
+    validation_ok = s.ok();
+    if (!s.ok()) problem(std::string(s.message()));
   }
 
   // The run directory: a new one, or an existing one only to continue its run.
@@ -850,6 +901,7 @@ struct Validation {
   bool dtype_ok = false;  // and valid on the device
   bool counts_ok = true;
   bool optimizer_ok = false;
+  bool validation_ok = false;
 };
 
 }  // namespace
@@ -863,6 +915,7 @@ absl::StatusOr<LaunchPlan> Validate(const Options& o, const HostInfo& host) {
   v.CheckDtype();
   v.CheckNumbers();
   v.CheckFit();
+  v.CheckValidation();
   v.CheckData();
   v.CheckRunDirectory();
   v.CheckResume();

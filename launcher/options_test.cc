@@ -81,6 +81,25 @@ TEST(ParseFlags, HyphenatedFlagsReachTheOptions) {
   EXPECT_EQ(o.job.run_dir, "out-dir");
   EXPECT_EQ(o.job.seed, 7u);
   EXPECT_DOUBLE_EQ(o.job.lr, 0.01);
+  EXPECT_EQ(o.job.eval_every, 0);  // no validation data: no evaluation
+  ASSERT_TRUE(ParseFlags({"--val-data=v.bin", "--eval-every=50", "--eval-batches=2"}, &help).ok());
+  EXPECT_EQ(OptionsFromFlags().job.val_data, "v.bin");
+  EXPECT_EQ(OptionsFromFlags().job.eval_every, 50);
+  EXPECT_EQ(OptionsFromFlags().job.eval_batches, 2);
+}
+
+// --eval-every's default: every 100 steps with validation data, else never.
+TEST(ParseFlags, EvalEveryDefaultFollowsTheValidationData) {
+  absl::FlagSaver saver;
+  bool help;
+  ASSERT_TRUE(ParseFlags({"--val-fraction=0.05"}, &help).ok());
+  EXPECT_DOUBLE_EQ(OptionsFromFlags().job.val_fraction, 0.05);
+  EXPECT_EQ(OptionsFromFlags().job.eval_every, 100);
+  ASSERT_TRUE(ParseFlags({"--val-fraction=0", "--val-data=v.bin"}, &help).ok());
+  EXPECT_EQ(OptionsFromFlags().job.eval_every, 100);
+  ASSERT_TRUE(ParseFlags({"--val-data=v.bin", "--eval-every=0"}, &help).ok());
+  EXPECT_EQ(OptionsFromFlags().job.eval_every, 0);
+  EXPECT_THAT(HelpText(), HasSubstr("default: 100 with --val-data or --val-fraction, else none"));
 }
 
 TEST(ParseFlags, BooleansAcceptEveryForm) {
@@ -599,6 +618,74 @@ TEST(Validate, VocabularyComesFromTheShards) {
               ElementsAre("--data: data file " + user +
                           "/tok_train_000000.bin holds token 50100 at position 100 but the "
                           "vocabulary is 50100; pass --vocab=N with the tokenizer's size"));
+}
+
+// Validation data: --eval-every's default follows it, the file's path is the user's, job.conf
+// carries the settings, and each bad combination is one line before anything starts.
+TEST(Validate, ValidationFlags) {
+  const std::string user = FreshTestPath("user");
+  ASSERT_EQ(::mkdir(user.c_str(), 0755), 0);
+  std::ofstream(user + "/val.txt") << std::string(2000, 'v');
+  Options o = Small();
+  absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.eval_every, 0);  // no validation data: none
+  o.job.val_data = "val.txt";
+  o.job.eval_every = kDefaultEvalEvery;
+  p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.val_data, user + "/val.txt");
+  EXPECT_EQ(p->job.eval_every, 100);
+  EXPECT_EQ(p->job.eval_batches, 4);
+  o.job.val_data.clear();
+  o.job.val_fraction = 0.2;
+  o.job.eval_every = 7;
+  p = Validate(o, CpuHost(user));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->job.eval_every, 7);
+  EXPECT_EQ(JobConfig::FromText(p->job.ToText())->val_fraction, 0.2);
+
+  struct Case {
+    std::function<void(Options&)> set;
+    std::string line;
+  };
+  const std::vector<Case> cases = {
+      {[](Options& o) {
+         o.job.val_data = "val.txt";
+         o.job.val_fraction = 0.1;
+       },
+       "--val-data=val.txt and --val-fraction=0.1: give one"},
+      {[](Options& o) { o.job.val_fraction = 1; }, "--val-fraction=1: must be above 0 and below 1"},
+      {[](Options& o) { o.job.val_fraction = -0.5; },
+       "--val-fraction=-0.5: must be above 0 and below 1"},
+      {[](Options& o) { o.job.eval_every = 10; },
+       "--eval-every=10 without validation data: add --val-data=FILE or --val-fraction=F"},
+      {[](Options& o) {
+         o.job.val_fraction = 0.5;
+         o.job.eval_batches = 0;
+       },
+       "--eval-batches=0: need at least 1"},
+      // 2000 bytes of seq 16 are 124 samples: a batch of 200 is more.
+      {[](Options& o) {
+         o.job.val_data = "val.txt";
+         o.job.batch = 200;
+       },
+       "--val-data=" + user + "/val.txt holds 124 samples of 17 tokens, fewer than one batch "
+       "(--batch=200): give more validation data"},
+      {[](Options& o) {
+         o.job.synthetic = false;
+         o.job.val_fraction = 1e-7;
+       },
+       "fewer than one batch (--batch=8): give more validation data (a larger --val-fraction)"},
+      {[](Options& o) { o.job.val_data = "missing.bin"; }, "--val-data: "},
+  };
+  for (const Case& c : cases) {
+    Options bad = Small();
+    c.set(bad);
+    const std::vector<std::string> lines = Problems(bad, CpuHost(user));
+    EXPECT_THAT(lines, AnyLineHas(c.line)) << c.line;
+    EXPECT_EQ(lines.size(), 1u) << absl::StrJoin(lines, "\n");
+  }
 }
 
 TEST(Validate, RelativePathsAreTheUsers) {

@@ -12,8 +12,9 @@ namespace launcher {
 
 std::string FormatProgress(const ProgressState& s) {
   return absl::StrFormat(
-      "step %d/%d  loss %s  %s tok/s  peak %s%s  ETA %s", s.step, s.total,
+      "step %d/%d  loss %s%s  %s tok/s  peak %s%s  ETA %s", s.step, s.total,
       s.has_loss ? absl::StrFormat("%.4f", s.loss) : std::string("-"),
+      s.has_val_loss ? absl::StrFormat("  val %.4f", s.val_loss) : std::string(),
       s.tokens_per_second > 0 ? FormatThousands(s.tokens_per_second) : std::string("-"),
       FormatBytes(s.peak_bytes), s.peak_where.empty() ? "" : " on " + s.peak_where,
       FormatDuration(s.eta_seconds));
@@ -24,6 +25,7 @@ void ProgressTracker::Add(int rank, const StepRecord& r) {
     last_rank0_ = r;
     has_rank0_ = true;
   }
+  if (rank == 0 && r.val_loss && r.step >= val_step_) val_step_ = r.step, val_loss_ = *r.val_loss;
   if (r.peak_bytes > peak_bytes_) peak_bytes_ = r.peak_bytes, peak_rank_ = rank;
   if (rank < 0 || rank >= ranks_) return;
   auto& p = pending_[r.step];
@@ -62,6 +64,8 @@ ProgressState ProgressTracker::State() const {
     s.loss = last_rank0_.loss;
     s.has_loss = true;
   }
+  s.has_val_loss = val_step_ >= 0;
+  s.val_loss = val_loss_;
   s.peak_bytes = peak_bytes_;
   if (grid_.hybrid() && peak_rank_ >= 0 && peak_rank_ < grid_.ranks()) {
     s.peak_where = absl::StrFormat("rank %d %s", peak_rank_, grid_.Place(peak_rank_));

@@ -1,4 +1,5 @@
-// The live progress line: "step 12/300  loss 3.1234  48,000 tok/s  peak 512 MB  ETA 0:42",
+// The live progress line: "step 12/300  loss 3.1234  48,000 tok/s  peak 512 MB  ETA 0:42"
+// (with "val 2.3456" after the loss once a validation loss is known),
 // rewritten in place on a terminal, printed every few seconds otherwise, with other messages
 // kept above it.
 #ifndef TANDEM_LAUNCHER_PROGRESS_H_
@@ -24,6 +25,8 @@ struct ProgressState {
   int total = 0;
   bool has_loss = false;
   double loss = 0;
+  bool has_val_loss = false;       // the latest validation loss, once there is one
+  double val_loss = 0;
   double tokens_per_second = 0;    // 0: not known yet
   int64_t peak_bytes = -1;         // largest across ranks; -1: not known yet
   std::string peak_where;          // in a hybrid grid, whose: "rank 2 (replica 0, stage 1)"
@@ -34,7 +37,8 @@ struct ProgressState {
 std::string FormatProgress(const ProgressState& s);
 
 // Follows the steps as workers report them, in constant time per record (per rank for a
-// step every rank completed): rank 0's step and loss (the global loss), the slowest rank's
+// step every rank completed): rank 0's step and loss (the global loss) and latest validation
+// loss, the slowest rank's
 // mean step as MeanStepSeconds computes it (run_report.h: steps every rank completed, the first
 // kWarmupSteps left out when later ones exist), and the largest peak memory of any rank (in
 // a hybrid `grid`, with the rank's place: its stage decides what it holds).
@@ -56,6 +60,8 @@ class ProgressTracker {
   ProcessGrid grid_;
   bool has_rank0_ = false;
   StepRecord last_rank0_;
+  int val_step_ = -1;  // rank 0's latest step with a validation loss, and that loss
+  double val_loss_ = 0;
   int64_t peak_bytes_ = -1;
   int peak_rank_ = -1;
   // step -> (ranks reported, each rank's seconds)

@@ -26,6 +26,17 @@ TEST(FormatProgress, TheLine) {
   EXPECT_EQ(FormatProgress(s), "step 12/300  loss 3.1234  48,000 tok/s  peak 512 MB  ETA 0:42");
 }
 
+TEST(FormatProgress, ValidationLossFollowsTheLoss) {
+  ProgressState s;
+  s.step = 100;
+  s.total = 300;
+  s.has_loss = true;
+  s.loss = 3.12341;
+  s.has_val_loss = true;
+  s.val_loss = 2.34567;
+  EXPECT_EQ(FormatProgress(s), "step 100/300  loss 3.1234  val 2.3457  - tok/s  peak -  ETA -");
+}
+
 TEST(FormatProgress, UnknownsAreDashes) {
   ProgressState s;
   s.total = 300;
@@ -39,6 +50,20 @@ StepRecord Rec(int step, double loss, double seconds, int64_t peak) {
   r.seconds = seconds;
   r.peak_bytes = peak;
   return r;
+}
+
+// Rank 0's latest validation loss stays on the line through the steps without one.
+TEST(ComputeProgress, LatestValidationLoss) {
+  std::vector<StepRecord> rank0 = {Rec(0, 5, 1, 1), Rec(1, 4, 1, 1), Rec(2, 3.5, 1, 1),
+                                   Rec(3, 3.25, 1, 1)};
+  rank0[1].val_loss = 4.5;
+  std::vector<StepRecord> rank1 = rank0;
+  rank1[3].val_loss = 99;  // only rank 0's counts
+  EXPECT_FALSE(ComputeProgress({{rank0[0]}, {}}, 10, 1).has_val_loss);
+  const ProgressState s = ComputeProgress({rank0, rank1}, 10, 1);
+  EXPECT_TRUE(s.has_val_loss);
+  EXPECT_DOUBLE_EQ(s.val_loss, 4.5);
+  EXPECT_THAT(FormatProgress(s), HasSubstr("loss 3.2500  val 4.5000  "));
 }
 
 TEST(ComputeProgress, FromRecords) {

@@ -255,6 +255,10 @@ std::string RunJson(const RunRecord& r) {
       {"data_format", c.data_format},
       {"vocab", c.vocab},
       {"synthetic", c.synthetic},
+      {"val_data", c.val_data},
+      {"val_fraction", JsonNumber(c.val_fraction)},
+      {"eval_every", c.eval_every},
+      {"eval_batches", c.eval_batches},
       {"run_dir", c.run_dir},
       {"checkpoint_every", c.checkpoint_every},
       {"resume", c.resume},
@@ -289,6 +293,14 @@ std::string RunJson(const RunRecord& r) {
   Json losses = Json::array();  // floats, each written in full (null: not finite)
   for (const StepRecord& s : rank0) losses.push_back(JsonFloat(static_cast<float>(s.loss)));
   j["losses"] = std::move(losses);
+  // [steps trained, validation loss] after each evaluation; only with validation data.
+  Json val_losses = Json::array();
+  for (const StepRecord& s : rank0) {
+    if (s.val_loss) {
+      val_losses.push_back(Json::array({s.step + 1, JsonFloat(static_cast<float>(*s.val_loss))}));
+    }
+  }
+  if (!val_losses.empty()) j["val_losses"] = std::move(val_losses);
   j["steps_completed"] = rank0.size();
   const int64_t tokens_per_step = int64_t{c.batch} * r.seq_len;
   j["tokens_per_step"] = tokens_per_step;
@@ -382,6 +394,12 @@ std::string SummaryTable(const RunRecord& r) {
     const double loss = rank0->back().loss;
     absl::StrAppendFormat(&out, "final loss  %s\n",
                           std::isfinite(loss) ? absl::StrFormat("%.4f", loss) : "nan (diverged)");
+    for (auto it = rank0->rbegin(); it != rank0->rend(); ++it) {
+      if (!it->val_loss) continue;
+      absl::StrAppendFormat(&out, "val loss    %.4f (after step %d)\n", *it->val_loss,
+                            it->step + 1);
+      break;
+    }
   }
   absl::StrAppendFormat(&out, "throughput  %s tok/s\n", tps > 0 ? FormatThousands(tps) : "-");
   absl::StrAppendFormat(&out, "wall time   %s\n", FormatDuration(r.wall_seconds));

@@ -186,6 +186,23 @@ std::set<std::string> ConfigKeys(const std::string& json) {
   return keys;
 }
 
+// Evaluated steps' validation losses, as [steps trained, loss], each float in full; none
+// without them. The summary names the last one.
+TEST(RunJson, ValidationLosses) {
+  RunRecord run = Sample();
+  EXPECT_THAT(RunJson(run), Not(HasSubstr("val_losses")));
+  EXPECT_THAT(SummaryTable(run), Not(HasSubstr("val loss")));
+  run.ranks[0][1].val_loss = 4.25;
+  run.ranks[0][4].val_loss = 5.48474979f;
+  run.ranks[1][2].val_loss = 1;  // rank 0's are the job's
+  const std::string json = RunJson(run);
+  EXPECT_THAT(json, HasSubstr("\"val_losses\": [[2, 4.25], [5, 5.48475]]"));
+  absl::StatusOr<Json> back = ParseJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(static_cast<float>((*back)["val_losses"][1][1].get<double>()), 5.48474979f);
+  EXPECT_THAT(SummaryTable(run), HasSubstr("val loss    5.4847 (after step 5)"));
+}
+
 TEST(RunJson, Content) {
   const std::string json = RunJson(Sample());
   EXPECT_THAT(json, HasSubstr("\"losses\": [5, 4.5, 4, 3.5, 3]"));

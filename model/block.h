@@ -45,7 +45,8 @@ class Block {
   // "<name()>.…", and any of another block's it shares (a tied head lists "embed.wte").
   virtual std::vector<ParamSpec> Params() const = 0;
   // y = block(x). The embedding ignores x; the head's y is the per-token loss (B*T) f32.
-  // `params` are the views of Params(), in order.
+  // `params` are the views of Params(), in order. With `saved` null the forward is an
+  // evaluation's (no_grad): nothing is kept for backward and the head makes no gradient.
   virtual absl::Status Forward(Stream& s, const std::vector<Tensor>& params,
                                const MicroBatch& mb, const Tensor& x, Tensor* y,
                                Saved* saved) const = 0;

@@ -143,6 +143,7 @@ class TransformerBlock : public Block {
     ASSIGN_OR_RETURN(*y, Like(x, {B, T, C}));
     ASSIGN_OR_RETURN(Tensor y2, y->Reshape({N, C}));
     RETURN_IF_ERROR(ops::Add(s, y2, res2, fc_out));
+    if (saved == nullptr) return absl::OkStatus();  // evaluation: nothing kept
     saved->t = {x2, ln1, mean1, rstd1, qkv3, att, atty2, res2, ln2, mean2, rstd2, fc_pre, fc_act};
     return absl::OkStatus();
   }
@@ -260,6 +261,7 @@ class MlpLayerBlock : public Block {
     ASSIGN_OR_RETURN(*y, Like(x, {B, T, C}));
     ASSIGN_OR_RETURN(Tensor y2, y->Reshape({N, C}));
     RETURN_IF_ERROR(ops::Add(s, y2, x2, h));
+    if (saved == nullptr) return absl::OkStatus();  // evaluation: nothing kept
     saved->t = {x2, h};
     return absl::OkStatus();
   }
@@ -336,8 +338,12 @@ class HeadBlock : public Block {
     RETURN_IF_ERROR(ops::LinearForward(s, logits, h, weight(p), bias(p)));
     ASSIGN_OR_RETURN(*y, F32(x, {N}));
     ASSIGN_OR_RETURN(Tensor targets, mb.targets.Reshape({N}));
-    // The logits' buffer receives its own gradient in place.
-    RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, logits, logits, targets, mb.dloss_scale));
+    // The logits' buffer receives its own gradient in place (none in an evaluation); logits
+    // past the data's vocabulary (padding) take no part in the softmax.
+    RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, saved != nullptr ? logits : Tensor(), logits,
+                                             targets, mb.dloss_scale,
+                                             c_.data_vocab > 0 ? c_.data_vocab : V));
+    if (saved == nullptr) return absl::OkStatus();  // evaluation: nothing kept
     saved->t = {x2, h, mean, rstd, logits};
     return absl::OkStatus();
   }

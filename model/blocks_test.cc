@@ -455,5 +455,38 @@ TEST(BlocksTest, DeferredWeightGradientsMatchBackward) {
   EXPECT_EQ(*split->grads().flat().ToFloatVector(), *whole->grads().flat().ToFloatVector());
 }
 
+// A vocabulary padded past the data's (data_vocab, as GPT-2's 50257 in 50304): the padded
+// logits take no part in the loss, so the head's rows for them get no gradient at all; without
+// the mask they would (training would push their logits down).
+TEST(BlocksTest, PaddedVocabularyRowsGetNoGradient) {
+  for (const char* preset : {"gpt", "mlp"}) {
+    SCOPED_TRACE(preset);
+    ModelConfig c = TwoLayerModel(preset, 16, 2, 8, 64);
+    auto data = TokenDataset::Synthetic(4096, c.seq_len, 50, 3);
+    MicroBatch mb = *MakeMicroBatch(data, DataOrder(data.num_samples(), 3), 0, 0, 3, c.seq_len,
+                                    Device::Cpu(), 1.0f / (3 * c.seq_len));
+    auto padded_row_grads = [&](int data_vocab) {
+      c.data_vocab = data_vocab;
+      auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 5);
+      Stream& s = **Stream::Compute(Device::Cpu());
+      Tensor losses, dx;
+      EXPECT_TRUE(st->Forward(s, 0, mb, Tensor(), &losses).ok());
+      EXPECT_TRUE(st->Backward(s, 0, mb, Tensor(), &dx).ok());
+      const std::vector<float> g = *st->grads().flat().ToFloatVector();
+      std::vector<float> rows;  // head.weight (V, C): rows 50..63
+      for (const ParamEntry& e : st->layout().entries()) {
+        if (e.spec.name != "head.weight") continue;
+        rows.assign(g.begin() + e.offset + 50 * c.d_model, g.begin() + e.offset + 64 * c.d_model);
+      }
+      return rows;
+    };
+    const std::vector<float> masked = padded_row_grads(50);
+    ASSERT_EQ(masked.size(), 14u * c.d_model);
+    for (float v : masked) ASSERT_EQ(v, 0.0f);
+    const std::vector<float> unmasked = padded_row_grads(0);
+    EXPECT_NE(unmasked, masked);
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -59,6 +59,10 @@ absl::Status ModelConfig::Validate() const {
   if (d_model < 1) return bad(absl::StrFormat("--d-model=%d: need at least 1", d_model));
   if (seq_len < 1) return bad(absl::StrFormat("--seq-len=%d: need at least 1", seq_len));
   if (vocab < 2) return bad(absl::StrFormat("--vocab=%d: need at least 2", vocab));
+  if (data_vocab != 0 && (data_vocab < 2 || data_vocab > vocab)) {
+    return bad(absl::StrFormat("the data's vocabulary %d is not in [2, %d], the model's",
+                               data_vocab, vocab));
+  }
   if (kind == ModelKind::kGpt && (n_head < 1 || d_model % n_head != 0)) {
     return bad(absl::StrFormat("--n-head=%d must divide --d-model=%d", n_head, d_model));
   }
@@ -125,9 +129,10 @@ absl::StatusOr<ModelConfig> ModelPreset(absl::string_view name) {
     c.seq_len = 1024;
     // GPT-2's 50257-token vocabulary padded to 50304, a multiple of 64 (as nanoGPT and llm.c
     // do), so the head's matmuls have tensor-core-friendly sizes and 16-byte aligned rows;
-    // the padding ids are never targets, so training drives their logits down. The head is
-    // the token embedding, as GPT-2's: 124,475,904 parameters (GPT-2's 124,439,808 with the
-    // 47 padding rows).
+    // the padding ids are never targets, and with the data's vocabulary known (--vocab, an
+    // llm.c shard's kind) their logits are masked out of the softmax. The head is the token
+    // embedding, as GPT-2's: 124,475,904 parameters (GPT-2's 124,439,808 with the 47 padding
+    // rows).
     c.vocab = 50304;
     c.tie_embeddings = true;
     return c;

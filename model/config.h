@@ -30,6 +30,10 @@ struct ModelConfig {
   int d_model = 128;   // GPT: channels; MLP: width
   int seq_len = 64;    // tokens per sample
   int vocab = 256;     // bytes, or the data's padded (JobConfig::Model); MLP: also the classes
+  // The data's vocabulary when `vocab` pads it (GPT-2's 50257 of 50304): the head's softmax
+  // and loss leave the padded logits out. 0: all of `vocab` is real. Shapes, parameter counts
+  // and checkpoints depend on `vocab` alone.
+  int data_vocab = 0;
   Attention attention = Attention::kStandard;  // GPT only
   // The head's projection is the token embedding's table "embed.wte" (GPT-2's tying): no
   // "head.weight". A pipeline's last stage holds a copy, kept equal to the first stage's by

@@ -344,6 +344,7 @@ void TokenDataset::Sample(int64_t i, int32_t* inputs, int32_t* targets) const {
 }
 
 int64_t DataOrder::SampleAt(int64_t position) const {
+  if (!shuffle_) return first_ + position % n_;
   const int64_t epoch = position / n_;
   if (epoch != cached_epoch_) {
     // Fisher-Yates with a generator seeded by (seed, epoch): the same order everywhere.

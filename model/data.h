@@ -90,13 +90,23 @@ class TokenDataset {
 // Which samples each step takes: a pure function of (seed, position), no hidden state.
 class DataOrder {
  public:
+  // Samples [0, num_samples), shuffled per epoch by seed.
   DataOrder(int64_t num_samples, uint64_t seed) : n_(num_samples), seed_(seed) {}
-  // The dataset index of the `position`-th sample of the endless shuffled sequence.
+  // Samples [first, first + num_samples) in order, unshuffled (validation).
+  static DataOrder InOrder(int64_t first, int64_t num_samples) {
+    DataOrder o(num_samples, 0);
+    o.first_ = first;
+    o.shuffle_ = false;
+    return o;
+  }
+  // The dataset index of the `position`-th sample of the endless sequence.
   int64_t SampleAt(int64_t position) const;
 
  private:
   int64_t n_;
   uint64_t seed_;
+  int64_t first_ = 0;
+  bool shuffle_ = true;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> perm_;
 };

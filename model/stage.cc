@@ -86,6 +86,17 @@ absl::Status Stage::Forward(Stream& s, int id, const MicroBatch& mb, const Tenso
   return absl::OkStatus();
 }
 
+absl::Status Stage::Evaluate(Stream& s, const MicroBatch& mb, const Tensor& x, Tensor* y) {
+  Tensor in = x;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    Tensor out;
+    RETURN_IF_ERROR(blocks_[b]->Forward(s, BlockParams(b), mb, in, &out, /*saved=*/nullptr));
+    in = out;
+  }
+  *y = in;
+  return absl::OkStatus();
+}
+
 absl::Status Stage::Backward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
                              Tensor* dx, const std::function<absl::Status(int)>& block_done) {
   return RunBackward(s, id, mb, dy, dx, nullptr, block_done);

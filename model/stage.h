@@ -45,6 +45,10 @@ class Stage {
   // output (undefined for the first stage); y is this stage's output, or for the last stage
   // the per-token losses (B*T) f32. Activations are kept until Backward(id).
   absl::Status Forward(Stream& s, int id, const MicroBatch& mb, const Tensor& x, Tensor* y);
+  // An evaluation's forward (no_grad): x and y as Forward's, but nothing is kept for
+  // backward (each block's temporaries go as soon as it is done), the head makes no gradient,
+  // and the micro-batches in flight are not touched.
+  absl::Status Evaluate(Stream& s, const MicroBatch& mb, const Tensor& x, Tensor* y);
   // From dy (undefined for the last stage) adds this micro-batch's parameter gradients and
   // returns dx for the previous stage (undefined for the first); frees its activations.
   // `block_done(b)`, if given, runs as soon as block b's gradients are written (blocks go

@@ -1,5 +1,6 @@
 #include "model/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,71 @@ absl::Status TrainConfig::Validate() const {
   if (dtype == DType::kI32) {
     return absl::InvalidArgumentError("--dtype=i32: use f32, bf16 or f16");
   }
+  return CheckValidationSettings(val_data, val_fraction, eval_every, eval_batches);
+}
+
+absl::Status CheckValidationSettings(const std::string& val_data, double val_fraction,
+                                     int eval_every, int eval_batches) {
+  if (!val_data.empty() && val_fraction != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--val-data=%s and --val-fraction=%g: give one (a validation file, or a fraction of "
+        "the training data held out)",
+        val_data, val_fraction));
+  }
+  if (!(val_fraction >= 0 && val_fraction < 1)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--val-fraction=%g: must be above 0 and below 1 (the share of the training samples "
+        "held out)",
+        val_fraction));
+  }
+  if (eval_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--eval-every=%d: must be 0 (no evaluation) or more", eval_every));
+  }
+  if (eval_every > 0 && val_data.empty() && val_fraction == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--eval-every=%d without validation data: add --val-data=FILE or --val-fraction=F",
+        eval_every));
+  }
+  if (eval_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--eval-batches=%d: need at least 1", eval_batches));
+  }
   return absl::OkStatus();
+}
+
+int64_t TrainingSamples(const TrainConfig& c, const TokenDataset& train) {
+  const int64_t n = train.num_samples();
+  return n - static_cast<int64_t>(c.val_fraction * static_cast<double>(n));
+}
+
+absl::StatusOr<std::optional<ValidationSet>> LoadValidation(const TrainConfig& c,
+                                                            const TokenDataset& train) {
+  if (!c.has_validation()) return std::optional<ValidationSet>();
+  ValidationSet v;
+  std::string what;
+  if (!c.val_data.empty()) {
+    ASSIGN_OR_RETURN(v.data, TokenDataset::Open(c.val_data, c.data_format, c.model.seq_len,
+                                                c.data_vocab > 0 ? c.data_vocab : c.model.vocab));
+    v.num_samples = v.data.num_samples();
+    v.order = DataOrder::InOrder(0, v.num_samples);
+    what = absl::StrFormat("--val-data=%s holds", c.val_data);
+  } else {
+    v.data = train;
+    const int64_t first = TrainingSamples(c, train);
+    v.num_samples = train.num_samples() - first;
+    v.order = DataOrder::InOrder(first, std::max<int64_t>(v.num_samples, 1));
+    what = absl::StrFormat("--val-fraction=%g holds out", c.val_fraction);
+  }
+  if (v.num_samples < c.batch) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s %d samples of %d tokens, fewer than one batch (--batch=%d): give more validation "
+        "data%s",
+        what, v.num_samples, c.model.seq_len + 1, c.batch,
+        c.val_data.empty() ? " (a larger --val-fraction)" : ""));
+  }
+  v.batches = static_cast<int>(std::min<int64_t>(c.eval_batches, v.num_samples / c.batch));
+  return std::optional<ValidationSet>(std::move(v));
 }
 
 absl::StatusOr<TokenDataset> LoadDataset(const TrainConfig& c) {
@@ -79,6 +144,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& c) {
                    Optimizer::Create(c.optimizer, t->stage_->layout(), 0,
                                      t->stage_->layout().numel(), c.device));
   ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.device));
+  ASSIGN_OR_RETURN(t->val_, LoadValidation(c, t->data_));
   if (!c.resume.empty()) RETURN_IF_ERROR(t->LoadCheckpoint(c.resume));
   return t;
 }
@@ -133,6 +199,56 @@ absl::StatusOr<StepReport> Trainer::Step() {
   r.host_syncs = HostSync::Count() - syncs_before;
   ++step_;
   return r;
+}
+
+absl::StatusOr<float> Trainer::Evaluate() {
+  if (!val_) return absl::FailedPreconditionError("no validation data to evaluate on");
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(c_.device));
+  ASSIGN_OR_RETURN(Tensor loss_sum, Tensor::Empty({1}, DType::kF32, c_.device));
+  ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty({1}, DType::kF32, c_.device));
+  RETURN_IF_ERROR(ZeroFill(loss_sum, *s));
+  const int64_t rows = c_.batch / c_.micro_batches;
+  RETURN_IF_ERROR(ForEachValidationMicroBatch(
+      c_, *val_, *input_, 0, c_.batch, rows, [&](const MicroBatch& mb) -> absl::Status {
+        RETURN_IF_ERROR(InputPrefetcher::WaitFor(*s, mb));
+        Tensor losses;
+        RETURN_IF_ERROR(stage_->Evaluate(*s, mb, Tensor(), &losses));
+        return AccumulateLoss(*s, loss_sum, losses, scratch);
+      }));
+  std::vector<float> v;
+  {
+    ExpectedHostSync reading;
+    ASSIGN_OR_RETURN(v, loss_sum.ToFloatVector());
+  }
+  return ValidationLoss(c_, *val_, v[0]);
+}
+
+absl::Status ForEachValidationMicroBatch(const TrainConfig& c, const ValidationSet& val,
+                                         InputPrefetcher& input, int64_t row_begin,
+                                         int64_t share, int64_t rows,
+                                         const std::function<absl::Status(const MicroBatch&)>& f) {
+  const int64_t per_batch = share / rows;
+  const int64_t count = val.batches * per_batch;
+  auto load = [&](int64_t i) {
+    return input.Load(val.data, val.order, (i / per_batch) * c.batch,
+                      row_begin + (i % per_batch) * rows, rows, c.model.seq_len,
+                      /*dloss_scale=*/0.0f);
+  };
+  if (count == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(MicroBatch next, load(0));
+  for (int64_t i = 0; i < count; ++i) {
+    MicroBatch mb = std::move(next);
+    // The next micro-batch's copy runs while this one computes.
+    if (i + 1 < count) {
+      ASSIGN_OR_RETURN(next, load(i + 1));
+    }
+    RETURN_IF_ERROR(f(mb));
+  }
+  return absl::OkStatus();
+}
+
+float ValidationLoss(const TrainConfig& c, const ValidationSet& val, float loss_sum) {
+  return loss_sum / static_cast<float>(int64_t{val.batches} * c.batch * c.model.seq_len);
 }
 
 absl::Status IssueStepEnd(Stream& s, const TrainConfig& c, Stage& stage, Optimizer& optimizer,
@@ -220,6 +336,9 @@ absl::Status Trainer::Run(const std::function<void(const StepReport&)>& report) 
   if (checkpoints && step_ == 0 && c_.resume.empty()) RETURN_IF_ERROR(checkpoint());
   while (step_ < c_.steps) {
     ASSIGN_OR_RETURN(StepReport r, Step());
+    if (c_.EvalDue(step_)) {
+      ASSIGN_OR_RETURN(r.val_loss, Evaluate());
+    }
     if (report) report(r);
     RETURN_IF_ERROR(CheckNotDiverged(r, c_.dtype));
     if (checkpoints && (step_ % c_.checkpoint_every == 0 || step_ == c_.steps)) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,12 +42,33 @@ struct TrainConfig {
   // A safetensors file in Hugging Face's GPT-2 layout (model/hf_gpt2.h) the parameters start
   // from instead of the seed's; the optimizer starts fresh. Not with `resume`.
   std::string init_from;
+  // Validation: a dataset of its own (val_data, a file or glob in data_format) or the last
+  // val_fraction of the training samples, held out (never trained on). After every
+  // eval_every-th step and the last, eval_batches global batches of it, the first ones in
+  // order, go forward only; their mean token loss is the step's validation loss.
+  std::string val_data;
+  double val_fraction = 0;       // 0: none held out
+  int eval_every = 0;            // 0: no evaluation
+  int eval_batches = 4;
   absl::Status Validate() const;
+  bool has_validation() const { return !val_data.empty() || val_fraction > 0; }
+  // Whether a validation follows the step that brings the run to `steps_done` steps.
+  bool EvalDue(int steps_done) const {
+    return eval_every > 0 && has_validation() &&
+           (steps_done % eval_every == 0 || steps_done == steps);
+  }
 };
+
+// The validation settings' problems (both a file and a fraction, a fraction outside (0, 1),
+// --eval-every without validation data, ...), the first one, in the flags' words.
+absl::Status CheckValidationSettings(const std::string& val_data, double val_fraction,
+                                     int eval_every, int eval_batches);
 
 struct StepReport {
   int step = 0;          // 0-based
   float loss = 0;        // mean over the global batch's tokens
+  // The validation loss after this step (mean over the evaluated tokens), where evaluated.
+  std::optional<float> val_loss;
   float lr = 0;
   float grad_norm = 0;   // before clipping
   bool skipped = false;  // loss scaler found inf/nan
@@ -71,6 +93,23 @@ inline constexpr float kMinLossScale = 5.9604645e-8f;
 // the scale falls below kMinLossScale.
 absl::Status CheckNotDiverged(const StepReport& r, DType dtype);
 
+// The samples a run validates on, in order: val_data's from its first, or the training
+// data's held-out tail.
+struct ValidationSet {
+  TokenDataset data;
+  DataOrder order = DataOrder::InOrder(0, 1);
+  int64_t num_samples = 0;
+  int batches = 0;  // global batches evaluated: eval_batches, or as many as there are
+};
+
+// The training samples training draws from: all of `train`'s but the held-out tail
+// (val_fraction of them, rounded down).
+int64_t TrainingSamples(const TrainConfig& c, const TokenDataset& train);
+// The validation set a config names, given its training data; none without validation. A
+// set of fewer samples than one batch is an error saying what to change.
+absl::StatusOr<std::optional<ValidationSet>> LoadValidation(const TrainConfig& c,
+                                                            const TokenDataset& train);
+
 class Trainer {
  public:
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& c);
@@ -78,6 +117,10 @@ class Trainer {
   absl::Status Run(const std::function<void(const StepReport&)>& report);
   // One step (all micro-batches, then the optimizer).
   absl::StatusOr<StepReport> Step();
+  // The validation loss of the current weights (forward only; no gradient, no update): the
+  // mean token loss of the validation set's first batches (ValidationSet). Requires
+  // validation in the config.
+  absl::StatusOr<float> Evaluate();
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
   const TokenDataset& data() const { return data_; }
@@ -88,11 +131,12 @@ class Trainer {
 
  private:
   Trainer(const TrainConfig& c, TokenDataset d)
-      : c_(c), data_(std::move(d)), order_(data_.num_samples(), c.seed),
+      : c_(c), data_(std::move(d)), order_(TrainingSamples(c, data_), c.seed),
         scaler_(c.dtype == DType::kF16) {}
   TrainConfig c_;
   TokenDataset data_;
   DataOrder order_;
+  std::optional<ValidationSet> val_;
   std::unique_ptr<Stage> stage_;
   Optimizer optimizer_;
   LossScaler scaler_;
@@ -123,6 +167,17 @@ StepReport ReportStep(const TrainConfig& c, LossScaler& scaler, int step, float 
 absl::StatusOr<MicroBatch> MakeMicroBatch(const TokenDataset& data, const DataOrder& order,
                                           int64_t batch_start, int64_t row_begin, int64_t rows,
                                           int64_t seq_len, Device device, float dloss_scale);
+
+// Runs `f` on each micro-batch of a validation, in order: of each of val.batches global
+// batches, rows [row_begin, row_begin + share) (a data-parallel replica's share), in
+// micro-batches of `rows`, each loaded ahead of its use (with no gradient scale). Every rank
+// of a job calls it with the same batches, so their shares add up to the whole.
+absl::Status ForEachValidationMicroBatch(const TrainConfig& c, const ValidationSet& val,
+                                         InputPrefetcher& input, int64_t row_begin,
+                                         int64_t share, int64_t rows,
+                                         const std::function<absl::Status(const MicroBatch&)>& f);
+// The validation loss from the evaluated tokens' summed losses: their mean.
+float ValidationLoss(const TrainConfig& c, const ValidationSet& val, float loss_sum);
 
 // loss_sum (one f32) += the sum of `losses`, summed into `scratch` (one f32) first.
 absl::Status AccumulateLoss(Stream& s, const Tensor& loss_sum, const Tensor& losses,

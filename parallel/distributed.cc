@@ -374,6 +374,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
                    Optimizer::Create(c.train.optimizer, t->stage_->layout(), t->shard_begin_,
                                      t->shard_end_, c.train.device));
   ASSIGN_OR_RETURN(t->input_, InputPrefetcher::Create(c.train.device));
+  ASSIGN_OR_RETURN(t->val_, LoadValidation(c.train, t->data_));
   if (t->replicated()) {
     // The tied table (or its copy), parameter 0 of both end stages, in a bucket of its own:
     // the last, held until the embedding group summed it (IssueBucketsReadyAt).
@@ -837,6 +838,60 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   // f16's loss scale for the next step depends on this step's verdict.
   if (scaler_.enabled()) RETURN_IF_ERROR(ReadPending());
   return absl::OkStatus();
+}
+
+absl::StatusOr<float> DistributedTrainer::Evaluate() {
+  if (!val_) return absl::FailedPreconditionError("no validation data to evaluate on");
+  const TrainConfig& tc = c_.train;
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
+  ASSIGN_OR_RETURN(Tensor loss_sum, Tensor::Empty({1}, DType::kF32, tc.device));
+  ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty({1}, DType::kF32, tc.device));
+  RETURN_IF_ERROR(ZeroFill(loss_sum, *s));
+  // The training's micro-batch size, whose activations were checked to fit.
+  const int64_t share = tc.batch / grid_.replicas;
+  const int64_t rows = share / tc.micro_batches, T = tc.model.seq_len, C = tc.model.d_model;
+  const int rank = grid_.stages > 1 ? pp_->rank() : 0;
+  // Sends in flight, each holding its activation: at most a step's micro-batches (GPipe's
+  // most), so a validation holds no more than the training.
+  std::deque<std::unique_ptr<Work>> sends;
+  RETURN_IF_ERROR(ForEachValidationMicroBatch(
+      tc, *val_, *input_, replica_ * share, share, rows,
+      [&](const MicroBatch& mb) -> absl::Status {
+        Tensor x;
+        if (!stage_->is_first()) {
+          ASSIGN_OR_RETURN(x, Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
+          ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->Recv(x, rank - 1));
+          RETURN_IF_ERROR(WaitOn(*w, *s, "an activation from the previous stage (validation)"));
+        }
+        RETURN_IF_ERROR(InputPrefetcher::WaitFor(*s, mb));
+        Tensor y;
+        RETURN_IF_ERROR(stage_->Evaluate(*s, mb, x, &y));
+        if (stage_->is_last()) return AccumulateLoss(*s, loss_sum, y, scratch);
+        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->Send(y, rank + 1));
+        sends.push_back(std::move(w));
+        if (static_cast<int>(sends.size()) <= tc.micro_batches) return absl::OkStatus();
+        RETURN_IF_ERROR(WaitOn(*sends.front(), *s, "an activation's send (validation)"));
+        sends.pop_front();
+        return absl::OkStatus();
+      }));
+  for (auto& w : sends) {
+    RETURN_IF_ERROR(WaitOn(*w, *s, "an activation's send to the next stage (validation)"));
+  }
+  // Only last stages hold losses (the others add 0): one sum over the job reaches every rank.
+  ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->AllReduce(loss_sum));
+  RETURN_IF_ERROR(WaitOn(*w, *s, "the reduction of the validation loss"));
+  std::vector<float> v;
+  {
+    ExpectedHostSync reading;
+    absl::StatusOr<std::vector<float>> read = loss_sum.ToFloatVector();
+    if (!read.ok()) {
+      return absl::Status(read.status().code(),
+                          absl::StrFormat("%s, validation after step %d: %s", Where(), step_,
+                                          read.status().message()));
+    }
+    v = *read;
+  }
+  return ValidationLoss(tc, *val_, v[0]);
 }
 
 absl::Status DistributedTrainer::ReadPending() {

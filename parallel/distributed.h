@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -154,6 +155,14 @@ class DistributedTrainer {
   // Issue, then Read: one step, read at once. The report's loss is the global batch's.
   absl::StatusOr<StepReport> Step(StepTiming* timing = nullptr,
                                   const std::function<bool()>& stop_requested = nullptr);
+  // Collective, between steps: the validation loss of the current weights on every rank,
+  // forward only (no gradient, no update, the training's state untouched). Each data-parallel
+  // replica takes its share of each validation batch; a pipeline passes each micro-batch
+  // forward through its stages (receive, forward, send) and its last stage sums the losses;
+  // the sum is reduced over the job, so every rank returns the same mean. Requires
+  // validation in the config. Issues after the steps issued so far and reads the result (one
+  // host synchronization).
+  absl::StatusOr<float> Evaluate();
   // True once a step read ended with some rank asking to stop; the same on every rank.
   bool stop_agreed() const { return stop_agreed_; }
   // Steps issued so far (the next step's 0-based index).
@@ -180,7 +189,8 @@ class DistributedTrainer {
 
  private:
   DistributedTrainer(const ParallelConfig& c, Communicator* comm, TokenDataset d)
-      : c_(c), comm_(comm), data_(std::move(d)), order_(data_.num_samples(), c.train.seed),
+      : c_(c), comm_(comm), data_(std::move(d)), order_(TrainingSamples(c.train, data_),
+                                                         c.train.seed),
         scaler_(c.train.dtype == DType::kF16) {}
   // One step issued and not read yet.
   struct Pending {
@@ -264,6 +274,7 @@ class DistributedTrainer {
   size_t next_bucket_ = 0;
   TokenDataset data_;
   DataOrder order_;
+  std::optional<ValidationSet> val_;
   std::unique_ptr<Stage> stage_;
   Optimizer optimizer_;
   LossScaler scaler_;

@@ -2,7 +2,9 @@
 // (D x K, parallel/grid.h; GPipe, 1F1B and ZB-H1) and ZeRO-1 against one worker on the same
 // global batch and seed, losses within 1e-5 relative and weights within 1e-4; and a resume
 // across layouts, from a D=2 x K=2 checkpoint (with ZeRO-1 and without) into data
-// parallelism on one worker and the reverse.
+// parallelism on one worker and the reverse; and the validation loss of each layout.
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -51,6 +53,25 @@ TEST(HybridTest, ReplicasOfAPipeline) {
                     kWeightTolerance);
       }
     }
+  }
+}
+
+// The validation loss of D replicas of a K-stage pipeline (each replica's last stage sums
+// its share) is one worker's within 1e-5 relative; evaluating changes no training bit.
+TEST(HybridTest, ValidationLoss) {
+  const std::vector<int> layouts = HybridReplicas();
+  if (layouts.empty()) GTEST_SKIP() << "no D x K layout with D, K >= 2 on " << comm->world_size();
+  ParallelConfig pc = Hybrid("adamw", 0, "1f1b", 0);
+  pc.train.steps = pc.train.optimizer.total_steps = 3;
+  pc.train.val_fraction = 0.25;
+  pc.train.eval_every = 2;
+  pc.train.eval_batches = 2;
+  const Validated one = TrainOneWorkerValidated(pc.train);
+  ASSERT_EQ(one.val.size(), 2u);
+  for (int d : layouts) {
+    pc.data_parallel = d;
+    CheckValidationParity(one, pc, comm,
+                          absl::StrFormat("D=%d x K=%d 1f1b", d, comm->world_size() / d));
   }
 }
 

@@ -76,6 +76,10 @@ const std::vector<Field>& Fields() {
       Str("data_format", &JobConfig::data_format),
       Num("vocab", &JobConfig::vocab),
       Bool("synthetic", &JobConfig::synthetic),
+      Str("val_data", &JobConfig::val_data),
+      Num("val_fraction", &JobConfig::val_fraction),
+      Num("eval_every", &JobConfig::eval_every),
+      Num("eval_batches", &JobConfig::eval_batches),
       Str("run_dir", &JobConfig::run_dir),
       Num("checkpoint_every", &JobConfig::checkpoint_every),
       Str("resume", &JobConfig::resume),
@@ -137,7 +141,10 @@ absl::StatusOr<ModelConfig> JobConfig::Model() const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--vocab=%d: need at least 2 (0: the data's, else the model's)", vocab));
   }
-  if (vocab > 0) m->vocab = PaddedVocab(vocab);
+  if (vocab > 0) {
+    m->vocab = PaddedVocab(vocab);
+    m->data_vocab = vocab;  // the padded logits are masked out of the loss
+  }
   absl::Status s = m->Validate();
   if (!s.ok()) return s;
   return m;
@@ -187,6 +194,10 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   t.data_vocab = vocab;
   t.init_from = init_from;
   t.synthetic_data = synthetic;
+  t.val_data = val_data;
+  t.val_fraction = val_fraction;
+  t.eval_every = eval_every;
+  t.eval_batches = eval_batches;
   t.optimizer.kind = optimizer;
   t.optimizer.lr = static_cast<float>(lr);
   t.optimizer.warmup_steps = warmup;

@@ -22,6 +22,9 @@ inline constexpr int kPreemptedExitCode = 75;
 // run directory): JobConfig::ToText().
 inline constexpr char kJobConfigFile[] = "job.conf";
 
+// --eval-every when not given: JobConfig::ResolveEvalEvery decides.
+inline constexpr int kDefaultEvalEvery = -1;
+
 struct JobConfig {
   std::string strategy = "data";
   int workers = 1;
@@ -49,6 +52,12 @@ struct JobConfig {
   std::string data_format = "auto";  // auto, text, llmc, uint16 or uint32 (model/data.h)
   int vocab = 0;  // the data's vocabulary (0: an llm.c shard's kind, else the model's)
   bool synthetic = false;
+  // Validation (TrainConfig's): a file or glob in data_format, or the held-out share of the
+  // training samples; evaluated after every eval_every steps and the last (0: never).
+  std::string val_data;
+  double val_fraction = 0;
+  int eval_every = 0;
+  int eval_batches = 4;
   std::string run_dir;
   int checkpoint_every = 0;
   std::string resume;
@@ -66,6 +75,13 @@ struct JobConfig {
   // With vocab 0 and data given, the vocabulary its llm.c shards record (their kind's); left
   // 0 where the data does not say or cannot be read (the data's own check reports that).
   void ResolveVocab();
+  // eval_every left at kDefaultEvalEvery: every 100 steps (nanoGPT's eval_interval) with
+  // validation data, else none.
+  void ResolveEvalEvery() {
+    if (eval_every == kDefaultEvalEvery) {
+      eval_every = val_data.empty() && val_fraction == 0 ? 0 : 100;
+    }
+  }
   // The model this job trains (preset plus overrides; a vocab padded by PaddedVocab),
   // validated.
   absl::StatusOr<ModelConfig> Model() const;

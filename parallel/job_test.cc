@@ -116,6 +116,28 @@ TEST(JobTest, ToParallelConfig) {
   EXPECT_FALSE(c.ToParallelConfig(Device::Cpu()).ok());
 }
 
+// The validation settings travel to the workers; a data vocabulary is padded for the model
+// and kept beside it, for the head's mask.
+TEST(JobTest, ValidationAndVocabularyReachTheTrainer) {
+  JobConfig c;
+  c.val_fraction = 0.25;
+  c.eval_every = 7;
+  c.eval_batches = 3;
+  c.vocab = 50257;
+  auto back = JobConfig::FromText(c.ToText());
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto p = back->ToParallelConfig(Device::Cpu());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->train.val_fraction, 0.25);
+  EXPECT_EQ(p->train.eval_every, 7);
+  EXPECT_EQ(p->train.eval_batches, 3);
+  EXPECT_EQ(p->train.model.vocab, 50304);
+  EXPECT_EQ(p->train.model.data_vocab, 50257);
+  back->val_data = "/data/val.bin";
+  back->val_fraction = 0;
+  EXPECT_EQ(JobConfig::FromText(back->ToText())->val_data, "/data/val.bin");
+}
+
 }  // namespace
 }  // namespace tandem
 

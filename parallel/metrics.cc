@@ -15,6 +15,7 @@ StepRecord StepRecordOf(const StepReport& r) {
   StepRecord s;
   s.step = r.step;
   s.loss = r.loss;
+  if (r.val_loss) s.val_loss = *r.val_loss;
   s.lr = r.lr;
   s.grad_norm = r.grad_norm;
   s.skipped = r.skipped;
@@ -35,6 +36,7 @@ std::string MetricsLine(const StepRecord& r) {
   Json j;
   j["step"] = r.step;
   j["loss"] = exact(r.loss);
+  if (r.val_loss) j["val_loss"] = exact(*r.val_loss);
   j["seconds"] = seconds(r.seconds);
   if (r.breakdown) {
     j["compute"] = seconds(r.compute);
@@ -90,6 +92,7 @@ absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
   StepRecord r;
   r.step = static_cast<int>(*step);
   r.loss = *loss;
+  r.val_loss = number("val_loss");
   r.lr = get("lr");
   r.grad_norm = get("grad_norm");
   r.skipped = get("skipped") != 0;

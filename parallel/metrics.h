@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -24,6 +25,8 @@ namespace tandem {
 struct StepRecord {
   int step = 0;             // 0-based
   double loss = 0;          // the global batch's; nan where it was not finite (null)
+  // The validation loss after this step, where one was evaluated ("val_loss" in the line).
+  std::optional<double> val_loss;
   double lr = 0;            // the learning rate the step used
   double grad_norm = 0;     // before clipping; nan where it was not finite (null)
   bool skipped = false;     // the loss scaler skipped the update
@@ -48,8 +51,8 @@ struct StepRecord {
   int64_t optimizer_bytes = 0;  // optimizer moments
 };
 
-// A record with what a step's report holds: step, loss, learning rate, norm, skip, seconds
-// and host synchronizations.
+// A record with what a step's report holds: step, loss, validation loss, learning rate,
+// norm, skip, seconds and host synchronizations.
 StepRecord StepRecordOf(const StepReport& r);
 
 // <run_dir>/metrics/rank-<rank>.jsonl.

@@ -47,6 +47,26 @@ TEST(MetricsLine, TheWorkersLine) {
             "\"grad_bytes\": 1000, \"optimizer_bytes\": 2000}");
 }
 
+// A step with a validation loss carries it after its loss, in full; a step without one has
+// no such field, and reads back without one.
+TEST(MetricsLine, ValidationLossOnlyWhereEvaluated) {
+  StepRecord r = Full();
+  EXPECT_EQ(MetricsLine(r).find("val_loss"), std::string::npos);
+  EXPECT_FALSE(ParseMetricsLine(MetricsLine(r))->val_loss.has_value());
+  StepReport report;
+  report.step = 3;
+  report.loss = 5.48474979f;
+  report.val_loss = 2.71828175f;
+  r = StepRecordOf(report);
+  const std::string line = MetricsLine(r);
+  EXPECT_EQ(line.rfind("{\"step\": 3, \"loss\": 5.48475, \"val_loss\": 2.7182817, ", 0), 0u)
+      << line;
+  absl::StatusOr<StepRecord> back = ParseMetricsLine(line);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->val_loss.has_value());
+  EXPECT_EQ(static_cast<float>(*back->val_loss), 2.71828175f);
+}
+
 TEST(MetricsLine, ReadsBackTheSame) {
   const StepRecord w = Full();
   absl::StatusOr<StepRecord> r = ParseMetricsLine(MetricsLine(w));

@@ -85,6 +85,55 @@ Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps
   return trained;
 }
 
+Validated TrainOneWorkerValidated(TrainConfig c) {
+  c.micro_batches = 1;
+  Validated v;
+  auto t = Trainer::Create(c);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return v;
+  EXPECT_TRUE((*t)->Run([&](const StepReport& r) {
+                 v.losses.push_back(r.loss);
+                 if (r.val_loss) v.val.push_back({r.step + 1, *r.val_loss});
+               }).ok());
+  return v;
+}
+
+Validated TrainDistributedValidated(const ParallelConfig& pc, Communicator* comm) {
+  Validated v;
+  auto t = DistributedTrainer::Create(pc, comm);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return v;
+  for (int i = 0; i < pc.train.steps; ++i) {
+    auto r = (*t)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return v;
+    v.losses.push_back(r->loss);
+    if (!pc.train.EvalDue(i + 1)) continue;
+    absl::StatusOr<float> val = (*t)->Evaluate();
+    EXPECT_TRUE(val.ok()) << val.status();
+    if (!val.ok()) return v;
+    v.val.push_back({i + 1, *val});
+  }
+  return v;
+}
+
+void CheckValidationParity(const Validated& one, const ParallelConfig& pc, Communicator* comm,
+                           const std::string& name) {
+  SCOPED_TRACE(name);
+  const Validated many = TrainDistributedValidated(pc, comm);
+  ASSERT_EQ(many.val.size(), one.val.size());
+  for (size_t i = 0; i < one.val.size(); ++i) {
+    EXPECT_EQ(many.val[i].first, one.val[i].first);
+    EXPECT_NEAR(many.val[i].second, one.val[i].second, 1e-5 * std::fabs(one.val[i].second))
+        << "validation " << i << " on rank " << comm->rank();
+  }
+  ParallelConfig plain = pc;
+  plain.train.eval_every = 0;
+  EXPECT_EQ(many.losses, TrainDistributedValidated(plain, comm).losses)
+      << "rank " << comm->rank();
+  ExpectClose(one.losses, many.losses, name + " losses", 0, comm->rank());
+}
+
 void ExpectClose(const std::vector<float>& want, const std::vector<float>& got,
                  const std::string& what, double weight_tol, int rank, bool absolute) {
   ASSERT_EQ(want.size(), got.size()) << what;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -32,6 +33,22 @@ Trained TrainOneWorker(TrainConfig c);
 // checkpoint into `save_dir` when not empty.
 Trained TrainDistributed(const ParallelConfig& pc, Communicator* comm, int steps,
                          const std::string& resume = "", const std::string& save_dir = "");
+
+// A run's training losses and its validation losses after the steps EvalDue names.
+struct Validated {
+  std::vector<float> losses;
+  std::vector<std::pair<int, float>> val;  // (steps trained, validation loss)
+};
+// c.steps steps on one worker in one micro-batch, validating as c says.
+Validated TrainOneWorkerValidated(TrainConfig c);
+// pc.train.steps steps of `pc` on `comm`'s ranks, then DistributedTrainer::Evaluate after the
+// steps EvalDue names.
+Validated TrainDistributedValidated(const ParallelConfig& pc, Communicator* comm);
+// `pc` across `comm` against one worker's `one`: the same evaluations, each validation loss
+// within 1e-5 relative, the training losses within 1e-5 relative; and the training losses
+// the same bits as the same run's never evaluating.
+void CheckValidationParity(const Validated& one, const ParallelConfig& pc, Communicator* comm,
+                           const std::string& name);
 
 // Losses within 1e-5 relative each (the invariant). Weights within `weight_tol` of the
 // tensor's largest magnitude (`absolute`: within weight_tol), or relative like the losses

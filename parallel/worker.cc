@@ -357,9 +357,18 @@ absl::Status TrainSteps(const JobConfig& job, const ParallelConfig& pc, int rank
     const int issued = trainer->step();
     const bool checkpoint_due =
         job.checkpoint_every > 0 && (issued % job.checkpoint_every == 0 || issued == job.steps);
-    if (issued % job.log_every != 0 && !checkpoint_due && issued != job.steps) continue;
+    // A validation reads the steps before it, so that its loss goes with its step's record.
+    const bool eval_due = pc.train.EvalDue(issued);
+    if (issued % job.log_every != 0 && !checkpoint_due && !eval_due && issued != job.steps) {
+      continue;
+    }
     ASSIGN_OR_RETURN(std::vector<CompletedStep> done, trainer->Read());
     if (done.empty()) continue;
+    if (eval_due) {
+      ASSIGN_OR_RETURN(const float val_loss, trainer->Evaluate());
+      done.back().report.val_loss = val_loss;
+      if (rank == 0) std::printf("step %d: validation loss %.4f\n", issued, val_loss);
+    }
     const bool terminated = g_terminate.load();
     const AllocatorStats mem = allocator->stats();
     RETURN_IF_ERROR(AppendMetrics(done, mem, trainer->memory().need, &metrics));

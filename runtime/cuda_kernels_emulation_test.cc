@@ -218,26 +218,33 @@ TYPED_TEST(KernelTest, LayerNormBackward) {
 
 // ---- softmax cross-entropy and softmax ------------------------------------------------------
 
+// Rows of Vp logits of which the first V are the vocabulary's (Vp > V: padded, as GPT-2's
+// 50257 to 50304), against the CPU backend given the same V.
 template <typename T, int P>
-void CrossEntropyCase(int V, bool in_place) {
-  SCOPED_TRACE(::testing::Message() << "V=" << V << " P=" << P << " in_place=" << in_place);
+void CrossEntropyCase(int V, int Vp, bool in_place) {
+  SCOPED_TRACE(::testing::Message() << "V=" << V << " Vp=" << Vp << " P=" << P
+                                    << " in_place=" << in_place);
   const int N = 5;
-  const std::vector<float> logits = Rounded<T>(Random(N * V, 10, 3.0f));
+  const std::vector<float> logits = Rounded<T>(Random(N * Vp, 10, 3.0f));
   const std::vector<int32_t> targets = {0, V - 1, -1, V / 2, 1 % V};
   std::vector<T> x = Stored<T>(logits);
-  std::vector<T> separate(N * V, FromF32<T>(NAN));
+  std::vector<T> separate(N * Vp, FromF32<T>(NAN));
   T* dlogits = in_place ? x.data() : separate.data();
   std::vector<float> losses(N, NAN);
-  LaunchAndCheck(N, RowThreads((V + P - 1) / P), 0, [&] {
+  LaunchAndCheck(N, RowThreads((Vp + P - 1) / P), 0, [&] {
     classifier::CrossEntropyKernel<T, P>(losses.data(), dlogits, x.data(), targets.data(), V,
-                                         0.25f);
+                                         Vp, 0.25f);
   });
   Tensor want_losses = F32(std::vector<float>(N), {N});
-  Tensor want_d = F32(std::vector<float>(N * V), {N, V});
-  ASSERT_OK(SoftmaxCrossEntropy(Cpu(), want_losses, want_d, F32(logits, {N, V}), I32(targets, {N}),
-                                0.25f));
+  Tensor want_d = F32(std::vector<float>(N * Vp), {N, Vp});
+  ASSERT_OK(SoftmaxCrossEntropy(Cpu(), want_losses, want_d, F32(logits, {N, Vp}),
+                                I32(targets, {N}), 0.25f, V));
   EXPECT_TRUE(Close("losses", losses, Values(want_losses), 1e-5));
-  EXPECT_TRUE(Close("dlogits", Floats(in_place ? x : separate), Values(want_d), Tol<T>()));
+  const std::vector<float> got_d = Floats(in_place ? x : separate);
+  EXPECT_TRUE(Close("dlogits", got_d, Values(want_d), Tol<T>()));
+  for (int r = 0; r < N; ++r) {
+    for (int c = V; c < Vp; ++c) ASSERT_EQ(got_d[r * Vp + c], 0.0f) << "row " << r << " col " << c;
+  }
 }
 
 TYPED_TEST(KernelTest, SoftmaxCrossEntropy) {
@@ -245,8 +252,21 @@ TYPED_TEST(KernelTest, SoftmaxCrossEntropy) {
   constexpr int P = Packed128<T>::size;
   for (int V : {1, 37, 64, 3000}) {
     for (bool in_place : {false, true}) {
-      CrossEntropyCase<T, 1>(V, in_place);
-      if (V % P == 0) CrossEntropyCase<T, P>(V, in_place);
+      CrossEntropyCase<T, 1>(V, V, in_place);
+      if (V % P == 0) CrossEntropyCase<T, P>(V, V, in_place);
+    }
+  }
+}
+
+// Padded rows: the softmax over the first V columns only, the padding's gradient 0; the
+// padded width (a multiple of 64) takes the vectorized kernel whatever V is.
+TYPED_TEST(KernelTest, SoftmaxCrossEntropyMasksPadding) {
+  using T = TypeParam;
+  constexpr int P = Packed128<T>::size;
+  for (auto [V, Vp] : {std::pair{1, 64}, {37, 64}, {300, 320}}) {
+    for (bool in_place : {false, true}) {
+      CrossEntropyCase<T, 1>(V, Vp, in_place);
+      CrossEntropyCase<T, P>(V, Vp, in_place);
     }
   }
 }
@@ -258,7 +278,7 @@ TEST(KernelEmulationTest, CrossEntropyBadTargetIsNan) {
   const std::vector<int32_t> targets = {V, 3};
   LaunchAndCheck(2, 32, 0, [&] {
     classifier::CrossEntropyKernel<float, 1>(losses.data(), d.data(), logits.data(), targets.data(),
-                                             V, 1.0f);
+                                             V, V, 1.0f);
   });
   EXPECT_TRUE(std::isnan(losses[0]));
   EXPECT_TRUE(std::isfinite(losses[1]));

@@ -760,7 +760,8 @@ absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe
 }
 
 absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& dlogits,
-                                 const Tensor& logits, const Tensor& targets, float dloss_scale) {
+                                 const Tensor& logits, const Tensor& targets, float dloss_scale,
+                                 int64_t vocab) {
   constexpr const char* kOp = "SoftmaxCrossEntropy";
   RETURN_IF_ERROR(CheckCommon(kOp, s,
                               {{"losses", losses}, {"logits", logits}, {"targets", targets}},
@@ -773,8 +774,14 @@ absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& 
   RETURN_IF_ERROR(CheckDims(kOp, "targets", targets, {n}));
   RETURN_IF_ERROR(CheckDims(kOp, "losses", losses, {n}));
   RETURN_IF_ERROR(CheckOptionalShape(kOp, "dlogits", dlogits, logits.shape()));
+  if (vocab == -1) vocab = logits.dim(1);
+  if (vocab < 0 || vocab > logits.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: vocab %d is not in [0, %d] of logits %s (-1: all columns)", kOp, vocab,
+        logits.dim(1), logits.ToString()));
+  }
   TANDEM_OPS_DISPATCH(SoftmaxCrossEntropy, Moves(Bytes({losses, dlogits, logits, targets})), s,
-                      losses, dlogits, logits, targets, dloss_scale);
+                      losses, dlogits, logits, targets, dloss_scale, vocab);
 }
 
 // ---- reductions -----------------------------------------------------------------------------

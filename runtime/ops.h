@@ -182,9 +182,13 @@ absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe
 // i32 in [0, V); a target of -1 is ignored (loss 0, gradient 0). dlogits may be the same
 // tensor as logits (the model computes the gradient in place to save N * V memory). On the
 // CPU a target outside [0, V) other than -1 is an error naming its row.
+// `vocab` (default -1: all V columns) is the real vocabulary when the logits' rows are padded
+// past it (llm.c's V and Vp: GPT-2's 50257 padded to 50304): the softmax and the loss run over
+// the first `vocab` columns only, targets must be below it, and the padded columns' gradient
+// is 0. With vocab = V the results are those of the default, bit for bit.
 absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& dlogits,
                                  const Tensor& logits, const Tensor& targets,
-                                 float dloss_scale);
+                                 float dloss_scale, int64_t vocab = -1);
 
 // ---- reductions -----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -119,6 +120,26 @@ void ExpectError(const absl::Status& issued, const std::vector<std::string>& par
 }
 
 // ---- references -----------------------------------------------------------------------------
+
+// Softmax cross-entropy in double over the first v of each row's vp logits (n rows; a target
+// of -1: loss 0); with `grad`, also (softmax - onehot) * scale there, 0 elsewhere.
+Ref RefCrossEntropy(const Vec& x, int n, int vp, int v, const std::vector<int32_t>& tg,
+                    double scale, Ref* grad) {
+  Ref loss(n, 0.0);
+  if (grad != nullptr) grad->assign(static_cast<size_t>(n) * vp, 0.0);
+  for (int i = 0; i < n; i++) {
+    if (tg[i] < 0) continue;
+    const float* row = x.data() + static_cast<size_t>(i) * vp;
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < v; j++) mx = std::max(mx, static_cast<double>(row[j]));
+    for (int j = 0; j < v; j++) sum += std::exp(row[j] - mx);
+    loss[i] = std::log(sum) + mx - row[tg[i]];
+    for (int j = 0; grad != nullptr && j < v; j++) {
+      (*grad)[i * vp + j] = (std::exp(row[j] - mx) / sum - (j == tg[i] ? 1.0 : 0.0)) * scale;
+    }
+  }
+  return loss;
+}
 
 double RefGelu(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -893,15 +914,8 @@ TEST(SoftmaxCrossEntropyTest, LossesAndGradient) {
     const float scale = 1.0f / 3.0f;
     ASSERT_OK(SoftmaxCrossEntropy(Cpu(), losses, dlogits, logits, targets, scale));
     const Vec x = Get(logits);
-    Ref want(n);
-    for (int i = 0; i < n; i++) {
-      if (tg[i] < 0) continue;
-      double mx = -INFINITY, sum = 0.0;
-      for (int j = 0; j < v; j++) mx = std::max(mx, static_cast<double>(x[i * v + j]));
-      for (int j = 0; j < v; j++) sum += std::exp(x[i * v + j] - mx);
-      want[i] = std::log(sum) + mx - x[i * v + tg[i]];
-    }
-    EXPECT_TRUE(AllClose(Get(losses), want, 1e-5, 1e-5));
+    EXPECT_TRUE(
+        AllClose(Get(losses), RefCrossEntropy(x, n, v, v, tg, scale, nullptr), 1e-5, 1e-5));
     // The loss does not depend on whether the gradient was asked for.
     Tensor losses2 = Zeros({n});
     ASSERT_OK(SoftmaxCrossEntropy(Cpu(), losses2, Tensor(), logits, targets, scale));
@@ -928,6 +942,54 @@ TEST(SoftmaxCrossEntropyTest, LossesAndGradient) {
   EXPECT_NEAR(Get(losses)[0], 500.0f, 1e-3);
   EXPECT_NEAR(Get(dl)[0], 1.0f, 1e-6);
   EXPECT_NEAR(Get(dl)[1], -1.0f, 1e-6);
+}
+
+// Rows padded past the vocabulary (GPT-2's 50257 to 50304): loss and gradient are those of a
+// softmax over the first V columns, computed here in double; the padding's gradient is exactly
+// 0, however large its logits; vocab = all columns is the default, bit for bit.
+TEST(SoftmaxCrossEntropyTest, PaddedColumnsAreMasked) {
+  for (auto [n, v, vp] : {std::tuple{4, 13, 64}, std::tuple{3, 1, 8}, std::tuple{5, 300, 320}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " v=" << v << " vp=" << vp);
+    Vec x = Get(Rand({n, vp}, -4.0f, 4.0f));
+    // Padding larger than every real logit: it would dominate an unmasked softmax.
+    for (int i = 0; i < n; i++) {
+      for (int j = v; j < vp; j++) x[i * vp + j] = 30.0f;
+    }
+    std::vector<int32_t> tg(n);
+    for (int i = 0; i < n; i++) tg[i] = i == 1 ? -1 : static_cast<int32_t>(RandInt(0, v - 1));
+    const float scale = 0.125f;
+    Tensor logits = FromVec(x, {n, vp}), losses = Rand({n}), dlogits = Rand({n, vp});
+    ASSERT_OK(SoftmaxCrossEntropy(Cpu(), losses, dlogits, logits, Ints(tg, {n}), scale, v));
+    Ref want_d;
+    EXPECT_TRUE(AllClose(Get(losses), RefCrossEntropy(x, n, vp, v, tg, scale, &want_d), 1e-5,
+                         1e-5));
+    EXPECT_TRUE(AllClose(Get(dlogits), want_d, 1e-7, 1e-5));
+    const Vec d = Get(dlogits);
+    for (int i = 0; i < n; i++) {
+      for (int j = v; j < vp; j++) ASSERT_EQ(d[i * vp + j], 0.0f) << "row " << i << " col " << j;
+    }
+    // In place, and without the gradient: the same losses.
+    Tensor inplace = FromVec(x, {n, vp}), losses2 = Zeros({n}), losses3 = Zeros({n});
+    ASSERT_OK(SoftmaxCrossEntropy(Cpu(), losses2, inplace, inplace, Ints(tg, {n}), scale, v));
+    EXPECT_EQ(Get(losses2), Get(losses));
+    EXPECT_EQ(Get(inplace), d);
+    ASSERT_OK(SoftmaxCrossEntropy(Cpu(), losses3, Tensor(), logits, Ints(tg, {n}), scale, v));
+    EXPECT_EQ(Get(losses3), Get(losses));
+    // A target among the padding is refused, naming it.
+    std::vector<int32_t> bad = tg;
+    bad[0] = v;
+    ExpectError(SoftmaxCrossEntropy(Cpu(), Zeros({n}), Tensor(), logits, Ints(bad, {n}), scale, v),
+                {"SoftmaxCrossEntropy", "target " + std::to_string(v) + " of row 0"});
+  }
+  // vocab = every column gives the default's bits.
+  Tensor logits = Rand({6, 77}, -4.0f, 4.0f), targets = Ints({0, 5, 76, -1, 3, 40}, {6});
+  Tensor l1 = Zeros({6}), d1 = Zeros({6, 77}), l2 = Zeros({6}), d2 = Zeros({6, 77});
+  ASSERT_OK(SoftmaxCrossEntropy(Cpu(), l1, d1, logits, targets, 0.5f));
+  ASSERT_OK(SoftmaxCrossEntropy(Cpu(), l2, d2, logits, targets, 0.5f, 77));
+  EXPECT_EQ(Get(l1), Get(l2));
+  EXPECT_EQ(Get(d1), Get(d2));
+  ExpectError(SoftmaxCrossEntropy(Cpu(), l1, d1, logits, targets, 0.5f, 78),
+              {"SoftmaxCrossEntropy", "vocab 78"});
 }
 
 // ---- reductions -----------------------------------------------------------------------------

@@ -220,6 +220,12 @@ absl::StatusOr<RunData> ReadRun(const std::string& dir) {
     // null: a step without a loss (nan or infinite).
     for (const Json& v : *l) d.losses.push_back(v.is_number() ? v.get<double>() : kNaN);
   }
+  if (const auto l = run->find("val_losses"); l != run->end() && l->is_array()) {
+    for (const Json& v : *l) {
+      if (!v.is_array() || v.size() != 2 || !v[0].is_number()) continue;
+      d.val_losses.push_back({v[0].get<int>(), v[1].is_number() ? v[1].get<double>() : kNaN});
+    }
+  }
   if (d.workers < 1) return absl::InvalidArgumentError(dir + "/run.json: no workers");
   if (absl::Status s = ReadGrid(*run, &d); !s.ok()) return s;
   for (int r = 0; r < d.workers; ++r) {
@@ -303,6 +309,10 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
     f.ranks.push_back(rf);
   }
   f.final_loss = run.losses.empty() ? kNaN : run.losses.back();
+  if (!run.val_losses.empty()) {
+    f.final_val_step = run.val_losses.back().first;
+    f.final_val_loss = run.val_losses.back().second;
+  }
   if (baseline != nullptr && baseline->ran) {
     const RunData& b = baseline->run;
     const double base_step = launcher::MeanStepSeconds(b.ranks);
@@ -572,6 +582,19 @@ std::string LossLine(const Standing& s) {
       "Losses: every strategy within %.2g of one worker's at every one of %d steps.", worst, steps);
 }
 
+// Each run's last validation loss; "" where no run evaluated one.
+std::string ValidationLine(const std::vector<Figures>& all) {
+  std::vector<std::string> runs;
+  for (const Figures& f : all) {
+    if (f.ran && f.final_val_step > 0) {
+      runs.push_back(absl::StrFormat("%s %.4f (after step %d)", f.label, f.final_val_loss,
+                                     f.final_val_step));
+    }
+  }
+  if (runs.empty()) return "";
+  return absl::StrCat("Final validation loss: ", absl::StrJoin(runs, ", "), ".");
+}
+
 std::string NoisyLine(const std::vector<Figures>& all) {
   std::vector<std::string> noisy;
   for (const Figures& f : all) {
@@ -605,7 +628,8 @@ std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores
   for (Figures& f : *figures) f.recommendation = RunRecommendation(f, s);
   std::vector<std::string> summary = RankingLines(s);
   for (const std::string& line :
-       {ZeroLine(s), LossLine(s), NoisyLine(*figures), HostLine(s, host_cores)}) {
+       {ZeroLine(s), LossLine(s), ValidationLine(*figures), NoisyLine(*figures),
+        HostLine(s, host_cores)}) {
     if (!line.empty()) summary.push_back(line);
   }
   for (const Figures& f : *figures) {
@@ -1097,6 +1121,10 @@ std::string JsonReport(const Report& r) {
       s["optimizer_state_bytes"] = f.optimizer_bytes;
       s["final_loss"] = JsonNumber(f.final_loss);
       s["max_loss_deviation"] = JsonNumber(f.max_loss_deviation);
+      if (f.final_val_step > 0) {
+        s["final_val_loss"] = JsonNumber(f.final_val_loss);
+        s["final_val_step"] = f.final_val_step;
+      }
       Json losses = Json::array();
       for (double l : e.run.losses) losses.push_back(JsonNumber(l));
       s["losses"] = std::move(losses);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +44,7 @@ struct RunData {
   bool overlap = true;    // data parallel: all-reduce during backward
   int64_t tokens_per_step = 0;
   std::vector<double> losses;                   // the global batch's, per step (rank 0's)
+  std::vector<std::pair<int, double>> val_losses;  // [steps trained, validation loss]
   std::vector<std::vector<StepMetrics>> ranks;  // per rank, in step order
   // Per rank, as run.json measured it (ZeRO-1: the rank's shard); without it in run.json, the
   // rank's largest in its metrics.
@@ -110,6 +112,9 @@ struct Figures {
   int64_t optimizer_bytes = 0;   // the largest rank's optimizer state
   double final_loss = 0;
   double max_loss_deviation = 0;  // max over steps of |loss - baseline loss|; NaN: no baseline
+  // The last validation loss and the steps trained before it; step 0: none evaluated.
+  double final_val_loss = 0;
+  int final_val_step = 0;
   std::vector<RankFigures> ranks;
   std::string recommendation;  // a short verdict with its reason
 };
@@ -122,7 +127,8 @@ std::string Layout(const Figures& f);
 
 // Fills each strategy's recommendation and returns the report's summary lines: the fastest,
 // the least memory per rank, the choice between them, ZeRO-1's optimizer state against plain
-// data parallel's, loss parity, and what the host (with `host_cores` cores) means for the
+// data parallel's, loss parity, each run's final validation loss (where evaluated), and what
+// the host (with `host_cores` cores) means for the
 // numbers. figures[0] is the baseline.
 std::vector<std::string> Recommend(std::vector<Figures>* figures, int host_cores);
 

@@ -87,6 +87,7 @@ struct RunSpec {
   std::vector<RankSpec> ranks;
   bool traces = true;
   double bucket_mb = 25;
+  std::string val_losses;  // run.json's "val_losses" as written; empty: none
 };
 
 // One step every 1000 us of the rank's own clock (which starts `clock` us late): forward,
@@ -139,10 +140,11 @@ std::string WriteRun(const RunSpec& spec) {
       "\"steps\": %d, \"batch\": 16, \"schedule\": \"%s\", \"seed\": \"1234\", %s"
       "\"bucket_mb\": %g, \"overlap\": true, \"profile\": true},\n"
       "  \"strategy\": \"%s\", \"workers\": %d, %s\"device\": \"cpu\", \"micro_batches\": %d,\n"
-      "  \"exit\": \"ok\", \"losses\": [%s], \"tokens_per_step\": %d,\n  \"ranks\": [%s]\n}\n",
+      "  \"exit\": \"ok\", \"losses\": [%s], %s\"tokens_per_step\": %d,\n  \"ranks\": [%s]\n}\n",
       spec.strategy, workers, steps, spec.schedule, layout_config, spec.bucket_mb, spec.strategy,
-      workers, grid, spec.micro_batches, absl::StrJoin(losses, ", "), spec.tokens_per_step,
-      absl::StrJoin(ranks, ", "));
+      workers, grid, spec.micro_batches, absl::StrJoin(losses, ", "),
+      spec.val_losses.empty() ? "" : absl::StrCat("\"val_losses\": ", spec.val_losses, ", "),
+      spec.tokens_per_step, absl::StrJoin(ranks, ", "));
   for (size_t r = 0; r < spec.ranks.size(); ++r) {
     const RankSpec& rs = spec.ranks[r];
     std::ofstream m(absl::StrFormat("%s/metrics/rank-%d.jsonl", dir, r));
@@ -484,6 +486,28 @@ TEST(RecommendTest, SetsZeroBubbleAgainstOneFOneB) {
   EXPECT_THAT(f[4].recommendation,
               HasSubstr(absl::StrCat("vs pipeline ZB-H1: ", X(3500, 2900), " its speed with ",
                                      X(28, 55), " its peak memory per rank")));
+}
+
+// run.json's validation losses: the last one per run, in the figures and one summary line,
+// only for the runs that evaluated one.
+TEST(RecommendTest, FinalValidationLossPerRun) {
+  RunSpec base, data;
+  base.losses = data.losses = {3, 2.5};
+  base.ranks = {Rank({1, 1})};
+  data.ranks = {Rank({1, 1}), Rank({1, 1})};
+  base.val_losses = "[[1, 2.75], [2, 2.25]]";
+  const Entry b = Ran("baseline", "one worker", WriteRun(base));
+  const Entry d = Ran("data", "data parallel", WriteRun(data));
+  ASSERT_EQ(b.run.val_losses.size(), 2u);
+  EXPECT_EQ(b.run.val_losses[0], (std::pair<int, double>{1, 2.75}));
+  std::vector<Figures> f = {ComputeFigures(b, &b), ComputeFigures(d, &b)};
+  EXPECT_EQ(f[0].final_val_step, 2);
+  EXPECT_DOUBLE_EQ(f[0].final_val_loss, 2.25);
+  EXPECT_EQ(f[1].final_val_step, 0);
+  const std::string all = absl::StrJoin(Recommend(&f, /*host_cores=*/8), "\n");
+  EXPECT_THAT(all, HasSubstr("Final validation loss: one worker 2.2500 (after step 2)."));
+  f[0].final_val_step = 0;
+  EXPECT_THAT(absl::StrJoin(Recommend(&f, 8), "\n"), Not(HasSubstr("validation")));
 }
 
 TEST(RecommendTest, CallsOutLossesAndASlowerThanOneWorkerHost) {

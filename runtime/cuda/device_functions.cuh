@@ -143,17 +143,25 @@ __device__ __forceinline__ MaxSum BlockMaxSum(MaxSum v) {
   v = lane < warps ? MaxSum{part_m[lane], part_s[lane]} : MaxSumEmpty();
   return WarpMaxSum(v);
 }
-// The max and sum of exp(x - max) of row[0, n), the block walking it P elements a thread and
-// step (n % P == 0, row aligned for Pack<T, P>); same calling rules as BlockSum.
+// The max and sum of exp(x - max) of row[0, valid), the block walking row[0, n) P elements a
+// thread and step (n % P == 0, row aligned for Pack<T, P>) and leaving out the elements from
+// `valid` on (a padded row's tail); same calling rules as BlockSum.
 template <typename T, int P>
-__device__ __forceinline__ MaxSum BlockRowMaxSum(const T* row, int n) {
+__device__ __forceinline__ MaxSum BlockRowMaxSum(const T* row, int n, int valid) {
   MaxSum ms = MaxSumEmpty();
   for (int c = threadIdx.x * P; c < n; c += blockDim.x * P) {
     const Pack<T, P> v = Pack<T, P>::Load(row + c);
 #pragma unroll
-    for (int j = 0; j < P; ++j) ms = MaxSumAdd(ms, ToF32(v[j]));
+    for (int j = 0; j < P; ++j) {
+      if (c + j < valid) ms = MaxSumAdd(ms, ToF32(v[j]));
+    }
   }
   return BlockMaxSum(ms);
+}
+// The same over the whole row[0, n).
+template <typename T, int P>
+__device__ __forceinline__ MaxSum BlockRowMaxSum(const T* row, int n) {
+  return BlockRowMaxSum<T, P>(row, n, n);
 }
 
 // ---- GELU, tanh approximation (GPT-2) ---------------------------------------------------------

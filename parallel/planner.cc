@@ -259,12 +259,14 @@ std::string Prediction::Reason() const {
 
 namespace {
 
-// Parameters of each block of `model`.
-std::vector<int64_t> BlockParams(const ModelConfig& model) {
+// Parameters each stage of `bounds` holds, each once (a tied table too, and a last stage's
+// copy of it), as its flat buffer does (StageParams).
+std::vector<int64_t> StageParamCounts(const ModelConfig& model, const StageBounds& bounds) {
+  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
   std::vector<int64_t> out;
-  for (const std::unique_ptr<Block>& b : BuildBlocks(model)) {
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     int64_t n = 0;
-    for (const ParamSpec& p : b->Params()) n += p.shape.numel();
+    for (const ParamSpec& p : StageParams(blocks, bounds[s], bounds[s + 1])) n += p.shape.numel();
     out.push_back(n);
   }
   return out;
@@ -332,15 +334,13 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   const int K = grid.stages, D = grid.replicas, M = layout.micro_batches;
   const double rows = double(c.train.batch) / D / M;
   const double scale = rows / r.profile.rows;
-  const std::vector<int64_t> block_params = BlockParams(model);
+  const std::vector<int64_t> stage_params = StageParamCounts(model, bounds);
   std::vector<ComputeSeconds> stage(K);
-  std::vector<int64_t> stage_params(K, 0);
   for (int s = 0; s < K; ++s) {
     for (int b = bounds[s]; b < bounds[s + 1]; ++b) {
       stage[s].forward += r.profile.blocks[b].forward * scale;
       stage[s].backward += r.profile.blocks[b].backward * scale;
       stage[s].weight += r.profile.blocks[b].weight * scale;
-      stage_params[s] += block_params[b];
     }
     if (layout.recompute) stage[s].backward += stage[s].forward;  // the forward again first
   }

@@ -5,8 +5,6 @@
 // strategy and world size. The model comes from the checkpoint's own description of it; the
 // ids the data had (below a padded vocabulary) from the run's job.conf or run.json. Tokens
 // are bytes, or with --tokenizer a tokenizer.json's byte-level BPE.
-#include <dirent.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -53,48 +51,6 @@ ABSL_FLAG(bool, benchmark, false,
 namespace tandem {
 namespace {
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// The checkpoint prefix (<dir>/step-NNNNNN) --checkpoint names.
-absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
-  if (IsDirectory(path)) {
-    const std::string dir =
-        IsDirectory(path + "/checkpoints") ? path + "/checkpoints" : path;
-    std::vector<std::string> passed_over;
-    absl::StatusOr<std::string> latest = FindLatestCheckpoint(dir, &passed_over);
-    if (!latest.ok() && passed_over.empty()) {
-      // No manifest: examples/train writes lone step-NNNNNN.ckpt files.
-      int newest = -1;
-      if (DIR* d = opendir(dir.c_str())) {
-        while (struct dirent* e = readdir(d)) {
-          const std::string name = e->d_name;
-          if (absl::EndsWith(name, ".ckpt") && !absl::StrContains(name, ".stage-")) {
-            newest = std::max(newest, CheckpointStep(name));
-          }
-        }
-        closedir(d);
-      }
-      if (newest >= 0) latest = CheckpointPrefixFor(dir, newest);
-    }
-    if (!latest.ok()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "--checkpoint=%s: no complete checkpoint in %s%s; train with --checkpoint-every or "
-          "name one checkpoint",
-          path, dir, passed_over.empty() ? "" : " (" + absl::StrJoin(passed_over, "; ") + ")"));
-    }
-    return *latest;
-  }
-  const int step = CheckpointStep(path);
-  if (step < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--checkpoint=%s is neither a directory nor a checkpoint (<run>/checkpoints/step-N)", path));
-  }
-  return CheckpointPrefixFor(launcher::DirOf(path), step);
-}
-
 // The ids of the run's data (0 when the run does not say): job.conf's vocab, else run.json's.
 int DataVocab(const std::string& run_dir) {
   if (absl::StatusOr<std::string> text = ReadWholeFile(run_dir + "/" + kJobConfigFile); text.ok()) {
@@ -133,7 +89,7 @@ absl::Status Run() {
 
   // Everything the user gave is checked before the weights are read.
   const std::string path = launcher::AbsolutePath(user_dir, checkpoint_flag);
-  ASSIGN_OR_RETURN(const std::string prefix, ResolveCheckpoint(path));
+  ASSIGN_OR_RETURN(const std::string prefix, ResolveCheckpointArg(path));
   ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(prefix));
   ASSIGN_OR_RETURN(const ModelConfig model, ParseModelDescription(manifest.model));
   std::string device_name = absl::GetFlag(FLAGS_device);

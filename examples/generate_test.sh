@@ -28,7 +28,7 @@ check_refused() {  # expected line, then the flags
   [ "$(cat "$tmp/bad.txt")" = "$want" ] || { cat "$tmp/bad.txt"; fail "$*: not the one line '$want'"; }
 }
 check_refused "generate: --checkpoint is required: a run directory or one of its checkpoints"
-check_refused "generate: --checkpoint=$tmp/nowhere is neither a directory nor a checkpoint (<run>/checkpoints/step-N)" \
+check_refused "generate: --checkpoint=$tmp/nowhere: name <run_dir>/checkpoints/step-N (or one of its files), or a run directory" \
   --checkpoint="$tmp/nowhere"
 check_refused "generate: --top-k must be >= 0 (0: every token)" --checkpoint="$tmp" --top-k=-1
 

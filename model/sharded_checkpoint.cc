@@ -4,6 +4,7 @@
 #include "model/sharded_checkpoint.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <map>
@@ -12,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/files.h"
 #include "runtime/status.h"
@@ -483,6 +485,53 @@ absl::Status LoadParamsByName(const std::string& prefix, const ModelConfig& mode
   }
   ASSIGN_OR_RETURN(Tensor t, Tensor::FromVector(host, params.shape()));
   return CopySync(params, t);
+}
+
+namespace {
+
+bool IsDir(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveCheckpointArg(const std::string& path) {
+  if (IsDir(path)) {
+    const std::string dir =
+        IsDir(path + "/checkpoints") ? path + "/checkpoints" : path;
+    std::vector<std::string> passed_over;
+    absl::StatusOr<std::string> latest = FindLatestCheckpoint(dir, &passed_over);
+    if (!latest.ok() && passed_over.empty()) {
+      // No manifest: examples/train writes lone step-NNNNNN.ckpt files.
+      int newest = -1;
+      if (DIR* d = opendir(dir.c_str())) {
+        while (struct dirent* e = readdir(d)) {
+          const std::string name = e->d_name;
+          if (absl::EndsWith(name, ".ckpt") && !absl::StrContains(name, ".stage-")) {
+            newest = std::max(newest, CheckpointStep(name));
+          }
+        }
+        closedir(d);
+      }
+      if (newest >= 0) latest = CheckpointPrefixFor(dir, newest);
+    }
+    if (!latest.ok()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "--checkpoint=%s: no complete checkpoint in %s%s; train with --checkpoint-every or "
+          "name one checkpoint",
+          path, dir, passed_over.empty() ? "" : " (" + absl::StrJoin(passed_over, "; ") + ")"));
+    }
+    return *latest;
+  }
+  const int step = CheckpointStep(path);
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--checkpoint=%s: name <run_dir>/checkpoints/step-N (or one of its files), or a run "
+        "directory",
+        path));
+  }
+  return CheckpointPrefixFor(path.substr(0, path.rfind('/') == std::string::npos ? 0 : path.rfind('/')), step);
 }
 
 }  // namespace tandem

@@ -93,6 +93,12 @@ absl::Status VerifyCheckpoint(
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir,
                                                  std::vector<std::string>* passed_over = nullptr);
 
+// The checkpoint prefix a tool's --checkpoint=`path` names: a run directory or its
+// checkpoints/ (the newest complete checkpoint; where none has a manifest, the newest lone
+// step-NNNNNN.ckpt, as examples/train writes them), or one checkpoint (its prefix or any of its
+// files). The error names the flag and says what to give.
+absl::StatusOr<std::string> ResolveCheckpointArg(const std::string& path);
+
 // Every parameter of checkpoint `prefix` by name, gathered from all of its shards (read once,
 // as VerifyCheckpoint checks them), for tools that read a model without building it
 // (tools/export). `manifest`, if given, receives the checkpoint's manifest, and `meta` the

@@ -43,28 +43,6 @@ namespace {
 
 using launcher::DirOf;
 
-bool IsDirectory(const std::string& path) {
-  bool exists = false, is_dir = false;
-  launcher::IsNonEmptyDirectory(path, &exists, &is_dir);
-  return exists && is_dir;
-}
-
-// The checkpoint prefix <dir>/step-NNNNNN that --checkpoint names.
-absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
-  if (IsDirectory(path)) {
-    const std::string sub = path + "/checkpoints";
-    return FindLatestCheckpoint(IsDirectory(sub) ? sub : path);
-  }
-  const int step = CheckpointStep(path);
-  if (step < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--checkpoint=%s: name <run_dir>/checkpoints/step-N (or one of its files), or a run "
-        "directory",
-        path));
-  }
-  return CheckpointPrefixFor(DirOf(path), step);
-}
-
 // A GPT's sizes from its parameters (the checkpoint holds them by name) and its head count
 // from the model's description ("..., 4 heads, ...").
 absl::StatusOr<ModelConfig> ModelOfParams(const std::map<std::string, std::vector<float>>& p,
@@ -98,7 +76,7 @@ absl::StatusOr<ModelConfig> ModelOfParams(const std::map<std::string, std::vecto
 }
 
 absl::Status Export(const std::string& checkpoint, const std::string& out) {
-  ASSIGN_OR_RETURN(std::string prefix, ResolveCheckpoint(checkpoint));
+  ASSIGN_OR_RETURN(std::string prefix, ResolveCheckpointArg(checkpoint));
   Manifest manifest;
   std::map<std::string, std::string> meta;
   ASSIGN_OR_RETURN(auto params, ReadCheckpointParams(prefix, &manifest, &meta));

@@ -35,6 +35,11 @@ for name in transformer.wte.weight transformer.h.1.attn.c_attn.weight transforme
   lm_head.weight; do
   head -c 4096 "$tmp/a3/model.safetensors" | grep -qaF "\"$name\"" || fail "no tensor $name"
 done
+# The run directory (examples/train's lone step files) names its newest checkpoint: step 3.
+"$export_bin" --checkpoint="$tmp/a" --out="$tmp/a-dir/model.safetensors" ||
+  fail "export of the run directory failed"
+cmp -s "$tmp/a3/model.safetensors" "$tmp/a-dir/model.safetensors" ||
+  fail "the run directory did not name step 3"
 
 check "round trip: --init-from starts from the exported weights, bit for bit"
 "$train" "${small[@]}" --steps=1 --checkpoint-every=1 --init-from="$tmp/a3/model.safetensors" \

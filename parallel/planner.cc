@@ -537,9 +537,9 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
                      return std::make_pair(a.layout.micro_batches, a.memory_bytes) <
                             std::make_pair(b.layout.micro_batches, b.memory_bytes);
                    });
-  for (const Prediction& p : plan.ranked) {
-    const char* kind = PureKind(p.layout);
-    if (kind != nullptr && !plan.best_pure.count(kind)) plan.best_pure[kind] = p;
+  for (size_t i = 0; i < plan.ranked.size(); ++i) {
+    const char* kind = PureKind(plan.ranked[i].layout);
+    if (kind != nullptr) plan.best_pure.emplace(kind, i);  // the first is the fastest
   }
   if (plan.ranked.empty()) {
     std::string why;

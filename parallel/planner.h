@@ -140,9 +140,9 @@ struct Plan {
   // Layouts left out, counted by reason ("needs 152 GB per device, more than 141 GB": by
   // the reason's kind, e.g. "does not fit in device memory").
   std::map<std::string, int> dropped;
-  // The fastest of each kind: "data parallel", "pipeline", "model parallel" (absent where none
-  // fits).
-  std::map<std::string, Prediction> best_pure;
+  // The fastest of each kind, "data parallel", "pipeline", "model parallel", as its index in
+  // `ranked` (absent where none fits).
+  std::map<std::string, size_t> best_pure;
 };
 
 // One layout's prediction; an error where the layout cannot run (batch not divisible, more

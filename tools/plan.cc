@@ -281,14 +281,10 @@ std::string PlanTable(const Plan& plan, int top) {
       "device | why |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   const int n = std::min<int>(top, plan.ranked.size());
   for (int i = 0; i < n; ++i) absl::StrAppend(&out, Row(i + 1, plan.ranked[i]));
-  for (const auto& [kind, p] : plan.best_pure) {
-    const auto it = std::find_if(plan.ranked.begin(), plan.ranked.begin() + n,
-                                 [&](const Prediction& q) { return q.layout.Name() == p.layout.Name(); });
-    if (it != plan.ranked.begin() + n) continue;
-    const auto at = std::find_if(plan.ranked.begin(), plan.ranked.end(), [&](const Prediction& q) {
-      return q.layout.Name() == p.layout.Name();
-    });
-    absl::StrAppend(&out, Row(static_cast<int>(at - plan.ranked.begin()) + 1, p));
+  for (const auto& [kind, i] : plan.best_pure) {
+    if (static_cast<int>(i) >= n) {
+      absl::StrAppend(&out, Row(static_cast<int>(i) + 1, plan.ranked[i]));  // not in the top
+    }
   }
   return out;
 }
@@ -307,7 +303,8 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
   for (const auto& [reason, n] : plan.dropped) {
     notes.push_back(absl::StrFormat("Left out %d: %s.", n, reason));
   }
-  for (const auto& [kind, p] : plan.best_pure) {
+  for (const auto& [kind, i] : plan.best_pure) {
+    const Prediction& p = plan.ranked[i];
     notes.push_back(absl::StrFormat("Best %s: %s, %s a step.", kind, p.layout.Name(),
                                     Seconds(p.step_s)));
   }
@@ -324,9 +321,9 @@ std::vector<Prediction> LayoutsToCheck(const Plan& plan) {
   };
   for (size_t i = 0; i < plan.ranked.size() && i < 3; ++i) add(plan.ranked[i]);
   if (auto it = plan.best_pure.find("data parallel"); it != plan.best_pure.end()) {
-    add(it->second);
+    add(plan.ranked[it->second]);
   } else if (auto pipe = plan.best_pure.find("pipeline"); pipe != plan.best_pure.end()) {
-    add(pipe->second);
+    add(plan.ranked[pipe->second]);
   }
   return out;
 }

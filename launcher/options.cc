@@ -64,8 +64,13 @@ ABSL_FLAG(int, batch, 16, "global batch in samples, split across workers as the 
 ABSL_FLAG(int, micro_batches, 0,
           "micro-batches per step (0: the strategy's default; pipeline: up to 4 x workers)");
 ABSL_FLAG(std::string, schedule, "gpipe",
-          "pipeline schedule: gpipe, 1f1b or zb-h1 (1F1B with each backward split into its "
-          "input and weight gradients, the weight gradients deferred into the bubbles)");
+          "pipeline schedule: gpipe, 1f1b, zb-h1 (1F1B with each backward split into its "
+          "input and weight gradients, the weight gradients deferred into the bubbles) or "
+          "interleaved (1F1B over --virtual-stages model chunks per stage, Megatron's virtual "
+          "pipeline; --micro-batches a multiple of the stages)");
+ABSL_FLAG(int, virtual_stages, 0,
+          "interleaved schedule: model chunks per pipeline stage, v >= 2 (0: 2 under "
+          "--schedule=interleaved, else 1); stage s holds global stages s, s + K, ...");
 ABSL_FLAG(std::string, balance, "params",
           "pipeline stage split: params (balanced by parameters), time (balanced by each "
           "block's measured forward and backward time) or block counts like 3,3,2");
@@ -264,7 +269,7 @@ const std::vector<std::string>& FlagNames() {
   // clang-format off
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
-      "attention", "tie_embeddings", "dtype", "steps", "batch", "micro_batches", "schedule", "balance",
+      "attention", "tie_embeddings", "dtype", "steps", "batch", "micro_batches", "schedule", "virtual_stages", "balance",
       "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
       "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "val_data",
       "val_fraction", "eval_every", "eval_batches", "run_dir",
@@ -315,6 +320,8 @@ Options OptionsFromFlags() {
   o.job.batch = absl::GetFlag(FLAGS_batch);
   o.job.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   o.job.schedule = absl::GetFlag(FLAGS_schedule);
+  o.job.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
+  if (o.job.virtual_stages == 0) o.job.virtual_stages = o.job.schedule == "interleaved" ? 2 : 1;
   o.job.balance = absl::GetFlag(FLAGS_balance);
   o.job.data_parallel = absl::GetFlag(FLAGS_data_parallel);
   o.job.zero = absl::GetFlag(FLAGS_zero);
@@ -423,6 +430,8 @@ struct Validation {
       const bool data = *strategy == StrategyKind::kData;
       ignored(!pipeline && o.job.schedule != defaults.schedule,
               absl::StrCat("--schedule=", o.job.schedule), "--strategy=pipeline");
+      ignored(!pipeline && o.job.virtual_stages != 1,
+              absl::StrCat("--virtual-stages=", o.job.virtual_stages), "--strategy=pipeline");
       ignored(data && o.job.balance != defaults.balance, absl::StrCat("--balance=", o.job.balance),
               "--strategy=pipeline and model");
       // Gradient buckets are reduced among data-parallel replicas: data, or D >= 2.

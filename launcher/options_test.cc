@@ -492,7 +492,30 @@ TEST(Validate, EachBadInputGivesItsLine) {
          o.job.strategy = "pipeline";
          o.job.schedule = "zigzag";
        },
-       "unknown schedule 'zigzag': use gpipe, 1f1b or zb-h1"},
+       "unknown schedule 'zigzag': use gpipe, 1f1b, zb-h1 or interleaved"},
+      {[](Options& o) {
+         o.job.strategy = "pipeline";
+         o.job.schedule = "interleaved";
+         o.job.virtual_stages = 2;
+         o.job.micro_batches = 3;
+         o.job.batch = 6;
+       },
+       "the interleaved schedule takes micro-batches in runs of one per stage: "
+       "--micro-batches=3 is not a multiple of the 2 stages; use 2 or 4"},
+      {[](Options& o) {
+         o.job.strategy = "pipeline";
+         o.job.schedule = "interleaved";
+         o.job.virtual_stages = 3;
+         o.job.micro_batches = 4;
+       },
+       "2 stages x 3 virtual stages need 6 model chunks of at least one block, but the model "
+       "has 4 blocks: use fewer stages or virtual stages"},
+      {[](Options& o) {
+         o.job.strategy = "pipeline";
+         o.job.schedule = "1f1b";
+         o.job.virtual_stages = 2;
+       },
+       "2 virtual stages need --schedule=interleaved; '1f1b' runs one model chunk a stage"},
       {[](Options& o) {
          o.job.strategy = "model";
          o.job.micro_batches = 4;

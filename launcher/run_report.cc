@@ -241,6 +241,7 @@ std::string RunJson(const RunRecord& r) {
       {"batch", c.batch},
       {"micro_batches", c.micro_batches},
       {"schedule", c.schedule},
+      {"virtual_stages", c.virtual_stages},
       {"balance", c.balance},
       {"data_parallel", c.data_parallel},
       {"zero", c.zero},

@@ -94,6 +94,11 @@ std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config);
 std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& blocks, int begin,
                                    int end,
                                    std::vector<std::vector<size_t>>* block_params = nullptr);
+// The same for a stage holding the blocks `held` (ascending; under an interleaved schedule,
+// one range per model chunk), `block_params` in the order of `held`.
+std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& blocks,
+                                   const std::vector<int>& held,
+                                   std::vector<std::vector<size_t>>* block_params = nullptr);
 
 }  // namespace tandem
 

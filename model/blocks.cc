@@ -412,6 +412,14 @@ absl::Status Block::Backward(Stream& s, const std::vector<Tensor>& params,
 
 std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& blocks, int begin,
                                    int end, std::vector<std::vector<size_t>>* block_params) {
+  std::vector<int> held;
+  for (int b = begin; b < end; ++b) held.push_back(b);
+  return StageParams(blocks, held, block_params);
+}
+
+std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& blocks,
+                                   const std::vector<int>& held,
+                                   std::vector<std::vector<size_t>>* block_params) {
   // A block's own parameters are named after it ("head.ln.weight"); any other it lists
   // ("embed.wte" in a tied head) is another block's.
   auto owns = [](const Block& b, const ParamSpec& p) {
@@ -424,24 +432,24 @@ std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& bl
   };
   // Borrowed parameters whose owner is not in the stage: copies, first.
   std::set<std::string> owned;
-  for (int b = begin; b < end; ++b) {
+  for (int b : held) {
     for (const ParamSpec& p : blocks[b]->Params()) {
       if (owns(*blocks[b], p)) owned.insert(p.name);
     }
   }
-  for (int b = begin; b < end; ++b) {
+  for (int b : held) {
     for (const ParamSpec& p : blocks[b]->Params()) {
       if (!owns(*blocks[b], p) && !owned.count(p.name)) add(p);
     }
   }
-  for (int b = begin; b < end; ++b) {
+  for (int b : held) {
     for (const ParamSpec& p : blocks[b]->Params()) {
       if (owns(*blocks[b], p)) add(p);
     }
   }
   if (block_params != nullptr) {
     block_params->clear();
-    for (int b = begin; b < end; ++b) {
+    for (int b : held) {
       std::vector<size_t> idx;
       for (const ParamSpec& p : blocks[b]->Params()) idx.push_back(index.at(p.name));
       block_params->push_back(std::move(idx));

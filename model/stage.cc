@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
@@ -11,18 +12,36 @@ namespace tandem {
 absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, int begin,
                                                      int end, Device device, uint64_t seed,
                                                      DType compute) {
+  return Create(config, {{begin, end}}, device, seed, compute);
+}
+
+absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
+    const ModelConfig& config, const std::vector<std::pair<int, int>>& chunks, Device device,
+    uint64_t seed, DType compute) {
   RETURN_IF_ERROR(config.Validate());
-  if (begin < 0 || end > config.num_blocks() || begin >= end) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "stage blocks [%d, %d) are not a non-empty range of the model's %d blocks", begin,
-        end, config.num_blocks()));
+  int prev_end = 0;
+  for (const auto& [begin, end] : chunks) {
+    if (begin < prev_end || end > config.num_blocks() || begin >= end) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "stage blocks [%d, %d) are not a non-empty range of the model's %d blocks after the "
+          "stage's earlier chunks",
+          begin, end, config.num_blocks()));
+    }
+    prev_end = end;
   }
-  std::unique_ptr<Stage> st(new Stage(config, begin, end, device));
+  if (chunks.empty()) return absl::InvalidArgumentError("a stage needs at least one chunk");
+  std::unique_ptr<Stage> st(new Stage(config, chunks, device));
   std::vector<std::unique_ptr<Block>> all = BuildBlocks(config);
-  std::vector<ParamSpec> specs = StageParams(all, begin, end, &st->block_params_);
-  for (int b = begin; b < end; ++b) st->blocks_.push_back(std::move(all[b]));
+  std::vector<int> held;
+  for (const auto& [begin, end] : chunks) {
+    st->chunk_start_.push_back(static_cast<int>(held.size()));
+    for (int b = begin; b < end; ++b) held.push_back(b);
+  }
+  st->chunk_start_.push_back(static_cast<int>(held.size()));
+  std::vector<ParamSpec> specs = StageParams(all, held, &st->block_params_);
+  for (int b : held) st->blocks_.push_back(std::move(all[b]));
   // A last stage without the embedding holds a copy of the tied table, first (StageParams).
-  if (config.tie_embeddings && begin > 0 && end == config.num_blocks()) {
+  if (config.tie_embeddings && !st->is_first() && st->is_last()) {
     st->embedding_copy_numel_ = specs.front().shape.numel();
   }
   st->layout_ = std::make_unique<ParamLayout>(std::move(specs));
@@ -56,13 +75,27 @@ std::vector<Tensor> Stage::BlockGrads(int b) const {
   return g;
 }
 
-absl::Status Stage::RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
+std::string Stage::Name(int chunk) const {
+  std::string name = "stage";
+  for (const auto& [begin, end] : chunks_) absl::StrAppend(&name, " [", begin, ", ", end, ")");
+  if (chunk >= 0 && chunks_.size() > 1) absl::StrAppend(&name, " chunk ", chunk);
+  return name;
+}
+
+absl::Status Stage::CheckChunk(int chunk) const {
+  if (chunk >= 0 && chunk < num_chunks()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s has %d chunks, not a chunk %d", Name(), num_chunks(), chunk));
+}
+
+absl::Status Stage::RunForward(Stream& s, int chunk, const MicroBatch& mb, const Tensor& x,
                                std::vector<Saved>* saved, Tensor* y) {
-  saved->resize(blocks_.size());
+  const int start = chunk_start_[chunk], stop = chunk_start_[chunk + 1];
+  saved->resize(stop - start);
   Tensor in = x;
-  for (size_t b = 0; b < blocks_.size(); ++b) {
+  for (int b = start; b < stop; ++b) {
     Tensor out;
-    RETURN_IF_ERROR(blocks_[b]->Forward(s, BlockParams(b), mb, in, &out, &(*saved)[b]));
+    RETURN_IF_ERROR(blocks_[b]->Forward(s, BlockParams(b), mb, in, &out, &(*saved)[b - start]));
     in = out;
   }
   *y = in;
@@ -70,25 +103,28 @@ absl::Status Stage::RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
 }
 
 absl::Status Stage::Forward(Stream& s, int id, const MicroBatch& mb, const Tensor& x,
-                            Tensor* y) {
-  if (saved_.count(id)) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("stage [%d, %d): forward of micro-batch %d twice without its backward",
-                        begin_, end_, id));
+                            Tensor* y, int chunk) {
+  RETURN_IF_ERROR(CheckChunk(chunk));
+  const Key key{chunk, id};
+  if (saved_.count(key)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: forward of micro-batch %d twice without its backward", Name(chunk), id));
   }
-  std::vector<Saved>& saved = saved_[id];
+  std::vector<Saved>& saved = saved_[key];
   peak_in_flight_ = std::max(peak_in_flight_, in_flight());
-  RETURN_IF_ERROR(RunForward(s, mb, x, &saved, y));
+  RETURN_IF_ERROR(RunForward(s, chunk, mb, x, &saved, y));
   if (recompute_) {
     for (Saved& b : saved) b.t.clear();
-    inputs_[id] = x;
+    inputs_[key] = x;
   }
   return absl::OkStatus();
 }
 
-absl::Status Stage::Evaluate(Stream& s, const MicroBatch& mb, const Tensor& x, Tensor* y) {
+absl::Status Stage::Evaluate(Stream& s, const MicroBatch& mb, const Tensor& x, Tensor* y,
+                             int chunk) {
+  RETURN_IF_ERROR(CheckChunk(chunk));
   Tensor in = x;
-  for (size_t b = 0; b < blocks_.size(); ++b) {
+  for (int b = chunk_start_[chunk]; b < chunk_start_[chunk + 1]; ++b) {
     Tensor out;
     RETURN_IF_ERROR(blocks_[b]->Forward(s, BlockParams(b), mb, in, &out, /*saved=*/nullptr));
     in = out;
@@ -98,70 +134,79 @@ absl::Status Stage::Evaluate(Stream& s, const MicroBatch& mb, const Tensor& x, T
 }
 
 absl::Status Stage::Backward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
-                             Tensor* dx, const std::function<absl::Status(int)>& block_done) {
-  return RunBackward(s, id, mb, dy, dx, nullptr, block_done);
+                             Tensor* dx, const std::function<absl::Status(int)>& block_done,
+                             int chunk) {
+  return RunBackward(s, chunk, id, mb, dy, dx, nullptr, block_done);
 }
 
 absl::Status Stage::BackwardInput(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
-                                  Tensor* dx) {
-  if (for_w_.count(id)) {
+                                  Tensor* dx, int chunk) {
+  RETURN_IF_ERROR(CheckChunk(chunk));
+  const Key key{chunk, id};
+  if (for_w_.count(key)) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "stage [%d, %d): input gradient of micro-batch %d twice without its weight gradient",
-        begin_, end_, id));
+        "%s: input gradient of micro-batch %d twice without its weight gradient", Name(chunk),
+        id));
   }
-  std::vector<Saved> for_w(blocks_.size());
-  RETURN_IF_ERROR(RunBackward(s, id, mb, dy, dx, &for_w, nullptr));
-  for_w_[id] = std::move(for_w);
+  std::vector<Saved> for_w(chunk_start_[chunk + 1] - chunk_start_[chunk]);
+  RETURN_IF_ERROR(RunBackward(s, chunk, id, mb, dy, dx, &for_w, nullptr));
+  for_w_[key] = std::move(for_w);
   return absl::OkStatus();
 }
 
 absl::Status Stage::BackwardWeights(Stream& s, int id, const MicroBatch& mb,
-                                    const std::function<absl::Status(int)>& block_done) {
-  auto it = for_w_.find(id);
+                                    const std::function<absl::Status(int)>& block_done,
+                                    int chunk) {
+  RETURN_IF_ERROR(CheckChunk(chunk));
+  auto it = for_w_.find(Key{chunk, id});
   if (it == for_w_.end()) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "stage [%d, %d): weight gradient of micro-batch %d before its input gradient", begin_,
-        end_, id));
+        "%s: weight gradient of micro-batch %d before its input gradient", Name(chunk), id));
   }
-  for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
-    RETURN_IF_ERROR(
-        blocks_[b]->BackwardWeights(s, BlockParams(b), BlockGrads(b), mb, it->second[b]));
-    it->second[b].t.clear();
+  const int start = chunk_start_[chunk];
+  for (int b = chunk_start_[chunk + 1] - 1; b >= start; --b) {
+    RETURN_IF_ERROR(blocks_[b]->BackwardWeights(s, BlockParams(b), BlockGrads(b), mb,
+                                                it->second[b - start]));
+    it->second[b - start].t.clear();
     if (block_done) RETURN_IF_ERROR(block_done(b));
   }
   for_w_.erase(it);
   return absl::OkStatus();
 }
 
-absl::Status Stage::RunBackward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
-                                Tensor* dx, std::vector<Saved>* for_w,
+absl::Status Stage::RunBackward(Stream& s, int chunk, int id, const MicroBatch& mb,
+                                const Tensor& dy, Tensor* dx, std::vector<Saved>* for_w,
                                 const std::function<absl::Status(int)>& block_done) {
-  auto it = saved_.find(id);
+  RETURN_IF_ERROR(CheckChunk(chunk));
+  const Key key{chunk, id};
+  auto it = saved_.find(key);
   if (it == saved_.end()) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "stage [%d, %d): backward of micro-batch %d before its forward", begin_, end_, id));
+        "%s: backward of micro-batch %d before its forward", Name(chunk), id));
   }
   if (recompute_) {
     Tensor y;
-    RETURN_IF_ERROR(RunForward(s, mb, inputs_[id], &it->second, &y));
-    inputs_.erase(id);
+    RETURN_IF_ERROR(RunForward(s, chunk, mb, inputs_[key], &it->second, &y));
+    inputs_.erase(key);
   }
   Tensor d = dy;
-  for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
+  const int start = chunk_start_[chunk];
+  for (int b = chunk_start_[chunk + 1] - 1; b >= start; --b) {
     Tensor dprev;
+    Saved& saved = it->second[b - start];
     if (for_w != nullptr) {
-      RETURN_IF_ERROR(blocks_[b]->BackwardInput(s, BlockParams(b), mb, d, it->second[b], &dprev,
-                                                &(*for_w)[b]));
+      RETURN_IF_ERROR(blocks_[b]->BackwardInput(s, BlockParams(b), mb, d, saved, &dprev,
+                                                &(*for_w)[b - start]));
     } else {
-      RETURN_IF_ERROR(blocks_[b]->Backward(s, BlockParams(b), BlockGrads(b), mb, d,
-                                           it->second[b], &dprev));
+      RETURN_IF_ERROR(
+          blocks_[b]->Backward(s, BlockParams(b), BlockGrads(b), mb, d, saved, &dprev));
     }
-    it->second[b].t.clear();  // free this block's activations as soon as possible
+    saved.t.clear();  // free this block's activations as soon as possible
     if (block_done) RETURN_IF_ERROR(block_done(b));
     d = dprev;
   }
   saved_.erase(it);
-  *dx = is_first() ? Tensor() : d;
+  *dx = chunk_is_first(chunk) ? Tensor() : d;
   return absl::OkStatus();
 }
 

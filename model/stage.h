@@ -1,12 +1,18 @@
 // A stage: a contiguous range of the model's blocks on one device, with its parameters and
 // gradients in flat buffers and the activations of every micro-batch in flight. One worker
-// training alone holds one stage with every block; a pipeline holds one per rank.
+// training alone holds one stage with every block; a pipeline holds one per rank. Under an
+// interleaved schedule a stage holds several model chunks, each a range of blocks (global
+// stages g, g + K, ... of a K-stage pipeline), in one set of flat buffers; every call that
+// runs blocks names its chunk (0 where there is one), and each chunk keeps its own
+// micro-batches' activations.
 #ifndef TANDEM_MODEL_STAGE_H_
 #define TANDEM_MODEL_STAGE_H_
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,11 +31,23 @@ class Stage {
   static absl::StatusOr<std::unique_ptr<Stage>> Create(const ModelConfig& config, int begin,
                                                        int end, Device device, uint64_t seed,
                                                        DType compute = DType::kF32);
+  // Several model chunks: `chunks` ranges [begin, end) of blocks, ascending, not empty, not
+  // overlapping.
+  static absl::StatusOr<std::unique_ptr<Stage>> Create(
+      const ModelConfig& config, const std::vector<std::pair<int, int>>& chunks, Device device,
+      uint64_t seed, DType compute = DType::kF32);
 
+  // Whether the stage holds the model's first block (the embedding) and its last (the head).
   bool is_first() const { return begin_ == 0; }
   bool is_last() const { return end_ == config_.num_blocks(); }
+  // The first block of the first chunk and the end of the last one.
   int begin() const { return begin_; }
   int end() const { return end_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  const std::vector<std::pair<int, int>>& chunks() const { return chunks_; }
+  // Whether chunk c starts the model (takes tokens) or ends it (gives losses).
+  bool chunk_is_first(int c) const { return chunks_[c].first == 0; }
+  bool chunk_is_last(int c) const { return chunks_[c].second == config_.num_blocks(); }
   Device device() const { return device_; }
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return *layout_; }
@@ -44,29 +62,34 @@ class Stage {
   // Runs micro-batch `id` forward through the stage's blocks. x is the previous stage's
   // output (undefined for the first stage); y is this stage's output, or for the last stage
   // the per-token losses (B*T) f32. Activations are kept until Backward(id).
-  absl::Status Forward(Stream& s, int id, const MicroBatch& mb, const Tensor& x, Tensor* y);
+  absl::Status Forward(Stream& s, int id, const MicroBatch& mb, const Tensor& x, Tensor* y,
+                       int chunk = 0);
   // An evaluation's forward (no_grad): x and y as Forward's, but nothing is kept for
   // backward (each block's temporaries go as soon as it is done), the head makes no gradient,
   // and the micro-batches in flight are not touched.
-  absl::Status Evaluate(Stream& s, const MicroBatch& mb, const Tensor& x, Tensor* y);
+  absl::Status Evaluate(Stream& s, const MicroBatch& mb, const Tensor& x, Tensor* y,
+                        int chunk = 0);
   // From dy (undefined for the last stage) adds this micro-batch's parameter gradients and
   // returns dx for the previous stage (undefined for the first); frees its activations.
   // `block_done(b)`, if given, runs as soon as block b's gradients are written (blocks go
   // from last to first): data parallelism starts a bucket's all-reduce there.
   absl::Status Backward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy, Tensor* dx,
-                        const std::function<absl::Status(int)>& block_done = nullptr);
+                        const std::function<absl::Status(int)>& block_done = nullptr,
+                        int chunk = 0);
   // Backward in two parts (a schedule's B and W): BackwardInput returns dx as Backward does
   // and frees the activations, keeping for BackwardWeights(id) only what the parameter
   // gradients need; BackwardWeights adds them, calling `block_done` as Backward does. Other
   // micro-batches may run in between; with the Ws in the order the Backwards would have run,
   // the gradients are Backward's, bit for bit.
   absl::Status BackwardInput(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
-                             Tensor* dx);
+                             Tensor* dx, int chunk = 0);
   absl::Status BackwardWeights(Stream& s, int id, const MicroBatch& mb,
-                               const std::function<absl::Status(int)>& block_done = nullptr);
+                               const std::function<absl::Status(int)>& block_done = nullptr,
+                               int chunk = 0);
   // Number of micro-batches whose BackwardInput ran and BackwardWeights not yet.
   int weights_pending() const { return static_cast<int>(for_w_.size()); }
-  // Number of blocks in the stage, and for each parameter the block (stage-relative) after
+  // Number of blocks in the stage (over its chunks, in order), and for each parameter the
+  // block (stage-relative, the index block_done receives) after
   // whose backward its gradient is complete: its owner's, for the tied table shared by
   // embedding and head the embedding's, for the last stage's copy of it the stage's first
   // block (its gradient is summed with the first stage's after the stage's backward).
@@ -83,8 +106,9 @@ class Stage {
     inputs_.clear();
     for_w_.clear();
   }
-  // Number of micro-batches whose activations are held now, and the most held at once
-  // since the last ResetPeakInFlight.
+  // Number of micro-batches whose activations are held now (over all chunks: a micro-batch
+  // counts once in each chunk holding it), and the most held at once since the last
+  // ResetPeakInFlight.
   int in_flight() const { return static_cast<int>(saved_.size()); }
   int peak_in_flight() const { return peak_in_flight_; }
   void ResetPeakInFlight() { peak_in_flight_ = in_flight(); }
@@ -96,11 +120,15 @@ class Stage {
   void set_recompute(bool on) { recompute_ = on; }
 
  private:
-  Stage(const ModelConfig& c, int begin, int end, Device d) : config_(c), begin_(begin), end_(end), device_(d) {}
+  Stage(const ModelConfig& c, std::vector<std::pair<int, int>> chunks, Device d)
+      : config_(c), begin_(chunks.front().first), end_(chunks.back().second),
+        chunks_(std::move(chunks)), device_(d) {}
   ModelConfig config_;
   int begin_, end_;
+  std::vector<std::pair<int, int>> chunks_;
   Device device_;
-  std::vector<std::unique_ptr<Block>> blocks_;           // the stage's blocks only
+  std::vector<std::unique_ptr<Block>> blocks_;           // the stage's blocks only, in order
+  std::vector<int> chunk_start_;                         // chunk c: blocks_[start[c], start[c+1])
   std::vector<std::vector<size_t>> block_params_;        // per block: indices into layout
   std::unique_ptr<ParamLayout> layout_;
   FlatBuffer params_, grads_, params_low_;
@@ -108,19 +136,23 @@ class Stage {
   const Tensor& compute_param(size_t i) const {
     return compute_ == DType::kF32 ? params_.view(i) : params_low_.view(i);
   }
-  std::map<int, std::vector<Saved>> saved_;              // micro-batch id -> per block
-  std::map<int, Tensor> inputs_;                         // under recompute: id -> x
-  std::map<int, std::vector<Saved>> for_w_;              // after B: id -> per block, for W
+  using Key = std::pair<int, int>;                       // (chunk, micro-batch id)
+  std::map<Key, std::vector<Saved>> saved_;              // per block of the chunk
+  std::map<Key, Tensor> inputs_;                         // under recompute: x
+  std::map<Key, std::vector<Saved>> for_w_;              // after B: per block, for W
   bool recompute_ = false;
   int peak_in_flight_ = 0;
   int64_t embedding_copy_numel_ = 0;
   std::vector<Tensor> BlockParams(int b) const;
   std::vector<Tensor> BlockGrads(int b) const;
-  absl::Status RunForward(Stream& s, const MicroBatch& mb, const Tensor& x,
+  // "stage [2, 4)", or with chunks "stage [0, 2) [4, 6)", and " chunk 1" where it has several.
+  std::string Name(int chunk = -1) const;
+  absl::Status CheckChunk(int chunk) const;
+  absl::Status RunForward(Stream& s, int chunk, const MicroBatch& mb, const Tensor& x,
                           std::vector<Saved>* saved, Tensor* y);
-  // Backward's blocks, last to first: each block's B then W, or with `for_w` its B only,
-  // keeping what its W needs in (*for_w)[b].
-  absl::Status RunBackward(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
+  // Backward's blocks of chunk `chunk`, last to first: each block's B then W, or with `for_w`
+  // its B only, keeping what its W needs in (*for_w)[b - start].
+  absl::Status RunBackward(Stream& s, int chunk, int id, const MicroBatch& mb, const Tensor& dy,
                            Tensor* dx, std::vector<Saved>* for_w,
                            const std::function<absl::Status(int)>& block_done);
 };

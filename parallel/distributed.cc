@@ -3,6 +3,7 @@
 #include <cmath>
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -51,7 +52,8 @@ void AddPhase(const StreamTimeline::Phase& p, StepTiming* t) {
 // micro-batch.
 absl::StatusOr<PipelineSchedule> StrategySchedule(const ParallelConfig& c, int stages) {
   const std::string schedule = c.strategy == StrategyKind::kModel ? "gpipe" : c.schedule;
-  return MakeSchedule(schedule, stages, c.train.micro_batches);
+  return MakeSchedule(schedule, stages, c.train.micro_batches,
+                      c.strategy == StrategyKind::kModel ? 1 : c.virtual_stages);
 }
 
 // ZeRO-1's shards: `n` elements in `parts` contiguous parts of ceil(n / parts) (the last ones
@@ -226,6 +228,18 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world,
   if (grid.replicas > 1 && c.bucket_bytes < 1) {
     return absl::InvalidArgumentError("--bucket-mb must be positive");
   }
+  // The model is split into K x v global stages (v model chunks a stage when interleaved).
+  const int v = c.strategy == StrategyKind::kModel ? 1 : c.virtual_stages;
+  if (v < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--virtual-stages=%d: use 1, or 2 or more with --schedule=interleaved", v));
+  }
+  if (v > 1 && stages * v > blocks) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d stages x %d virtual stages need %d model chunks of at least one block, but the "
+        "model has %d blocks: use fewer stages or virtual stages",
+        stages, v, stages * v, blocks));
+  }
   StageBounds bounds;
   if (c.balance == "params") {
     std::vector<double> cost;
@@ -234,12 +248,12 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world,
       for (const ParamSpec& p : b->Params()) n += p.shape.numel();
       cost.push_back(n);
     }
-    ASSIGN_OR_RETURN(bounds, BalancedPartition(cost, stages));
+    ASSIGN_OR_RETURN(bounds, BalancedPartition(cost, stages * v));
   } else if (c.balance == "time") {
-    ASSIGN_OR_RETURN(std::string sizes, ResolveBalance(c, stages));
-    ASSIGN_OR_RETURN(bounds, ExplicitPartition(sizes, blocks, stages));
+    ASSIGN_OR_RETURN(std::string sizes, ResolveBalance(c, stages * v));
+    ASSIGN_OR_RETURN(bounds, ExplicitPartition(sizes, blocks, stages * v));
   } else {
-    ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, stages));
+    ASSIGN_OR_RETURN(bounds, ExplicitPartition(c.balance, blocks, stages * v));
   }
   if (schedule == nullptr) {
     ASSIGN_OR_RETURN(PipelineSchedule s, StrategySchedule(c, stages));
@@ -247,6 +261,50 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world,
   }
   return bounds;
 }
+
+namespace {
+
+// RankMemoryNeeds for a stage holding several model chunks (global stages stage, stage + K,
+// ...): the chunks' model state summed, and the activations at the schedule's moment of most:
+// each micro-batch a chunk holds keeps that chunk's activations (under recomputation its
+// input, plus one micro-batch's activations of the largest chunk during a backward).
+MemoryNeed ChunkedStageMemory(const ParallelConfig& c, const StageBounds& bounds,
+                              const PipelineSchedule& s, int stage, int64_t rows) {
+  const TrainConfig& t = c.train;
+  const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
+                           static_cast<int64_t>(DTypeSize(t.dtype));
+  MemoryNeed n;
+  std::vector<int64_t> held(s.chunks);
+  int64_t recomputed = 0;
+  for (int chunk = 0; chunk < s.chunks; ++chunk) {
+    const int g = GlobalStage(stage, chunk, s.stages);
+    const MemoryNeed one = EstimateStageMemory(t.model, bounds[g], bounds[g + 1], rows, 1,
+                                               /*recompute=*/false, t.dtype, t.optimizer.kind,
+                                               t.device);
+    n.params += one.params;
+    n.grads += one.grads;
+    n.optimizer += one.optimizer;
+    n.workspace = std::max(n.workspace, one.workspace);
+    // What a chunk after the first keeps of its input, per micro-batch.
+    const int64_t input = bounds[g] > 0 ? boundary : 0;
+    held[chunk] = c.recompute ? input : one.activations;
+    recomputed = std::max(recomputed, one.activations - input);
+  }
+  std::vector<int> now(s.chunks, 0);
+  int64_t peak = 0;
+  for (const Action& a : s.actions[stage]) {
+    if (a.type != ActionType::kForward && a.type != ActionType::kBackward) continue;
+    now[a.chunk] += a.type == ActionType::kForward ? 1 : -1;
+    int64_t bytes = 0;
+    for (int chunk = 0; chunk < s.chunks; ++chunk) bytes += now[chunk] * held[chunk];
+    peak = std::max(peak, bytes);
+  }
+  n.activations = peak + (c.recompute ? recomputed : 0);
+  n.in_flight = PeakInFlight(s, stage);
+  return n;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
                                                         const StageBounds& bounds, int world_size,
@@ -281,15 +339,19 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
   std::vector<MemoryNeed> needs;
   for (int r = 0; r < world_size; ++r) {
     const int stage = grid.StageOf(r);
-    MemoryNeed n = EstimateStageMemory(t.model, bounds[stage], bounds[stage + 1], rows,
-                                       PeakInFlight(s, stage), c.recompute, t.dtype,
-                                       t.optimizer.kind, t.device, PeakPendingWeights(s, stage));
+    MemoryNeed n = s.chunks == 1
+                       ? EstimateStageMemory(t.model, bounds[stage], bounds[stage + 1], rows,
+                                             PeakInFlight(s, stage), c.recompute, t.dtype,
+                                             t.optimizer.kind, t.device,
+                                             PeakPendingWeights(s, stage))
+                       : ChunkedStageMemory(c, bounds, s, stage, rows);
     shard_optimizer(&n);
     // The host issues a whole step ahead of the device, and each send keeps its tensor until
     // the compute stream waited for it at the step's end (Work::WaitOn): every micro-batch's
     // output (a stage before the last) and input gradient (a stage after the first) at once.
-    const int directions = (stage + 1 < grid.stages ? 1 : 0) + (stage > 0 ? 1 : 0);
-    n.activations += directions * int64_t{t.micro_batches} * boundary;
+    const int directions =
+        s.chunks > 1 ? 2 : (stage + 1 < grid.stages ? 1 : 0) + (stage > 0 ? 1 : 0);
+    n.activations += directions * int64_t{t.micro_batches} * s.chunks * boundary;
     needs.push_back(n);
   }
   return needs;
@@ -354,9 +416,8 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
                                  members));
     if (end_stage) t->embed_ = std::move(group);
   }
-  const auto [begin, end] = t->BlockRange(t->stage_index_);
-  ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, begin, end, c.train.device,
-                                            c.train.seed, c.train.dtype));
+  ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, t->ChunkRanges(t->stage_index_),
+                                            c.train.device, c.train.seed, c.train.dtype));
   // --init-from: every rank takes its stage's parameters from the file, by name.
   if (!c.train.init_from.empty()) {
     RETURN_IF_ERROR(InitFromSafetensors(c.train.init_from, *t->stage_));
@@ -388,11 +449,6 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   }
   if (c.strategy != StrategyKind::kData) {
     ASSIGN_OR_RETURN(t->schedule_, StrategySchedule(c, grid.stages));
-    if (t->schedule_.chunks != 1) {  // PipelinePass holds one Stage a rank
-      return absl::UnimplementedError(absl::StrFormat(
-          "schedule '%s' has %d model chunks a rank; only one is run", c.schedule,
-          t->schedule_.chunks));
-    }
     t->exchange_groups_ = ExchangeGroups(t->schedule_)[t->stage_index_];
     RETURN_IF_ERROR(t->ConnectNeighbours());
   }
@@ -424,8 +480,14 @@ absl::Status DistributedTrainer::ConnectNeighbours() {
   std::vector<PeerTransfer> group;
   ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(activation, tc.dtype, tc.device));
   RETURN_IF_ERROR(ZeroFill(out, *s));
+  // Under an interleaved schedule the last stage also sends to the first (each chunk's end
+  // goes on to the next chunk), so the stages form a ring.
+  std::set<int> peers;
   for (int peer : {rank - 1, rank + 1}) {
-    if (peer < 0 || peer >= world) continue;
+    if (schedule_.chunks > 1) peer = (peer + world) % world;
+    if (peer >= 0 && peer < world) peers.insert(peer);
+  }
+  for (int peer : peers) {
     ASSIGN_OR_RETURN(Tensor in, Tensor::Empty(activation, tc.dtype, tc.device));
     group.push_back(PeerTransfer::Send(out, peer));
     group.push_back(PeerTransfer::Recv(in, peer));
@@ -596,26 +658,34 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   const int64_t share = tc.batch / grid_.replicas;
   const int64_t rows = share / M, T = tc.model.seq_len, C = tc.model.d_model;
   const std::vector<Action>& actions = schedule_.actions[rank];
+  const int K = schedule_.stages, V = schedule_.chunks;
+  // Micro-batch m on chunk c: the key of its tensors and transfers.
+  auto key = [M](const Action& a) { return a.chunk * M + a.micro_batch; };
   // The micro-batches whose backward this stage splits: a B with a W for the same
-  // micro-batch computes the input gradient only, and the W adds the parameter gradients.
-  std::vector<bool> split(M, false);
+  // micro-batch and chunk computes the input gradient only, and the W adds the parameter
+  // gradients.
+  std::vector<bool> split(M * V, false);
   for (const Action& a : actions) {
-    if (a.type == ActionType::kWeightGradient) split[a.micro_batch] = true;
+    if (a.type == ActionType::kWeightGradient) split[key(a)] = true;
   }
-  // The stage's last action writing parameter gradients (a whole backward or a W: under
+  // Each chunk's last action writing parameter gradients (a whole backward or a W: under
   // GPipe and 1F1B the last micro-batch's backward, under ZB-H1 the stage's last W)
-  // completes them: the data-parallel buckets go out during it.
-  size_t last_gradients = 0;
+  // completes them: the data-parallel buckets of its blocks go out during it. And the last
+  // action reading each micro-batch's tokens, after which they go.
+  std::set<size_t> last_gradients;
+  std::vector<size_t> last_gradient_of(V, 0), last_use(M, 0);
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     if (a.type == ActionType::kWeightGradient ||
-        (a.type == ActionType::kBackward && !split[a.micro_batch])) {
-      last_gradients = i;
+        (a.type == ActionType::kBackward && !split[key(a)])) {
+      last_gradient_of[a.chunk] = i;
     }
+    if (a.is_compute()) last_use[a.micro_batch] = i;
   }
+  last_gradients.insert(last_gradient_of.begin(), last_gradient_of.end());
   auto buckets_from = [&](size_t i) {
     std::function<absl::Status(int)> block_done;
-    if (i == last_gradients && c_.overlap && replicated()) {
+    if (last_gradients.count(i) && c_.overlap && replicated()) {
       block_done = [this, p](int block) { return IssueBucketsReadyAt(block, p); };
     }
     return block_done;
@@ -647,39 +717,42 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
     return absl::OkStatus();
   };
   // The stream waits for micro-batch m's receive, a phase of bubble of its own.
-  auto wait_for = [&](std::map<int, std::shared_ptr<Work>>& ready, int m,
+  auto wait_for = [&](std::map<int, std::shared_ptr<Work>>& ready, const Action& a,
                       const char* what) -> absl::Status {
-    auto it = ready.find(m);
+    auto it = ready.find(key(a));
     if (it == ready.end()) return absl::OkStatus();
     RETURN_IF_ERROR(WaitOn(*it->second, s, what));
     ready.erase(it);
-    return timeline.Mark(kBubble, absl::StrCat("wait ", m), m);
+    return timeline.Mark(kBubble, absl::StrCat("wait ", a.micro_batch), a.micro_batch);
   };
+  // The neighbours, around the ring under an interleaved schedule (a chunk's end goes on to
+  // the next chunk's start, from the last stage to the first).
+  const int next = (rank + 1) % K, prev = (rank + K - 1) % K;
   // One of this stage's exchange groups (ExchangeGroups: both neighbours group the same
   // transfers alike) as one SendRecv; its receives become ready together.
   auto issue_group = [&](const std::vector<int>& indices) -> absl::Status {
     std::vector<PeerTransfer> group;
     std::vector<std::pair<std::map<int, std::shared_ptr<Work>>*, int>> receives;
     for (int k : indices) {
-      const int m = actions[k].micro_batch;
+      const int m = key(actions[k]);
       switch (actions[k].type) {
         case ActionType::kSendActivation:
-          group.push_back(PeerTransfer::Send(outputs[m], rank + 1));
+          group.push_back(PeerTransfer::Send(outputs[m], next));
           outputs.erase(m);
           break;
         case ActionType::kSendGradient:
-          group.push_back(PeerTransfer::Send(input_grads[m], rank - 1));
+          group.push_back(PeerTransfer::Send(input_grads[m], prev));
           input_grads.erase(m);
           break;
         case ActionType::kRecvActivation: {
           ASSIGN_OR_RETURN(act_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
-          group.push_back(PeerTransfer::Recv(act_in[m], rank - 1));
+          group.push_back(PeerTransfer::Recv(act_in[m], prev));
           receives.push_back({&act_ready, m});
           break;
         }
         default: {  // kRecvGradient
           ASSIGN_OR_RETURN(grad_in[m], Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
-          group.push_back(PeerTransfer::Recv(grad_in[m], rank + 1));
+          group.push_back(PeerTransfer::Recv(grad_in[m], next));
           receives.push_back({&grad_ready, m});
           break;
         }
@@ -704,47 +777,48 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       }
       continue;
     }
-    const int m = a.micro_batch;
+    const int m = a.micro_batch, c = a.chunk, k = key(a);
+    // "forward 3", and with several chunks "forward 3 chunk 1".
+    const std::string on = V == 1 ? absl::StrCat(m) : absl::StrCat(m, " chunk ", c);
     if (a.type == ActionType::kForward) {
-      RETURN_IF_ERROR(wait_for(act_ready, m, "an activation from the previous stage"));
+      RETURN_IF_ERROR(wait_for(act_ready, a, "an activation from the previous stage"));
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
       RETURN_IF_ERROR(prefetch_after(i));
       RETURN_IF_ERROR(InputPrefetcher::WaitFor(s, *mb));
-      RETURN_IF_ERROR(timeline.Mark(kInput, absl::StrCat("input ", m), m));
+      RETURN_IF_ERROR(timeline.Mark(kInput, absl::StrCat("input ", on), m));
       Tensor y;
-      RETURN_IF_ERROR(stage_->Forward(s, m, *mb, act_in[m], &y));
-      act_in.erase(m);
-      if (stage_->is_last()) {
+      RETURN_IF_ERROR(stage_->Forward(s, m, *mb, act_in[k], &y, c));
+      act_in.erase(k);
+      if (stage_->chunk_is_last(c)) {
         RETURN_IF_ERROR(AccumulateLoss(s, *loss_sum, y, scratch));
       } else {
-        outputs[m] = y;
+        outputs[k] = y;
       }
-      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("forward ", m), m));
+      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("forward ", on), m));
       p->computed.push_back(a);
     } else if (a.type == ActionType::kBackward) {
-      RETURN_IF_ERROR(wait_for(grad_ready, m, "a gradient from the next stage"));
+      RETURN_IF_ERROR(wait_for(grad_ready, a, "a gradient from the next stage"));
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
       RETURN_IF_ERROR(prefetch_after(i));
       Tensor dx;
-      if (split[m]) {
+      if (split[k]) {
         // The input gradient only; what the W reads stays with the stage (and the
         // micro-batch's tokens here) until it runs.
-        RETURN_IF_ERROR(stage_->BackwardInput(s, m, *mb, grad_in[m], &dx));
+        RETURN_IF_ERROR(stage_->BackwardInput(s, m, *mb, grad_in[k], &dx, c));
       } else {
-        RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[m], &dx, buckets_from(i)));
-        batches.erase(m);
+        RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[k], &dx, buckets_from(i), c));
       }
-      grad_in.erase(m);
-      if (!stage_->is_first()) input_grads[m] = dx;
-      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward ", m), m));
+      grad_in.erase(k);
+      if (!stage_->chunk_is_first(c)) input_grads[k] = dx;
+      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward ", on), m));
       p->computed.push_back(a);
     } else if (a.type == ActionType::kWeightGradient) {
       ASSIGN_OR_RETURN(MicroBatch * mb, batch(m));
-      RETURN_IF_ERROR(stage_->BackwardWeights(s, m, *mb, buckets_from(i)));
-      batches.erase(m);
-      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward weights ", m), m));
+      RETURN_IF_ERROR(stage_->BackwardWeights(s, m, *mb, buckets_from(i), c));
+      RETURN_IF_ERROR(timeline.Mark(kCompute, absl::StrCat("backward weights ", on), m));
       p->computed.push_back(a);
     }
+    if (a.is_compute() && i == last_use[m]) batches.erase(m);
     ++i;  // the optimizer step is the caller's
   }
   // Every transfer finished before the step's end on the stream: waiting for a neighbour's
@@ -857,21 +931,29 @@ absl::StatusOr<float> DistributedTrainer::Evaluate() {
   RETURN_IF_ERROR(ForEachValidationMicroBatch(
       tc, *val_, *input_, replica_ * share, share, rows,
       [&](const MicroBatch& mb) -> absl::Status {
-        Tensor x;
-        if (!stage_->is_first()) {
-          ASSIGN_OR_RETURN(x, Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
-          ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->Recv(x, rank - 1));
-          RETURN_IF_ERROR(WaitOn(*w, *s, "an activation from the previous stage (validation)"));
+        // Each of the stage's chunks in turn (interleaved: around the ring of stages).
+        const int K = grid_.stages, chunks = stage_->num_chunks();
+        for (int c = 0; c < chunks; ++c) {
+          Tensor x;
+          if (!stage_->chunk_is_first(c)) {
+            ASSIGN_OR_RETURN(x, Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
+            ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->Recv(x, (rank + K - 1) % K));
+            RETURN_IF_ERROR(
+                WaitOn(*w, *s, "an activation from the previous stage (validation)"));
+          }
+          RETURN_IF_ERROR(InputPrefetcher::WaitFor(*s, mb));
+          Tensor y;
+          RETURN_IF_ERROR(stage_->Evaluate(*s, mb, x, &y, c));
+          if (stage_->chunk_is_last(c)) {
+            RETURN_IF_ERROR(AccumulateLoss(*s, loss_sum, y, scratch));
+            continue;
+          }
+          ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->Send(y, (rank + 1) % K));
+          sends.push_back(std::move(w));
+          if (static_cast<int>(sends.size()) <= tc.micro_batches * chunks) continue;
+          RETURN_IF_ERROR(WaitOn(*sends.front(), *s, "an activation's send (validation)"));
+          sends.pop_front();
         }
-        RETURN_IF_ERROR(InputPrefetcher::WaitFor(*s, mb));
-        Tensor y;
-        RETURN_IF_ERROR(stage_->Evaluate(*s, mb, x, &y));
-        if (stage_->is_last()) return AccumulateLoss(*s, loss_sum, y, scratch);
-        ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->Send(y, rank + 1));
-        sends.push_back(std::move(w));
-        if (static_cast<int>(sends.size()) <= tc.micro_batches) return absl::OkStatus();
-        RETURN_IF_ERROR(WaitOn(*sends.front(), *s, "an activation's send (validation)"));
-        sends.pop_front();
         return absl::OkStatus();
       }));
   for (auto& w : sends) {
@@ -968,7 +1050,18 @@ absl::StatusOr<StepReport> DistributedTrainer::Step(StepTiming* timing,
 }
 
 std::pair<int, int> DistributedTrainer::BlockRange(int stage) const {
-  return {bounds_[stage], bounds_[stage + 1]};
+  const std::vector<std::pair<int, int>> chunks = ChunkRanges(stage);
+  return {chunks.front().first, chunks.back().second};
+}
+
+std::vector<std::pair<int, int>> DistributedTrainer::ChunkRanges(int stage) const {
+  // bounds_ splits the model into K x v global stages; global stage g runs on stage g mod K.
+  const int K = c_.strategy == StrategyKind::kData ? 1 : grid_.stages;
+  std::vector<std::pair<int, int>> chunks;
+  for (int g = stage; g + 1 < static_cast<int>(bounds_.size()); g += K) {
+    chunks.push_back({bounds_[g], bounds_[g + 1]});
+  }
+  return chunks;
 }
 
 std::string DistributedTrainer::ShardName(const std::string& prefix, int stage) const {

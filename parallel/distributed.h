@@ -4,7 +4,8 @@
 //     batch; gradient buckets are all-reduced (summed: the loss is already scaled by the
 //     global token count) while backward still runs, on the last micro-batch only;
 //   pipeline: each rank holds one stage of a balanced split and runs a validated schedule
-//     (GPipe, 1F1B or ZB-H1) with asynchronous sends and receives; with --data-parallel=D,
+//     (GPipe, 1F1B, ZB-H1, or interleaved 1F1B, where it holds v model chunks) with
+//     asynchronous sends and receives; with --data-parallel=D,
 //     D replicas of the pipeline (parallel/grid.h) each take a share of the batch, and each
 //     stage's D ranks all-reduce its gradients in buckets during the last action writing
 //     them (the last backward, or under ZB-H1 the last W);
@@ -49,7 +50,8 @@ const char* StrategyName(StrategyKind k);
 struct ParallelConfig {
   TrainConfig train;
   StrategyKind strategy = StrategyKind::kData;
-  std::string schedule = "gpipe";    // pipeline: gpipe, 1f1b or zb-h1
+  std::string schedule = "gpipe";    // pipeline: gpipe, 1f1b, zb-h1 or interleaved
+  int virtual_stages = 1;            // interleaved: model chunks v per stage (v x K in all)
   std::string balance = "params";    // pipeline: params, or explicit sizes "3,3,2"
   int data_parallel = 1;             // pipeline and model: replicas D (D x stages = world)
   int zero = 0;                      // 1: ZeRO-1, optimizer state sharded over the replicas
@@ -249,8 +251,11 @@ class DistributedTrainer {
   absl::Status Wait(Work& w, const char* what, absl::Duration timeout);
   // The stream `s` waits for `w`, up to c_.timeout; the host goes on.
   absl::Status WaitOn(Work& w, Stream& s, const char* what);
-  // The model blocks stage `stage` holds, [begin, end): all of them under data parallelism.
+  // The model blocks stage `stage` holds, [begin, end): all of them under data parallelism;
+  // with model chunks, from the first chunk's first block to the last chunk's end.
   std::pair<int, int> BlockRange(int stage) const;
+  // Each of its model chunks' blocks, [begin, end) (one, but for interleaved schedules).
+  std::vector<std::pair<int, int>> ChunkRanges(int stage) const;
   // Stage `stage`'s shard file under checkpoint `prefix` (data parallel: the one file).
   std::string ShardName(const std::string& prefix, int stage) const;
   // The optimizer's state for the whole stage: its own, or under ZeRO-1 gathered from the

@@ -1,8 +1,9 @@
 // Run under mpirun on 3, 4 and 6 ranks (hybrid_test_np3, _np4, _np6): replicas of a pipeline
-// (D x K, parallel/grid.h; GPipe, 1F1B and ZB-H1) and ZeRO-1 against one worker on the same
+// (D x K, parallel/grid.h; GPipe, 1F1B, ZB-H1 and interleaved) and ZeRO-1 against one worker on the same
 // global batch and seed, losses within 1e-5 relative and weights within 1e-4; and a resume
 // across layouts, from a D=2 x K=2 checkpoint (with ZeRO-1 and without) into data
 // parallelism on one worker and the reverse; and the validation loss of each layout.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -119,6 +120,38 @@ TEST(HybridTest, TiedEmbeddingsWithReplicasOfAPipeline) {
                   kWeightTolerance);
     }
   }
+}
+
+// Interleaved 1F1B (2 model chunks a stage) inside D x K, with M = 2K micro-batches, with
+// ZeRO-1 and without, untied and tied; and its checkpoint resumed on one worker and the
+// reverse (each rank's shard holds two chunks' blocks).
+TEST(HybridTest, InterleavedReplicasOfAPipeline) {
+  const std::vector<int> layouts = HybridReplicas();
+  if (layouts.empty()) GTEST_SKIP() << "no D x K layout with D, K >= 2 on " << comm->world_size();
+  for (int d : layouts) {
+    const int K = comm->world_size() / d;
+    for (int zero : {0, 1}) {
+      for (bool tied : {false, true}) {
+        ParallelConfig pc = Hybrid("adamw", d, "interleaved", zero);
+        pc.virtual_stages = 2;
+        pc.train.micro_batches = 2 * K;
+        pc.train.model.n_layer = std::max(pc.train.model.n_layer, 2 * K - 2);
+        pc.train.model.tie_embeddings = tied;
+        CheckParity(pc, comm,
+                    absl::StrFormat("interleaved D=%d x K=%d v=2 zero=%d tied=%d", d, K, zero,
+                                    tied),
+                    kWeightTolerance);
+      }
+    }
+  }
+  if (comm->world_size() != 4) return;
+  ParallelConfig one;
+  one.train = ParityConfig(ModelKind::kGpt, 1, "adamw", kSteps);
+  one.strategy = StrategyKind::kData;
+  ParallelConfig grid = Hybrid("adamw", 2, "interleaved", 1);
+  grid.virtual_stages = 2;
+  CheckResume(grid, one, comm, kWeightTolerance, "interleaved D=2 x K=2 into one worker");
+  CheckResume(one, grid, comm, kWeightTolerance, "one worker into interleaved D=2 x K=2");
 }
 
 TEST(HybridTest, ResumeAcrossLayouts) {

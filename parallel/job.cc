@@ -62,6 +62,7 @@ const std::vector<Field>& Fields() {
       Num("batch", &JobConfig::batch),
       Num("micro_batches", &JobConfig::micro_batches),
       Str("schedule", &JobConfig::schedule),
+      Num("virtual_stages", &JobConfig::virtual_stages),
       Str("balance", &JobConfig::balance),
       Num("data_parallel", &JobConfig::data_parallel),
       Num("zero", &JobConfig::zero),
@@ -164,10 +165,12 @@ int JobConfig::EffectiveMicroBatches() const {
   if (strategy != "pipeline") return 1;
   const ProcessGrid grid = Grid();
   const int share = batch / grid.replicas;
+  // The interleaved schedule takes micro-batches in runs of one per stage.
+  const int step = schedule == "interleaved" ? grid.stages : 1;
   for (int m = std::min(4 * grid.stages, share); m > 1; --m) {
-    if (share % m == 0) return m;
+    if (share % m == 0 && m % step == 0) return m;
   }
-  return 1;
+  return step;
 }
 
 absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
@@ -206,6 +209,7 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   t.optimizer.decay_all = decay_all;
   t.optimizer.clip_norm = static_cast<float>(clip_norm);
   p.schedule = schedule;
+  p.virtual_stages = virtual_stages;
   p.balance = balance;
   p.data_parallel = data_parallel;
   p.zero = zero;

@@ -38,6 +38,7 @@ struct JobConfig {
   int batch = 16;
   int micro_batches = 0;  // 0: the strategy's default
   std::string schedule = "gpipe";
+  int virtual_stages = 1;  // interleaved: model chunks per pipeline stage
   std::string balance = "params";
   int data_parallel = 1;  // pipeline and model: replicas D of a workers / D stage pipeline
   int zero = 0;           // 1: ZeRO-1, the optimizer state sharded over the replicas

@@ -2,6 +2,7 @@
 // every strategy, schedule and micro-batch count that fits the world size trains a small model
 // for a number of steps and must give the losses and weights of one worker on the same global
 // batch and seed, the losses within 1e-5 relative (docs/DESIGN.md, invariant 1).
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -89,10 +90,40 @@ TEST(ParityTest, ZeroBubbleH1) {
   }
 }
 
+// Interleaved 1F1B on K ranks with v = 2 model chunks a stage (global stage g on rank g mod
+// K) and M = 2K micro-batches (K=2 M=4, K=3 M=6, K=4 M=8), and M = K (every forward first),
+// with and without recomputation; the model gets the K x v blocks it needs.
+TEST(ParityTest, Interleaved) {
+  const int K = comm->world_size();
+  if (K < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
+  for (const std::string& opt : kOptimizers) {
+    for (ModelKind kind : {ModelKind::kGpt, ModelKind::kMlp}) {
+      for (int v : {2, 3}) {
+        for (bool recompute : {false, true}) {
+          for (int mbs : {2 * K, K}) {
+            if ((v == 3 || mbs == K) && (kind == ModelKind::kMlp || recompute)) continue;
+            ParallelConfig pc;
+            pc.train = Base(kind, mbs, opt);
+            pc.train.model.n_layer = std::max(pc.train.model.n_layer, K * v - 2);
+            pc.strategy = StrategyKind::kPipeline;
+            pc.schedule = "interleaved";
+            pc.virtual_stages = v;
+            pc.recompute = recompute;
+            Check(pc, absl::StrFormat("pipeline interleaved %s K=%d v=%d M=%d recompute=%d",
+                                      kind == ModelKind::kGpt ? "gpt" : "mlp", K, v, mbs,
+                                      recompute));
+          }
+        }
+      }
+    }
+  }
+}
+
 // Tied embeddings (the head reads embed.wte) against one worker, losses within 1e-5 relative
 // and weights within 1e-4: data parallelism on every rank, and a pipeline of every rank
-// under 1F1B and ZB-H1 and model parallelism, whose last stage holds a copy of the table that
-// must stay the first stage's bit for bit (CheckParity checks it, and the gradient norm).
+// under 1F1B, ZB-H1 and (on 2 ranks) interleaved, and model parallelism, whose last stage
+// holds a copy of the table that must stay the first stage's bit for bit (CheckParity checks
+// it, and the gradient norm).
 // Their own targets run them (parity_test_tied_np1..np3).
 TEST(ParityTest, TiedEmbeddings) {
   const int K = comm->world_size();
@@ -105,6 +136,7 @@ TEST(ParityTest, TiedEmbeddings) {
         pc.train.model.tie_embeddings = true;
         pc.strategy = strategy;
         pc.schedule = schedule;
+        if (std::string(schedule) == "interleaved") pc.virtual_stages = 2;
         pc.bucket_bytes = 4096;
         CheckParity(pc, comm,
                     absl::StrFormat("tied %s %s %s K=%d M=%d", model, StrategyName(strategy),
@@ -117,6 +149,7 @@ TEST(ParityTest, TiedEmbeddings) {
       if (kind == ModelKind::kMlp) continue;  // the GPT alone for the rest
       tied(StrategyKind::kPipeline, "zb-h1", 2 * K);
       tied(StrategyKind::kModel, "gpipe", 1);
+      if (K * 2 <= 5) tied(StrategyKind::kPipeline, "interleaved", 2 * K);  // 5 blocks
     }
   }
 }

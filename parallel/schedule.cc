@@ -29,8 +29,8 @@ const char* Code(ActionType t) {
   return "?";
 }
 
-Action F(int m) { return {ActionType::kForward, m}; }
-Action B(int m) { return {ActionType::kBackward, m}; }
+Action F(int m, int chunk = 0) { return {ActionType::kForward, m, chunk}; }
+Action B(int m, int chunk = 0) { return {ActionType::kBackward, m, chunk}; }
 Action W(int m) { return {ActionType::kWeightGradient, m}; }
 
 }  // namespace
@@ -138,6 +138,32 @@ PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches) {
   return s;
 }
 
+PipelineSchedule InterleavedSchedule(int stages, int chunks, int micro_batches) {
+  PipelineSchedule s{stages, micro_batches, std::vector<std::vector<Action>>(stages), chunks};
+  const int K = stages, v = chunks, total = micro_batches * chunks;
+  // The k-th forward (or backward) of a stage, as Megatron's get_model_chunk_id: runs of K
+  // micro-batches go through the chunks in turn, forwards from the first chunk, backwards
+  // from the last.
+  auto nth = [&](int k, bool forward) {
+    const int group = k % (K * v), chunk = group / K;
+    return Action{forward ? ActionType::kForward : ActionType::kBackward,
+                  k / (K * v) * K + group % K, forward ? chunk : v - 1 - chunk};
+  };
+  for (int st = 0; st < stages; ++st) {
+    std::vector<Action>& a = s.actions[st];
+    // With M = K every forward goes first (Megatron's all-warm-up case).
+    const int warmup = micro_batches == K ? total : std::min(total, 2 * (K - st - 1) + (v - 1) * K);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) a.push_back(nth(f, true));
+    while (f < total) {  // steady state: one forward, one backward
+      a.push_back(nth(f++, true));
+      a.push_back(nth(b++, false));
+    }
+    while (b < total) a.push_back(nth(b++, false));  // cool-down
+  }
+  return s;
+}
+
 PipelineSchedule InsertCommunication(const PipelineSchedule& compute) {
   const int K = compute.stages;
   PipelineSchedule s{K, compute.micro_batches, std::vector<std::vector<Action>>(K),
@@ -172,24 +198,114 @@ PipelineSchedule InsertCommunication(const PipelineSchedule& compute) {
   return s;
 }
 
+namespace {
+
+// Interleaved 1F1B's transfers, placed as Megatron's batched exchanges are: a stage receives
+// its first forward's input before it starts; after each warm-up forward it sends that
+// forward's output and receives the next forward's input (after the last warm-up forward
+// also the first backward's gradient); after each steady-state forward and backward pair it
+// sends both results and receives the next pair's inputs; after each cool-down backward it
+// sends its result and receives the next backward's gradient. Both neighbours then post each
+// link's transfers in runs that pair up, in both directions at once (with 2 stages, one
+// neighbour is both).
+PipelineSchedule InterleavedExchanges(const PipelineSchedule& compute) {
+  const int K = compute.stages, last = K * compute.chunks - 1;
+  PipelineSchedule s{K, compute.micro_batches, std::vector<std::vector<Action>>(K),
+                     compute.chunks};
+  for (int st = 0; st < K; ++st) {
+    const std::vector<Action>& in = compute.actions[st];
+    std::vector<Action> fwd, bwd;  // in order
+    for (const Action& a : in) (a.type == ActionType::kForward ? fwd : bwd).push_back(a);
+    std::vector<Action>& out = s.actions[st];
+    auto global = [&](const Action& a) { return GlobalStage(st, a.chunk, K); };
+    auto send = [&](const Action& a) {
+      if (a.type == ActionType::kForward && global(a) < last) {
+        out.push_back({ActionType::kSendActivation, a.micro_batch, a.chunk});
+      }
+      if (a.type == ActionType::kBackward && global(a) > 0) {
+        out.push_back({ActionType::kSendGradient, a.micro_batch, a.chunk});
+      }
+    };
+    auto receive_for = [&](const std::vector<Action>& list, size_t k) {
+      if (k >= list.size()) return;
+      const Action& a = list[k];
+      if (a.type == ActionType::kForward && global(a) > 0) {
+        out.push_back({ActionType::kRecvActivation, a.micro_batch, a.chunk});
+      }
+      if (a.type == ActionType::kBackward && global(a) < last) {
+        out.push_back({ActionType::kRecvGradient, a.micro_batch, a.chunk});
+      }
+    };
+    // The compute order is warm-up forwards, then forward-backward pairs, then backwards: the
+    // leading forwards are the warm-up and the first pair's forward, or all of them.
+    size_t warmup = 0;
+    while (warmup < in.size() && in[warmup].type == ActionType::kForward) ++warmup;
+    if (warmup < fwd.size()) --warmup;
+    size_t f = 0, b = 0;
+    receive_for(fwd, 0);
+    for (; f < warmup; ++f) {
+      out.push_back(fwd[f]);
+      send(fwd[f]);
+      receive_for(fwd, f + 1);
+      if (f + 1 == warmup) receive_for(bwd, 0);
+    }
+    for (; f < fwd.size(); ++f, ++b) {
+      out.push_back(fwd[f]);
+      out.push_back(bwd[b]);
+      send(fwd[f]);
+      send(bwd[b]);
+      receive_for(fwd, f + 1);
+      receive_for(bwd, b + 1);
+    }
+    for (; b < bwd.size(); ++b) {
+      out.push_back(bwd[b]);
+      send(bwd[b]);
+      receive_for(bwd, b + 1);
+    }
+    out.push_back({ActionType::kOptimizerStep, -1});
+  }
+  return s;
+}
+
+}  // namespace
+
 absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages,
-                                              int micro_batches) {
+                                              int micro_batches, int chunks) {
   if (stages < 1 || micro_batches < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a pipeline needs at least 1 stage and 1 micro-batch (got %d and %d)", stages,
         micro_batches));
   }
-  if (name == "gpipe") {
-    return HoistReceives(InsertCommunication(GpipeSchedule(stages, micro_batches)));
+  if (name != "interleaved" && chunks != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d virtual stages need --schedule=interleaved; '%s' runs one model chunk a stage",
+        chunks, name));
   }
-  if (name == "1f1b") {
-    return HoistReceives(InsertCommunication(OneFOneBSchedule(stages, micro_batches)));
+  auto finish = [](const PipelineSchedule& compute) {
+    return HoistReceives(InsertCommunication(compute));
+  };
+  if (name == "gpipe") return finish(GpipeSchedule(stages, micro_batches));
+  if (name == "1f1b") return finish(OneFOneBSchedule(stages, micro_batches));
+  if (name == "zb-h1") return finish(ZeroBubbleH1Schedule(stages, micro_batches));
+  if (name == "interleaved") {
+    if (chunks < 2 || stages < 2) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the interleaved schedule needs 2 stages or more and --virtual-stages of 2 or more "
+          "(got %d stages, %d virtual stages); one chunk a stage is --schedule=1f1b",
+          stages, chunks));
+    }
+    if (micro_batches % stages != 0) {
+      const int below = micro_batches / stages * stages;
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the interleaved schedule takes micro-batches in runs of one per stage: "
+          "--micro-batches=%d is not a multiple of the %d stages; use %s%d",
+          micro_batches, stages, below > 0 ? absl::StrCat(below, " or ") : "",
+          below + stages));
+    }
+    return HoistReceives(InterleavedExchanges(InterleavedSchedule(stages, chunks, micro_batches)));
   }
-  if (name == "zb-h1") {
-    return HoistReceives(InsertCommunication(ZeroBubbleH1Schedule(stages, micro_batches)));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrFormat("unknown schedule '%s': use gpipe, 1f1b or zb-h1", name));
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown schedule '%s': use gpipe, 1f1b, zb-h1 or interleaved", name));
 }
 
 std::string ScheduleGrid(const PipelineSchedule& s, const std::vector<int>& marks) {
@@ -296,6 +412,15 @@ std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule
     for (size_t i = 0; i < a.size();) {
       if (!a[i].is_communication()) {
         ++i;
+        continue;
+      }
+      // With several chunks a stage, the whole run is one group (Megatron's batched
+      // exchanges), whichever peers it talks to.
+      if (s.chunks > 1) {
+        groups[st].emplace_back();
+        for (; i < a.size() && a[i].is_communication(); ++i) {
+          groups[st].back().push_back(static_cast<int>(i));
+        }
         continue;
       }
       // This run, split by (peer, the peer's run of the counterpart).
@@ -470,16 +595,6 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
       for (int i : groups[st][g]) group_of[st][i] = static_cast<int>(g);
     }
   }
-  // partner[st][g]: the counterpart group of group g of stage st, (peer, group) or (-1, -1).
-  std::vector<std::vector<std::pair<int, int>>> partner(S);
-  for (int st = 0; st < S; ++st) {
-    for (const std::vector<int>& g : groups[st]) {
-      const int peer = PeerOf(s, st, s.actions[st][g.front()]);
-      const int j = Counterpart(s, st, g.front());
-      partner[st].push_back(j < 0 ? std::make_pair(-1, -1)
-                                  : std::make_pair(peer, group_of[peer][j]));
-    }
-  }
   // The clock: each stage's time where it stands, when each of its posted groups was posted,
   // and when its last group completed (a stage's groups run one after the other).
   const auto seconds = [&](int st, const Action& x) {
@@ -502,6 +617,9 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
   using Times = std::vector<std::vector<double>>;
   Times act_at(S, std::vector<double>(V * M, kNotYet)), grad_at = act_at, fwd_end = act_at,
       bwd_end = act_at;
+  // Per stage and action index: when a transfer's two ends met; kNotYet until then.
+  Times transferred(S);
+  for (int st = 0; st < S; ++st) transferred[st].assign(s.actions[st].size(), kNotYet);
   for (;;) {
     bool progress = false, done = true;
     for (int st = 0; st < S; ++st) {
@@ -547,39 +665,46 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
       ++pc[st];
       progress = true;
     }
-    // A group and its counterpart complete together, each first in its stage's queue.
+    // A transfer completes once the groups holding its two ends are both first in their
+    // stages' queues (posted, and every earlier group of both stages done); a group completes
+    // once all its transfers have, the transfer time of each after the later of the two.
     for (int st = 0; st < S; ++st) {
       if (posted[st].empty()) continue;
       const int g = posted[st].front();
-      const auto [peer, h] = partner[st][g];
-      if (peer < 0) {
-        std::vector<int> mark(S, -1);
-        mark[st] = groups[st][g].front();
-        return fail(absl::StrFormat("%s has no counterpart on the neighbouring stage",
-                                    ActionText(st, s.actions[st][groups[st][g].front()])),
-                    mark);
-      }
-      if (posted[peer].empty() || posted[peer].front() != h) continue;
-      if (partner[peer][h] != std::make_pair(st, g)) {
-        std::vector<int> mark(S, -1);
-        mark[st] = groups[st][g].front();
-        mark[peer] = groups[peer][h].front();
-        return fail("two neighbours group the transfers between them differently", mark);
-      }
-      // Once both are posted and both stages' earlier groups are done, the group's transfers.
-      const double at = std::max({posted_at[st][g], posted_at[peer][h], queue_free[st],
-                                  queue_free[peer]}) +
-                        d.transfer * static_cast<double>(groups[st][g].size());
-      for (const auto& [stage, group] : {std::make_pair(st, g), std::make_pair(peer, h)}) {
-        for (int i : groups[stage][group]) {
-          const Action& y = s.actions[stage][i];
-          const int k = y.chunk * M + y.micro_batch;
-          if (y.type == ActionType::kRecvActivation) act_at[stage][k] = at;
-          if (y.type == ActionType::kRecvGradient) grad_at[stage][k] = at;
+      const double active = std::max(posted_at[st][g], queue_free[st]);
+      bool all = true;
+      for (int i : groups[st][g]) {
+        if (transferred[st][i] >= 0) continue;
+        const int peer = PeerOf(s, st, s.actions[st][i]);
+        const int j = Counterpart(s, st, i);
+        if (j < 0) {
+          std::vector<int> mark(S, -1);
+          mark[st] = i;
+          return fail(absl::StrFormat("%s has no counterpart on the neighbouring stage",
+                                      ActionText(st, s.actions[st][i])),
+                      mark);
         }
-        queue_free[stage] = at;
-        posted[stage].pop_front();
+        const int h = group_of[peer][j];
+        if (posted[peer].empty() || posted[peer].front() != h) {
+          all = false;
+          continue;
+        }
+        const double at = std::max(active, std::max(posted_at[peer][h], queue_free[peer]));
+        transferred[st][i] = transferred[peer][j] = at;
+        progress = true;
       }
+      if (!all) continue;
+      double at = active;
+      for (int i : groups[st][g]) at = std::max(at, transferred[st][i]);
+      at += d.transfer * static_cast<double>(groups[st][g].size());
+      for (int i : groups[st][g]) {
+        const Action& y = s.actions[st][i];
+        const int k = y.chunk * M + y.micro_batch;
+        if (y.type == ActionType::kRecvActivation) act_at[st][k] = at;
+        if (y.type == ActionType::kRecvGradient) grad_at[st][k] = at;
+      }
+      queue_free[st] = at;
+      posted[st].pop_front();
       progress = true;
     }
     if (done) {

@@ -92,10 +92,21 @@ PipelineSchedule OneFOneBSchedule(int stages, int micro_batches);
 // the last s Ws filling the cool-down, where 1F1B's stage s waits. The first stage's Bs stay
 // whole backwards (no W). Compute actions only.
 PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches);
-// "gpipe", "1f1b" or "zb-h1", with communication inserted, the receives hoisted
-// (HoistReceives) and the optimizer step appended.
+// Interleaved 1F1B (Narayanan et al., 2021; Megatron-LM's virtual pipeline): each stage holds
+// `chunks` model chunks (global stage g on stage g mod K as chunk g div K, PlaceStage). The
+// micro-batches go in runs of K: each run's forwards through chunk 0, then chunk 1, and so on,
+// and the backwards likewise from the last chunk down. Stage s runs
+// 2(K - s - 1) + (chunks - 1)K warm-up forwards (all of them when M = K), then alternates one
+// forward and one backward, then the cool-down, as Megatron's
+// forward_backward_pipelining_with_interleaving. With equal chunks the bubble is
+// (K-1)/(chunks * M + K - 1) of the step. Needs M a multiple of K. Compute actions only.
+PipelineSchedule InterleavedSchedule(int stages, int chunks, int micro_batches);
+// "gpipe", "1f1b", "zb-h1" or "interleaved" (with `chunks` model chunks a stage, 2 or more;
+// every other schedule takes 1), with communication inserted, the receives hoisted
+// (HoistReceives) and the optimizer step appended; an error in one line for what a schedule
+// cannot run.
 absl::StatusOr<PipelineSchedule> MakeSchedule(absl::string_view name, int stages,
-                                              int micro_batches);
+                                              int micro_batches, int chunks = 1);
 
 // Adds RecvActivation before every forward and SendActivation after it (except at the ends
 // of the pipeline: the first and last global stages), RecvGradient before every backward and
@@ -118,10 +129,12 @@ PipelineSchedule HoistReceives(const PipelineSchedule& s);
 // The groups each stage issues its transfers in, as action indices: every run of consecutive
 // communication actions, split by the run of the peer stage that holds each transfer's
 // counterpart, in order of first appearance. Each group then exchanges with one peer, and the
-// peer groups the counterparts alike: NCCL needs that (a group's transfers finish together,
-// and two ranks connect inside the first group in which they exchange), so two neighbours
-// grouping one link's transfers differently could wait on each other for ever. A transfer
-// without a counterpart (an invalid schedule) is a group of its own.
+// peer groups the counterparts alike, so a run's transfers with two neighbours never wait on
+// each other. With several chunks a stage (interleaved), where a stage sends to and receives
+// from both neighbours around the ring after each step, each run is one group, as Megatron
+// batches them: its transfers progress together, whichever peers they go to (one NCCL group;
+// one MPI Waitall), so no neighbour waits for another's earlier group. A transfer without a
+// counterpart (an invalid schedule) is a group of its own.
 std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule& s);
 
 // Checks counts (one forward and one backward per micro-batch, chunk and stage, at most one
@@ -129,11 +142,11 @@ std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule
 // one optimizer step, last), that both ends of every pair of stages post the transfers from
 // one to the other in the same order (the k-th send matches the k-th receive), and simulates
 // all stages: a stage reaching a run of transfers posts its ExchangeGroups at once and goes
-// on; each stage's posted groups run one after the other, and a group completes only together
-// with its counterpart group on the peer, when both are the first unfinished group of their
-// stage; a forward or backward waits for the receive it needs, a weight gradient for its
-// backward. A schedule that stalls or mismatches is an error whose message holds the grid
-// with "<-- ERROR HERE" at each stuck stage's step.
+// on; each stage's posted groups run one after the other; a transfer completes once the
+// groups holding its two ends are each the first unfinished group of its stage, and a group
+// once all its transfers have; a forward or backward waits for the receive it needs, a weight
+// gradient for its backward. A schedule that stalls or mismatches is an error whose message
+// holds the grid with "<-- ERROR HERE" at each stuck stage's step.
 absl::Status ValidateSchedule(const PipelineSchedule& s);
 
 // How long a stage's compute actions on one chunk take (any unit, the same for all).
@@ -170,8 +183,9 @@ struct SimulatedStep {
 
 // ValidateSchedule's simulation with time: each compute action starts once the stage is
 // free and what it needs is there (the receive it waits for, or for a W its B) and takes its
-// duration; a group of transfers completes, with its counterpart, once both are posted and
-// both stages' earlier groups are done, plus its transfer time; a stage's step ends once its
+// duration; a transfer's two ends meet once the groups holding them are both posted and both
+// stages' earlier groups done, and a group completes once all its transfers' ends have met,
+// plus its transfer time (n transfers: n times the transfer); a stage's step ends once its
 // last compute action and its last transfer have. The step ends when the last stage's does:
 // a stage's time until then that it does not compute is its bubble. An invalid schedule, or
 // durations not shaped [stages][chunks], is the error ValidateSchedule gives.

@@ -69,6 +69,50 @@ TEST(ScheduleTest, ZeroBubbleH1Table) {
   }
 }
 
+// Interleaved on 2 stages, 2 chunks, 4 micro-batches, worked out from Megatron's rule: stage
+// 0 warms up with 2(K-1) + (v-1)K = 4 forwards, stage 1 with 2; micro-batches go in runs of K
+// = 2 through chunk 0, then chunk 1, the backwards from chunk 1 down.
+TEST(ScheduleTest, InterleavedTable) {
+  const PipelineSchedule s = InterleavedSchedule(2, 2, 4);
+  EXPECT_EQ(s.chunks, 2);
+  EXPECT_EQ(Row(s, 0),
+            "0F0 0F1 0F0c1 0F1c1 0F2 0B0c1 0F3 0B1c1 0F2c1 0B0 0F3c1 0B1 0B2c1 0B3c1 0B2 0B3");
+  EXPECT_EQ(Row(s, 1),
+            "1F0 1F1 1F0c1 1B0c1 1F1c1 1B1c1 1F2 1B0 1F3 1B1 1F2c1 1B2c1 1F3c1 1B3c1 1B2 1B3");
+  // M = K: every forward first.
+  EXPECT_EQ(Row(InterleavedSchedule(2, 2, 2), 1), "1F0 1F1 1F0c1 1F1c1 1B0c1 1B1c1 1B0 1B1");
+  for (int k = 2; k <= 6; ++k) {
+    for (int v = 2; v <= 4; ++v) {
+      for (int m = k; m <= 4 * k; m += k) {
+        auto full = MakeSchedule("interleaved", k, m, v);
+        ASSERT_TRUE(full.ok()) << full.status();
+        const absl::Status valid = ValidateSchedule(*full);
+        EXPECT_TRUE(valid.ok()) << "K=" << k << " v=" << v << " M=" << m << "\n"
+                                << valid.message();
+        // Megatron's bound: stage s holds at most its warm-up forwards + 1 at once.
+        for (int st = 0; st < k; ++st) {
+          const int warmup = m == k ? m * v : 2 * (k - st - 1) + (v - 1) * k;
+          EXPECT_LE(PeakInFlight(*full, st), std::min(m * v, warmup + 1))
+              << "K=" << k << " v=" << v << " M=" << m << " stage " << st << "\n"
+              << ScheduleGrid(*full);
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, InterleavedRefusesWhatItCannotRun) {
+  const absl::Status odd = MakeSchedule("interleaved", 2, 3, 2).status();
+  EXPECT_EQ(odd.message(),
+            "the interleaved schedule takes micro-batches in runs of one per stage: "
+            "--micro-batches=3 is not a multiple of the 2 stages; use 2 or 4");
+  EXPECT_FALSE(MakeSchedule("interleaved", 2, 4, 1).ok());
+  EXPECT_FALSE(MakeSchedule("interleaved", 1, 4, 2).ok());
+  const absl::Status chunks = MakeSchedule("1f1b", 2, 4, 2).status();
+  EXPECT_EQ(chunks.message(),
+            "2 virtual stages need --schedule=interleaved; '1f1b' runs one model chunk a stage");
+}
+
 TEST(ScheduleTest, CommunicationIsInserted) {
   PipelineSchedule s = InsertCommunication(OneFOneBSchedule(2, 2));
   EXPECT_EQ(Row(s, 0), "0F0 0SA0 0F1 0SA1 0RG0 0B0 0RG1 0B1 0OPT");
@@ -170,7 +214,7 @@ TEST(ScheduleTest, ZeroBubbleH1IsOffered) {
   EXPECT_TRUE(ValidateSchedule(*z).ok());
   EXPECT_EQ(Row(*z, 1), Row(HoistReceives(InsertCommunication(ZeroBubbleH1Schedule(3, 6))), 1));
   const absl::Status unknown = MakeSchedule("zigzag", 2, 2).status();
-  EXPECT_EQ(unknown.message(), "unknown schedule 'zigzag': use gpipe, 1f1b or zb-h1");
+  EXPECT_EQ(unknown.message(), "unknown schedule 'zigzag': use gpipe, 1f1b, zb-h1 or interleaved");
 }
 
 TEST(ScheduleTest, DeadlockIsCaughtAndMarked) {
@@ -274,12 +318,13 @@ TEST(ScheduleTest, ChunksAndWeightGradientsValidate) {
             "0F0 0SA0 0RA0c1 0F0c1 0SA0c1 0RG0c1 0B0c1 0SG0c1 0RG0 0B0 0W0c1 0W0 0OPT");
   // Stage 1's receive of gradient 0 for chunk 0 goes before W0c1, in the run of SG0c1.
   EXPECT_EQ(Row(s, 1), "1RA0 1F0 1SA0 1RA0c1 1F0c1 1B0c1 1SG0c1 1RG0 1W0c1 1B0 1SG0 1W0 1OPT");
-  // Each transfer is a group of its own: the transfers of each run of two have their
-  // counterparts in different runs of the peer.
+  // With several chunks each run is one group, although the transfers of each run of two
+  // have their counterparts in different runs of the peer: each completes once its two ends
+  // are posted, so the groups need not pair up.
   using G = std::vector<std::vector<int>>;
   const auto groups = ExchangeGroups(s);
-  EXPECT_EQ(groups[0], (G{{1}, {2}, {4}, {5}, {7}, {8}}));
-  EXPECT_EQ(groups[1], (G{{0}, {2}, {3}, {6}, {7}, {10}}));
+  EXPECT_EQ(groups[0], (G{{1, 2}, {4, 5}, {7, 8}}));
+  EXPECT_EQ(groups[1], (G{{0}, {2, 3}, {6, 7}, {10}}));
   const absl::Status v = ValidateSchedule(s);
   EXPECT_TRUE(v.ok()) << v.message();
   // The same with one chunk is refused: the chunk-1 actions are out of range.
@@ -329,7 +374,8 @@ TEST(ScheduleTest, WeightGradientAndChunkErrorsAreCaught) {
 // take (M + K - 1)(F + B + W) and each stage computes M(F + B + W), so the bubble is
 // (K - 1) / (M + K - 1) (Huang et al.; Narayanan et al.); ZB-H1 waits (K - 1)(F + B - W) per
 // stage (Qi et al., section 3), so it takes 3M + K - 1 and its bubble is
-// (K - 1) / (3M + K - 1). Receives hoisted and transfers grouped as the runtime does.
+// (K - 1) / (3M + K - 1); interleaving v chunks a stage takes GPipe's to (K - 1) / (vM + K - 1).
+// Receives hoisted and transfers grouped as the runtime does.
 TEST(SimulateScheduleTest, TextbookBubbles) {
   for (int k = 1; k <= 6; ++k) {
     for (int m : {1, 2, 3, 4, 8, 16}) {
@@ -343,6 +389,18 @@ TEST(SimulateScheduleTest, TextbookBubbles) {
         for (int st = 0; st < k; ++st) EXPECT_DOUBLE_EQ(r->busy[st], 3.0 * m);
         EXPECT_NEAR(r->bubble_fraction, double(k - 1) / (m + k - 1), 1e-12)
             << name << " K=" << k << " M=" << m;
+      }
+      // Interleaved with v chunks, each chunk's F = 1 and B = 2 (a v-th of a stage's work):
+      // Narayanan et al.'s (K - 1) / (vM + K - 1), for M a multiple of K.
+      for (int v = 2; k >= 2 && m % k == 0 && v <= 3; ++v) {
+        auto s = MakeSchedule("interleaved", k, m, v);
+        ASSERT_TRUE(s.ok()) << s.status();
+        auto r = SimulateSchedule(*s, ScheduleDurations::Uniform(k, v, {1, 2, 0}));
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_DOUBLE_EQ(r->makespan, 3.0 * (v * m + k - 1))
+            << "interleaved K=" << k << " v=" << v << " M=" << m;
+        for (int st = 0; st < k; ++st) EXPECT_DOUBLE_EQ(r->busy[st], 3.0 * v * m);
+        EXPECT_NEAR(r->bubble_fraction, double(k - 1) / (v * m + k - 1), 1e-12);
       }
       // ZB-H1's figure needs its steady state: at least K micro-batches.
       if (m < k) continue;

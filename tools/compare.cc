@@ -52,18 +52,20 @@ constexpr char kHelp[] =
     "Usage: bazel run //tools:compare -- [--gpus=N] [--out=DIR] [launcher flags]\n"
     "Trains the same model, global batch, seed and number of steps on one worker (the\n"
     "baseline) and with N workers under data parallel, data parallel with ZeRO-1, model\n"
-    "parallel, pipeline GPipe, 1F1B and ZB-H1, and, for every D x K = N with D, K >= 2,\n"
-    "D replicas of a K-stage pipeline under each schedule (4 workers: 2 x 2; 6: 2 x 3 and\n"
-    "3 x 2; a prime N has none). Each runs through the launcher with --profile; then compare\n"
-    "writes report.md, report.html (self-contained) and report.json with the charts beside\n"
-    "them.\n"
+    "parallel, pipeline GPipe, 1F1B, ZB-H1 and interleaved 1F1B (2 model chunks a stage),\n"
+    "and, for every D x K = N with D, K >= 2, D replicas of a K-stage pipeline under each\n"
+    "schedule (4 workers: 2 x 2; 6: 2 x 3 and 3 x 2; a prime N has none). Each runs through\n"
+    "the launcher with --profile; then compare writes report.md, report.html\n"
+    "(self-contained) and report.json with the charts beside them. A run the model cannot\n"
+    "take (interleaving needs 2 blocks a stage) is reported as such while the others run.\n"
     "\n"
     "  --gpus=N    workers per strategy (default 4)\n"
     "  --out=DIR   output folder (default reports/<time> in the current directory); the\n"
     "              runs go to DIR/runs/<strategy>, the launcher's output to DIR/logs/\n"
     "Every other flag goes to each launcher run unchanged (--model, --steps, --batch, --seed,\n"
     "--device, --micro-batches, ...); --steps defaults to 20 and --batch to 16 here.\n"
-    "--strategy, --schedule, --data-parallel, --zero and --run-dir are set by compare for each\n"
+    "--strategy, --schedule, --virtual-stages, --data-parallel, --zero and --run-dir are set\n"
+    "by compare for each "
     "run, and --check and --prepare are the launcher's alone; the launcher's flags:\n"
     "bazel run //launcher -- --help\n"
     "Ctrl-C stops the run under way at once; SIGTERM has it checkpoint and stop. Either way\n"
@@ -234,7 +236,8 @@ std::vector<std::pair<int, int>> HybridLayouts(int n) {
 }
 
 // The runs on `gpus` workers: the baseline, data parallel with and without ZeRO-1, model
-// parallel, the three pipeline schedules, then each hybrid layout with each schedule.
+// parallel, the four pipeline schedules (interleaved with 2 model chunks a stage), then each
+// hybrid layout with each schedule.
 std::vector<Run> Runs(int gpus) {
   const std::string n = absl::StrCat("--gpus=", gpus);
   std::vector<Run> runs = {
@@ -242,18 +245,29 @@ std::vector<Run> Runs(int gpus) {
       {"data", "data parallel", {"--strategy=data", n}},
       {"data-zero1", "data parallel, ZeRO-1", {"--strategy=data", "--zero=1", n}},
       {"model", "model parallel", {"--strategy=model", n}},
-      {"gpipe", "pipeline GPipe", {"--strategy=pipeline", "--schedule=gpipe", n}},
-      {"1f1b", "pipeline 1F1B", {"--strategy=pipeline", "--schedule=1f1b", n}},
-      {"zb-h1", "pipeline ZB-H1", {"--strategy=pipeline", "--schedule=zb-h1", n}},
   };
+  struct Schedule {
+    std::string name, label;
+  };
+  const std::vector<Schedule> schedules = {
+      {"gpipe", "GPipe"}, {"1f1b", "1F1B"}, {"zb-h1", "ZB-H1"}, {"interleaved", "interleaved v=2"}};
+  auto flags = [](const std::string& schedule) {
+    std::vector<std::string> f = {"--strategy=pipeline", absl::StrCat("--schedule=", schedule)};
+    if (schedule == "interleaved") f.push_back("--virtual-stages=2");
+    return f;
+  };
+  for (const Schedule& s : schedules) {
+    std::vector<std::string> f = flags(s.name);
+    f.push_back(n);
+    runs.push_back({s.name, absl::StrCat("pipeline ", s.label), f});
+  }
   for (const auto& [d, k] : HybridLayouts(gpus)) {
-    for (const auto& [schedule, name] : {std::pair<std::string, std::string>{"gpipe", "GPipe"},
-                                         std::pair<std::string, std::string>{"1f1b", "1F1B"},
-                                         std::pair<std::string, std::string>{"zb-h1", "ZB-H1"}}) {
-      runs.push_back({absl::StrFormat("d%dk%d-%s", d, k, schedule),
-                      absl::StrFormat("%d replicas x %d-stage %s", d, k, name),
-                      {"--strategy=pipeline", absl::StrCat("--schedule=", schedule),
-                       absl::StrCat("--data-parallel=", d), n}});
+    for (const Schedule& s : schedules) {
+      std::vector<std::string> f = flags(s.name);
+      f.push_back(absl::StrCat("--data-parallel=", d));
+      f.push_back(n);
+      runs.push_back({absl::StrFormat("d%dk%d-%s", d, k, s.name),
+                      absl::StrFormat("%d replicas x %d-stage %s", d, k, s.label), f});
     }
   }
   return runs;
@@ -310,7 +324,7 @@ std::optional<int> ParseArgs(Options* o) {
     } else if (name == "out") {
       value(&o->out_dir);
     } else if (name == "strategy" || name == "schedule" || name == "run-dir" ||
-               name == "data-parallel" || name == "zero") {
+               name == "data-parallel" || name == "zero" || name == "virtual-stages") {
       problems.push_back(
           absl::StrFormat("--%s: compare sets it for each of its runs (see --help)", name));
       if (!inline_value && i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) ++i;

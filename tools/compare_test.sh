@@ -112,14 +112,19 @@ grep -qF '"error": "--batch=8 is not divisible by 3 workers' "$tmp/mixed/report.
 [ "$(grep -c "No hybrid layout: 3 workers" "$tmp/mixed/report.md")" -eq 1 ] ||
   fail "report.md does not say once that 3 workers have no hybrid layout"
 
-# 4 workers: every strategy, ZeRO-1 and each schedule of 2 replicas x 2 stages run, and the
+# 4 workers: every strategy, ZeRO-1 and each schedule of 2 replicas x 2 stages run (but
+# interleaved on 4 stages of a 4-block model), and the
 # report's loss deviation column puts each within 1e-4 (relative) of one worker's losses.
 check "4 workers: ZeRO-1 and the 2 x 2 layouts run with one worker's losses"
 timeout 500 "$compare" --gpus=4 "${small[@]}" --out="$tmp/four" >"$tmp/four.txt" 2>&1
 rc=$?
 cat "$tmp/four.txt"
 [ "$rc" -eq 0 ] || fail "--gpus=4: exit $rc, not 0"
-[ "$(grep -c '"ran": true' "$tmp/four/report.json")" -eq 10 ] || fail "not 10 runs in report.json"
+# 11 runs: interleaved on 4 stages needs 8 blocks and is refused in its one line; 2 x 2
+# interleaved runs (4 chunks of one block).
+[ "$(grep -c '"ran": true' "$tmp/four/report.json")" -eq 11 ] || fail "not 11 runs in report.json"
+grep -qE "\] pipeline interleaved v=2 +would not start: 4 stages x 2 virtual stages need 8 model chunks" \
+  "$tmp/four.txt" || fail "--gpus=4: 4-stage interleaved not reported as refused"
 # The results table's rows by their first cell; the columns found by the header's names.
 awk -F' *[|] *' '
   /^[|] strategy [|] workers [|] layout/ {
@@ -138,6 +143,7 @@ awk -F' *[|] *' '
     want["2 replicas x 2-stage GPipe"] = "2 x 2"
     want["2 replicas x 2-stage 1F1B"] = "2 x 2"
     want["2 replicas x 2-stage ZB-H1"] = "2 x 2"
+    want["2 replicas x 2-stage interleaved v=2"] = "2 x 2"
     bad = 0
     for (label in want) {
       if (!(label in row)) { print "no row for " label; bad = 1; continue }

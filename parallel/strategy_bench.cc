@@ -7,7 +7,8 @@
 //              averaged over stages) beside the bubble SimulateSchedule expects replaying
 //              each measured step with every F (with its input wait), B and W's own time
 //              (the median over the steps), again with each transfer taking an
-//              activation's measured one-way time between ranks 0 and 1, the expectation
+//              activation's measured one-way time between ranks 0 and 1, the median over
+//              the steps of each step's measured bubble over its replay, the expectation
 //              from each stage's median F, B and W instead, and GPipe's
 //              (K - 1) / (M + K - 1), with each stage's F, B and W and activation peak;
 //   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
@@ -76,6 +77,8 @@ struct Measured {
   std::vector<double> peak_bytes, forward, backward, weight;
   // [measured step][rank]: the seconds of each of the rank's compute actions, in its order.
   std::vector<std::vector<std::vector<double>>> action_seconds;
+  // [measured step]: its bubble fraction, averaged over ranks.
+  std::vector<double> step_bubbles;
   double last_step_start_us = 0;  // with a trace
 };
 
@@ -146,18 +149,24 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
   auto counts = Gather({static_cast<double>(most)}, comm);
   if (!counts.ok()) return counts.status();
   for (double c : (*counts)[0]) most = std::max(most, static_cast<size_t>(c));
-  for (const StepTiming& t : timings) {
-    std::vector<double> mine(most + 1, 0.0);
+  for (size_t k = 0; k < timings.size(); ++k) {
+    const StepTiming& t = timings[k];
+    // [0]: the count, [1]: the step's bubble fraction, then the times.
+    std::vector<double> mine(most + 2, 0.0);
     mine[0] = static_cast<double>(t.action_seconds.size());
-    for (size_t i = 0; i < t.action_seconds.size(); ++i) mine[i + 1] = t.action_seconds[i].second;
+    mine[1] = bubbles[k];
+    for (size_t i = 0; i < t.action_seconds.size(); ++i) mine[i + 2] = t.action_seconds[i].second;
     auto step = Gather(mine, comm);
     if (!step.ok()) return step.status();
     std::vector<std::vector<double>> per_rank(comm->world_size());
+    double bubble = 0;
     for (int r = 0; r < comm->world_size(); ++r) {
       const size_t n = static_cast<size_t>((*step)[0][r]);
-      for (size_t i = 0; i < n; ++i) per_rank[r].push_back((*step)[i + 1][r]);
+      for (size_t i = 0; i < n; ++i) per_rank[r].push_back((*step)[i + 2][r]);
+      bubble += (*step)[1][r] / comm->world_size();
     }
     m.action_seconds.push_back(std::move(per_rank));
+    m.step_bubbles.push_back(bubble);
   }
   m.step_seconds = Median(seconds);
   m.last_step_start_us = last_step_start_us;
@@ -224,8 +233,11 @@ absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_bat
 // transfer taking `transfer_seconds`: the median over the steps. Unlike one simulation with
 // each stage's median times, this keeps what the steps' spread costs a pipeline (a slow
 // action on one stage idles the other), a cost of the machine, not of the runtime.
+// With `ratio`, also the median over the steps of each step's measured bubble (averaged over
+// ranks) over its replay: the runtime's own waiting, step by step.
 absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_batches,
-                                      const Measured& m, double transfer_seconds = 0) {
+                                      const Measured& m, double transfer_seconds = 0,
+                                      double* ratio = nullptr) {
   const int K = static_cast<int>(m.forward.size());
   auto s = MakeSchedule(schedule, K, micro_batches);
   if (!s.ok()) return s.status();
@@ -250,6 +262,13 @@ absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_bat
     bubbles.push_back(r->bubble_fraction);
   }
   if (bubbles.empty()) return 0.0;
+  if (ratio != nullptr) {
+    std::vector<double> ratios;
+    for (size_t k = 0; k < bubbles.size() && k < m.step_bubbles.size(); ++k) {
+      if (bubbles[k] > 0) ratios.push_back(m.step_bubbles[k] / bubbles[k]);
+    }
+    *ratio = ratios.empty() ? 0.0 : Median(ratios);
+  }
   return Median(bubbles);
 }
 
@@ -393,7 +412,8 @@ int Main(int argc, char** argv) {
                                     (*comm)->rank(), ".json"),
                        m->last_step_start_us, (*comm)->rank());
           }
-          auto expected = ReplayedBubble(schedule, mbs, *m);
+          double ratio = 0;
+          auto expected = ReplayedBubble(schedule, mbs, *m, 0, &ratio);
           if (Failed(expected.status(), &rc)) break;
           auto medians = ExpectedBubble(schedule, mbs, *m);
           if (Failed(medians.status(), &rc)) break;
@@ -410,6 +430,7 @@ int Main(int argc, char** argv) {
                 {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
                 {"bubble_expected", JsonRounded(*expected, 4)},
                 {"bubble_expected_medians", JsonRounded(*medians, 4)},
+                {"bubble_ratio_by_step", JsonRounded(ratio, 4)},
                 {"transfer_ms", JsonRounded(1e3 * *transfer, 3)},
                 {"bubble_expected_with_transfers", JsonRounded(*with_transfers, 4)},
                 {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},

@@ -301,7 +301,9 @@ def pipeline_section(rows, base):
           "step's time but the optimizer's, averaged over stages. Expected: the same figure "
           "for the schedule simulated (`SimulateSchedule`) replaying each measured step with "
           "every forward (with its input wait), B and W taking its own measured time and "
-          "transfers taking no time, the median over the steps; measured / expected near 1 "
+          "transfers taking no time, the median over the steps; measured / expected is the "
+          "median over the steps of each step's measured bubble over its own replay (so a "
+          "step slowed by the rest of the machine is set against itself), and near 1 it "
           "says the runtime adds little waiting of its own. From medians: one simulation with "
           "each stage's median F, B and W instead, which leaves out what the actions' spread "
           "costs (a slow forward on one stage idles the other: the machine's cost, not the "
@@ -332,7 +334,9 @@ def pipeline_section(rows, base):
     for s in rows:
         rel = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
         expected = s.get("bubble_expected")
-        ratio = f"{s['bubble_measured'] / expected:.2f}" if expected else "-"
+        by_step = s.get("bubble_ratio_by_step")
+        ratio = (f"{by_step:.2f}" if by_step else
+                 f"{s['bubble_measured'] / expected:.2f}" if expected else "-")
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in s.get("peak_activation_bytes",
                                                              [s["stage0_peak_activation_bytes"]]))
         opt = lambda key, fmt: format(s[key], fmt) if key in s else "-"

@@ -1,11 +1,19 @@
 // MpiCommunicator: operations are queued by the caller and executed, one at a time and in
-// issue order, by the communicator's thread with blocking MPI calls on a private duplicate
-// communicator. Each starts only once the CPU compute stream has run the work issued before
+// issue order, by the communicator's thread with MPI calls on a private duplicate
+// communicator (collectives blocking; point-to-point transfers polled, sleeping between
+// polls, so that a receive waiting for its peer leaves the cores to the compute streams). Each starts only once the CPU compute stream has run the work issued before
 // it (an event recorded at issue: the ordering NCCL gets from its stream's wait), so that it
 // sends what the queued ops computed and overwrites nothing they still read. Works wait on
 // the shared state's "completed" counter: operations finish in order, so an operation is
 // done exactly when the counter has reached its sequence number.
 #include "comm/mpi_communicator.h"
+
+#ifdef __linux__
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -51,6 +59,16 @@ constexpr absl::Duration kStopGrace = absl::Seconds(2);
 constexpr absl::Duration kSplitTimeout = absl::Minutes(5);
 // How long the communication thread keeps looking for the next operation before it sleeps.
 constexpr std::chrono::microseconds kIdleSpin(50);
+// A point-to-point transfer's wait: polled without pause this long, then between sleeps that
+// grow from kPollSleepMin to kPollSleepMax (sleeping rather than spinning inside MPI, so that
+// a receive posted long before its data leaves the core to the compute streams).
+constexpr std::chrono::microseconds kPollSpin(50);
+constexpr std::chrono::microseconds kPollSleepMin(5);
+constexpr std::chrono::microseconds kPollSleepMax(50);
+// The communication thread's scheduler time slice (Linux 6.12 and later: EEVDF's custom
+// slice), the shortest the kernel takes: woken while the compute streams hold every core, it
+// preempts one at once instead of after the running thread's slice (milliseconds).
+constexpr uint64_t kCommSliceNs = 100'000;
 
 // The MPI type used to move (not reduce) elements of `t`.
 MPI_Datatype MoveType(DType t) {
@@ -348,12 +366,49 @@ absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want
   return absl::OkStatus();
 }
 
+// MPI_Waitall without holding a core: Open MPI's blocking wait polls its shared-memory queues
+// nonstop (unless mpi_yield_when_idle), and a pipeline's receive is posted long before its
+// data comes, so that polling would take CPU time from the compute streams for the whole
+// forward or backward it overlaps. Polls without pause for kPollSpin (a transfer whose peer
+// is ready finishes in that time), then sleeps between polls, a little longer each time up to
+// kPollSleepMax: a transfer is noticed at most that long after its data is there. Each poll
+// progresses every request (the receiver's progress also moves a rendezvous send along).
+int WaitAllPolling(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses) {
+  const auto spin_until = std::chrono::steady_clock::now() + kPollSpin;
+  auto sleep = kPollSleepMin;
+  for (;;) {
+    int done = 0;
+    const int e = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                              statuses.data());
+    if (e != MPI_SUCCESS) {
+      // Complete what is still posted (MPI_ERR_PENDING), so no buffer stays in use; the
+      // statuses of the others hold their errors.
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (requests[i] != MPI_REQUEST_NULL) MPI_Wait(&requests[i], &statuses[i]);
+      }
+      return e;
+    }
+    if (done) return MPI_SUCCESS;
+    if (std::chrono::steady_clock::now() < spin_until) continue;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kPollSleepMax);
+  }
+}
+
 absl::Status RunSend(CommState& st, const Tensor& t, int peer) {
   char* base = static_cast<char*>(t.raw());
   const size_t esize = DTypeSize(t.dtype());
   return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
+    std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
     MPI_RETURN_IF_ERROR(
-        MPI_Send(base + off * esize, c, MoveType(t.dtype()), peer, kTag, st.comm));
+        MPI_Isend(base + off * esize, c, MoveType(t.dtype()), peer, kTag, st.comm, &request[0]));
+    std::vector<MPI_Status> status(1);
+    status[0].MPI_ERROR = MPI_SUCCESS;
+    const int e = WaitAllPolling(request, status);
+    if (e != MPI_SUCCESS) {
+      return MpiErrorStatus(status[0].MPI_ERROR != MPI_SUCCESS ? status[0].MPI_ERROR : e,
+                            "MPI_Send", __FILE__, __LINE__);
+    }
     return absl::OkStatus();
   });
 }
@@ -363,9 +418,17 @@ absl::Status RunRecv(CommState& st, const Tensor& t, int peer) {
   const size_t esize = DTypeSize(t.dtype());
   const MPI_Datatype type = MoveType(t.dtype());
   return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
-    MPI_Status status;
-    MPI_RETURN_IF_ERROR(MPI_Recv(base + off * esize, c, type, peer, kTag, st.comm, &status));
-    return CheckReceived(status, type, c, st.id.JobRankOf(peer));
+    std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
+    MPI_RETURN_IF_ERROR(
+        MPI_Irecv(base + off * esize, c, type, peer, kTag, st.comm, &request[0]));
+    std::vector<MPI_Status> status(1);
+    status[0].MPI_ERROR = MPI_SUCCESS;
+    const int e = WaitAllPolling(request, status);
+    if (e != MPI_SUCCESS) {
+      return MpiErrorStatus(status[0].MPI_ERROR != MPI_SUCCESS ? status[0].MPI_ERROR : e,
+                            "MPI_Recv", __FILE__, __LINE__);
+    }
+    return CheckReceived(status[0], type, c, st.id.JobRankOf(peer));
   });
 }
 
@@ -391,9 +454,9 @@ absl::Status RunSendRecv(CommState& st, const std::vector<PeerTransfer>& transfe
     }
   }
   std::vector<MPI_Status> statuses(transfers.size());
+  for (MPI_Status& x : statuses) x.MPI_ERROR = MPI_SUCCESS;
   // Posted requests are completed even after a failure, so no buffer stays in use.
-  const int e = MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                            statuses.data());
+  const int e = WaitAllPolling(requests, statuses);
   RETURN_IF_ERROR(posted);
   if (e != MPI_SUCCESS) {
     for (size_t i = 0; i < statuses.size(); ++i) {
@@ -416,8 +479,37 @@ absl::Status RunSendRecv(CommState& st, const std::vector<PeerTransfer>& transfe
 
 // ---- the communication thread ----
 
+// The communication thread's scheduling, best effort (Linux): the shortest time slice (see
+// kCommSliceNs), and timers without slack, so that its sleeps between polls end on time
+// (the default 50 us slack would double kPollSleepMax).
+void ScheduleCommunicationThread() {
+#ifdef __linux__
+  struct SchedAttr {  // the kernel's struct sched_attr (glibc wraps no sched_setattr)
+    uint32_t size;
+    uint32_t sched_policy;
+    uint64_t sched_flags;
+    int32_t sched_nice;
+    uint32_t sched_priority;
+    uint64_t sched_runtime;
+    uint64_t sched_deadline;
+    uint64_t sched_period;
+  };
+  SchedAttr attr{};
+  attr.size = sizeof(attr);
+  if (syscall(SYS_sched_getattr, 0, &attr, sizeof(attr), 0) == 0 &&
+      attr.sched_policy == SCHED_OTHER) {
+    attr.size = sizeof(attr);
+    attr.sched_flags = 0;
+    attr.sched_runtime = kCommSliceNs;  // a fair task's slice; older kernels ignore it
+    (void)syscall(SYS_sched_setattr, 0, &attr, 0);
+  }
+  (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+#endif
+}
+
 void CommunicationLoop(std::shared_ptr<CommState> st) {
   DeviceThreadScope device_thread;  // its waits are the device's ordering, not the host's
+  ScheduleCommunicationThread();
   CommState* s = st.get();
   // Tests only: TANDEM_CPU_STREAM_JITTER_US=N delays each operation by 0..N us, as it does
   // every item of a CPU stream's work (runtime/stream.h).

@@ -472,6 +472,16 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
         "no negative time",
         S, V, S, V));
   }
+  bool per_action_ok = d.per_action.empty() || static_cast<int>(d.per_action.size()) == S;
+  for (int st = 0; st < static_cast<int>(d.per_action.size()) && per_action_ok; ++st) {
+    per_action_ok = d.per_action[st].size() <= s.actions[st].size();
+  }
+  if (!per_action_ok) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "per-action durations for a schedule of %d stages: give %d rows (or none), each no "
+        "longer than its stage's actions",
+        S, S));
+  }
   if (V > 1 && S < 2) {
     return fail("several chunks need at least 2 stages (one stage would send to itself)", {});
   }
@@ -597,7 +607,11 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
   }
   // The clock: each stage's time where it stands, when each of its posted groups was posted,
   // and when its last group completed (a stage's groups run one after the other).
-  const auto seconds = [&](int st, const Action& x) {
+  const auto seconds = [&](int st, size_t i) {
+    const Action& x = s.actions[st][i];
+    if (!d.per_action.empty() && i < d.per_action[st].size() && d.per_action[st][i] >= 0) {
+      return d.per_action[st][i];
+    }
     if (d.per_stage.empty()) return 0.0;
     const ComputeSeconds& c = d.per_stage[st][x.chunk];
     if (x.type == ActionType::kForward) return c.forward;
@@ -657,7 +671,7 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
       }
       if (x.type == ActionType::kWeightGradient) needs = bwd_end[st][k];
       if (needs < 0) continue;
-      const double took = seconds(st, x);
+      const double took = seconds(st, pc[st]);
       now[st] = std::max(now[st], needs) + took;
       out.busy[st] += took;
       if (x.type == ActionType::kForward) fwd_end[st][k] = now[st];

@@ -165,6 +165,11 @@ struct ScheduleDurations {
   std::vector<std::vector<ComputeSeconds>> per_stage;
   // Each transfer: an exchange group of n transfers takes n * transfer.
   double transfer = 0;
+  // [stage][index in the stage's actions]: a compute action's own duration (as a run
+  // measured it: one step replayed with each action's time), in place of per_stage's for
+  // its kind; empty, or negative for an action, where per_stage's holds. A whole backward's
+  // entry is its whole time.
+  std::vector<std::vector<double>> per_action;
   // Every stage and chunk alike.
   static ScheduleDurations Uniform(int stages, int chunks, ComputeSeconds c) {
     return {std::vector<std::vector<ComputeSeconds>>(stages,

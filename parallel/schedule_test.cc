@@ -453,6 +453,21 @@ TEST(SimulateScheduleTest, UnequalTimesByHand) {
   ASSERT_TRUE(x.ok()) << x.status();
   EXPECT_DOUBLE_EQ(x->makespan, 5);
   EXPECT_DOUBLE_EQ(x->bubble_fraction, 3.0 / 5);
+  // Each action's own time (a measured step replayed): GPipe, K=2, M=2, F=B=1 but stage 1's
+  // F1 taking 3. Stage 0 F0 F1 [0,2]; stage 1 F0 [1,2] F1 [2,5] B1 [5,6] B0 [6,7]; stage 0 B1 [6,7] B0 [7,8]: 8.
+  auto p = MakeSchedule("gpipe", 2, 2);
+  ASSERT_TRUE(p.ok());
+  ScheduleDurations a = ScheduleDurations::Uniform(2, 1, {1, 1, 0});
+  a.per_action.resize(2);
+  for (size_t i = 0; i < p->actions[1].size(); ++i) {
+    const Action& y = p->actions[1][i];
+    a.per_action[1].push_back(y.type == ActionType::kForward && y.micro_batch == 1 ? 3 : -1);
+  }
+  auto r = SimulateSchedule(*p, a);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->makespan, 8);
+  EXPECT_DOUBLE_EQ(r->busy[1], 6);
+  EXPECT_DOUBLE_EQ(r->bubble_fraction, (4.0 / 8 + 2.0 / 8) / 2);
 }
 
 TEST(SimulateScheduleTest, BadDurationsAndSchedulesAreRefused) {
@@ -463,6 +478,11 @@ TEST(SimulateScheduleTest, BadDurationsAndSchedulesAreRefused) {
             "durations for a schedule of 2 stages x 1 chunks: give 2 rows of 1 (or none), and no "
             "negative time");
   EXPECT_FALSE(SimulateSchedule(*s, ScheduleDurations::Uniform(2, 1, {1, -1, 0})).ok());
+  ScheduleDurations long_rows;
+  long_rows.per_action = {std::vector<double>(s->actions[0].size() + 1, 1.0), {}};
+  EXPECT_EQ(SimulateSchedule(*s, long_rows).status().message(),
+            "per-action durations for a schedule of 2 stages: give 2 rows (or none), each no "
+            "longer than its stage's actions");
   // An invalid schedule: the validator's error.
   const PipelineSchedule stuck = FromText(2, 1, {"0RG0 0F0 0SA0 0B0 0OPT", "1RA0 1F0 1B0 1SG0 1OPT"});
   const absl::Status v = SimulateSchedule(stuck, ScheduleDurations::Uniform(2, 1, {1, 1, 0})).status();

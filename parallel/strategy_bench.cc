@@ -4,11 +4,13 @@
 //              and 100 MB (on one rank this is the single-worker baseline);
 //   pipeline:  GPipe, 1F1B and ZB-H1 with M = 1, 4, 8, 16 micro-batches: the measured bubble
 //              (time a stage waits on another, over the step's time but the optimizer's,
-//              averaged over stages) beside the bubble SimulateSchedule expects from each
-//              stage's measured F (with its input wait), B and W times (medians), again
-//              with each transfer taking an activation's measured one-way time between
-//              ranks 0 and 1, and GPipe's (K - 1) / (M + K - 1), with each stage's F, B
-//              and W and activation peak;
+//              averaged over stages) beside the bubble SimulateSchedule expects replaying
+//              each measured step with every F (with its input wait), B and W's own time
+//              (the median over the steps), again with each transfer taking an
+//              activation's measured one-way time between ranks 0 and 1, the median over
+//              the steps of each step's measured bubble over its replay, the expectation
+//              from each stage's median F, B and W instead, and GPipe's
+//              (K - 1) / (M + K - 1), with each stage's F, B and W and activation peak;
 //   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
 //              micro-batches, in this process's CPU stream mode (TANDEM_CPU_STREAMS): run
 //              once per mode to compare them;
@@ -19,17 +21,26 @@
 //              in 3 rounds that run every case in turn (after a warm-up run): one line per
 //              case and round.
 // Every figure is the median over the measured steps (the first two are excluded).
+// The pipeline mode runs a subset when asked: STRATEGY_BENCH_SCHEDULES=1f1b,zb-h1 and
+// STRATEGY_BENCH_MICRO_BATCHES=4,8,16 (comma lists; the warm-up run always runs), and with
+// STRATEGY_BENCH_TRACE=DIR writes each reported case's Chrome trace of its last step,
+// per rank, to DIR/<schedule>_m<M>_rank<r>.json (the stream's phases and the
+// communication thread's operations).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/distributed.h"
 #include "runtime/allocator.h"
 #include "runtime/json.h"
+#include "runtime/profiler.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -64,6 +75,11 @@ struct Measured {
   // Per rank: its allocator peak above the model state, and its median forward, B and W
   // seconds (0 where it ran none).
   std::vector<double> peak_bytes, forward, backward, weight;
+  // [measured step][rank]: the seconds of each of the rank's compute actions, in its order.
+  std::vector<std::vector<std::vector<double>>> action_seconds;
+  // [measured step]: its bubble fraction, averaged over ranks.
+  std::vector<double> step_bubbles;
+  double last_step_start_us = 0;  // with a trace
 };
 
 // The median seconds of the actions of `type` in `steps`; 0 if there are none.
@@ -95,14 +111,17 @@ absl::StatusOr<std::vector<std::vector<double>>> Gather(const std::vector<double
   return out;
 }
 
-absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
+// With `trace`, m.last_step_start_us is the profiler's clock when the last step began.
+absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool trace = false) {
   auto t = DistributedTrainer::Create(pc, comm);
   if (!t.ok()) return t.status();
   std::vector<double> seconds, bubbles, bubble_s, comm_s, exposed_s, peaks;
   std::vector<StepTiming> timings;
+  double last_step_start_us = 0;
   Allocator* cpu = *GetAllocator(Device::Cpu());
   for (int i = 0; i < kWarmup + kMeasured; ++i) {
     StepTiming timing;
+    if (trace && i == kWarmup + kMeasured - 1) last_step_start_us = Profiler::NowUs();
     absl::StatusOr<StepReport> r = absl::UnknownError("no step");
     const int64_t peak = PeakAllocatedDuring(*cpu, [&] { r = (*t)->Step(&timing); });
     if (!r.ok()) return r.status();
@@ -124,7 +143,33 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm) {
                     comm);
   if (!all.ok()) return all.status();
   Measured m;
+  // Every rank's action times of every measured step, padded to the most any rank has.
+  size_t most = 0;
+  for (const StepTiming& t : timings) most = std::max(most, t.action_seconds.size());
+  auto counts = Gather({static_cast<double>(most)}, comm);
+  if (!counts.ok()) return counts.status();
+  for (double c : (*counts)[0]) most = std::max(most, static_cast<size_t>(c));
+  for (size_t k = 0; k < timings.size(); ++k) {
+    const StepTiming& t = timings[k];
+    // [0]: the count, [1]: the step's bubble fraction, then the times.
+    std::vector<double> mine(most + 2, 0.0);
+    mine[0] = static_cast<double>(t.action_seconds.size());
+    mine[1] = bubbles[k];
+    for (size_t i = 0; i < t.action_seconds.size(); ++i) mine[i + 2] = t.action_seconds[i].second;
+    auto step = Gather(mine, comm);
+    if (!step.ok()) return step.status();
+    std::vector<std::vector<double>> per_rank(comm->world_size());
+    double bubble = 0;
+    for (int r = 0; r < comm->world_size(); ++r) {
+      const size_t n = static_cast<size_t>((*step)[0][r]);
+      for (size_t i = 0; i < n; ++i) per_rank[r].push_back((*step)[i + 2][r]);
+      bubble += (*step)[1][r] / comm->world_size();
+    }
+    m.action_seconds.push_back(std::move(per_rank));
+    m.step_bubbles.push_back(bubble);
+  }
   m.step_seconds = Median(seconds);
+  m.last_step_start_us = last_step_start_us;
   for (int r = 0; r < comm->world_size(); ++r) {
     m.bubble_fraction += (*all)[0][r] / comm->world_size();
     m.bubble_seconds += (*all)[1][r] / comm->world_size();
@@ -167,7 +212,7 @@ absl::StatusOr<double> TransferSeconds(const TrainConfig& c, Communicator* comm)
 }
 
 // The bubble SimulateSchedule expects of `schedule` on K = m.forward.size() stages with the
-// stages' measured F, B and W times, each transfer taking `transfer_seconds`.
+// stages' median F, B and W times, each transfer taking `transfer_seconds`.
 absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_batches,
                                       const Measured& m, double transfer_seconds = 0) {
   const int K = static_cast<int>(m.forward.size());
@@ -181,6 +226,50 @@ absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_bat
   auto r = SimulateSchedule(*s, d);
   if (!r.ok()) return r.status();
   return r->bubble_fraction;
+}
+
+// The bubble SimulateSchedule expects of `schedule` replaying each measured step with every
+// compute action's own time (its forward with its input wait, as StepTiming has it), each
+// transfer taking `transfer_seconds`: the median over the steps. Unlike one simulation with
+// each stage's median times, this keeps what the steps' spread costs a pipeline (a slow
+// action on one stage idles the other), a cost of the machine, not of the runtime.
+// With `ratio`, also the median over the steps of each step's measured bubble (averaged over
+// ranks) over its replay: the runtime's own waiting, step by step.
+absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_batches,
+                                      const Measured& m, double transfer_seconds = 0,
+                                      double* ratio = nullptr) {
+  const int K = static_cast<int>(m.forward.size());
+  auto s = MakeSchedule(schedule, K, micro_batches);
+  if (!s.ok()) return s.status();
+  std::vector<double> bubbles;
+  for (const auto& step : m.action_seconds) {
+    ScheduleDurations d;
+    d.transfer = transfer_seconds;
+    d.per_action.resize(K);
+    for (int st = 0; st < K; ++st) {
+      size_t next = 0;  // the stage's compute actions, in order, take the step's times
+      for (const Action& a : s->actions[st]) {
+        const bool compute = a.is_compute() && next < step[st].size();
+        d.per_action[st].push_back(compute ? step[st][next++] : -1.0);
+      }
+      if (next != step[st].size()) {
+        return absl::InternalError(absl::StrCat("stage ", st, " timed ", step[st].size(),
+                                                " compute actions; its schedule has ", next));
+      }
+    }
+    auto r = SimulateSchedule(*s, d);
+    if (!r.ok()) return r.status();
+    bubbles.push_back(r->bubble_fraction);
+  }
+  if (bubbles.empty()) return 0.0;
+  if (ratio != nullptr) {
+    std::vector<double> ratios;
+    for (size_t k = 0; k < bubbles.size() && k < m.step_bubbles.size(); ++k) {
+      if (bubbles[k] > 0) ratios.push_back(m.step_bubbles[k] / bubbles[k]);
+    }
+    *ratio = ratios.empty() ? 0.0 : Median(ratios);
+  }
+  return Median(bubbles);
 }
 
 // Seconds as milliseconds, one number per rank.
@@ -216,6 +305,23 @@ absl::StatusOr<StateBytes> OptimizerStateBytes(const ParallelConfig& pc, Communi
   out.params = (*t)->stage().layout().numel();
   for (int r = 0; r < comm->world_size(); ++r) out.per_rank.push_back(v->data<int32_t>()[r]);
   return out;
+}
+
+// Whether `item` is in the comma list of environment variable `name` (true when unset).
+bool Selected(const char* name, const std::string& item) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return true;
+  const std::string list = std::string(",") + v + ",";
+  return list.find("," + item + ",") != std::string::npos;
+}
+
+// Writes the trace events from `since_us` on to `path`.
+void WriteTrace(const std::string& path, double since_us, int rank) {
+  std::vector<TraceEvent> events;
+  for (TraceEvent& e : Profiler::Events()) {
+    if (e.start_us >= since_us) events.push_back(std::move(e));
+  }
+  std::ofstream(path) << Profiler::ChromeTrace(events, rank, "rank " + std::to_string(rank));
 }
 
 // Prints a failed run's error and sets the exit code `rc`; true if it failed.
@@ -280,22 +386,40 @@ int Main(int argc, char** argv) {
       }
     } else if (mode == "pipeline") {
       bool warmed = false;  // the first run warms up and is not reported
+      const char* trace_dir = std::getenv("STRATEGY_BENCH_TRACE");
       for (const char* schedule : {"gpipe", "gpipe", "1f1b", "zb-h1"}) {
         for (int mbs : {1, 4, 8, 16}) {
           const bool report = warmed;
+          if (report && (!Selected("STRATEGY_BENCH_SCHEDULES", schedule) ||
+                         !Selected("STRATEGY_BENCH_MICRO_BATCHES", std::to_string(mbs)))) {
+            continue;
+          }
           warmed = true;
+          if (report && trace_dir != nullptr) {
+            Profiler::Reset();
+            Profiler::Enable(true);
+          }
           ParallelConfig pc;
           pc.train = Tiny(32, mbs);
           pc.strategy = StrategyKind::kPipeline;
           pc.schedule = schedule;
-          auto m = Run(pc, comm->get());
+          auto m = Run(pc, comm->get(), trace_dir != nullptr && report);
           if (Failed(m.status(), &rc)) break;
           if (!report) break;
-          auto expected = ExpectedBubble(schedule, mbs, *m);
+          if (trace_dir != nullptr) {
+            Profiler::Enable(false);
+            WriteTrace(absl::StrCat(trace_dir, "/", schedule, "_m", mbs, "_rank",
+                                    (*comm)->rank(), ".json"),
+                       m->last_step_start_us, (*comm)->rank());
+          }
+          double ratio = 0;
+          auto expected = ReplayedBubble(schedule, mbs, *m, 0, &ratio);
           if (Failed(expected.status(), &rc)) break;
+          auto medians = ExpectedBubble(schedule, mbs, *m);
+          if (Failed(medians.status(), &rc)) break;
           auto transfer = TransferSeconds(pc.train, comm->get());
           if (Failed(transfer.status(), &rc)) break;
-          auto with_transfers = ExpectedBubble(schedule, mbs, *m, *transfer);
+          auto with_transfers = ReplayedBubble(schedule, mbs, *m, *transfer);
           if (Failed(with_transfers.status(), &rc)) break;
           Json peaks = Json::array();
           for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
@@ -305,6 +429,8 @@ int Main(int argc, char** argv) {
                 {"micro_batches", mbs},
                 {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
                 {"bubble_expected", JsonRounded(*expected, 4)},
+                {"bubble_expected_medians", JsonRounded(*medians, 4)},
+                {"bubble_ratio_by_step", JsonRounded(ratio, 4)},
                 {"transfer_ms", JsonRounded(1e3 * *transfer, 3)},
                 {"bubble_expected_with_transfers", JsonRounded(*with_transfers, 4)},
                 {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},

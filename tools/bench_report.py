@@ -102,8 +102,9 @@ def performance_work(variant, op_gain, train_text, yields):
     print("2. The launcher starts CPU data-parallel workers with Open MPI's "
           "`mpi_yield_when_idle` (a value the user set stands), so the communication thread, "
           "waiting inside `MPI_Allreduce`, yields its core to backward instead of polling on it "
-          "(the profile: overlapped all-reduces made the step slower than `--no-overlap`). The "
-          "pipeline keeps Open MPI's busy polling: its receives wait on the critical path.")
+          "(the profile: overlapped all-reduces made the step slower than `--no-overlap`). "
+          "Point-to-point transfers (the pipeline's) never busy-poll: the communication thread "
+          "polls them with short sleeps between (docs/DESIGN.md, section 3).")
     if yields:
         med = lambda v: v[len(v) // 2]
         parts = [f"{case}: median {med(y):.0f} tokens/s (slowest {y[0]:.0f}) yielding against "
@@ -278,8 +279,9 @@ def hybrid_section(d):
           "`parallel/strategy_bench hybrid` runs each case in turn, in rounds, in one job. "
           "`vs data parallel` is the median over rounds of the case's tokens/s over data "
           "parallel's in the same round. The 4 workers share 2 cores here, so the absolute "
-          "figures say little, and all cases run with Open MPI's busy polling (the launcher "
-          "yields the core only under plain data parallelism).\n")
+          "figures say little, and every case's collectives run with Open MPI's busy polling "
+          "(the launcher yields the core only under plain data parallelism; the pipelines' "
+          "point-to-point transfers never busy-poll).\n")
     print("| layout | schedule | micro-batches | ZeRO-1 | rounds | tokens/s (median) | "
           "vs data parallel | measured bubble |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -297,44 +299,50 @@ def pipeline_section(rows, base):
     print("Measured bubble: the time a stage waits on another (for an activation or gradient, "
           "for its sends to be taken, and at the step's end for the last stage) over the "
           "step's time but the optimizer's, averaged over stages. Expected: the same figure "
-          "for the schedule simulated (`SimulateSchedule`) with each stage's measured "
-          "forward (with its input wait), B and W times (medians over the run) and transfers "
-          "taking no time; "
-          "measured / expected near 1 says the runtime adds little waiting of its own. "
-          "With transfers: the same simulation with each transfer taking an activation's "
-          "measured one-way time between two ranks (transfer ms). GPipe sends while it "
-          "computes, but 1F1B and ZB-H1 put each micro-batch's transfers on the critical "
-          "path (stage 1 needs the next activation right after each backward, stage 0 the "
-          "gradient), so where transfers are slow, as when the communication threads share "
-          "busy cores, their measured bubble exceeds the transfer-free expectation and "
-          "follows the one with transfers. Even on an idle machine a transfer inside the step "
-          "takes longer than the measured round trip's half, because its communication thread "
-          "starts it only once the compute stream has reached it and the transfers queued "
-          "before it on that stage are done: at many micro-batches, with two such transfers "
-          "on the critical path per micro-batch, 1F1B's and ZB-H1's measured bubble stays "
-          "above both expectations (a trace, `--profile`, shows each stage 1 wait beside the "
-          "receive it waits for). (K-1)/(M+K-1) is GPipe's and 1F1B's textbook "
-          "bubble with equal stages; interleaving v chunks per stage would take it to "
-          "(K-1)/(vM+K-1), which Tandem does not offer yet. With 4 stages on 2 cores the "
+          "for the schedule simulated (`SimulateSchedule`) replaying each measured step with "
+          "every forward (with its input wait), B and W taking its own measured time and "
+          "transfers taking no time, the median over the steps; measured / expected is the "
+          "median over the steps of each step's measured bubble over its own replay (so a "
+          "step slowed by the rest of the machine is set against itself), and near 1 it "
+          "says the runtime adds little waiting of its own. From medians: one simulation with "
+          "each stage's median F, B and W instead, which leaves out what the actions' spread "
+          "costs (a slow forward on one stage idles the other: the machine's cost, not the "
+          "runtime's), so on a busy machine it falls short of the measured bubble more. With "
+          "transfers: the replay with each transfer taking an activation's measured one-way "
+          "time between two ranks (transfer ms). GPipe sends while it computes, but 1F1B and "
+          "ZB-H1 put each micro-batch's transfers on the critical path (on 2 stages, stage 1 "
+          "needs the next activation right after each backward, and stage 0's send of it "
+          "waits behind its receive of the gradient), so every delay in a transfer inside "
+          "the step (the communication thread woken when the compute stream reaches it, the "
+          "peer's noticing the data, the waiting stream woken) shows in their bubble and not "
+          "in GPipe's. The MPI communication thread polls its transfers with short sleeps "
+          "rather than busy-polling and runs on the shortest scheduler slice (docs/DESIGN.md, "
+          "section 4), so that it leaves the cores to the compute streams and starts a "
+          "transfer as soon as it is woken; what remains above 1 is those wake-ups, each "
+          "taking longer the busier the machine. (K-1)/(M+K-1) is GPipe's and 1F1B's "
+          "textbook bubble with equal stages; interleaving v chunks per stage would take it "
+          "to (K-1)/(vM+K-1), which Tandem does not offer yet. With 4 stages on 2 cores the "
           "workers share cores, so waiting includes time-slicing; the 2-stage rows are the "
           "clean ones. Throughput is against one worker (data table above). Activation "
           "peak: each stage's allocator peak above its model state during a step, stage 0 "
           "first; under ZB-H1 it includes what the deferred Ws keep, so its later stages "
           "hold more than 1F1B's (docs/DESIGN.md, section 5).\n")
     print("| schedule | stages K | micro-batches M | measured bubble | expected | measured / expected "
-          "| transfer ms | expected with transfers | (K-1)/(M+K-1) | tokens/s vs 1 worker "
-          "| activation peak per stage MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| from medians | transfer ms | expected with transfers | (K-1)/(M+K-1) "
+          "| tokens/s vs 1 worker | activation peak per stage MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in rows:
         rel = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
         expected = s.get("bubble_expected")
-        ratio = f"{s['bubble_measured'] / expected:.2f}" if expected else "-"
+        by_step = s.get("bubble_ratio_by_step")
+        ratio = (f"{by_step:.2f}" if by_step else
+                 f"{s['bubble_measured'] / expected:.2f}" if expected else "-")
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in s.get("peak_activation_bytes",
                                                              [s["stage0_peak_activation_bytes"]]))
         opt = lambda key, fmt: format(s[key], fmt) if key in s else "-"
         print(f"| {s['schedule']} | {s['stages']} | {s['micro_batches']} | "
               f"{s['bubble_measured']:.3f} | {opt('bubble_expected', '.3f')} | {ratio} | "
-              f"{opt('transfer_ms', '.2f')} | {opt('bubble_expected_with_transfers', '.3f')} | "
+              f"{opt('bubble_expected_medians', '.3f')} | {opt('transfer_ms', '.2f')} | {opt('bubble_expected_with_transfers', '.3f')} | "
               f"{s['bubble_gpipe']:.3f} | {rel:.2f} | {peaks} |")
     print()
     # Qi et al.'s bubble times from ZB-H1's measured F, B (input gradient) and W, each the

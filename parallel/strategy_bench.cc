@@ -211,17 +211,20 @@ absl::StatusOr<double> TransferSeconds(const TrainConfig& c, Communicator* comm)
   return (*all)[0][0];
 }
 
-// The bubble SimulateSchedule expects of `schedule` on K = m.forward.size() stages with the
-// stages' median F, B and W times, each transfer taking `transfer_seconds`.
+// The bubble SimulateSchedule expects of `schedule` (with `chunks` model chunks a stage) on
+// K = m.forward.size() stages with the stages' median F, B and W times (each chunk's alike),
+// each transfer taking `transfer_seconds`.
 absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_batches,
-                                      const Measured& m, double transfer_seconds = 0) {
+                                      int chunks, const Measured& m,
+                                      double transfer_seconds = 0) {
   const int K = static_cast<int>(m.forward.size());
-  auto s = MakeSchedule(schedule, K, micro_batches);
+  auto s = MakeSchedule(schedule, K, micro_batches, chunks);
   if (!s.ok()) return s.status();
   ScheduleDurations d;
   d.transfer = transfer_seconds;
-  for (int st = 0; st < K; ++st) {
-    d.per_stage.push_back({{m.forward[st], m.backward[st], m.weight[st]}});
+  for (int st = 0; st < K; ++st) {  // each chunk of a stage alike (its medians)
+    d.per_stage.push_back(std::vector<ComputeSeconds>(
+        chunks, ComputeSeconds{m.forward[st], m.backward[st], m.weight[st]}));
   }
   auto r = SimulateSchedule(*s, d);
   if (!r.ok()) return r.status();
@@ -236,10 +239,10 @@ absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_bat
 // With `ratio`, also the median over the steps of each step's measured bubble (averaged over
 // ranks) over its replay: the runtime's own waiting, step by step.
 absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_batches,
-                                      const Measured& m, double transfer_seconds = 0,
-                                      double* ratio = nullptr) {
+                                      int chunks, const Measured& m,
+                                      double transfer_seconds = 0, double* ratio = nullptr) {
   const int K = static_cast<int>(m.forward.size());
-  auto s = MakeSchedule(schedule, K, micro_batches);
+  auto s = MakeSchedule(schedule, K, micro_batches, chunks);
   if (!s.ok()) return s.status();
   std::vector<double> bubbles;
   for (const auto& step : m.action_seconds) {
@@ -387,8 +390,15 @@ int Main(int argc, char** argv) {
     } else if (mode == "pipeline") {
       bool warmed = false;  // the first run warms up and is not reported
       const char* trace_dir = std::getenv("STRATEGY_BENCH_TRACE");
-      for (const char* schedule : {"gpipe", "gpipe", "1f1b", "zb-h1"}) {
+      // Interleaved with 2 chunks a stage where gpt-tiny's blocks split into 2K chunks, on
+      // micro-batches in multiples of K.
+      const int blocks = Tiny(32, 1).model.num_blocks();
+      for (const char* schedule : {"gpipe", "gpipe", "1f1b", "zb-h1", "interleaved"}) {
+        const bool interleaved = std::string(schedule) == "interleaved";
+        const int chunks = interleaved ? 2 : 1;
+        if (interleaved && (world < 2 || world * chunks > blocks)) continue;
         for (int mbs : {1, 4, 8, 16}) {
+          if (interleaved && mbs % world != 0) continue;
           const bool report = warmed;
           if (report && (!Selected("STRATEGY_BENCH_SCHEDULES", schedule) ||
                          !Selected("STRATEGY_BENCH_MICRO_BATCHES", std::to_string(mbs)))) {
@@ -403,6 +413,7 @@ int Main(int argc, char** argv) {
           pc.train = Tiny(32, mbs);
           pc.strategy = StrategyKind::kPipeline;
           pc.schedule = schedule;
+          pc.virtual_stages = chunks;
           auto m = Run(pc, comm->get(), trace_dir != nullptr && report);
           if (Failed(m.status(), &rc)) break;
           if (!report) break;
@@ -413,19 +424,20 @@ int Main(int argc, char** argv) {
                        m->last_step_start_us, (*comm)->rank());
           }
           double ratio = 0;
-          auto expected = ReplayedBubble(schedule, mbs, *m, 0, &ratio);
+          auto expected = ReplayedBubble(schedule, mbs, chunks, *m, 0, &ratio);
           if (Failed(expected.status(), &rc)) break;
-          auto medians = ExpectedBubble(schedule, mbs, *m);
+          auto medians = ExpectedBubble(schedule, mbs, chunks, *m);
           if (Failed(medians.status(), &rc)) break;
           auto transfer = TransferSeconds(pc.train, comm->get());
           if (Failed(transfer.status(), &rc)) break;
-          auto with_transfers = ReplayedBubble(schedule, mbs, *m, *transfer);
+          auto with_transfers = ReplayedBubble(schedule, mbs, chunks, *m, *transfer);
           if (Failed(with_transfers.status(), &rc)) break;
           Json peaks = Json::array();
           for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
           emit({{"bench", "pipeline"},
                 {"schedule", schedule},
                 {"stages", world},
+                {"virtual_stages", chunks},
                 {"micro_batches", mbs},
                 {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
                 {"bubble_expected", JsonRounded(*expected, 4)},
@@ -434,6 +446,13 @@ int Main(int argc, char** argv) {
                 {"transfer_ms", JsonRounded(1e3 * *transfer, 3)},
                 {"bubble_expected_with_transfers", JsonRounded(*with_transfers, 4)},
                 {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
+                // The schedule's own textbook bubble with equal F, B and W: (K-1)/(vM+K-1)
+                // (v = 1: GPipe's and 1F1B's), ZB-H1's (K-1)/(3M+K-1) (from M = K on).
+                {"bubble_textbook",
+                 std::string(schedule) != "zb-h1"
+                     ? JsonRounded(double(world - 1) / (chunks * mbs + world - 1), 4)
+                 : mbs >= world ? JsonRounded(double(world - 1) / (3 * mbs + world - 1), 4)
+                                : Json()},
                 {"bubble_ms", JsonRounded(1e3 * m->bubble_seconds, 3)},
                 {"forward_ms", Milliseconds(m->forward)},
                 {"backward_ms", Milliseconds(m->backward)},

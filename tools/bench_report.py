@@ -319,16 +319,20 @@ def pipeline_section(rows, base):
           "rather than busy-polling and runs on the shortest scheduler slice (docs/DESIGN.md, "
           "section 4), so that it leaves the cores to the compute streams and starts a "
           "transfer as soon as it is woken; what remains above 1 is those wake-ups, each "
-          "taking longer the busier the machine. (K-1)/(M+K-1) is GPipe's and 1F1B's "
-          "textbook bubble with equal stages; interleaving v chunks per stage would take it "
-          "to (K-1)/(vM+K-1), which Tandem does not offer yet. With 4 stages on 2 cores the "
+          "taking longer the busier the machine. Textbook: each schedule's bubble with equal "
+          "stages and F = B = W: GPipe's and 1F1B's (K-1)/(M+K-1), interleaved 1F1B's with v "
+          "model chunks a stage (K-1)/(vM+K-1) (Narayanan et al.; here v = 2, on 2 stages, "
+          "since gpt-tiny's 6 blocks make at most 6 chunks), ZB-H1's (K-1)/(3M+K-1) (Qi et "
+          "al., from M = K on). Interleaving cuts the bubble for twice the transfers, each on "
+          "the critical path, so on CPU workers its measured bubble gains least. With 4 "
+          "stages on 2 cores the "
           "workers share cores, so waiting includes time-slicing; the 2-stage rows are the "
           "clean ones. Throughput is against one worker (data table above). Activation "
           "peak: each stage's allocator peak above its model state during a step, stage 0 "
           "first; under ZB-H1 it includes what the deferred Ws keep, so its later stages "
           "hold more than 1F1B's (docs/DESIGN.md, section 5).\n")
     print("| schedule | stages K | micro-batches M | measured bubble | expected | measured / expected "
-          "| from medians | transfer ms | expected with transfers | (K-1)/(M+K-1) "
+          "| from medians | transfer ms | expected with transfers | textbook "
           "| tokens/s vs 1 worker | activation peak per stage MB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in rows:
@@ -340,10 +344,13 @@ def pipeline_section(rows, base):
         peaks = " / ".join(f"{b / 2**20:.1f}" for b in s.get("peak_activation_bytes",
                                                              [s["stage0_peak_activation_bytes"]]))
         opt = lambda key, fmt: format(s[key], fmt) if key in s else "-"
-        print(f"| {s['schedule']} | {s['stages']} | {s['micro_batches']} | "
+        name = s["schedule"] + (f" v={s['virtual_stages']}" if s.get("virtual_stages", 1) > 1 else "")
+        textbook = s.get("bubble_textbook", s["bubble_gpipe"])
+        textbook = f"{textbook:.3f}" if textbook is not None else "-"
+        print(f"| {name} | {s['stages']} | {s['micro_batches']} | "
               f"{s['bubble_measured']:.3f} | {opt('bubble_expected', '.3f')} | {ratio} | "
               f"{opt('bubble_expected_medians', '.3f')} | {opt('transfer_ms', '.2f')} | {opt('bubble_expected_with_transfers', '.3f')} | "
-              f"{s['bubble_gpipe']:.3f} | {rel:.2f} | {peaks} |")
+              f"{textbook} | {rel:.2f} | {peaks} |")
     print()
     # Qi et al.'s bubble times from ZB-H1's measured F, B (input gradient) and W, each the
     # mean over the stages that ran it (B and W: the stages that split their backward).

@@ -380,11 +380,13 @@ std::string SummaryTable(const RunRecord& r) {
                           FormatBytes(t.peak_memory_bytes), t.host_syncs_per_step);
   }
   if (r.job.strategy != "data" && !r.ranks.empty()) {
+    // Interleaving v chunks a stage: (K-1)/(vM+K-1) (Narayanan et al.).
+    const int v = r.job.schedule == "interleaved" ? r.job.virtual_stages : 1;
     absl::StrAppendFormat(
-        &out,
-        "bubble      %.3f of each step (optimizer aside) measured; GPipe's (K-1)/(M+K-1) = %.3f\n",
+        &out, "bubble      %.3f of each step (optimizer aside) measured; %s = %.3f\n",
         MeanBubbleFraction(totals),
-        GpipeBubbleFraction(grid.stages, r.job.EffectiveMicroBatches()));
+        v > 1 ? "interleaved (K-1)/(vM+K-1)" : "GPipe's (K-1)/(M+K-1)",
+        GpipeBubbleFraction(grid.stages, v * r.job.EffectiveMicroBatches()));
   }
   const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
   const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;

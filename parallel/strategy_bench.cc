@@ -390,7 +390,7 @@ int Main(int argc, char** argv) {
     } else if (mode == "pipeline") {
       bool warmed = false;  // the first run warms up and is not reported
       const char* trace_dir = std::getenv("STRATEGY_BENCH_TRACE");
-      // Interleaved with 2 chunks a stage where gpt-tiny's blocks split into 2K chunks, on
+      // Interleaved with 2 chunks a stage where the model's blocks split into 2K chunks, on
       // micro-batches in multiples of K.
       const int blocks = Tiny(32, 1).model.num_blocks();
       for (const char* schedule : {"gpipe", "gpipe", "1f1b", "zb-h1", "interleaved"}) {

@@ -1,13 +1,11 @@
 #include "parallel/planner.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <functional>
 #include <iterator>
 #include <memory>
-#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -156,68 +154,12 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Threads that run the whole model's forward and backward passes, each on a stream and
-// model of its own, until destroyed: the other workers of a host whose cores all train,
-// sharing its caches and memory bandwidth with the one timed.
-class Neighbours {
- public:
-  static absl::StatusOr<std::unique_ptr<Neighbours>> Start(const ModelConfig& model,
-                                                           Device device, DType compute,
-                                                           int rows, uint64_t seed, int n) {
-    std::unique_ptr<Neighbours> out(new Neighbours);
-    const TokenDataset data = TokenDataset::Synthetic(int64_t{rows} * model.seq_len * 4 + 1,
-                                                      model.seq_len, model.vocab, seed);
-    for (int i = 0; i < n; ++i) {
-      Work w;
-      ASSIGN_OR_RETURN(w.stream, Stream::Create(device));
-      ASSIGN_OR_RETURN(w.stage, Stage::Create(model, 0, model.num_blocks(), device, seed, compute));
-      ASSIGN_OR_RETURN(w.mb, MakeMicroBatch(data, DataOrder(data.num_samples(), seed), 0, 0, rows,
-                                            model.seq_len, device,
-                                            1.0f / (rows * model.seq_len)));
-      out->work_.push_back(std::move(w));
-    }
-    ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
-    RETURN_IF_ERROR(s->Synchronize());  // the stages' initialization
-    for (Work& w : out->work_) {
-      out->threads_.emplace_back([&w, stop = &out->stop_] {
-        while (!stop->load()) {
-          Tensor losses, dx;
-          if (!w.stage->Forward(*w.stream, 0, w.mb, Tensor(), &losses).ok() ||
-              !w.stage->Backward(*w.stream, 0, w.mb, Tensor(), &dx).ok() ||
-              !w.stream->Synchronize().ok()) {
-            return;
-          }
-        }
-      });
-    }
-    return out;
-  }
-  ~Neighbours() {
-    stop_ = true;
-    for (std::thread& t : threads_) t.join();
-  }
-
- private:
-  struct Work {
-    std::unique_ptr<Stream> stream;
-    std::unique_ptr<Stage> stage;
-    MicroBatch mb;
-  };
-  Neighbours() = default;
-  std::atomic<bool> stop_{false};
-  std::vector<Work> work_;  // filled before the threads start: they point into it
-  std::vector<std::thread> threads_;
-};
-
 }  // namespace
 
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
-                                                 absl::string_view optimizer, uint64_t seed,
-                                                 int neighbours) {
+                                                 absl::string_view optimizer, uint64_t seed) {
   if (rows.empty()) return absl::InvalidArgumentError("timing blocks needs a row count");
-  ASSIGN_OR_RETURN(std::unique_ptr<Neighbours> beside,
-                   Neighbours::Start(model, device, compute, rows[0], seed, neighbours));
   BlockProfile p;
   p.model = model.ToString();
   p.device = device.ToString();
@@ -269,11 +211,8 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   double parts = p.optimizer_per_param * n;
   for (const BlockTime& t : p.blocks) parts += t.total();
   p.step_overhead = std::max(0.0, Median(steps) - parts);
-  p.source = absl::StrFormat("measured on %s at %s rows a micro-batch%s", p.device,
-                             absl::StrJoin(rows, ", "),
-                             neighbours > 0 ? absl::StrFormat(", beside %d more computing",
-                                                              neighbours)
-                                            : "");
+  p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
+                             absl::StrJoin(rows, ", "));
   return p;
 }
 

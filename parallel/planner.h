@@ -5,8 +5,7 @@
 //   compute   each block's forward, input-gradient (B) and weight-gradient (W) seconds for a
 //             micro-batch, from a BlockProfile measured here or read from a file written on the
 //             target hardware, at the micro-batch's rows (BlockProfile::BlocksAt: timed at
-//             each row count the layouts run, or scaled from one); CPU workers' blocks timed
-//             beside as many others computing as share the host's cores;
+//             each row count the layouts run, or scaled from one);
 //   pipeline  the schedule simulated with those durations (SimulateSchedule), each stage's
 //             activations sent to the next in a transfer timed by the link model;
 //   gradients the data-parallel all-reduce (ZeRO-1: reduce-scatter, then the all-gather of the
@@ -92,13 +91,10 @@ std::vector<int> MicroBatchRows(int batch, int gpus);
 // MeasureBlockTimes at each of `rows` (rows[0] is the profile's `rows`, the others go to
 // more_rows), one optimizer step over the whole model's parameters, timed alike, and the
 // step overhead: the median of 5 one-worker training steps (Trainer, one micro-batch of
-// rows[0], synthetic data) less its blocks' and optimizer's time, at least 0. All of it is
-// timed beside `neighbours` threads that run the model's passes on their own streams, as the
-// other CPU workers of a host whose cores they all use (shared caches and memory bandwidth).
+// rows[0], synthetic data) less its blocks' and optimizer's time, at least 0.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
-                                                 absl::string_view optimizer, uint64_t seed,
-                                                 int neighbours = 0);
+                                                 absl::string_view optimizer, uint64_t seed);
 // Block times for hardware not here, derived from each block's FLOPs for `rows` samples at
 // `mfu` of a `tflops` peak (a layer: forward 24 C^2 + 4 T C FLOPs a token, B 24 C^2 + 8 T C,
 // W 24 C^2; the head 2 C V each; the embedding's lookups and scatter-add, and the optimizer's

@@ -264,12 +264,10 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
                                                    o->derive[0], o->derive[1], o->derive[2]));
   } else {
     // One micro-batch of a data-parallel replica's rows, and the smaller micro-batches the
-    // layouts run (larger ones follow the line through the two largest); CPU workers that
-    // fill the host's cores, timed beside as many computing.
-    const int neighbours = r.host_cores > 0 ? std::min(r.gpus, r.host_cores) - 1 : 0;
+    // layouts run (larger ones follow the line through the two largest).
     ASSIGN_OR_RETURN(r.profile, MeasureBlockProfile(t.model, t.device, t.dtype,
                                                     MicroBatchRows(t.batch, r.gpus),
-                                                    t.optimizer.kind, t.seed, neighbours));
+                                                    t.optimizer.kind, t.seed));
   }
   if (!o->write_block_times.empty()) {
     RETURN_IF_ERROR(WriteBlockProfile(r.profile, o->write_block_times));

@@ -210,7 +210,9 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   }
   double parts = p.optimizer_per_param * n;
   for (const BlockTime& t : p.blocks) parts += t.total();
-  p.step_overhead = std::max(0.0, Median(steps) - parts);
+  // The fastest step: a step is only ever slower for what else the host runs, and a median
+  // of few steps on a busy host put tens of milliseconds of others' work into the overhead.
+  p.step_overhead = std::max(0.0, *std::min_element(steps.begin(), steps.end()) - parts);
   p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
                              absl::StrJoin(rows, ", "));
   return p;

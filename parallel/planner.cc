@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -11,9 +12,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "model/block.h"
 #include "model/optimizer.h"
+#include "model/trainer.h"
 #include "parallel/grid.h"
 #include "parallel/partition.h"
 #include "parallel/schedule.h"
@@ -95,9 +98,68 @@ absl::StatusOr<LinkModel> FitLinkToAllReduce(const std::vector<LinkSample>& samp
   return FitLink(messages);
 }
 
+std::vector<BlockTime> BlockProfile::BlocksAt(double r) const {
+  std::map<int, const std::vector<BlockTime>*> at = {{rows, &blocks}};
+  for (const auto& [n, times] : more_rows) at.emplace(n, &times);
+  if (auto it = at.find(static_cast<int>(r)); it != at.end() && it->first == r) {
+    return *it->second;
+  }
+  std::vector<BlockTime> out = blocks;
+  if (at.size() == 1) {
+    for (BlockTime& t : out) {
+      t.forward *= r / rows;
+      t.backward *= r / rows;
+      t.weight *= r / rows;
+    }
+    return out;
+  }
+  // The two measured row counts around r, or the nearest two beyond the measured ones.
+  auto hi = at.upper_bound(static_cast<int>(std::floor(r)));
+  if (hi == at.begin()) ++hi;
+  if (hi == at.end()) --hi;
+  const auto lo = std::prev(hi);
+  const double f = (r - lo->first) / (hi->first - lo->first);
+  auto line = [&](double a, double b) { return std::max(0.0, a + (b - a) * f); };
+  for (size_t b = 0; b < out.size(); ++b) {
+    const BlockTime &x = lo->second->at(b), &y = hi->second->at(b);
+    out[b].forward = line(x.forward, y.forward);
+    out[b].backward = line(x.backward, y.backward);
+    out[b].weight = line(x.weight, y.weight);
+  }
+  return out;
+}
+
+std::vector<int> MicroBatchRows(int batch, int gpus) {
+  const int first = std::max(1, batch / gpus);
+  std::vector<int> out = {first};
+  for (int K = 1; K <= gpus; ++K) {
+    if (gpus % K != 0 || batch % (gpus / K) != 0) continue;
+    const int replica_batch = batch / (gpus / K);
+    for (int m = 1; m <= replica_batch; ++m) {
+      const int rows = replica_batch / m;
+      if (replica_batch % m == 0 && rows < first &&
+          std::find(out.begin(), out.end(), rows) == out.end()) {
+        out.push_back(rows);
+      }
+    }
+  }
+  std::sort(out.begin() + 1, out.end(), std::greater<int>());
+  return out;
+}
+
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
-                                                 DType compute, int rows,
+                                                 DType compute, const std::vector<int>& rows,
                                                  absl::string_view optimizer, uint64_t seed) {
+  if (rows.empty()) return absl::InvalidArgumentError("timing blocks needs a row count");
   BlockProfile p;
   p.model = model.ToString();
   p.device = device.ToString();
@@ -107,8 +169,12 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     p.device = name;
   }
   p.dtype = DTypeName(compute);
-  p.rows = rows;
-  ASSIGN_OR_RETURN(p.blocks, MeasureBlockTimes(model, device, compute, rows, seed));
+  p.rows = rows[0];
+  ASSIGN_OR_RETURN(p.blocks, MeasureBlockTimes(model, device, compute, rows[0], seed));
+  for (size_t i = 1; i < rows.size(); ++i) {
+    ASSIGN_OR_RETURN(p.more_rows[rows[i]],
+                     MeasureBlockTimes(model, device, compute, rows[i], seed));
+  }
   // One optimizer step over the whole model's parameters, timed as the blocks are.
   const int64_t n = model.num_params();
   OptimizerConfig oc;
@@ -126,9 +192,29 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, timeline.Phases());
     if (r > 0) runs.push_back(phases.at(0).seconds);
   }
-  std::sort(runs.begin(), runs.end());
-  p.optimizer_per_param = runs[runs.size() / 2] / n;
-  p.source = absl::StrFormat("measured on %s, %d rows a micro-batch", p.device, rows);
+  p.optimizer_per_param = Median(runs) / n;
+  // The step overhead: a whole one-worker step against its parts.
+  TrainConfig tc;
+  tc.model = model;
+  tc.optimizer.kind = std::string(optimizer);
+  tc.dtype = compute;
+  tc.device = device;
+  tc.batch = rows[0];
+  tc.seed = seed;
+  tc.synthetic_data = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(tc));
+  std::vector<double> steps;
+  for (int i = 0; i < 7; ++i) {  // the first two warm up
+    ASSIGN_OR_RETURN(StepReport report, trainer->Step());
+    if (i >= 2) steps.push_back(report.seconds);
+  }
+  double parts = p.optimizer_per_param * n;
+  for (const BlockTime& t : p.blocks) parts += t.total();
+  // The fastest step: a step is only ever slower for what else the host runs, and a median
+  // of few steps on a busy host put tens of milliseconds of others' work into the overhead.
+  p.step_overhead = std::max(0.0, *std::min_element(steps.begin(), steps.end()) - parts);
+  p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
+                             absl::StrJoin(rows, ", "));
   return p;
 }
 
@@ -185,13 +271,35 @@ absl::StatusOr<BlockProfile> ReadBlockProfile(const std::string& path) {
   }
   const Json blocks = j.contains("blocks") ? j["blocks"] : Json();
   if (!blocks.is_array() || blocks.empty()) return bad("needs a non-empty \"blocks\" array");
-  for (const Json& b : blocks) {
+  auto ReadBlock = [&](const Json& b) -> absl::StatusOr<BlockTime> {
     BlockTime t{StringOr(b, "name", ""), NumberOr(b, "forward", -1), NumberOr(b, "backward", -1),
                 NumberOr(b, "weight", -1)};
     if (t.forward < 0 || t.backward < 0 || t.weight < 0) {
       return bad("each block needs \"forward\", \"backward\" and \"weight\" seconds, >= 0");
     }
+    return t;
+  };
+  for (const Json& b : blocks) {
+    ASSIGN_OR_RETURN(BlockTime t, ReadBlock(b));
     p.blocks.push_back(t);
+  }
+  p.step_overhead = NumberOr(j, "step_overhead_seconds", 0);
+  if (!(p.step_overhead >= 0)) return bad("\"step_overhead_seconds\" must be >= 0");
+  const Json more = j.contains("more_rows") ? j["more_rows"] : Json::array();
+  if (!more.is_array()) return bad("\"more_rows\" must be an array");
+  for (const Json& m : more) {
+    const int rows = static_cast<int>(NumberOr(m, "rows", 0));
+    const Json times = m.contains("blocks") ? m["blocks"] : Json();
+    if (rows <= 0 || rows == p.rows || p.more_rows.count(rows) || !times.is_array() ||
+        times.size() != p.blocks.size()) {
+      return bad(
+          "each of \"more_rows\" needs its own \"rows\" > 0 and \"blocks\" as many as the "
+          "profile's");
+    }
+    for (const Json& b : times) {
+      ASSIGN_OR_RETURN(BlockTime t, ReadBlock(b));
+      p.more_rows[rows].push_back(t);
+    }
   }
   return p;
 }
@@ -204,12 +312,23 @@ absl::Status WriteBlockProfile(const BlockProfile& p, const std::string& path) {
   j["rows"] = p.rows;
   j["source"] = p.source;
   j["optimizer_seconds_per_param"] = JsonNumber(p.optimizer_per_param);
-  j["blocks"] = Json::array();
-  for (const BlockTime& t : p.blocks) {
-    j["blocks"].push_back({{"name", t.name},
-                           {"forward", JsonNumber(t.forward)},
-                           {"backward", JsonNumber(t.backward)},
-                           {"weight", JsonNumber(t.weight)}});
+  auto times = [](const std::vector<BlockTime>& blocks) {
+    Json a = Json::array();
+    for (const BlockTime& t : blocks) {
+      a.push_back({{"name", t.name},
+                   {"forward", JsonNumber(t.forward)},
+                   {"backward", JsonNumber(t.backward)},
+                   {"weight", JsonNumber(t.weight)}});
+    }
+    return a;
+  };
+  j["blocks"] = times(p.blocks);
+  if (p.step_overhead > 0) j["step_overhead_seconds"] = JsonNumber(p.step_overhead);
+  if (!p.more_rows.empty()) {
+    j["more_rows"] = Json::array();
+    for (const auto& [rows, blocks] : p.more_rows) {
+      j["more_rows"].push_back({{"rows", rows}, {"blocks", times(blocks)}});
+    }
   }
   return WriteFileAtomically(path, JsonText(j, JsonLayout::kObjects) + "\n");
 }
@@ -333,14 +452,14 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
 
   const int K = grid.stages, D = grid.replicas, M = layout.micro_batches;
   const double rows = double(c.train.batch) / D / M;
-  const double scale = rows / r.profile.rows;
+  const std::vector<BlockTime> blocks = r.profile.BlocksAt(rows);
   const std::vector<int64_t> stage_params = StageParamCounts(model, bounds);
   std::vector<ComputeSeconds> stage(K);
   for (int s = 0; s < K; ++s) {
     for (int b = bounds[s]; b < bounds[s + 1]; ++b) {
-      stage[s].forward += r.profile.blocks[b].forward * scale;
-      stage[s].backward += r.profile.blocks[b].backward * scale;
-      stage[s].weight += r.profile.blocks[b].weight * scale;
+      stage[s].forward += blocks[b].forward;
+      stage[s].backward += blocks[b].backward;
+      stage[s].weight += blocks[b].weight;
     }
     if (layout.recompute) stage[s].backward += stage[s].forward;  // the forward again first
   }
@@ -367,6 +486,7 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   for (int s = 0; s < K; ++s) {
     const double grad_bytes = 4.0 * stage_params[s];
     double exposed = 0, optimizer = r.profile.optimizer_per_param * stage_params[s];
+    const double overhead = r.profile.step_overhead * stage_params[s] / model.num_params();
     if (D > 1) {
       const std::vector<double> buckets = Buckets(grad_bytes, double(layout.bucket_bytes));
       auto cost = [&](double b) {
@@ -377,6 +497,7 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
       exposed = ExposedAfter(buckets, window, cost);
       if (layout.zero) optimizer = optimizer / D + r.link.AllGather(grad_bytes, D);
     }
+    optimizer += overhead;
     if (exposed + optimizer > tail) {
       tail = exposed + optimizer;
       slowest = s;
@@ -391,8 +512,10 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   if (r.host_cores > 0 && r.gpus > r.host_cores) {
     double work = 0;
     for (int s = 0; s < K; ++s) {
-      work += D * (sim.busy[s] + r.profile.optimizer_per_param * stage_params[s] /
-                                     (layout.zero ? D : 1));
+      work += D * (sim.busy[s] +
+                   (r.profile.optimizer_per_param / (layout.zero ? D : 1) +
+                    r.profile.step_overhead / model.num_params()) *
+                       stage_params[s]);
     }
     p.sharing_s = std::max(0.0, work / r.host_cores - p.step_s);
     p.step_s += p.sharing_s;

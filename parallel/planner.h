@@ -4,17 +4,19 @@
 // a gradient bucket size. Its prediction:
 //   compute   each block's forward, input-gradient (B) and weight-gradient (W) seconds for a
 //             micro-batch, from a BlockProfile measured here or read from a file written on the
-//             target hardware; they scale with the micro-batch's rows;
+//             target hardware, at the micro-batch's rows (BlockProfile::BlocksAt: timed at
+//             each row count the layouts run, or scaled from one);
 //   pipeline  the schedule simulated with those durations (SimulateSchedule), each stage's
 //             activations sent to the next in a transfer timed by the link model;
 //   gradients the data-parallel all-reduce (ZeRO-1: reduce-scatter, then the all-gather of the
 //             updated parameters) of each stage's buckets, by an alpha-beta model of the link
 //             (ring algorithms), overlapped with the step's last backward as DDP does;
-//   optimizer each rank's parameters (under ZeRO-1 its shard) times the measured seconds per
-//             parameter;
+//   step end  each rank's parameters (under ZeRO-1 its shard) times the optimizer's measured
+//             seconds per parameter, and the step overhead (what a measured one-worker step
+//             takes beyond its blocks and optimizer), a stage's share by its parameters;
 //   memory    the launcher's estimator (RankMemoryNeeds), the most of any rank;
 //   sharing   where more workers run than the host has cores (CPU workers), the step cannot
-//             be shorter than all ranks' compute over the cores.
+//             be shorter than all ranks' compute and step end over the cores.
 #ifndef TANDEM_PARALLEL_PLANNER_H_
 #define TANDEM_PARALLEL_PLANNER_H_
 
@@ -69,14 +71,29 @@ struct BlockProfile {
   std::string dtype;   // the compute dtype's name
   int rows = 1;        // samples per micro-batch the times are for
   std::vector<BlockTime> blocks;  // each block's, for `rows` samples
+  // The blocks timed again at other row counts (rows -> each block's times, as `blocks`).
+  std::map<int, std::vector<BlockTime>> more_rows;
   double optimizer_per_param = 0;  // seconds per parameter of one optimizer step
+  // A one-worker step's time outside its blocks and optimizer (the gradients' norm and
+  // zeroing, the loss's sum, the gradient factor, the input), measured at `rows`; 0: none.
+  double step_overhead = 0;
   std::string source;
+  // Each block's times for a micro-batch of `r` rows: those measured at `r`; between two
+  // measured row counts the line through them; beyond the measured ones the line through the
+  // nearest two (at least 0); with one row count, proportional to the rows.
+  std::vector<BlockTime> BlocksAt(double r) const;
 };
 
-// MeasureBlockTimes for `rows` samples, and one optimizer step over the whole model's
-// parameters, timed alike.
+// The micro-batch row counts MakePlan's layouts of r.gpus ranks run, batch / gpus first:
+// the ones to time the blocks at.
+std::vector<int> MicroBatchRows(int batch, int gpus);
+
+// MeasureBlockTimes at each of `rows` (rows[0] is the profile's `rows`, the others go to
+// more_rows), one optimizer step over the whole model's parameters, timed alike, and the
+// step overhead: the fastest of 5 one-worker training steps (Trainer, one micro-batch of
+// rows[0], synthetic data) less its blocks' and optimizer's time, at least 0.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
-                                                 DType compute, int rows,
+                                                 DType compute, const std::vector<int>& rows,
                                                  absl::string_view optimizer, uint64_t seed);
 // Block times for hardware not here, derived from each block's FLOPs for `rows` samples at
 // `mfu` of a `tflops` peak (a layer: forward 24 C^2 + 4 T C FLOPs a token, B 24 C^2 + 8 T C,
@@ -111,7 +128,9 @@ struct Prediction {
   Layout layout;
   double step_s = 0;
   // Parts of the step on its slowest path: compute, pipeline bubble (the stage's wait on its
-  // neighbours), exposed gradient communication and the optimizer (with ZeRO-1's all-gather).
+  // neighbours), exposed gradient communication and the step's end: the optimizer (with
+  // ZeRO-1's all-gather) and the step overhead (BlockProfile::step_overhead, the stage's share
+  // by its parameters).
   double compute_s = 0, bubble_s = 0, exposed_comm_s = 0, optimizer_s = 0;
   // CPU workers on fewer cores than workers: what the step takes on top, waiting for a core.
   double sharing_s = 0;

@@ -102,6 +102,84 @@ TEST(PlannerTest, DataParallelStepByHand) {
   EXPECT_LT(z.memory_bytes, p.memory_bytes);
 }
 
+TEST(PlannerTest, BlockTimesAtOtherRows) {
+  BlockProfile p;
+  p.rows = 4;
+  p.blocks = {{"embed", 4, 8, 2}};
+  // One row count: proportional to the rows.
+  EXPECT_DOUBLE_EQ(p.BlocksAt(2)[0].forward, 2);
+  EXPECT_DOUBLE_EQ(p.BlocksAt(8)[0].backward, 16);
+  // Timed at 1, 2 and 4 rows: those times where measured, the line through the nearest two
+  // between and beyond them.
+  p.more_rows[1] = {{"embed", 1.5, 3, 0.5}};
+  p.more_rows[2] = {{"embed", 2.5, 5, 1}};
+  EXPECT_DOUBLE_EQ(p.BlocksAt(2)[0].forward, 2.5);
+  EXPECT_DOUBLE_EQ(p.BlocksAt(1)[0].weight, 0.5);
+  EXPECT_DOUBLE_EQ(p.BlocksAt(4)[0].backward, 8);
+  // 3 rows: halfway from 2 to 4 rows.
+  EXPECT_DOUBLE_EQ(p.BlocksAt(3)[0].forward, 3.25);
+  EXPECT_DOUBLE_EQ(p.BlocksAt(3)[0].backward, 6.5);
+  // 8 rows: along 2 -> 4 rows (forward +1.5 s, B +3 s, W +1 s) twice more.
+  EXPECT_DOUBLE_EQ(p.BlocksAt(8)[0].forward, 7);
+  EXPECT_DOUBLE_EQ(p.BlocksAt(8)[0].backward, 14);
+  EXPECT_DOUBLE_EQ(p.BlocksAt(8)[0].weight, 4);
+  // Below 1 row along 1 -> 2 rows: forward 1.5 - 1 x 0.5 at half a row; never below 0.
+  EXPECT_DOUBLE_EQ(p.BlocksAt(0.5)[0].forward, 1);
+  // From 0.5 s at 1 row to 2.5 s at 2: 0.5 - 0.9 x 2 at 0.1 rows is below 0.
+  p.more_rows[1] = {{"embed", 0.5, 3, 0.5}};
+  EXPECT_DOUBLE_EQ(p.BlocksAt(0.1)[0].forward, 0);
+}
+
+TEST(PlannerTest, MicroBatchRowsOfTheLayouts) {
+  // 2 ranks, batch 16: replicas of 8 (data) or 16 rows (one pipeline), in M micro-batches;
+  // the data-parallel replica's 8 first, then the smaller ones.
+  EXPECT_EQ(MicroBatchRows(16, 2), (std::vector<int>{8, 4, 2, 1}));
+  EXPECT_EQ(MicroBatchRows(16, 4), (std::vector<int>{4, 2, 1}));
+  // 4 ranks, batch 12: replicas of 3 (D = 4), 6 (D = 2) or 12 rows.
+  EXPECT_EQ(MicroBatchRows(12, 4), (std::vector<int>{3, 2, 1}));
+  EXPECT_EQ(MicroBatchRows(2, 4), (std::vector<int>{1}));
+}
+
+TEST(PlannerTest, SmallMicroBatchesAndTheStepOverheadByHand) {
+  PlanRequest r = Request(2, 4);  // 2 rows per replica
+  r.profile.optimizer_per_param = 0;
+  r.link = {0, 1e30};  // communication takes no time
+  // A micro-batch of 1 row takes 0.75 of 2 rows' time, not half.
+  r.profile.more_rows[1] = std::vector<BlockTime>(4, {"", 0.75, 0.75, 0.75});
+  r.profile.step_overhead = 0.5;
+  Layout l;
+  l.data_parallel = 2;
+  const Prediction one = *Predict(r, l);
+  // M = 1: 4 blocks x 3 s, then the step overhead.
+  EXPECT_DOUBLE_EQ(one.compute_s, 12);
+  EXPECT_DOUBLE_EQ(one.optimizer_s, 0.5);
+  EXPECT_DOUBLE_EQ(one.step_s, 12.5);
+  // M = 2 micro-batches of 1 row: 2 x 4 blocks x 2.25 s, then the overhead once.
+  l.micro_batches = 2;
+  const Prediction two = *Predict(r, l);
+  EXPECT_DOUBLE_EQ(two.compute_s, 18);
+  EXPECT_DOUBLE_EQ(two.step_s, 18.5);
+  // Two stages of 2 blocks, 8 rows in 4 micro-batches of 2 under GPipe: (M + K - 1) x 6 s,
+  // then the stage's share of the overhead by its parameters.
+  r = Request(2, 8);
+  r.profile.optimizer_per_param = 0;
+  r.link = {0, 1e30};
+  r.profile.step_overhead = 0.5;
+  l = Layout();
+  l.strategy = StrategyKind::kPipeline;
+  l.stages = 2;
+  l.schedule = "gpipe";
+  l.micro_batches = 4;
+  l.balance = "2,2";
+  const Prediction p = *Predict(r, l);
+  // A layer of C = 32 channels: 12 C^2 + 13 C = 12704 parameters. Stage 0: the token and
+  // position tables (256 x 32 + 16 x 32 = 8704) and h0, 21408; stage 1: h1 and the head (its
+  // norm, 64, and matrix, 8192), 20960; 42368 in all. Stage 0's share is the larger.
+  ASSERT_EQ(r.base.train.model.num_params(), 42368);
+  EXPECT_NEAR(p.optimizer_s, 0.5 * 21408 / 42368, 1e-12);
+  EXPECT_NEAR(p.step_s, 30 + p.optimizer_s, 1e-9);
+}
+
 TEST(PlannerTest, GpipeBubbleByHand) {
   PlanRequest r = Request(2, 8);
   r.profile.optimizer_per_param = 0;
@@ -188,6 +266,20 @@ TEST(PlannerTest, BlockProfileFileRoundTrip) {
   EXPECT_EQ(p.blocks[3].name, "head");
   EXPECT_EQ(p.blocks[3].weight, 1);
   EXPECT_EQ(p.optimizer_per_param, 1e-6);
+  EXPECT_TRUE(p.more_rows.empty());
+  EXPECT_EQ(p.step_overhead, 0);
+
+  // Times at more row counts and the step overhead travel too.
+  BlockProfile more = r.profile;
+  more.more_rows[1] = std::vector<BlockTime>(4, {"x", 0.75, 0.5, 0.25});
+  more.step_overhead = 0.125;
+  ASSERT_TRUE(WriteBlockProfile(more, path).ok());
+  const BlockProfile q = *ReadBlockProfile(path);
+  ASSERT_EQ(q.more_rows.count(1), 1u);
+  ASSERT_EQ(q.more_rows.at(1).size(), 4u);
+  EXPECT_EQ(q.more_rows.at(1)[2].backward, 0.5);
+  EXPECT_EQ(q.step_overhead, 0.125);
+  EXPECT_EQ(q.BlocksAt(1)[3].weight, 0.25);
 }
 
 TEST(PlannerTest, BlockTimesDerivedFromFlops) {
@@ -212,8 +304,13 @@ TEST(PlannerTest, BlockTimesDerivedFromFlops) {
 
 TEST(PlannerTest, MeasuredProfileHasEveryBlock) {
   const ModelConfig m = TwoLayerModel("gpt", 32, 2, 16, 256);
-  const BlockProfile p = *MeasureBlockProfile(m, Device::Cpu(), DType::kF32, 2, "adamw", 1);
+  const BlockProfile p =
+      *MeasureBlockProfile(m, Device::Cpu(), DType::kF32, {2, 1}, "adamw", 1);
+  EXPECT_EQ(p.rows, 2);
   ASSERT_EQ(p.blocks.size(), 4u);
+  ASSERT_EQ(p.more_rows.count(1), 1u);
+  EXPECT_EQ(p.more_rows.at(1).size(), 4u);
+  EXPECT_GE(p.step_overhead, 0);
   for (const BlockTime& t : p.blocks) {
     EXPECT_GT(t.forward, 0) << t.name;
     EXPECT_GT(t.backward, 0) << t.name;

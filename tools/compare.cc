@@ -40,6 +40,8 @@
 #include "tools/comparison.h"
 #include "tools/plan.h"
 
+extern "C" void openblas_set_num_threads(int);
+
 namespace tandem {
 namespace tools {
 namespace {
@@ -613,6 +615,8 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   PlanOptions o;
   if (std::optional<int> stop = ParsePlanArgs({argv + 1, argv + argc}, &o)) return *stop;
   o.request.host_cores = o.request.base.train.device.is_cuda() ? 0 : HostCores();
+  // CPU blocks are timed as a CPU worker runs them: on one BLAS thread (parallel/worker.cc).
+  if (o.request.host_cores > 0) openblas_set_num_threads(1);
   // Files named relative to where the user ran bazel run.
   const std::string bwd = launcher::BuildWorkingDirectory();
   for (std::string* path : {&o.block_times, &o.write_block_times}) {

@@ -123,6 +123,13 @@ std::string Row(int rank, const Prediction& p) {
                          FormatBytes(p.memory_bytes), p.Reason());
 }
 
+// "8, 4, 2": the row counts the profile's blocks were timed at.
+std::string ProfileRows(const BlockProfile& p) {
+  std::vector<int> rows = {p.rows};
+  for (auto it = p.more_rows.rbegin(); it != p.more_rows.rend(); ++it) rows.push_back(it->first);
+  return absl::StrJoin(rows, ", ");
+}
+
 }  // namespace
 
 bool WantsPlan(const std::vector<std::string>& args) {
@@ -256,9 +263,10 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
     ASSIGN_OR_RETURN(r.profile, DeriveBlockProfile(t.model, t.dtype, std::max(1, t.batch / r.gpus),
                                                    o->derive[0], o->derive[1], o->derive[2]));
   } else {
-    // One micro-batch of a data-parallel replica's rows: the times scale from there.
-    const int rows = std::max(1, t.batch / r.gpus);
-    ASSIGN_OR_RETURN(r.profile, MeasureBlockProfile(t.model, t.device, t.dtype, rows,
+    // One micro-batch of a data-parallel replica's rows, and the smaller micro-batches the
+    // layouts run (larger ones follow the line through the two largest).
+    ASSIGN_OR_RETURN(r.profile, MeasureBlockProfile(t.model, t.device, t.dtype,
+                                                    MicroBatchRows(t.batch, r.gpus),
                                                     t.optimizer.kind, t.seed));
   }
   if (!o->write_block_times.empty()) {
@@ -296,8 +304,9 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
                       r.device_memory >= 0
                           ? absl::StrCat(" in ", FormatBytes(r.device_memory), " per device")
                           : ""),
-      absl::StrFormat("Block times: %s (%s, %s, %d rows a micro-batch).", r.profile.source,
-                      r.profile.device, r.profile.dtype, r.profile.rows),
+      absl::StrFormat("Block times: %s (%s, %s, %s rows a micro-batch; step overhead %s).",
+                      r.profile.source, r.profile.device, r.profile.dtype, ProfileRows(r.profile),
+                      Seconds(r.profile.step_overhead)),
       absl::StrFormat("Link: %s (alpha-beta; ring all-reduce, reduce-scatter, all-gather).",
                       r.link.ToString())};
   for (const auto& [reason, n] : plan.dropped) {

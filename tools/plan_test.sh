@@ -1,8 +1,9 @@
 #!/bin/bash
 # compare --plan: bad flags refused in one line with nothing written; 64 H200s planned from the
 # example block times without a GPU, every layout within the memory given, ranked by predicted
-# step; a memory no layout fits refused in one line; and on 2 CPU workers, the plan checked
-# against real runs of its top layouts through the launcher (the link timed here).
+# step; a memory no layout fits refused in one line; on 2 CPU workers, the plan checked
+# against real runs of its top layouts through the launcher (the link timed here); and the
+# block times it wrote (every micro-batch row count) planned from again.
 # Usage: plan_test.sh COMPARE BLOCK_TIMES
 set -u
 . "$(dirname "$0")/junit.sh"  # check, fail; the checks as JUnit XML
@@ -58,8 +59,9 @@ grep -q "^compare --plan: no layout of 64 ranks fits gpt2-small" "$tmp/small.txt
 [ ! -e "$tmp/small" ] || fail "$tmp/small was created"
 
 check "2 CPU workers: the top layouts run and are set against their predictions"
-timeout 900 "$compare" --plan --gpus=2 --model=gpt --n-layer=2 --d-model=32 --n-head=2 \
-  --seq-len=16 --batch=8 --steps=4 --out="$tmp/run" >"$tmp/run.txt" 2>&1
+small=(--plan --gpus=2 --model=gpt --n-layer=2 --d-model=32 --n-head=2 --seq-len=16 --batch=8)
+timeout 900 "$compare" "${small[@]}" --steps=4 --write-block-times="$tmp/small.json" \
+  --out="$tmp/run" >"$tmp/run.txt" 2>&1
 rc=$?
 cat "$tmp/run.txt"
 [ "$rc" -eq 0 ] || fail "exit $rc"
@@ -74,3 +76,20 @@ for c in checks:
   assert abs(c["step_error"] - (c["step_seconds"] / c["measured_step_seconds"] - 1)) < 1e-6, c
 PY
 grep -q "^## Predicted against measured" "$tmp/run/plan.md" || fail "plan.md has no check"
+
+check "the block times written: every micro-batch row count the layouts run, read back alike"
+python3 - "$tmp/small.json" <<'PY' || fail "small.json"
+import json, sys
+p = json.load(open(sys.argv[1]))
+# batch 8 on 2 workers: replicas of 4 rows (data) or 8 (one pipeline), in micro-batches.
+assert p["rows"] == 4, p["rows"]
+assert sorted(m["rows"] for m in p["more_rows"]) == [1, 2], p["more_rows"]
+assert all(len(m["blocks"]) == len(p["blocks"]) == 4 for m in p["more_rows"])
+assert p.get("step_overhead_seconds", 0) >= 0
+PY
+timeout 120 "$compare" "${small[@]}" --link=1,100 --block-times="$tmp/small.json" --no-run \
+  --out="$tmp/again" >"$tmp/again.txt" 2>&1
+rc=$?
+cat "$tmp/again.txt"
+[ "$rc" -eq 0 ] || fail "exit $rc"
+grep -q "4, 2, 1 rows a micro-batch" "$tmp/again/plan.md" || fail "the row counts were not read"

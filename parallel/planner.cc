@@ -340,6 +340,7 @@ std::string Layout::Name() const {
   } else {
     s = absl::StrFormat("d%dk%d %s", data_parallel, stages,
                         strategy == StrategyKind::kModel ? "model" : schedule);
+    if (virtual_stages > 1) absl::StrAppend(&s, " v=", virtual_stages);
   }
   if (micro_batches > 1 || strategy == StrategyKind::kPipeline) {
     absl::StrAppend(&s, " M=", micro_batches);
@@ -358,6 +359,7 @@ std::vector<std::string> Layout::LauncherFlags() const {
     f.push_back(absl::StrCat("--balance=", balance));
   }
   if (strategy == StrategyKind::kPipeline) f.push_back(absl::StrCat("--schedule=", schedule));
+  if (virtual_stages > 1) f.push_back(absl::StrCat("--virtual-stages=", virtual_stages));
   if (zero) f.push_back("--zero=1");
   if (recompute) f.push_back("--recompute");
   f.push_back(absl::StrCat("--bucket-mb=", bucket_bytes / double(1 << 20)));
@@ -420,7 +422,7 @@ namespace {
 absl::StatusOr<PipelineSchedule> LayoutSchedule(const Layout& l) {
   ASSIGN_OR_RETURN(PipelineSchedule s,
                    MakeSchedule(l.strategy == StrategyKind::kModel ? "gpipe" : l.schedule,
-                                l.stages, l.micro_batches));
+                                l.stages, l.micro_batches, l.virtual_stages));
   RETURN_IF_ERROR(ValidateSchedule(s));
   return s;
 }
@@ -437,6 +439,7 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   ParallelConfig c = r.base;
   c.strategy = layout.strategy;
   c.schedule = layout.schedule.empty() ? "gpipe" : layout.schedule;
+  c.virtual_stages = layout.virtual_stages;
   c.data_parallel = layout.strategy == StrategyKind::kData ? 1 : layout.data_parallel;
   c.train.micro_batches = layout.micro_batches;
   c.recompute = layout.recompute;
@@ -453,15 +456,25 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   const int K = grid.stages, D = grid.replicas, M = layout.micro_batches;
   const double rows = double(c.train.batch) / D / M;
   const std::vector<BlockTime> blocks = r.profile.BlocksAt(rows);
-  const std::vector<int64_t> stage_params = StageParamCounts(model, bounds);
-  std::vector<ComputeSeconds> stage(K);
-  for (int s = 0; s < K; ++s) {
-    for (int b = bounds[s]; b < bounds[s + 1]; ++b) {
-      stage[s].forward += blocks[b].forward;
-      stage[s].backward += blocks[b].backward;
-      stage[s].weight += blocks[b].weight;
+  // bounds has K x v global stages; global stage g runs on stage g mod K as its chunk g div K.
+  const int V = layout.virtual_stages;
+  const std::vector<int64_t> chunk_params = StageParamCounts(model, bounds);
+  std::vector<int64_t> stage_params(K, 0);
+  std::vector<std::vector<ComputeSeconds>> chunk(K, std::vector<ComputeSeconds>(V));
+  std::vector<ComputeSeconds> stage(K);  // over the stage's chunks
+  for (int g = 0; g < K * V; ++g) {
+    const int s = g % K;
+    ComputeSeconds& t = chunk[s][g / K];
+    for (int b = bounds[g]; b < bounds[g + 1]; ++b) {
+      t.forward += blocks[b].forward;
+      t.backward += blocks[b].backward;
+      t.weight += blocks[b].weight;
     }
-    if (layout.recompute) stage[s].backward += stage[s].forward;  // the forward again first
+    if (layout.recompute) t.backward += t.forward;  // the forward again first
+    stage_params[s] += chunk_params[g];
+    stage[s].forward += t.forward;
+    stage[s].backward += t.backward;
+    stage[s].weight += t.weight;
   }
 
   // The compute of a step, and each stage's time in it.
@@ -472,7 +485,7 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
     sim.makespan = M * one;
   } else {
     ScheduleDurations d;
-    for (int s = 0; s < K; ++s) d.per_stage.push_back({stage[s]});
+    d.per_stage = chunk;
     const double boundary =
         rows * model.seq_len * model.d_model * static_cast<double>(DTypeSize(c.train.dtype));
     d.transfer = r.link.SendRecv(boundary);
@@ -568,7 +581,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
   Plan plan;
   // Each pipeline schedule made once: layouts that differ only in ZeRO, recomputation or
   // buckets share it.
-  std::map<std::tuple<StrategyKind, std::string, int, int>, absl::StatusOr<PipelineSchedule>>
+  std::map<std::tuple<StrategyKind, std::string, int, int, int>,
+           absl::StatusOr<PipelineSchedule>>
       schedules;
   auto consider = [&](const Layout& l) {
     ++plan.considered;
@@ -576,7 +590,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
     if (l.stages == 1) {
       p = PredictWith(r, l, nullptr);
     } else {
-      const auto key = std::make_tuple(l.strategy, l.schedule, l.stages, l.micro_batches);
+      const auto key =
+          std::make_tuple(l.strategy, l.schedule, l.stages, l.micro_batches, l.virtual_stages);
       auto it = schedules.find(key);
       if (it == schedules.end()) it = schedules.emplace(key, LayoutSchedule(l)).first;
       p = it->second.ok() ? PredictWith(r, l, &*it->second) : it->second.status();
@@ -614,7 +629,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
       kinds = {{StrategyKind::kModel, ""},
                {StrategyKind::kPipeline, "gpipe"},
                {StrategyKind::kPipeline, "1f1b"},
-               {StrategyKind::kPipeline, "zb-h1"}};
+               {StrategyKind::kPipeline, "zb-h1"},
+               {StrategyKind::kPipeline, "interleaved"}};
     }
     for (const auto& [strategy, schedule] : kinds) {
       std::vector<int> ms;
@@ -625,7 +641,20 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
         if (strategy == StrategyKind::kPipeline && (m < 2 || m > 8 * K)) continue;
         ms.push_back(m);
       }
+      // Interleaved: 2 model chunks a stage or more, while each chunk has a block, on
+      // micro-batches in multiples of K.
+      std::vector<int> vs = {1};
+      if (schedule == "interleaved") {
+        vs.clear();
+        for (int v = 2; v <= std::min(4, model.num_blocks() / K); ++v) vs.push_back(v);
+      }
+      for (int v : vs)
       for (int m : ms) {
+        if (v > 1 && m % K != 0) continue;
+        std::string balance = base.balance;
+        if (v > 1) {
+          ASSIGN_OR_RETURN(balance, BalancedSizes(block_seconds, K * v));
+        }
         for (bool recompute : {false, true}) {
           for (int zero : {0, 1}) {
             if (zero && D < 2) continue;
@@ -634,6 +663,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
               Layout l = base;
               l.strategy = strategy;
               l.schedule = schedule;
+              l.virtual_stages = v;
+              l.balance = balance;
               l.micro_batches = m;
               l.recompute = recompute;
               l.zero = zero;

@@ -1,13 +1,15 @@
 // The planner: predicts every parallel layout's step time and memory for N devices from
 // measured parts, without running them. A layout is D data-parallel replicas of a K-stage
-// pipeline (K = 1: data parallel) with a schedule, M micro-batches, recomputation, ZeRO-1 and
-// a gradient bucket size. Its prediction:
+// pipeline (K = 1: data parallel) with a schedule (interleaved: with v model chunks a stage,
+// 2 to 4, each at least a block), M micro-batches, recomputation, ZeRO-1 and a gradient bucket
+// size. Its prediction:
 //   compute   each block's forward, input-gradient (B) and weight-gradient (W) seconds for a
 //             micro-batch, from a BlockProfile measured here or read from a file written on the
 //             target hardware, at the micro-batch's rows (BlockProfile::BlocksAt: timed at
 //             each row count the layouts run, or scaled from one);
-//   pipeline  the schedule simulated with those durations (SimulateSchedule), each stage's
-//             activations sent to the next in a transfer timed by the link model;
+//   pipeline  the schedule simulated with those durations (SimulateSchedule; per chunk under
+//             interleaving), each stage's activations sent to the next in a transfer timed
+//             by the link model;
 //   gradients the data-parallel all-reduce (ZeRO-1: reduce-scatter, then the all-gather of the
 //             updated parameters) of each stage's buckets, by an alpha-beta model of the link
 //             (ring algorithms), overlapped with the step's last backward as DDP does;
@@ -111,16 +113,17 @@ struct Layout {
   StrategyKind strategy = StrategyKind::kData;
   int data_parallel = 1;  // D
   int stages = 1;         // K
-  std::string schedule;   // pipeline: gpipe, 1f1b or zb-h1; "" otherwise
+  std::string schedule;   // pipeline: gpipe, 1f1b, zb-h1 or interleaved; "" otherwise
+  int virtual_stages = 1; // interleaved: model chunks v per stage
   int micro_batches = 1;  // M
   bool recompute = false;
   int zero = 0;
   int64_t bucket_bytes = 25 << 20;
   std::string balance = "params";  // the stage sizes the prediction assumed ("3,3,2")
-  // "d2k2 1f1b M=4 zero1 recompute bucket 4 MB"
+  // "d2k2 1f1b M=4 zero1 recompute bucket 4 MB", "d1k2 interleaved v=2 M=4"
   std::string Name() const;
-  // The launcher flags that run it: --strategy, --schedule, --data-parallel, --micro-batches,
-  // --zero, --recompute, --bucket-mb, --balance.
+  // The launcher flags that run it: --strategy, --schedule, --virtual-stages, --data-parallel,
+  // --micro-batches, --zero, --recompute, --bucket-mb, --balance.
   std::vector<std::string> LauncherFlags() const;
 };
 

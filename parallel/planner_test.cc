@@ -1,5 +1,6 @@
 #include "parallel/planner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -199,6 +200,34 @@ TEST(PlannerTest, GpipeBubbleByHand) {
   // Recomputing adds a forward to every backward: 5 x 8 s.
   l.recompute = true;
   EXPECT_NEAR(Predict(r, l)->step_s, 40, 1e-9);
+}
+
+// Interleaved on the same 4 blocks: 2 chunks of one block a stage (F = 1 s, backward 2 s),
+// global stage g on stage g mod 2. Narayanan et al.'s step: (vM + K - 1) chunk-steps of 3 s =
+// 9 x 3 s, of which (K - 1)/(vM + K - 1) = 1/9 is bubble.
+TEST(PlannerTest, InterleavedBubbleByHand) {
+  PlanRequest r = Request(2, 8);
+  r.profile.optimizer_per_param = 0;
+  r.link = {0, 1e30};
+  Layout l;
+  l.strategy = StrategyKind::kPipeline;
+  l.stages = 2;
+  l.schedule = "interleaved";
+  l.virtual_stages = 2;
+  l.micro_batches = 4;
+  l.balance = "1,1,1,1";
+  const Prediction p = *Predict(r, l);
+  EXPECT_NEAR(p.step_s, 27, 1e-9);
+  EXPECT_NEAR(p.compute_s, 24, 1e-9);
+  EXPECT_NEAR(p.bubble_s, 3, 1e-9);
+  EXPECT_EQ(l.Name(), "d1k2 interleaved v=2 M=4");
+  const std::vector<std::string> flags = l.LauncherFlags();
+  EXPECT_NE(std::find(flags.begin(), flags.end(), "--virtual-stages=2"), flags.end());
+  // The plan offers it beside the other schedules.
+  const Plan plan = *MakePlan(r);
+  EXPECT_TRUE(std::any_of(plan.ranked.begin(), plan.ranked.end(), [](const Prediction& x) {
+    return x.layout.schedule == "interleaved" && x.layout.virtual_stages == 2;
+  }));
 }
 
 TEST(PlannerTest, CoresSharedByWorkers) {

@@ -32,11 +32,11 @@ check "the report's files, merged traces, op tables and inlined charts"
 
 for f in report.md report.html report.json throughput.svg step-time.svg memory.svg \
   timeline-baseline.svg timeline-data.svg timeline-data-zero1.svg timeline-model.svg \
-  timeline-gpipe.svg timeline-1f1b.svg timeline-zb-h1.svg; do
+  timeline-gpipe.svg timeline-1f1b.svg timeline-zb-h1.svg timeline-interleaved.svg; do
   [ -s "$out/$f" ] || fail "no $f"
 done
 # The launcher's --profile ending: one merged trace with a lane per rank, the op tables printed.
-for s in baseline data data-zero1 model gpipe 1f1b zb-h1; do
+for s in baseline data data-zero1 model gpipe 1f1b zb-h1 interleaved; do
   [ -s "$out/runs/$s/trace.json" ] || fail "no merged trace for $s"
   grep -q "op table, rank 0:" "$out/logs/$s.log" || fail "the launcher printed no op table for $s"
 done
@@ -44,13 +44,14 @@ for r in 0 1; do
   grep -q "\"pid\": $r, \"tid\": 0" "$out/runs/gpipe/trace.json" || fail "no lane for rank $r"
 done
 grep -q "op table, rank 1:" "$out/logs/1f1b.log" || fail "no op table for rank 1"
-# 3 charts and 7 timelines, inlined; 2 workers have no hybrid layout, which the report says.
+# 3 charts and 8 timelines (interleaved: 2 chunks of one block a stage), inlined; 2 workers
+# have no hybrid layout, which the report says.
 svgs="$(grep -o '<svg' "$out/report.html" | wc -l)"
 closed="$(grep -o '</svg>' "$out/report.html" | wc -l)"
-[ "$svgs" -eq 10 ] || fail "report.html has $svgs <svg> elements, not 10"
-[ "$closed" -eq 10 ] || fail "report.html closes $closed <svg> elements, not 10"
+[ "$svgs" -eq 11 ] || fail "report.html has $svgs <svg> elements, not 11"
+[ "$closed" -eq 11 ] || fail "report.html closes $closed <svg> elements, not 11"
 ran="$(grep -c '"ran": true' "$out/report.json")"
-[ "$ran" -eq 7 ] || fail "report.json: $ran strategies ran, not 7"
+[ "$ran" -eq 8 ] || fail "report.json: $ran strategies ran, not 8"
 grep -qF "<li>No hybrid layout: 2 workers" "$out/report.html" || fail "report.html lacks the note"
 grep -q 'rank 1' "$out/timeline-gpipe.svg" || fail "the GPipe timeline has no row for rank 1"
 if grep -q -E '<script|<link|src=' "$out/report.html"; then

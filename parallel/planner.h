@@ -91,7 +91,7 @@ struct BlockProfile {
 std::vector<int> MicroBatchRows(int batch, int gpus);
 
 // MeasureBlockTimes at each of `rows` (rows[0] is the profile's `rows`, the others go to
-// more_rows), one optimizer step over the whole model's parameters, timed alike, and the
+// more_rows), in three rounds over them, each part's fastest; one optimizer step over the whole model's parameters, timed alike, and the
 // step overhead: the fastest of 5 one-worker training steps (Trainer, one micro-batch of
 // rows[0], synthetic data) less its blocks' and optimizer's time, at least 0.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,

@@ -395,21 +395,27 @@ int WaitAllPolling(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& 
   }
 }
 
+// WaitAllPolling for one request; its failure as `what`'s.
+absl::Status WaitOnePolling(MPI_Request request, const char* what, MPI_Status* status) {
+  std::vector<MPI_Request> requests = {request};
+  std::vector<MPI_Status> statuses(1);
+  statuses[0].MPI_ERROR = MPI_SUCCESS;
+  const int e = WaitAllPolling(requests, statuses);
+  *status = statuses[0];
+  if (e == MPI_SUCCESS) return absl::OkStatus();
+  return MpiErrorStatus(status->MPI_ERROR != MPI_SUCCESS ? status->MPI_ERROR : e, what,
+                        __FILE__, __LINE__);
+}
+
 absl::Status RunSend(CommState& st, const Tensor& t, int peer) {
   char* base = static_cast<char*>(t.raw());
   const size_t esize = DTypeSize(t.dtype());
   return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
-    std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
+    MPI_Request request = MPI_REQUEST_NULL;
     MPI_RETURN_IF_ERROR(
-        MPI_Isend(base + off * esize, c, MoveType(t.dtype()), peer, kTag, st.comm, &request[0]));
-    std::vector<MPI_Status> status(1);
-    status[0].MPI_ERROR = MPI_SUCCESS;
-    const int e = WaitAllPolling(request, status);
-    if (e != MPI_SUCCESS) {
-      return MpiErrorStatus(status[0].MPI_ERROR != MPI_SUCCESS ? status[0].MPI_ERROR : e,
-                            "MPI_Send", __FILE__, __LINE__);
-    }
-    return absl::OkStatus();
+        MPI_Isend(base + off * esize, c, MoveType(t.dtype()), peer, kTag, st.comm, &request));
+    MPI_Status status;
+    return WaitOnePolling(request, "MPI_Send", &status);
   });
 }
 
@@ -418,17 +424,11 @@ absl::Status RunRecv(CommState& st, const Tensor& t, int peer) {
   const size_t esize = DTypeSize(t.dtype());
   const MPI_Datatype type = MoveType(t.dtype());
   return ForChunks(t.numel(), [&](int64_t off, int c) -> absl::Status {
-    std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
-    MPI_RETURN_IF_ERROR(
-        MPI_Irecv(base + off * esize, c, type, peer, kTag, st.comm, &request[0]));
-    std::vector<MPI_Status> status(1);
-    status[0].MPI_ERROR = MPI_SUCCESS;
-    const int e = WaitAllPolling(request, status);
-    if (e != MPI_SUCCESS) {
-      return MpiErrorStatus(status[0].MPI_ERROR != MPI_SUCCESS ? status[0].MPI_ERROR : e,
-                            "MPI_Recv", __FILE__, __LINE__);
-    }
-    return CheckReceived(status[0], type, c, st.id.JobRankOf(peer));
+    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_RETURN_IF_ERROR(MPI_Irecv(base + off * esize, c, type, peer, kTag, st.comm, &request));
+    MPI_Status status;
+    RETURN_IF_ERROR(WaitOnePolling(request, "MPI_Recv", &status));
+    return CheckReceived(status, type, c, st.id.JobRankOf(peer));
   });
 }
 

@@ -38,11 +38,11 @@ class Stage {
       uint64_t seed, DType compute = DType::kF32);
 
   // Whether the stage holds the model's first block (the embedding) and its last (the head).
-  bool is_first() const { return begin_ == 0; }
-  bool is_last() const { return end_ == config_.num_blocks(); }
+  bool is_first() const { return begin() == 0; }
+  bool is_last() const { return end() == config_.num_blocks(); }
   // The first block of the first chunk and the end of the last one.
-  int begin() const { return begin_; }
-  int end() const { return end_; }
+  int begin() const { return chunks_.front().first; }
+  int end() const { return chunks_.back().second; }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   const std::vector<std::pair<int, int>>& chunks() const { return chunks_; }
   // Whether chunk c starts the model (takes tokens) or ends it (gives losses).
@@ -121,10 +121,8 @@ class Stage {
 
  private:
   Stage(const ModelConfig& c, std::vector<std::pair<int, int>> chunks, Device d)
-      : config_(c), begin_(chunks.front().first), end_(chunks.back().second),
-        chunks_(std::move(chunks)), device_(d) {}
+      : config_(c), chunks_(std::move(chunks)), device_(d) {}
   ModelConfig config_;
-  int begin_, end_;
   std::vector<std::pair<int, int>> chunks_;
   Device device_;
   std::vector<std::unique_ptr<Block>> blocks_;           // the stage's blocks only, in order

@@ -672,7 +672,6 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // GPipe and 1F1B the last micro-batch's backward, under ZB-H1 the stage's last W)
   // completes them: the data-parallel buckets of its blocks go out during it. And the last
   // action reading each micro-batch's tokens, after which they go.
-  std::set<size_t> last_gradients;
   std::vector<size_t> last_gradient_of(V, 0), last_use(M, 0);
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
@@ -682,10 +681,11 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
     }
     if (a.is_compute()) last_use[a.micro_batch] = i;
   }
-  last_gradients.insert(last_gradient_of.begin(), last_gradient_of.end());
   auto buckets_from = [&](size_t i) {
     std::function<absl::Status(int)> block_done;
-    if (last_gradients.count(i) && c_.overlap && replicated()) {
+    const bool last = std::find(last_gradient_of.begin(), last_gradient_of.end(), i) !=
+                      last_gradient_of.end();
+    if (last && c_.overlap && replicated()) {
       block_done = [this, p](int block) { return IssueBucketsReadyAt(block, p); };
     }
     return block_done;

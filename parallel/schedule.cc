@@ -138,6 +138,18 @@ PipelineSchedule ZeroBubbleH1Schedule(int stages, int micro_batches) {
   return s;
 }
 
+namespace {
+
+// Interleaved 1F1B's warm-up forwards on stage `st` (Megatron's): 2(K - st - 1) + (v - 1)K, or
+// every forward when M = K.
+int InterleavedWarmup(int stages, int chunks, int micro_batches, int st) {
+  const int total = micro_batches * chunks;
+  if (micro_batches == stages) return total;
+  return std::min(total, 2 * (stages - st - 1) + (chunks - 1) * stages);
+}
+
+}  // namespace
+
 PipelineSchedule InterleavedSchedule(int stages, int chunks, int micro_batches) {
   PipelineSchedule s{stages, micro_batches, std::vector<std::vector<Action>>(stages), chunks};
   const int K = stages, v = chunks, total = micro_batches * chunks;
@@ -151,8 +163,7 @@ PipelineSchedule InterleavedSchedule(int stages, int chunks, int micro_batches) 
   };
   for (int st = 0; st < stages; ++st) {
     std::vector<Action>& a = s.actions[st];
-    // With M = K every forward goes first (Megatron's all-warm-up case).
-    const int warmup = micro_batches == K ? total : std::min(total, 2 * (K - st - 1) + (v - 1) * K);
+    const int warmup = InterleavedWarmup(K, v, micro_batches, st);
     int f = 0, b = 0;
     for (; f < warmup; ++f) a.push_back(nth(f, true));
     while (f < total) {  // steady state: one forward, one backward
@@ -236,11 +247,9 @@ PipelineSchedule InterleavedExchanges(const PipelineSchedule& compute) {
         out.push_back({ActionType::kRecvGradient, a.micro_batch, a.chunk});
       }
     };
-    // The compute order is warm-up forwards, then forward-backward pairs, then backwards: the
-    // leading forwards are the warm-up and the first pair's forward, or all of them.
-    size_t warmup = 0;
-    while (warmup < in.size() && in[warmup].type == ActionType::kForward) ++warmup;
-    if (warmup < fwd.size()) --warmup;
+    // The compute order is warm-up forwards, then forward-backward pairs, then backwards.
+    const size_t warmup = static_cast<size_t>(
+        InterleavedWarmup(K, compute.chunks, compute.micro_batches, st));
     size_t f = 0, b = 0;
     receive_for(fwd, 0);
     for (; f < warmup; ++f) {

@@ -52,14 +52,20 @@ class Block {
                                Saved* saved) const = 0;
   // Backward in two parts, so that a schedule can defer the second (zero-bubble's W):
   // B: from dy (undefined for the head) computes dx (not for the embedding) and fills
-  // `for_w` with what W reads: the activations and output gradients of the ops that have
-  // parameters. B leaves the parameter gradients alone.
+  // `for_w` with what W reads: the inputs and output gradients of the linear layers (the
+  // embedding's: dy). W is the weight-gradient matmuls (and their biases' sums), as in
+  // zero-bubble's own implementation, which defers only the linear layers' weight gradients:
+  // a LayerNorm's W would keep its input, output gradient and statistics for elementwise
+  // work, so B ADDS the LayerNorms' parameter gradients into `grads` itself and leaves the
+  // others alone.
   virtual absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& params,
-                                     const MicroBatch& mb, const Tensor& dy, const Saved& saved,
-                                     Tensor* dx, Saved* for_w) const = 0;
-  // W: ADDS the parameter gradients into `grads` (same order as params) from B's `for_w`.
-  // Any number of other micro-batches' B and W may run between a micro-batch's B and its W;
-  // the gradients are those of B then W, bit for bit, as long as the Ws keep their order.
+                                     const std::vector<Tensor>& grads, const MicroBatch& mb,
+                                     const Tensor& dy, const Saved& saved, Tensor* dx,
+                                     Saved* for_w) const = 0;
+  // W: ADDS the other parameter gradients into `grads` (same order as params) from B's
+  // `for_w`. Any number of other micro-batches' B and W may run between a micro-batch's B and its W;
+  // the gradients are those of B then W, bit for bit, as long as the Bs keep their order and
+  // the Ws theirs (each gradient is summed over the micro-batches in their order).
   virtual absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& params,
                                        const std::vector<Tensor>& grads, const MicroBatch& mb,
                                        const Saved& for_w) const = 0;

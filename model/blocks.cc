@@ -49,8 +49,8 @@ class EmbeddingBlock : public Block {
     return ops::EmbeddingForward(s, *y, mb.tokens, p[0], positions_ ? p[1] : Tensor());
   }
   // No input gradient: B only keeps dy for the scatter-add.
-  absl::Status BackwardInput(Stream&, const std::vector<Tensor>&, const MicroBatch&,
-                             const Tensor& dy, const Saved&, Tensor*,
+  absl::Status BackwardInput(Stream&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                             const MicroBatch&, const Tensor& dy, const Saved&, Tensor*,
                              Saved* for_w) const override {
     for_w->t = {dy};
     return absl::OkStatus();
@@ -148,16 +148,19 @@ class TransformerBlock : public Block {
     return absl::OkStatus();
   }
 
-  // What B keeps for W, in this order: each op with parameters' output gradient and inputs.
-  enum W { kWDy, kWFcAct, kWDfcPre, kWLn2, kWDln2, kWRes2, kWMean2, kWRstd2, kWDres2, kWAttY,
-           kWDqkv, kWLn1, kWDln1, kWX, kWMean1, kWRstd1 };
+  // What B keeps for W, in this order: each linear layer's output gradient and input.
+  enum W { kWDy, kWFcAct, kWDfcPre, kWLn2, kWDres2, kWAttY, kWDqkv, kWLn1 };
 
-  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
-                             const Tensor& dy, const Saved& saved, Tensor* dx,
-                             Saved* for_w) const override {
+  // B adds the LayerNorms' parameter gradients itself: their W would keep each LayerNorm's
+  // input, output gradient and statistics (4C a row more than the linear layers' 16C), for
+  // work that is elementwise. W is the linear layers' weight and bias gradients, the
+  // matmuls that zero-bubble moves into the bubbles.
+  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p,
+                             const std::vector<Tensor>& g, const MicroBatch&, const Tensor& dy,
+                             const Saved& saved, Tensor* dx, Saved* for_w) const override {
     const std::vector<Tensor>& v = saved.t;
     const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
-    const Tensor none;  // the parameter gradients, which W computes
+    const Tensor none;  // the linear layers' parameter gradients, which W computes
     ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
     // MLP branch: y = res2 + proj(gelu(fc(ln2(res2)))).
     ASSIGN_OR_RETURN(Tensor dfc_act, Like(dy, {N, 4 * C}));
@@ -167,8 +170,8 @@ class TransformerBlock : public Block {
     ASSIGN_OR_RETURN(Tensor dln2, Like(dy, {N, C}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dln2, none, none, dfc_pre, v[kLn2], p[kFcW]));
     ASSIGN_OR_RETURN(Tensor dres2, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, none, none, dln2, v[kRes2], p[kLn2W],
-                                           v[kMean2], v[kRstd2]));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, g[kLn2W], g[kLn2B], dln2, v[kRes2],
+                                           p[kLn2W], v[kMean2], v[kRstd2]));
     RETURN_IF_ERROR(ops::Axpy(s, dres2, 1.0f, dy2));  // the residual path
     // Attention branch: res2 = x + proj(attention(qkv(ln1(x)))).
     ASSIGN_OR_RETURN(Tensor datty, Like(dy, {N, C}));
@@ -187,11 +190,10 @@ class TransformerBlock : public Block {
     RETURN_IF_ERROR(ops::LinearBackward(s, dln1, none, none, dqkv2, v[kLn1], p[kQkvW]));
     ASSIGN_OR_RETURN(*dx, Like(dy, {B, T, C}));
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
-    RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, none, none, dln1, v[kX], p[kLn1W], v[kMean1],
-                                           v[kRstd1]));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[kLn1W], g[kLn1B], dln1, v[kX], p[kLn1W],
+                                           v[kMean1], v[kRstd1]));
     RETURN_IF_ERROR(ops::Axpy(s, dx2, 1.0f, dres2));
-    for_w->t = {dy2,   v[kFcAct], dfc_pre, v[kLn2], dln2, v[kRes2],  v[kMean2], v[kRstd2],
-                dres2, v[kAttY],  dqkv2,   v[kLn1], dln1, v[kX],     v[kMean1], v[kRstd1]};
+    for_w->t = {dy2, v[kFcAct], dfc_pre, v[kLn2], dres2, v[kAttY], dqkv2, v[kLn1]};
     return absl::OkStatus();
   }
   absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& p,
@@ -203,14 +205,9 @@ class TransformerBlock : public Block {
                                         p[kFcProjW]));
     RETURN_IF_ERROR(
         ops::LinearBackward(s, none, g[kFcW], g[kFcB], w[kWDfcPre], w[kWLn2], p[kFcW]));
-    RETURN_IF_ERROR(ops::LayerNormBackward(s, none, g[kLn2W], g[kLn2B], w[kWDln2], w[kWRes2],
-                                           p[kLn2W], w[kWMean2], w[kWRstd2]));
     RETURN_IF_ERROR(
         ops::LinearBackward(s, none, g[kProjW], g[kProjB], w[kWDres2], w[kWAttY], p[kProjW]));
-    RETURN_IF_ERROR(
-        ops::LinearBackward(s, none, g[kQkvW], g[kQkvB], w[kWDqkv], w[kWLn1], p[kQkvW]));
-    return ops::LayerNormBackward(s, none, g[kLn1W], g[kLn1B], w[kWDln1], w[kWX], p[kLn1W],
-                                  w[kWMean1], w[kWRstd1]);
+    return ops::LinearBackward(s, none, g[kQkvW], g[kQkvB], w[kWDqkv], w[kWLn1], p[kQkvW]);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     const int64_t N = B * T, C = c_.d_model, NH = c_.n_head;
@@ -220,10 +217,9 @@ class TransformerBlock : public Block {
     return N * 16 * C * ElemBytes(compute) + (4 * N + att) * 4;
   }
   int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
-    // dy, fc_act (4C), dfc_pre (4C), ln2, dln2, res2, dres2, atty, dqkv (3C), ln1, dln1 and
-    // x in the compute dtype; the four f32 statistics per row.
-    const int64_t N = B * T;
-    return N * 20 * c_.d_model * ElemBytes(compute) + 4 * N * 4;
+    // dy, fc_act (4C), dfc_pre (4C), ln2, dres2, atty, dqkv (3C) and ln1 in the compute
+    // dtype: 16C a row, of which fc_act, ln2, atty and ln1 (7C) are activations Forward kept.
+    return B * T * 16 * c_.d_model * ElemBytes(compute);
   }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device device) const override {
     // Backward (Forward holds 2C per row: proj and fc_out): dy in place of y, then dfc_act and
@@ -265,8 +261,8 @@ class MlpLayerBlock : public Block {
     saved->t = {x2, h};
     return absl::OkStatus();
   }
-  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
-                             const Tensor& dy, const Saved& saved, Tensor* dx,
+  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p, const std::vector<Tensor>&,
+                             const MicroBatch&, const Tensor& dy, const Saved& saved, Tensor* dx,
                              Saved* for_w) const override {
     const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
     ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
@@ -347,11 +343,11 @@ class HeadBlock : public Block {
     saved->t = {x2, h, mean, rstd, logits};
     return absl::OkStatus();
   }
-  // B keeps the dlogits and the projection's input h, and with the LayerNorm dh, x, mean and
-  // rstd, in this order.
-  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p, const MicroBatch& mb,
-                             const Tensor&, const Saved& saved, Tensor* dx,
-                             Saved* for_w) const override {
+  // B keeps the dlogits and the projection's input h, both activations Forward kept; it adds
+  // the LayerNorm's parameter gradients itself (as the transformer block's B does).
+  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p,
+                             const std::vector<Tensor>& g, const MicroBatch& mb, const Tensor&,
+                             const Saved& saved, Tensor* dx, Saved* for_w) const override {
     const std::vector<Tensor>& v = saved.t;
     const int64_t N = v[0].dim(0), C = c_.d_model;
     const int64_t B = mb.targets.dim(0), T = mb.targets.dim(1);
@@ -363,18 +359,13 @@ class HeadBlock : public Block {
     }
     ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dh, Tensor(), Tensor(), v[4], v[1], weight(p)));
-    RETURN_IF_ERROR(
-        ops::LayerNormBackward(s, dx2, Tensor(), Tensor(), dh, v[0], p[0], v[2], v[3]));
-    for_w->t.insert(for_w->t.end(), {dh, v[0], v[2], v[3]});
-    return absl::OkStatus();
+    return ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]);
   }
   absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& p,
                                const std::vector<Tensor>& g, const MicroBatch&,
                                const Saved& for_w) const override {
     const std::vector<Tensor>& w = for_w.t;
-    RETURN_IF_ERROR(ops::LinearBackward(s, Tensor(), weight(g), bias(g), w[0], w[1], weight(p)));
-    if (!layernorm_) return absl::OkStatus();
-    return ops::LayerNormBackward(s, Tensor(), g[0], g[1], w[2], w[3], p[0], w[4], w[5]);
+    return ops::LinearBackward(s, Tensor(), weight(g), bias(g), w[0], w[1], weight(p));
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     const int64_t N = B * T;
@@ -384,9 +375,9 @@ class HeadBlock : public Block {
     return N * c_.vocab * ElemBytes(compute) + N * 4 + ln;
   }
   int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
-    // The dlogits and h; with the LayerNorm dh, x and two f32 statistics per row.
-    const int64_t N = B * T, row = N * c_.d_model * ElemBytes(compute);
-    return N * c_.vocab * ElemBytes(compute) + row + (layernorm_ ? 2 * row + 2 * N * 4 : 0);
+    // The dlogits and h.
+    const int64_t N = B * T;
+    return N * (c_.vocab + c_.d_model) * ElemBytes(compute);
   }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     // Backward: dx, and with the LayerNorm the gradient of its output.
@@ -406,7 +397,7 @@ absl::Status Block::Backward(Stream& s, const std::vector<Tensor>& params,
                              const std::vector<Tensor>& grads, const MicroBatch& mb,
                              const Tensor& dy, const Saved& saved, Tensor* dx) const {
   Saved for_w;
-  RETURN_IF_ERROR(BackwardInput(s, params, mb, dy, saved, dx, &for_w));
+  RETURN_IF_ERROR(BackwardInput(s, params, grads, mb, dy, saved, dx, &for_w));
   return BackwardWeights(s, params, grads, mb, for_w);
 }
 

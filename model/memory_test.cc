@@ -75,15 +75,19 @@ TEST(WeightStashBytes, EqualWhatBackwardInputKeeps) {
     Stream& s = **Stream::Compute(Device::Cpu());
     const int B = 3;
     const MicroBatch mb = Batch(c, B);
-    std::vector<FlatBuffer> params;
-    std::vector<std::vector<Tensor>> p(blocks.size());
+    std::vector<FlatBuffer> params, grads;
+    std::vector<std::vector<Tensor>> p(blocks.size()), g(blocks.size());
     std::vector<Saved> saved(blocks.size());
     Tensor x;
     for (size_t b = 0; b < blocks.size(); ++b) {
       ParamLayout layout(blocks[b]->Params());
       params.push_back(*FlatBuffer::Create(layout, DType::kF32, Device::Cpu()));
       ASSERT_TRUE(InitializeParams(layout, params.back(), 1).ok());
-      for (size_t i = 0; i < params.back().size(); ++i) p[b].push_back(params.back().view(i));
+      grads.push_back(*FlatBuffer::Create(layout, DType::kF32, Device::Cpu()));
+      for (size_t i = 0; i < params.back().size(); ++i) {
+        p[b].push_back(params.back().view(i));
+        g[b].push_back(grads.back().view(i));
+      }
       Tensor y;
       ASSERT_TRUE(blocks[b]->Forward(s, p[b], mb, x, &y, &saved[b]).ok());
       x = y;
@@ -93,7 +97,7 @@ TEST(WeightStashBytes, EqualWhatBackwardInputKeeps) {
       SCOPED_TRACE(blocks[b]->name());
       Tensor dx;
       Saved for_w;
-      ASSERT_TRUE(blocks[b]->BackwardInput(s, p[b], mb, dy, saved[b], &dx, &for_w).ok());
+      ASSERT_TRUE(blocks[b]->BackwardInput(s, p[b], g[b], mb, dy, saved[b], &dx, &for_w).ok());
       std::set<const void*> seen;
       int64_t kept = b == 0 ? static_cast<int64_t>(mb.tokens.bytes()) : 0;
       for (const Tensor& t : for_w.t) {

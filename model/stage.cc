@@ -195,8 +195,8 @@ absl::Status Stage::RunBackward(Stream& s, int chunk, int id, const MicroBatch& 
     Tensor dprev;
     Saved& saved = it->second[b - start];
     if (for_w != nullptr) {
-      RETURN_IF_ERROR(blocks_[b]->BackwardInput(s, BlockParams(b), mb, d, saved, &dprev,
-                                                &(*for_w)[b - start]));
+      RETURN_IF_ERROR(blocks_[b]->BackwardInput(s, BlockParams(b), BlockGrads(b), mb, d, saved,
+                                                &dprev, &(*for_w)[b - start]));
     } else {
       RETURN_IF_ERROR(
           blocks_[b]->Backward(s, BlockParams(b), BlockGrads(b), mb, d, saved, &dprev));

@@ -264,23 +264,30 @@ absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world,
 
 namespace {
 
-// RankMemoryNeeds for a stage holding several model chunks (global stages stage, stage + K,
-// ...): the chunks' model state summed, and the activations at the schedule's moment of most:
-// each micro-batch a chunk holds keeps that chunk's activations (under recomputation its
-// input, plus one micro-batch's activations of the largest chunk during a backward).
-MemoryNeed ChunkedStageMemory(const ParallelConfig& c, const StageBounds& bounds,
-                              const PipelineSchedule& s, int stage, int64_t rows) {
+// RankMemoryNeeds for a stage under schedule `s`: its chunks' model state summed (one chunk
+// but under the interleaved schedule: global stages stage, stage + K, ...), and the
+// activations at the schedule's moment of most: each micro-batch a chunk holds from its F to
+// its B keeps that chunk's activations (under recomputation its input, plus one
+// micro-batch's activations of the largest chunk during a backward), and from a B to its
+// deferred W what the W reads (Block::WeightStashBytes). A B frees each block's activations
+// as it builds that block's stash, about their size or less, so the moments between actions
+// are the peaks (the B's temporaries are the workspace's).
+MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& bounds,
+                                const PipelineSchedule& s, int stage, int64_t rows) {
   const TrainConfig& t = c.train;
   const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
                            static_cast<int64_t>(DTypeSize(t.dtype));
   MemoryNeed n;
-  std::vector<int64_t> held(s.chunks);
+  std::vector<int64_t> held(s.chunks), stash(s.chunks);
   int64_t recomputed = 0;
   for (int chunk = 0; chunk < s.chunks; ++chunk) {
     const int g = GlobalStage(stage, chunk, s.stages);
-    const MemoryNeed one = EstimateStageMemory(t.model, bounds[g], bounds[g + 1], rows, 1,
-                                               /*recompute=*/false, t.dtype, t.optimizer.kind,
-                                               t.device);
+    auto estimate = [&](int in_flight, int pending_weights) {
+      return EstimateStageMemory(t.model, bounds[g], bounds[g + 1], rows, in_flight,
+                                 /*recompute=*/false, t.dtype, t.optimizer.kind, t.device,
+                                 pending_weights);
+    };
+    const MemoryNeed one = estimate(1, 0);
     n.params += one.params;
     n.grads += one.grads;
     n.optimizer += one.optimizer;
@@ -288,19 +295,31 @@ MemoryNeed ChunkedStageMemory(const ParallelConfig& c, const StageBounds& bounds
     // What a chunk after the first keeps of its input, per micro-batch.
     const int64_t input = bounds[g] > 0 ? boundary : 0;
     held[chunk] = c.recompute ? input : one.activations;
+    stash[chunk] = estimate(0, 1).activations;
     recomputed = std::max(recomputed, one.activations - input);
   }
-  std::vector<int> now(s.chunks, 0);
+  std::set<std::pair<int, int>> deferred;  // (chunk, micro-batch) whose W is its own action
+  for (const Action& a : s.actions[stage]) {
+    if (a.type == ActionType::kWeightGradient) deferred.insert({a.chunk, a.micro_batch});
+  }
+  std::vector<int> now(s.chunks, 0), pending(s.chunks, 0);
   int64_t peak = 0;
   for (const Action& a : s.actions[stage]) {
-    if (a.type != ActionType::kForward && a.type != ActionType::kBackward) continue;
-    now[a.chunk] += a.type == ActionType::kForward ? 1 : -1;
+    if (a.type == ActionType::kForward) ++now[a.chunk];
+    if (a.type == ActionType::kBackward) {
+      --now[a.chunk];
+      if (deferred.count({a.chunk, a.micro_batch})) ++pending[a.chunk];
+    }
+    if (a.type == ActionType::kWeightGradient) --pending[a.chunk];
     int64_t bytes = 0;
-    for (int chunk = 0; chunk < s.chunks; ++chunk) bytes += now[chunk] * held[chunk];
+    for (int chunk = 0; chunk < s.chunks; ++chunk) {
+      bytes += now[chunk] * held[chunk] + pending[chunk] * stash[chunk];
+    }
     peak = std::max(peak, bytes);
   }
   n.activations = peak + (c.recompute ? recomputed : 0);
   n.in_flight = PeakInFlight(s, stage);
+  n.pending_weights = PeakPendingWeights(s, stage);
   return n;
 }
 
@@ -339,12 +358,7 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
   std::vector<MemoryNeed> needs;
   for (int r = 0; r < world_size; ++r) {
     const int stage = grid.StageOf(r);
-    MemoryNeed n = s.chunks == 1
-                       ? EstimateStageMemory(t.model, bounds[stage], bounds[stage + 1], rows,
-                                             PeakInFlight(s, stage), c.recompute, t.dtype,
-                                             t.optimizer.kind, t.device,
-                                             PeakPendingWeights(s, stage))
-                       : ChunkedStageMemory(c, bounds, s, stage, rows);
+    MemoryNeed n = ScheduledStageMemory(c, bounds, s, stage, rows);
     shard_optimizer(&n);
     // The host issues a whole step ahead of the device, and each send keeps its tensor until
     // the compute stream waited for it at the step's end (Work::WaitOn): every micro-batch's

@@ -225,19 +225,18 @@ ParallelConfig Pipeline(const char* schedule, int micro_batches) {
   return pc;
 }
 
-// The trainer's peak in flight and the allocator's peak above what was live before, in bytes,
-// over the second step of Pipeline(schedule, M) (the first warms the allocator's cache).
+// The trainer's peak in flight and the peak of the allocator's requested bytes above those live
+// before, over the second step of Pipeline(schedule, M) (the first warms the allocator's
+// cache).
 std::pair<int, int64_t> PeakOfASecondStep(const char* schedule, int micro_batches) {
   auto t = DistributedTrainer::Create(Pipeline(schedule, micro_batches), comm);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return {};
   Allocator* cpu = *GetAllocator(Device::Cpu());
   EXPECT_TRUE((*t)->Step().ok());
-  cpu->ResetPeak();
-  const int64_t base = cpu->stats().allocated_bytes;
   StepTiming timing;
-  EXPECT_TRUE((*t)->Step(&timing).ok());
-  return {timing.peak_in_flight, cpu->stats().peak_allocated_bytes - base};
+  const int64_t peak = PeakRequestedDuring(*cpu, [&] { EXPECT_TRUE((*t)->Step(&timing).ok()); });
+  return {timing.peak_in_flight, peak};
 }
 
 // 1F1B holds at most min(K - stage, M) micro-batches of activations on a stage where GPipe
@@ -269,8 +268,12 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
 // ZB-H1 against 1F1B on the same K ranks and M = 2K micro-batches: the micro-batches whose
 // activations a stage holds at once (the trainer's peak in flight) are no more than 1F1B's,
 // as its Bs free them where 1F1B's backwards do. What the pending Ws keep comes on top on
-// every stage after the first (stage s has up to s + 1 pending): the memory check counts it,
-// and the allocator's peak over a step is printed per stage for both schedules.
+// every stage after the first (stage s has up to s + 1 pending), so those stages hold more
+// than under 1F1B: the memory check counts it, and the peak of the allocator's requested
+// bytes over a step is printed per stage for both schedules. (Whether no stage holds more
+// than 1F1B's largest, as Qi et al. have it for stages that hold alike, depends on the
+// model's split: not on this one, whose last stage holds most; see BENCHMARKS.md for
+// gpt-tiny, and ScheduleTest.ZeroBubbleH1HoldsNoMoreMicroBatchesThanOneFOneBsFirstStage.)
 TEST(ParityTest, ZeroBubbleH1Peak) {
   const int K = comm->world_size();
   if (K < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";

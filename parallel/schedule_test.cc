@@ -1,5 +1,7 @@
 #include "parallel/schedule.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -206,6 +208,33 @@ TEST(ScheduleTest, ZeroBubbleH1InFlightAndPendingWeights) {
   EXPECT_EQ(PeakPendingWeights(ZeroBubbleH1Schedule(3, 4), 2), 3);
   // No W: nothing pending.
   EXPECT_EQ(PeakPendingWeights(OneFOneBSchedule(3, 4), 2), 0);
+}
+
+// Qi et al.'s memory claim for ZB-H1, in micro-batches: at no moment does a stage hold more
+// micro-batches (from a forward to the B, or with its W deferred, to the W) than 1F1B's first
+// stage holds in flight, min(K, M). On stage s, K - s forwards in flight before a B and s
+// pending Ws; right after the B, K - s - 1 and s + 1. So as long as a pending W keeps no more
+// than its micro-batch's activations, ZB-H1 needs no more memory than 1F1B's largest stage
+// (where the stages hold alike).
+TEST(ScheduleTest, ZeroBubbleH1HoldsNoMoreMicroBatchesThanOneFOneBsFirstStage) {
+  for (int k = 2; k <= 6; ++k) {
+    for (int m = 1; m <= 4 * k; ++m) {
+      const PipelineSchedule z = ZeroBubbleH1Schedule(k, m);
+      for (int st = 0; st < k; ++st) {
+        int held = 0, most = 0;
+        for (const Action& a : z.actions[st]) {
+          if (a.type == ActionType::kForward) ++held;
+          // A whole backward (stage 0) or a W releases the micro-batch.
+          const bool whole = a.type == ActionType::kBackward && st == 0;
+          if (a.type == ActionType::kWeightGradient || whole) --held;
+          most = std::max(most, held);
+        }
+        EXPECT_EQ(held, 0);
+        EXPECT_LE(most, std::min(k, m)) << "K=" << k << " M=" << m << " stage " << st;
+        EXPECT_EQ(PeakInFlight(OneFOneBSchedule(k, m), 0), std::min(k, m));
+      }
+    }
+  }
 }
 
 TEST(ScheduleTest, ZeroBubbleH1IsOffered) {

@@ -71,7 +71,7 @@ struct Measured {
   double bubble_seconds = 0;   // averaged over ranks
   double comm_seconds = 0;     // rank 0's medians
   double exposed_seconds = 0;
-  double peak_activation_bytes = 0;  // rank 0's allocator peak above the model state
+  double peak_activation_bytes = 0;  // rank 0's peak of requested bytes above the model state
   // Per rank: its allocator peak above the model state, and its median forward, B and W
   // seconds (0 where it ran none).
   std::vector<double> peak_bytes, forward, backward, weight;
@@ -123,7 +123,9 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
     StepTiming timing;
     if (trace && i == kWarmup + kMeasured - 1) last_step_start_us = Profiler::NowUs();
     absl::StatusOr<StepReport> r = absl::UnknownError("no step");
-    const int64_t peak = PeakAllocatedDuring(*cpu, [&] { r = (*t)->Step(&timing); });
+    // The requests' peak, not the blocks': a cached block up to twice its request would
+    // make a case's peak depend on the cases run before it.
+    const int64_t peak = PeakRequestedDuring(*cpu, [&] { r = (*t)->Step(&timing); });
     if (!r.ok()) return r.status();
     if (i < kWarmup) continue;
     seconds.push_back(r->seconds);

@@ -32,6 +32,7 @@ std::string AllocatorStats::ToString() const {
 struct CachingAllocator::Block {
   void* p = nullptr;
   size_t size = 0;
+  size_t requested = 0;            // live: the request it serves (rounded), at most size
   Stream* home = nullptr;          // the stream it was allocated for
   std::vector<Stream*> used_on;    // other streams (RecordStream)
   std::unique_ptr<Event> home_done;  // cached, host-accessible memory: `home` at the free
@@ -138,6 +139,7 @@ void* CachingAllocator::TakeCachedLocked(size_t rounded, Stream* stream, bool st
     taken->used_on.clear();
     taken->home_done.reset();
     void* p = taken->p;
+    taken->requested = rounded;
     stats_.allocated_bytes += taken->size;
     live_blocks_[p] = std::move(taken);
     return p;
@@ -163,12 +165,15 @@ absl::StatusOr<void*> CachingAllocator::TakeLocked(size_t rounded, Stream* strea
     auto b = std::make_unique<Block>();
     b->p = p;
     b->size = rounded;
+    b->requested = rounded;
     b->home = stream;
     live_blocks_[p] = std::move(b);
     stats_.allocated_bytes += rounded;
   }
   stats_.allocations++;
+  stats_.requested_bytes += rounded;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
   return p;
 }
 
@@ -216,6 +221,7 @@ void CachingAllocator::Free(void* p) {
   }
   if (memory_->host_accessible() && b->home != nullptr) b->home_done = MarkNow(*b->home);
   stats_.allocated_bytes -= b->size;
+  stats_.requested_bytes -= b->requested;
   const size_t size = b->size;
   free_blocks_.emplace(size, std::move(b));
 }
@@ -239,6 +245,7 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::ResetPeak() {
   absl::MutexLock lock(&mu_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_requested_bytes = stats_.requested_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
@@ -248,6 +255,13 @@ int64_t PeakAllocatedDuring(Allocator& allocator, const std::function<void()>& w
   allocator.ResetPeak();
   work();
   return allocator.stats().peak_allocated_bytes - before;
+}
+
+int64_t PeakRequestedDuring(Allocator& allocator, const std::function<void()>& work) {
+  const int64_t before = allocator.stats().requested_bytes;
+  allocator.ResetPeak();
+  work();
+  return allocator.stats().peak_requested_bytes - before;
 }
 
 void CachingAllocator::EmptyCache() { ReleaseCache(); }

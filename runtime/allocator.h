@@ -47,6 +47,11 @@ struct AllocatorStats {
   int64_t allocated_bytes = 0;       // in blocks handed out now (sizes after rounding)
   int64_t reserved_bytes = 0;        // held from the system: allocated + cached
   int64_t peak_allocated_bytes = 0;  // highest allocated_bytes since the last ResetPeak
+  // The requests themselves (rounded) in blocks handed out now: allocated_bytes less what a
+  // cached block larger than its request adds (PyTorch's requested_bytes), so it does not
+  // depend on what the cache held.
+  int64_t requested_bytes = 0;
+  int64_t peak_requested_bytes = 0;  // highest requested_bytes since the last ResetPeak
   int64_t peak_reserved_bytes = 0;
   int64_t system_allocations = 0;    // cudaMalloc / aligned_alloc calls made
   int64_t system_frees = 0;
@@ -143,6 +148,10 @@ void RemoveBeforeSystemFree(int id);
 // gets a block of its own size.
 int64_t PeakAllocatedDuring(Allocator& allocator, const std::function<void()>& work,
                             bool fresh = false);
+// The same in requested bytes (AllocatorStats::requested_bytes): the most `work`'s requests
+// held at once above those live before, whichever cached blocks served them, so it does not
+// depend on what ran before.
+int64_t PeakRequestedDuring(Allocator& allocator, const std::function<void()>& work);
 
 // The process-wide allocator of a device (CUDA device memory, or host memory for the CPU).
 absl::StatusOr<Allocator*> GetAllocator(Device d);

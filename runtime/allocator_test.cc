@@ -175,6 +175,26 @@ TEST(PeakAllocatedDuring, IsWhatTheWorkHeldAtMostAboveWhatWasLive) {
   a.Free(held);
 }
 
+// A cached 2048-byte block serves a 1100-byte request (1536 rounded to 512 bytes, and the
+// block no more than twice it): allocated counts the block, requested the rounded request, and
+// the peak of requests is what the work asked for.
+TEST(PeakRequestedDuring, CountsTheRequestsNotTheCachedBlocks) {
+  int system = 0;
+  CachingAllocator a(std::make_unique<CountingMemory>(&system), {});
+  a.Free(*a.Allocate(2048));
+  const int64_t peak = PeakRequestedDuring(a, [&] {
+    void* p = *a.Allocate(1100);
+    EXPECT_EQ(a.stats().allocated_bytes, 2048);
+    EXPECT_EQ(a.stats().requested_bytes, 1536);
+    void* q = *a.Allocate(512);
+    a.Free(p);
+    a.Free(q);
+  });
+  EXPECT_EQ(peak, 1536 + 512);
+  EXPECT_EQ(a.stats().requested_bytes, 0);
+  EXPECT_EQ(system, 2);
+}
+
 // ---- streams: a block freed by the host while queued work still uses it ----------------------
 
 // A stream whose thread is held until Release(): the work queued on it has not run.

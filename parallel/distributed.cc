@@ -87,6 +87,13 @@ const char* StrategyName(StrategyKind k) {
 absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
                                                          DType compute, int rows, uint64_t seed) {
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
+  return MeasureBlockTimes(model, device, compute, rows, seed, *s);
+}
+
+absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
+                                                         DType compute, int rows, uint64_t seed,
+                                                         Stream& stream) {
+  Stream* s = &stream;
   const int n = model.num_blocks();
   // One single-block stage per block, chained, so each block is timed on its own.
   std::vector<std::unique_ptr<Stage>> stages;

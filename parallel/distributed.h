@@ -87,6 +87,11 @@ struct BlockTime {
 // after a warm-up).
 absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
                                                          DType compute, int rows, uint64_t seed);
+// The same on `stream`, a CPU stream of the caller's (the planner times on an immediate stream
+// per thread while other threads compute beside it).
+absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
+                                                         DType compute, int rows, uint64_t seed,
+                                                         Stream& stream);
 // Their totals, forward + backward: the cost --balance=time splits.
 absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
                                                         DType compute, int rows, uint64_t seed);

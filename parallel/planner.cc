@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "model/block.h"
 #include "model/optimizer.h"
 #include "model/trainer.h"
@@ -157,21 +158,43 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// `peers` threads computing the blocks of `model` at `rows` rows, over and over until the
-// object goes (MeasureBlockTimes's passes, each thread on an immediate CPU stream of its own,
-// so it computes on its own thread as a worker does), beside a timing: the timed blocks then
-// share the caches and memory bandwidth with as many computing neighbours as a run's.
+// `peers` threads computing the blocks of `model` at `rows` rows over and over (BlockPasses,
+// each thread on an immediate CPU stream of its own, so it computes on its own thread as a
+// worker does) until the object goes, beside a timing: the timed blocks then share the caches
+// and memory bandwidth with as many computing neighbours as a run's. Made once every thread
+// has run its first pass, so the timing sees them computing from its start.
 class BlockLoad {
  public:
-  BlockLoad(const ModelConfig& model, Device device, DType compute, int rows, uint64_t seed,
-            int peers) {
+  static absl::StatusOr<std::unique_ptr<BlockLoad>> Start(const ModelConfig& model,
+                                                          Device device, DType compute,
+                                                          int rows, uint64_t seed, int peers) {
+    auto load = std::make_unique<BlockLoad>();
+    BlockLoad* l = load.get();
     for (int i = 0; i < peers; ++i) {
-      threads_.emplace_back([this, model, device, compute, rows, seed, i] {
+      l->threads_.emplace_back([l, model, device, compute, rows, seed, i] {
         std::unique_ptr<Stream> s = Stream::CreateCpu(CpuStreamMode::kImmediate);
-        while (!stop_ && MeasureBlockTimes(model, device, compute, rows, seed + 1 + i, *s).ok()) {
+        absl::StatusOr<std::unique_ptr<BlockPasses>> passes =
+            BlockPasses::Create(model, device, compute, rows, seed + 1 + i);
+        absl::Status status = passes.status();
+        for (bool first = true; status.ok() && (first || !l->stop_); first = false) {
+          status = (*passes)->Run(*s, nullptr);
+          if (first) {
+            absl::MutexLock lock(&l->mu_);  // Start waits on started_ under mu_
+            ++l->started_;
+          }
+        }
+        if (!status.ok()) {
+          absl::MutexLock lock(&l->mu_);
+          l->failed_ = true;
+          l->status_.Update(status);
         }
       });
     }
+    absl::MutexLock lock(&l->mu_);
+    auto ready = [l, peers] { return l->failed_ || l->started_ == peers; };
+    l->mu_.Await(absl::Condition(&ready));
+    if (l->failed_) return l->status_;
+    return load;
   }
   ~BlockLoad() {
     stop_ = true;
@@ -180,6 +203,10 @@ class BlockLoad {
 
  private:
   std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  int started_ = 0;
+  bool failed_ = false;
+  absl::Status status_;
   std::vector<std::thread> threads_;
 };
 
@@ -234,7 +261,8 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     for (int r : rows) {
       absl::StatusOr<std::vector<BlockTime>> times;
       {
-        BlockLoad load(model, device, compute, r, seed, peers);
+        ASSIGN_OR_RETURN(std::unique_ptr<BlockLoad> load,
+                         BlockLoad::Start(model, device, compute, r, seed, peers));
         times = MeasureBlockTimes(model, device, compute, r, seed, timed_on);
       }
       RETURN_IF_ERROR(times.status());

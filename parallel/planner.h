@@ -17,8 +17,10 @@
 //             seconds per parameter, and the step overhead (what a measured one-worker step
 //             takes beyond its blocks and optimizer), a stage's share by its parameters;
 //   memory    the launcher's estimator (RankMemoryNeeds), the most of any rank;
-//   sharing   where more workers run than the host has cores (CPU workers), the step cannot
-//             be shorter than all ranks' compute and step end over the cores.
+//   sharing   CPU workers: blocks timed beside as many threads computing the same as the
+//             run has workers on the host's cores; where more workers run than the host has
+//             cores, the step simulated with the ranks that compute at each moment sharing
+//             the cores (SharedCoresStep), its compute and its end alike.
 #ifndef TANDEM_PARALLEL_PLANNER_H_
 #define TANDEM_PARALLEL_PLANNER_H_
 
@@ -141,7 +143,8 @@ struct Prediction {
   // ZeRO-1's all-gather) and the step overhead (BlockProfile::step_overhead, the stage's share
   // by its parameters).
   double compute_s = 0, bubble_s = 0, exposed_comm_s = 0, optimizer_s = 0;
-  // CPU workers on fewer cores than workers: what the step takes on top, waiting for a core.
+  // CPU workers on fewer cores than workers: what the step takes on top of the step with a
+  // core each, the ranks computing at each moment sharing the cores.
   double sharing_s = 0;
   int64_t memory_bytes = 0;  // the rank that needs the most
   // The largest cost besides compute, as a share of the step: "exposed all-reduce 31% of the

@@ -87,40 +87,62 @@ const char* StrategyName(StrategyKind k) {
 absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
                                                          DType compute, int rows, uint64_t seed) {
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
-  const int n = model.num_blocks();
-  // One single-block stage per block, chained, so each block is timed on its own.
-  std::vector<std::unique_ptr<Stage>> stages;
-  for (int b = 0; b < n; ++b) {
+  return MeasureBlockTimes(model, device, compute, rows, seed, *s);
+}
+
+absl::StatusOr<std::unique_ptr<BlockPasses>> BlockPasses::Create(const ModelConfig& model,
+                                                                 Device device, DType compute,
+                                                                 int rows, uint64_t seed) {
+  auto p = std::make_unique<BlockPasses>();
+  for (int b = 0; b < model.num_blocks(); ++b) {
     ASSIGN_OR_RETURN(std::unique_ptr<Stage> st,
                      Stage::Create(model, b, b + 1, device, seed, compute));
-    stages.push_back(std::move(st));
+    p->stages_.push_back(std::move(st));
   }
   const TokenDataset data = TokenDataset::Synthetic(int64_t{rows} * model.seq_len * 4 + 1,
                                                     model.seq_len, model.vocab, seed);
-  ASSIGN_OR_RETURN(MicroBatch mb,
+  ASSIGN_OR_RETURN(p->mb_,
                    MakeMicroBatch(data, DataOrder(data.num_samples(), seed), 0, 0, rows,
                                   model.seq_len, device, 1.0f / (rows * model.seq_len)));
+  return p;
+}
+
+absl::Status BlockPasses::Run(Stream& s, StreamTimeline* timeline) {
+  const int n = static_cast<int>(stages_.size());
+  auto mark = [&](int kind, const char* name) {
+    return timeline == nullptr ? absl::OkStatus() : timeline->Mark(kind, name);
+  };
+  std::vector<Tensor> outs(n + 1);
+  for (int b = 0; b < n; ++b) {
+    RETURN_IF_ERROR(stages_[b]->Forward(s, 0, mb_, outs[b], &outs[b + 1]));
+    RETURN_IF_ERROR(mark(3 * b, "forward"));
+  }
+  Tensor d;
+  for (int b = n - 1; b >= 0; --b) {
+    Tensor dx;
+    RETURN_IF_ERROR(stages_[b]->BackwardInput(s, 0, mb_, d, &dx));
+    RETURN_IF_ERROR(mark(3 * b + 1, "backward input"));
+    RETURN_IF_ERROR(stages_[b]->BackwardWeights(s, 0, mb_));
+    RETURN_IF_ERROR(mark(3 * b + 2, "backward weights"));
+    d = dx;
+  }
+  return s.Synchronize();
+}
+
+absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
+                                                         DType compute, int rows, uint64_t seed,
+                                                         Stream& stream) {
+  const int n = model.num_blocks();
+  // One single-block stage per block, chained, so each block is timed on its own.
+  ASSIGN_OR_RETURN(std::unique_ptr<BlockPasses> passes,
+                   BlockPasses::Create(model, device, compute, rows, seed));
   constexpr int kRuns = 4;  // the first is a warm-up
   // runs[3 * b + part]: block b's forward (part 0), B (1) and W (2), one entry per run.
   std::vector<std::vector<double>> runs(3 * n);
   for (int r = 0; r < kRuns; ++r) {
     // Each part between events on the stream: the device's time.
-    ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
-    std::vector<Tensor> outs(n + 1);
-    for (int b = 0; b < n; ++b) {
-      RETURN_IF_ERROR(stages[b]->Forward(*s, 0, mb, outs[b], &outs[b + 1]));
-      RETURN_IF_ERROR(timeline.Mark(3 * b, "forward"));
-    }
-    Tensor d;
-    for (int b = n - 1; b >= 0; --b) {
-      Tensor dx;
-      RETURN_IF_ERROR(stages[b]->BackwardInput(*s, 0, mb, d, &dx));
-      RETURN_IF_ERROR(timeline.Mark(3 * b + 1, "backward input"));
-      RETURN_IF_ERROR(stages[b]->BackwardWeights(*s, 0, mb));
-      RETURN_IF_ERROR(timeline.Mark(3 * b + 2, "backward weights"));
-      d = dx;
-    }
-    RETURN_IF_ERROR(s->Synchronize());
+    ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(stream));
+    RETURN_IF_ERROR(passes->Run(stream, &timeline));
     ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, timeline.Phases());
     for (std::vector<double>& v : runs) v.push_back(0);
     for (const StreamTimeline::Phase& p : phases) runs[p.kind].back() += p.seconds;

@@ -87,6 +87,26 @@ struct BlockTime {
 // after a warm-up).
 absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
                                                          DType compute, int rows, uint64_t seed);
+// The same on `stream`, a CPU stream of the caller's (the planner times on an immediate stream
+// per thread while other threads compute beside it).
+absl::StatusOr<std::vector<BlockTime>> MeasureBlockTimes(const ModelConfig& model, Device device,
+                                                         DType compute, int rows, uint64_t seed,
+                                                         Stream& stream);
+// What MeasureBlockTimes runs: every block of `model` as a single-block stage, chained, and one
+// micro-batch of `rows` synthetic samples.
+class BlockPasses {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlockPasses>> Create(const ModelConfig& model,
+                                                             Device device, DType compute,
+                                                             int rows, uint64_t seed);
+  // Every block's forward, first to last, then from the last each block's B and W; with a
+  // timeline, each part marked 3 * block + (0 forward, 1 B, 2 W).
+  absl::Status Run(Stream& s, StreamTimeline* timeline);
+
+ private:
+  std::vector<std::unique_ptr<Stage>> stages_;
+  MicroBatch mb_;
+};
 // Their totals, forward + backward: the cost --balance=time splits.
 absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
                                                         DType compute, int rows, uint64_t seed);

@@ -1,11 +1,14 @@
 #include "parallel/planner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -14,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "model/block.h"
 #include "model/optimizer.h"
 #include "model/trainer.h"
@@ -154,12 +158,78 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// `peers` threads computing the blocks of `model` at `rows` rows over and over (BlockPasses,
+// each thread on an immediate CPU stream of its own, so it computes on its own thread as a
+// worker does) until the object goes, beside a timing: the timed blocks then share the caches
+// and memory bandwidth with as many computing neighbours as a run's. Made once every thread
+// has run its first pass, so the timing sees them computing from its start.
+class BlockLoad {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlockLoad>> Start(const ModelConfig& model,
+                                                          Device device, DType compute,
+                                                          int rows, uint64_t seed, int peers) {
+    auto load = std::make_unique<BlockLoad>();
+    BlockLoad* l = load.get();
+    for (int i = 0; i < peers; ++i) {
+      l->threads_.emplace_back([l, model, device, compute, rows, seed, i] {
+        std::unique_ptr<Stream> s = Stream::CreateCpu(CpuStreamMode::kImmediate);
+        absl::StatusOr<std::unique_ptr<BlockPasses>> passes =
+            BlockPasses::Create(model, device, compute, rows, seed + 1 + i);
+        absl::Status status = passes.status();
+        for (bool first = true; status.ok() && (first || !l->stop_); first = false) {
+          status = (*passes)->Run(*s, nullptr);
+          if (first) {
+            absl::MutexLock lock(&l->mu_);  // Start waits on started_ under mu_
+            ++l->started_;
+          }
+        }
+        if (!status.ok()) {
+          absl::MutexLock lock(&l->mu_);
+          l->failed_ = true;
+          l->status_.Update(status);
+        }
+      });
+    }
+    absl::MutexLock lock(&l->mu_);
+    auto ready = [l, peers] { return l->failed_ || l->started_ == peers; };
+    l->mu_.Await(absl::Condition(&ready));
+    if (l->failed_) return l->status_;
+    return load;
+  }
+  ~BlockLoad() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  int started_ = 0;
+  bool failed_ = false;
+  absl::Status status_;
+  std::vector<std::thread> threads_;
+};
+
+// Each part's fastest of `a` and `b` into `a`.
+void KeepFastest(std::vector<BlockTime>* a, const std::vector<BlockTime>& b) {
+  for (size_t i = 0; i < a->size() && i < b.size(); ++i) {
+    BlockTime& t = (*a)[i];
+    t.forward = std::min(t.forward, b[i].forward);
+    t.backward = std::min(t.backward, b[i].backward);
+    t.weight = std::min(t.weight, b[i].weight);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
-                                                 absl::string_view optimizer, uint64_t seed) {
+                                                 absl::string_view optimizer, uint64_t seed,
+                                                 int peers) {
   if (rows.empty()) return absl::InvalidArgumentError("timing blocks needs a row count");
+  if (peers < 0 || (peers > 0 && !device.is_cpu())) {
+    return absl::InvalidArgumentError("blocks are timed beside 0 or more CPU threads");
+  }
   BlockProfile p;
   p.model = model.ToString();
   p.device = device.ToString();
@@ -170,23 +240,43 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   }
   p.dtype = DTypeName(compute);
   p.rows = rows[0];
+  p.peers = peers;
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
+  // Beside peers every thread computes on a stream of its own (the compute stream's memory
+  // would be handed from one thread to another with work still queued on it).
+  std::unique_ptr<Stream> own;
+  if (peers > 0) {
+    RETURN_IF_ERROR(s->Synchronize());
+    own = Stream::CreateCpu(CpuStreamMode::kImmediate);
+  }
+  Stream& timed_on = peers > 0 ? *own : *s;
   // Three rounds over the row counts, each part's fastest kept: a block is only ever slower
   // for what else the host runs, and rounds spread each row count's timings over the
   // measurement, so a burst of other work cannot make one row count look cheaper than another.
+  // Beside peers, the blocks at rows[0] are timed alone too: the step overhead is a step's
+  // time outside them, and that step runs alone.
   std::map<int, std::vector<BlockTime>> at;
+  std::vector<BlockTime> alone;
   for (int round = 0; round < 3; ++round) {
     for (int r : rows) {
-      ASSIGN_OR_RETURN(std::vector<BlockTime> times,
-                       MeasureBlockTimes(model, device, compute, r, seed));
-      auto [it, first] = at.emplace(r, times);
-      for (size_t b = 0; b < times.size() && !first; ++b) {
-        BlockTime& t = it->second[b];
-        t.forward = std::min(t.forward, times[b].forward);
-        t.backward = std::min(t.backward, times[b].backward);
-        t.weight = std::min(t.weight, times[b].weight);
+      absl::StatusOr<std::vector<BlockTime>> times;
+      {
+        ASSIGN_OR_RETURN(std::unique_ptr<BlockLoad> load,
+                         BlockLoad::Start(model, device, compute, r, seed, peers));
+        times = MeasureBlockTimes(model, device, compute, r, seed, timed_on);
       }
+      RETURN_IF_ERROR(times.status());
+      auto [it, first] = at.emplace(r, *times);
+      if (!first) KeepFastest(&it->second, *times);
+    }
+    if (peers > 0) {
+      ASSIGN_OR_RETURN(std::vector<BlockTime> times,
+                       MeasureBlockTimes(model, device, compute, rows[0], seed, *own));
+      if (round == 0) alone = times;
+      KeepFastest(&alone, times);
     }
   }
+  if (peers == 0) alone = at[rows[0]];
   p.blocks = at[rows[0]];
   at.erase(rows[0]);
   p.more_rows = std::move(at);
@@ -197,7 +287,6 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(oc, n, device));
   ASSIGN_OR_RETURN(Tensor params, Tensor::FromVector(std::vector<float>(n, 0.5f), {n}, device));
   ASSIGN_OR_RETURN(Tensor grads, Tensor::FromVector(std::vector<float>(n, 1e-3f), {n}, device));
-  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device));
   std::vector<double> runs;
   for (int r = 0; r < 4; ++r) {  // the first is a warm-up
     ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
@@ -224,12 +313,13 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     if (i >= 2) steps.push_back(report.seconds);
   }
   double parts = p.optimizer_per_param * n;
-  for (const BlockTime& t : p.blocks) parts += t.total();
+  for (const BlockTime& t : alone) parts += t.total();
   // The fastest step: a step is only ever slower for what else the host runs, and a median
   // of few steps on a busy host put tens of milliseconds of others' work into the overhead.
   p.step_overhead = std::max(0.0, *std::min_element(steps.begin(), steps.end()) - parts);
   p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
                              absl::StrJoin(rows, ", "));
+  if (peers > 0) absl::StrAppend(&p.source, ", beside ", peers, " threads computing the same");
   return p;
 }
 
@@ -300,6 +390,8 @@ absl::StatusOr<BlockProfile> ReadBlockProfile(const std::string& path) {
   }
   p.step_overhead = NumberOr(j, "step_overhead_seconds", 0);
   if (!(p.step_overhead >= 0)) return bad("\"step_overhead_seconds\" must be >= 0");
+  p.peers = static_cast<int>(NumberOr(j, "timed_beside_threads", 0));
+  if (p.peers < 0) return bad("\"timed_beside_threads\" must be >= 0");
   const Json more = j.contains("more_rows") ? j["more_rows"] : Json::array();
   if (!more.is_array()) return bad("\"more_rows\" must be an array");
   for (const Json& m : more) {
@@ -339,6 +431,7 @@ absl::Status WriteBlockProfile(const BlockProfile& p, const std::string& path) {
   };
   j["blocks"] = times(p.blocks);
   if (p.step_overhead > 0) j["step_overhead_seconds"] = JsonNumber(p.step_overhead);
+  if (p.peers > 0) j["timed_beside_threads"] = p.peers;
   if (!p.more_rows.empty()) {
     j["more_rows"] = Json::array();
     for (const auto& [rows, blocks] : p.more_rows) {
@@ -433,6 +526,151 @@ std::vector<double> Buckets(double bytes, double bucket) {
 
 namespace {
 
+// Processor sharing: `n` ranks computing at once on `cores` cores progress at this rate each.
+double ShareRate(int n, double cores) { return n <= cores ? 1.0 : cores / n; }
+
+// One step of the validated schedule `s` with durations `d` (per_stage, transfer) where its
+// stages share `cores` cores: at each moment every stage that computes progresses at
+// ShareRate(stages computing, cores); a stage waiting on a transfer holds no core. Each
+// transfer takes d.transfer from when both its ends are posted (no queue of exchange groups,
+// as SimulateSchedule has: CPU workers' transfers are small beside their compute). Returns
+// when the last compute action or transfer ends.
+double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores) {
+  const int S = s.stages, M = s.micro_batches, V = s.chunks;
+  constexpr double kNotYet = -1;
+  // A transfer by (is gradient, micro-batch, sending global stage): when its send and its
+  // receive were posted.
+  using Key = std::tuple<bool, int, int>;
+  std::map<Key, std::pair<double, double>> posted;
+  auto key = [&](int st, const Action& a) -> Key {
+    const int g = GlobalStage(st, a.chunk, S);
+    switch (a.type) {
+      case ActionType::kSendActivation: return {false, a.micro_batch, g};
+      case ActionType::kRecvActivation: return {false, a.micro_batch, g - 1};
+      case ActionType::kSendGradient: return {true, a.micro_batch, g};
+      default: return {true, a.micro_batch, g + 1};  // kRecvGradient
+    }
+  };
+  auto arrived = [&](const Key& k) {
+    const auto it = posted.find(k);
+    if (it == posted.end() || it->second.first < 0 || it->second.second < 0) return kNotYet;
+    return std::max(it->second.first, it->second.second) + d.transfer;
+  };
+  std::vector<std::vector<bool>> split(S, std::vector<bool>(V * M, false));
+  for (int st = 0; st < S; ++st) {
+    for (const Action& x : s.actions[st]) {
+      if (x.type == ActionType::kWeightGradient) split[st][x.chunk * M + x.micro_batch] = true;
+    }
+  }
+  std::vector<std::vector<double>> fwd_end(S, std::vector<double>(V * M, kNotYet)),
+      bwd_end = fwd_end;
+  // When compute action x of stage st can start; kNotYet while that is not known.
+  auto ready = [&](int st, const Action& x) {
+    const int k = x.chunk * M + x.micro_batch, g = GlobalStage(st, x.chunk, S);
+    if (x.type == ActionType::kWeightGradient) return bwd_end[st][k];
+    if (x.type == ActionType::kForward) return g > 0 ? arrived({false, x.micro_batch, g - 1}) : 0;
+    const double grad = g < S * V - 1 ? arrived({true, x.micro_batch, g + 1}) : 0;
+    return fwd_end[st][k] < 0 || grad < 0 ? kNotYet : std::max(fwd_end[st][k], grad);
+  };
+  auto seconds = [&](int st, const Action& x) {
+    const ComputeSeconds& c = d.per_stage[st][x.chunk];
+    if (x.type == ActionType::kForward) return c.forward;
+    if (x.type == ActionType::kWeightGradient) return c.weight;
+    return split[st][x.chunk * M + x.micro_batch] ? c.backward : c.backward + c.weight;
+  };
+  std::vector<size_t> pc(S, 0);
+  std::vector<double> left(S, kNotYet);  // the running compute action's work left
+  double t = 0, end = 0;
+  for (;;) {
+    // Every stage goes on at t as far as it can: posts its transfers, starts what is ready.
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int st = 0; st < S; ++st) {
+        while (left[st] < 0 && pc[st] < s.actions[st].size()) {
+          const Action& x = s.actions[st][pc[st]];
+          if (x.is_communication()) {
+            auto& [send, recv] = posted.emplace(key(st, x), std::make_pair(kNotYet, kNotYet))
+                                     .first->second;
+            (x.type == ActionType::kSendActivation || x.type == ActionType::kSendGradient
+                 ? send
+                 : recv) = t;
+          } else if (x.is_compute()) {
+            const double at = ready(st, x);
+            if (at < 0 || at > t) break;
+            left[st] = seconds(st, x);
+          }
+          if (left[st] < 0) ++pc[st];  // a started compute action moves on when it ends
+          progress = true;
+        }
+      }
+    }
+    int computing = 0;
+    for (int st = 0; st < S; ++st) computing += left[st] >= 0;
+    // The next moment something changes: a compute action ends or a transfer arrives.
+    const double rate = ShareRate(computing, cores);
+    double next = std::numeric_limits<double>::infinity();
+    for (int st = 0; st < S; ++st) {
+      if (left[st] >= 0) {
+        next = std::min(next, t + left[st] / rate);
+      } else if (pc[st] < s.actions[st].size()) {
+        const double at = ready(st, s.actions[st][pc[st]]);
+        if (at > t) next = std::min(next, at);
+      }
+    }
+    if (std::isinf(next)) break;  // all done (a validated schedule never stalls)
+    for (int st = 0; st < S; ++st) {
+      if (left[st] < 0) continue;
+      left[st] -= rate * (next - t);
+      if (left[st] > 1e-12 * next) continue;
+      const Action& x = s.actions[st][pc[st]];
+      if (x.type == ActionType::kForward) fwd_end[st][x.chunk * M + x.micro_batch] = next;
+      if (x.type == ActionType::kBackward) bwd_end[st][x.chunk * M + x.micro_batch] = next;
+      left[st] = kNotYet;
+      ++pc[st];
+      end = next;
+    }
+    t = next;
+  }
+  for (const auto& [k, ends] : posted) end = std::max(end, arrived(k));
+  return end;
+}
+
+// Ranks that each start at `release[i]`, compute `work[i]` seconds sharing `cores` cores as
+// ShareRate says, then wait `after[i]`: when the last is done.
+double SharedCoresEnd(const std::vector<double>& release, const std::vector<double>& work,
+                      const std::vector<double>& after, double cores) {
+  const size_t n = release.size();
+  std::vector<double> left = work;
+  std::vector<bool> done(n, false);
+  double t = 0, end = 0;
+  for (size_t finished = 0; finished < n;) {
+    int computing = 0;
+    double next = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      if (release[i] > t) {
+        next = std::min(next, release[i]);
+      } else {
+        ++computing;
+      }
+    }
+    const double rate = ShareRate(computing, cores);
+    for (size_t i = 0; i < n; ++i) {
+      if (!done[i] && release[i] <= t) next = std::min(next, t + left[i] / rate);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (done[i] || release[i] > t) continue;
+      left[i] -= rate * (next - t);
+      if (left[i] > 1e-12 * next) continue;
+      done[i] = true;
+      ++finished;
+      end = std::max(end, next + after[i]);
+    }
+    t = next;
+  }
+  return end;
+}
+
 // The schedule a pipeline layout runs, made and validated (MakePlan makes each once).
 absl::StatusOr<PipelineSchedule> LayoutSchedule(const Layout& l) {
   ASSIGN_OR_RETURN(PipelineSchedule s,
@@ -494,12 +732,12 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
 
   // The compute of a step, and each stage's time in it.
   SimulatedStep sim;
+  ScheduleDurations d;
   if (K == 1) {
     const double one = stage[0].forward + stage[0].backward + stage[0].weight;
     sim.busy = {M * one};
     sim.makespan = M * one;
   } else {
-    ScheduleDurations d;
     d.per_stage = chunk;
     const double boundary =
         rows * model.seq_len * model.d_model * static_cast<double>(DTypeSize(c.train.dtype));
@@ -508,13 +746,14 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   }
 
   // Each stage's data-parallel gradient reduction and optimizer step after its compute; the
-  // step ends with the slowest stage's.
+  // step ends with the slowest stage's. Per stage: the exposed reduction, the step end's
+  // compute (optimizer and overhead) and the wait after it (ZeRO-1's all-gather).
+  std::vector<double> exposed(K, 0), end_work(K, 0), end_wait(K, 0);
   double tail = -1;
   int slowest = 0;
   for (int s = 0; s < K; ++s) {
     const double grad_bytes = 4.0 * stage_params[s];
-    double exposed = 0, optimizer = r.profile.optimizer_per_param * stage_params[s];
-    const double overhead = r.profile.step_overhead * stage_params[s] / model.num_params();
+    end_work[s] = r.profile.optimizer_per_param * stage_params[s];
     if (D > 1) {
       const std::vector<double> buckets = Buckets(grad_bytes, double(layout.bucket_bytes));
       auto cost = [&](double b) {
@@ -522,30 +761,33 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
       };
       // The buckets fill during the step's last backward of this stage.
       const double window = c.overlap ? stage[s].backward + stage[s].weight : 0;
-      exposed = ExposedAfter(buckets, window, cost);
-      if (layout.zero) optimizer = optimizer / D + r.link.AllGather(grad_bytes, D);
+      exposed[s] = ExposedAfter(buckets, window, cost);
+      if (layout.zero) {
+        end_work[s] /= D;
+        end_wait[s] = r.link.AllGather(grad_bytes, D);
+      }
     }
-    optimizer += overhead;
-    if (exposed + optimizer > tail) {
-      tail = exposed + optimizer;
+    end_work[s] += r.profile.step_overhead * stage_params[s] / model.num_params();
+    if (exposed[s] + end_work[s] + end_wait[s] > tail) {
+      tail = exposed[s] + end_work[s] + end_wait[s];
       slowest = s;
-      p.exposed_comm_s = exposed;
-      p.optimizer_s = optimizer;
+      p.exposed_comm_s = exposed[s];
+      p.optimizer_s = end_work[s] + end_wait[s];
     }
   }
   p.compute_s = sim.busy[slowest];
   p.bubble_s = sim.makespan - sim.busy[slowest];
   p.step_s = sim.makespan + tail;
-  // CPU workers sharing fewer cores: a step takes at least all ranks' compute over the cores.
+  // CPU workers on fewer cores than workers: the D replicas' stages that compute at each
+  // moment share the cores (each replica's like stage computes at the same moments), in the
+  // step's compute and in its end, which starts for all once the compute is done.
   if (r.host_cores > 0 && r.gpus > r.host_cores) {
-    double work = 0;
-    for (int s = 0; s < K; ++s) {
-      work += D * (sim.busy[s] +
-                   (r.profile.optimizer_per_param / (layout.zero ? D : 1) +
-                    r.profile.step_overhead / model.num_params()) *
-                       stage_params[s]);
-    }
-    p.sharing_s = std::max(0.0, work / r.host_cores - p.step_s);
+    const double cores = double(r.host_cores) / D;
+    const double computed = K == 1 ? sim.makespan / ShareRate(1, cores)
+                                   : SharedCoresStep(*schedule, d, cores);
+    std::vector<double> release(K);
+    for (int s = 0; s < K; ++s) release[s] = computed + exposed[s];
+    p.sharing_s = std::max(0.0, SharedCoresEnd(release, end_work, end_wait, cores) - p.step_s);
     p.step_s += p.sharing_s;
   }
   return p;

@@ -17,8 +17,10 @@
 //             seconds per parameter, and the step overhead (what a measured one-worker step
 //             takes beyond its blocks and optimizer), a stage's share by its parameters;
 //   memory    the launcher's estimator (RankMemoryNeeds), the most of any rank;
-//   sharing   where more workers run than the host has cores (CPU workers), the step cannot
-//             be shorter than all ranks' compute and step end over the cores.
+//   sharing   CPU workers: blocks timed beside as many threads computing the same as the
+//             run has workers on the host's cores; where more workers run than the host has
+//             cores, the step simulated with the ranks that compute at each moment sharing
+//             the cores (SharedCoresStep), its compute and its end alike.
 #ifndef TANDEM_PARALLEL_PLANNER_H_
 #define TANDEM_PARALLEL_PLANNER_H_
 
@@ -79,6 +81,9 @@ struct BlockProfile {
   // A one-worker step's time outside its blocks and optimizer (the gradients' norm and
   // zeroing, the loss's sum, the gradient factor, the input), measured at `rows`; 0: none.
   double step_overhead = 0;
+  // The threads that computed the same blocks beside the timing (a run's other workers on
+  // the host's cores, sharing its caches and memory bandwidth); 0: timed alone.
+  int peers = 0;
   std::string source;
   // Each block's times for a micro-batch of `r` rows: those measured at `r`; between two
   // measured row counts the line through them; beyond the measured ones the line through the
@@ -91,12 +96,15 @@ struct BlockProfile {
 std::vector<int> MicroBatchRows(int batch, int gpus);
 
 // MeasureBlockTimes at each of `rows` (rows[0] is the profile's `rows`, the others go to
-// more_rows), in three rounds over them, each part's fastest; one optimizer step over the whole model's parameters, timed alike, and the
-// step overhead: the fastest of 5 one-worker training steps (Trainer, one micro-batch of
-// rows[0], synthetic data) less its blocks' and optimizer's time, at least 0.
+// more_rows), in three rounds over them, each part's fastest, while `peers` threads (CPU only)
+// compute the same blocks at the same rows beside it, each on its own thread as a worker; one
+// optimizer step over the whole model's parameters, timed alike but alone, and the step
+// overhead: the fastest of 5 one-worker training steps (Trainer, one micro-batch of rows[0],
+// synthetic data) less its blocks' (timed alone too) and optimizer's time, at least 0.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
-                                                 absl::string_view optimizer, uint64_t seed);
+                                                 absl::string_view optimizer, uint64_t seed,
+                                                 int peers = 0);
 // Block times for hardware not here, derived from each block's FLOPs for `rows` samples at
 // `mfu` of a `tflops` peak (a layer: forward 24 C^2 + 4 T C FLOPs a token, B 24 C^2 + 8 T C,
 // W 24 C^2; the head 2 C V each; the embedding's lookups and scatter-add, and the optimizer's
@@ -135,7 +143,8 @@ struct Prediction {
   // ZeRO-1's all-gather) and the step overhead (BlockProfile::step_overhead, the stage's share
   // by its parameters).
   double compute_s = 0, bubble_s = 0, exposed_comm_s = 0, optimizer_s = 0;
-  // CPU workers on fewer cores than workers: what the step takes on top, waiting for a core.
+  // CPU workers on fewer cores than workers: what the step takes on top of the step with a
+  // core each, the ranks computing at each moment sharing the cores.
   double sharing_s = 0;
   int64_t memory_bytes = 0;  // the rank that needs the most
   // The largest cost besides compute, as a share of the step: "exposed all-reduce 31% of the

@@ -244,6 +244,56 @@ TEST(PlannerTest, CoresSharedByWorkers) {
   EXPECT_TRUE(absl::StrContains(p.Reason(), "waiting for a core")) << p.Reason();
 }
 
+TEST(PlannerTest, CoresSharedAtTheStepsEndToo) {
+  PlanRequest r = Request(4, 8);
+  r.link = {0, 1e30};  // the all-reduce takes no time
+  r.host_cores = 2;
+  Layout l;
+  l.data_parallel = 4;
+  // 4 workers each compute 12 s, then each its optimizer step over every parameter
+  // (1 us each), all at once on 2 cores: each at half speed throughout.
+  const double optimizer = r.base.train.model.num_params() * 1e-6;
+  const Prediction p = *Predict(r, l);
+  EXPECT_NEAR(p.step_s, 2 * (12 + optimizer), 1e-9);
+  EXPECT_NEAR(p.sharing_s, 12 + optimizer, 1e-9);
+}
+
+// GPipe on 2 stages of F = 1 s and a whole backward of 1 s, M = 2 micro-batches, transfers
+// free. With a core each: stage 0 runs F0 [0, 1], F1 [1, 2]; stage 1 F0 [1, 2], F1 [2, 3],
+// B1 [3, 4], B0 [4, 5]; stage 0 B1 [4, 5], B0 [5, 6]: 6 s.
+PlanRequest TwoStageGpipe(int gpus, int host_cores, Layout* l) {
+  PlanRequest r = Request(gpus, 4 * gpus / 2);  // 2 rows a micro-batch: the profile's
+  for (BlockTime& t : r.profile.blocks) t = {t.name, 0.5, 0.5, 0};
+  r.profile.optimizer_per_param = 0;
+  r.link = {0, 1e30};
+  r.host_cores = host_cores;
+  l->strategy = StrategyKind::kPipeline;
+  l->data_parallel = gpus / 2;
+  l->stages = 2;
+  l->schedule = "gpipe";
+  l->micro_batches = 2;
+  l->balance = "2,2";
+  return r;
+}
+
+TEST(PlannerTest, PipelineStagesShareTheCoresByHand) {
+  Layout l;
+  EXPECT_NEAR(Predict(TwoStageGpipe(2, 2, &l), l)->step_s, 6, 1e-9);
+  // One core: whenever both stages compute (F1 beside F0 from 1 s, B0 beside B1 from 4 s)
+  // each goes at half speed: F0 [0, 1]; F1 and stage 1's F0 [1, 3]; F1 [3, 4]; B1 [4, 5];
+  // stage 1's B0 and stage 0's B1 [5, 7]; B0 [7, 8]: all 8 s of work one after another.
+  Prediction p = *Predict(TwoStageGpipe(2, 1, &l), l);
+  EXPECT_NEAR(p.step_s, 8, 1e-9);
+  EXPECT_NEAR(p.sharing_s, 2, 1e-9);
+  // 2 replicas on 3 cores: 1.5 cores a replica, so two stages computing at once go at 0.75:
+  // F0 [0, 1]; F1 and F0 [1, 1 + 4/3]; F1 [7/3, 10/3]; B1 [10/3, 13/3]; B0 and B1
+  // [13/3, 17/3]; B0 [17/3, 20/3]. All ranks' work over the cores (16 s / 3) and the step
+  // with a core each (6 s) are both shorter.
+  p = *Predict(TwoStageGpipe(4, 3, &l), l);
+  EXPECT_NEAR(p.step_s, 20.0 / 3, 1e-9);
+  EXPECT_NEAR(p.sharing_s, 20.0 / 3 - 6, 1e-9);
+}
+
 TEST(PlannerTest, PlanKeepsToTheMemoryLimit) {
   PlanRequest r = Request(4, 16);
   const Plan all = *MakePlan(r);
@@ -297,13 +347,17 @@ TEST(PlannerTest, BlockProfileFileRoundTrip) {
   EXPECT_EQ(p.optimizer_per_param, 1e-6);
   EXPECT_TRUE(p.more_rows.empty());
   EXPECT_EQ(p.step_overhead, 0);
+  EXPECT_EQ(p.peers, 0);  // a file that does not say was timed alone
 
-  // Times at more row counts and the step overhead travel too.
+  // Times at more row counts, the step overhead and the threads computing beside the timing
+  // travel too.
   BlockProfile more = r.profile;
   more.more_rows[1] = std::vector<BlockTime>(4, {"x", 0.75, 0.5, 0.25});
   more.step_overhead = 0.125;
+  more.peers = 1;
   ASSERT_TRUE(WriteBlockProfile(more, path).ok());
   const BlockProfile q = *ReadBlockProfile(path);
+  EXPECT_EQ(q.peers, 1);
   ASSERT_EQ(q.more_rows.count(1), 1u);
   ASSERT_EQ(q.more_rows.at(1).size(), 4u);
   EXPECT_EQ(q.more_rows.at(1)[2].backward, 0.5);
@@ -346,6 +400,16 @@ TEST(PlannerTest, MeasuredProfileHasEveryBlock) {
   }
   EXPECT_GT(p.blocks[1].weight, 0);  // a layer's matmuls have weight gradients
   EXPECT_GT(p.optimizer_per_param, 0);
+  EXPECT_EQ(p.peers, 0);
+
+  // Beside a thread computing the same blocks.
+  const BlockProfile q =
+      *MeasureBlockProfile(m, Device::Cpu(), DType::kF32, {2, 1}, "adamw", 1, /*peers=*/1);
+  EXPECT_EQ(q.peers, 1);
+  ASSERT_EQ(q.more_rows.count(1), 1u);
+  for (const BlockTime& t : q.blocks) EXPECT_GT(t.forward, 0) << t.name;
+  EXPECT_TRUE(absl::StrContains(q.source, "beside 1 threads")) << q.source;
+  EXPECT_FALSE(MeasureBlockProfile(m, Device::Cpu(), DType::kF32, {2}, "adamw", 1, -1).ok());
 }
 
 }  // namespace

@@ -264,10 +264,12 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
                                                    o->derive[0], o->derive[1], o->derive[2]));
   } else {
     // One micro-batch of a data-parallel replica's rows, and the smaller micro-batches the
-    // layouts run (larger ones follow the line through the two largest).
+    // layouts run (larger ones follow the line through the two largest). CPU workers compute
+    // beside each other on the host's cores: the blocks are timed beside as many others.
+    const int peers = r.host_cores > 0 ? std::min(r.gpus, r.host_cores) - 1 : 0;
     ASSIGN_OR_RETURN(r.profile, MeasureBlockProfile(t.model, t.device, t.dtype,
                                                     MicroBatchRows(t.batch, r.gpus),
-                                                    t.optimizer.kind, t.seed));
+                                                    t.optimizer.kind, t.seed, peers));
   }
   if (!o->write_block_times.empty()) {
     RETURN_IF_ERROR(WriteBlockProfile(r.profile, o->write_block_times));

@@ -77,9 +77,9 @@ class Block {
   // output and what it saves for backward, not its input (the block before counts that).
   // Known from shapes alone, so a run's memory is checked before anything is allocated.
   virtual int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const = 0;
-  // The bytes a micro-batch's B keeps for its deferred W (`for_w`: output gradients and the
-  // inputs of the ops with parameters, the embedding's tokens too), counted whole even where
-  // they are activations Forward kept, so as not to under-estimate a pending W.
+  // The bytes a micro-batch's B keeps for its deferred W (`for_w`: the linear layers' output
+  // gradients and inputs, the embedding's output gradient and tokens), counted whole even
+  // where they are activations Forward kept, so as not to under-estimate a pending W.
   virtual int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const = 0;
   // The most Forward or Backward holds at once on top of the activations of the blocks up to
   // this one: the temporaries the block allocates, its input gradient included, and in

@@ -39,21 +39,22 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
   int64_t numel = 0, activations = 0, workspace = 0, after = 0, stash = 0;
   // Backward frees each block's activations once it ran, and forward has not made the later
   // blocks' yet: a block's temporaries come on top of the activations of the blocks up to it.
+  // A B whose W is deferred (pending_weights > 0) frees only what the later blocks' stashes
+  // do not keep.
   for (int b = end - 1; b >= begin; --b) {
     const bool last_sent = sends && b == end - 1;
     const int64_t kept =
         blocks[b]->ActivationBytes(rows, model.seq_len, compute) - (last_sent ? boundary : 0);
     const int64_t temporaries = blocks[b]->WorkspaceBytes(rows, model.seq_len, compute, device) +
                                 (last_sent ? boundary : 0);
+    const int64_t stashed = blocks[b]->WeightStashBytes(rows, model.seq_len, compute);
     workspace = std::max(workspace, temporaries - after);
-    after += kept;
+    after += pending_weights > 0 ? std::max<int64_t>(0, kept - stashed) : kept;
     activations += kept;
+    stash += stashed;
   }
   // The stage's parameters each once; a last stage's copy of the tied table counts.
   for (const ParamSpec& p : StageParams(blocks, begin, end)) numel += p.shape.numel();
-  for (int b = begin; b < end; ++b) {
-    stash += blocks[b]->WeightStashBytes(rows, model.seq_len, compute);
-  }
   MemoryNeed n;
   n.params =
       numel * 4 + (compute == DType::kF32 ? 0 : numel * static_cast<int64_t>(DTypeSize(compute)));

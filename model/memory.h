@@ -38,7 +38,8 @@ struct MemoryNeed {
 // computing in `compute` with `optimizer` ("adamw" or "sgd"), `in_flight` micro-batches held
 // at once (with `recompute`, their inputs and one micro-batch's activations), and what
 // `pending_weights` micro-batches' deferred Ws keep (Block::WeightStashBytes), added to the
-// activations. The device decides the ops' scratch.
+// activations (and with any, a B keeps its later blocks' stashes while it runs the earlier
+// ones, which the temporaries count). The device decides the ops' scratch.
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
                                absl::string_view optimizer, Device device,

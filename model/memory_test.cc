@@ -84,6 +84,7 @@ TEST(WeightStashBytes, EqualWhatBackwardInputKeeps) {
       params.push_back(*FlatBuffer::Create(layout, DType::kF32, Device::Cpu()));
       ASSERT_TRUE(InitializeParams(layout, params.back(), 1).ok());
       grads.push_back(*FlatBuffer::Create(layout, DType::kF32, Device::Cpu()));
+      ASSERT_TRUE(ZeroFill(grads.back().flat(), s).ok());  // B adds the LayerNorms' into it
       for (size_t i = 0; i < params.back().size(); ++i) {
         p[b].push_back(params.back().view(i));
         g[b].push_back(grads.back().view(i));

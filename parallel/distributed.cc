@@ -293,12 +293,17 @@ namespace {
 // micro-batch's activations of the largest chunk during a backward), and from a B to its
 // deferred W what the W reads (Block::WeightStashBytes). A B frees each block's activations
 // as it builds that block's stash, about their size or less, so the moments between actions
-// are the peaks (the B's temporaries are the workspace's).
+// are the peaks; what a B holds on top (its temporaries, beside the stashes of the blocks it
+// already ran) is the workspace's.
 MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& bounds,
                                 const PipelineSchedule& s, int stage, int64_t rows) {
   const TrainConfig& t = c.train;
   const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
                            static_cast<int64_t>(DTypeSize(t.dtype));
+  std::set<std::pair<int, int>> deferred;  // (chunk, micro-batch) whose W is its own action
+  for (const Action& a : s.actions[stage]) {
+    if (a.type == ActionType::kWeightGradient) deferred.insert({a.chunk, a.micro_batch});
+  }
   MemoryNeed n;
   std::vector<int64_t> held(s.chunks), stash(s.chunks);
   int64_t recomputed = 0;
@@ -313,16 +318,14 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
     n.params += one.params;
     n.grads += one.grads;
     n.optimizer += one.optimizer;
-    n.workspace = std::max(n.workspace, one.workspace);
+    // A B that defers its W keeps the later blocks' stashes while it runs the earlier ones.
+    const int64_t workspace = deferred.empty() ? one.workspace : estimate(1, 1).workspace;
+    n.workspace = std::max(n.workspace, workspace);
     // What a chunk after the first keeps of its input, per micro-batch.
     const int64_t input = bounds[g] > 0 ? boundary : 0;
     held[chunk] = c.recompute ? input : one.activations;
     stash[chunk] = estimate(0, 1).activations;
     recomputed = std::max(recomputed, one.activations - input);
-  }
-  std::set<std::pair<int, int>> deferred;  // (chunk, micro-batch) whose W is its own action
-  for (const Action& a : s.actions[stage]) {
-    if (a.type == ActionType::kWeightGradient) deferred.insert({a.chunk, a.micro_batch});
   }
   std::vector<int> now(s.chunks, 0), pending(s.chunks, 0);
   int64_t peak = 0;
@@ -698,8 +701,8 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // Micro-batch m on chunk c: the key of its tensors and transfers.
   auto key = [M](const Action& a) { return a.chunk * M + a.micro_batch; };
   // The micro-batches whose backward this stage splits: a B with a W for the same
-  // micro-batch and chunk computes the input gradient only, and the W adds the parameter
-  // gradients.
+  // micro-batch and chunk computes the input gradient (and the LayerNorms' parameter
+  // gradients), and the W adds the linear layers' weight gradients.
   std::vector<bool> split(M * V, false);
   for (const Action& a : actions) {
     if (a.type == ActionType::kWeightGradient) split[key(a)] = true;
@@ -838,8 +841,8 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       RETURN_IF_ERROR(prefetch_after(i));
       Tensor dx;
       if (split[k]) {
-        // The input gradient only; what the W reads stays with the stage (and the
-        // micro-batch's tokens here) until it runs.
+        // The input gradient (and the LayerNorms' gradients); what the W reads stays with
+        // the stage (and the micro-batch's tokens here) until it runs.
         RETURN_IF_ERROR(stage_->BackwardInput(s, m, *mb, grad_in[k], &dx, c));
       } else {
         RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[k], &dx, buckets_from(i), c));

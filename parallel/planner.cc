@@ -179,15 +179,13 @@ class BlockLoad {
         for (bool first = true; status.ok() && (first || !l->stop_); first = false) {
           status = (*passes)->Run(*s, nullptr);
           if (first) {
-            absl::MutexLock lock(&l->mu_);  // Start waits on started_ under mu_
+            absl::MutexLock lock(&l->mu_);  // Start waits on started_ and failed_ under mu_
             ++l->started_;
+            l->Fail(status);
           }
         }
-        if (!status.ok()) {
-          absl::MutexLock lock(&l->mu_);
-          l->failed_ = true;
-          l->status_.Update(status);
-        }
+        absl::MutexLock lock(&l->mu_);
+        l->Fail(status);
       });
     }
     absl::MutexLock lock(&l->mu_);
@@ -196,12 +194,24 @@ class BlockLoad {
     if (l->failed_) return l->status_;
     return load;
   }
-  ~BlockLoad() {
+  // Stops the threads; an error any of them met, so that a timing is never reported as
+  // beside threads that did not compute.
+  absl::Status Stop() {
     stop_ = true;
     for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    absl::MutexLock lock(&mu_);
+    return status_;
   }
+  ~BlockLoad() { Stop().IgnoreError(); }
 
  private:
+  void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (status.ok()) return;
+    failed_ = true;
+    status_.Update(status);
+  }
+
   std::atomic<bool> stop_{false};
   absl::Mutex mu_;
   int started_ = 0;
@@ -264,6 +274,7 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
         ASSIGN_OR_RETURN(std::unique_ptr<BlockLoad> load,
                          BlockLoad::Start(model, device, compute, r, seed, peers));
         times = MeasureBlockTimes(model, device, compute, r, seed, timed_on);
+        RETURN_IF_ERROR(load->Stop());
       }
       RETURN_IF_ERROR(times.status());
       auto [it, first] = at.emplace(r, *times);
@@ -390,8 +401,11 @@ absl::StatusOr<BlockProfile> ReadBlockProfile(const std::string& path) {
   }
   p.step_overhead = NumberOr(j, "step_overhead_seconds", 0);
   if (!(p.step_overhead >= 0)) return bad("\"step_overhead_seconds\" must be >= 0");
-  p.peers = static_cast<int>(NumberOr(j, "timed_beside_threads", 0));
-  if (p.peers < 0) return bad("\"timed_beside_threads\" must be >= 0");
+  const double peers = NumberOr(j, "timed_beside_threads", 0);
+  if (!(peers >= 0 && peers <= 4096 && peers == std::floor(peers))) {
+    return bad("\"timed_beside_threads\" must be a whole number from 0 to 4096");
+  }
+  p.peers = static_cast<int>(peers);
   const Json more = j.contains("more_rows") ? j["more_rows"] : Json::array();
   if (!more.is_array()) return bad("\"more_rows\" must be an array");
   for (const Json& m : more) {

@@ -12,6 +12,36 @@
 namespace tandem {
 namespace {
 
+// ZB-H1 on 2 stages, M = 4: stage 1 runs F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3. With A a
+// micro-batch's activations and S a pending W's stash (S < A), it holds A, S, A+S, 2S, S, A+S,
+// 2S, S, A+S, 2S, S, 0 after each action: at most A + S, where the two peaks added (one in
+// flight, two pending) would say A + 2S. On top, its M input gradients sent, and a B's
+// temporaries beside the stashes of the blocks it ran, more than a whole backward's.
+TEST(PlannerTest, ZeroBubbleMemoryWalkedByHand) {
+  ParallelConfig pc;
+  pc.train.model = TwoLayerModel("gpt", 16, 2, 8, 32);  // d_model 16, seq 8, vocab 32
+  pc.train.batch = 8;
+  pc.train.micro_batches = 4;
+  pc.strategy = StrategyKind::kPipeline;
+  pc.schedule = "zb-h1";
+  const StageBounds bounds = *PlanStages(pc, 2);
+  const std::vector<MemoryNeed> need = *RankMemoryNeeds(pc, bounds, 2);
+  const TrainConfig& t = pc.train;
+  const int64_t rows = 2;
+  auto estimate = [&](int in_flight, int pending) {
+    return EstimateStageMemory(t.model, bounds[1], bounds[2], rows, in_flight,
+                               /*recompute=*/false, t.dtype, t.optimizer.kind, t.device,
+                               pending);
+  };
+  const int64_t A = estimate(1, 0).activations, S = estimate(0, 1).activations;
+  const int64_t sent = rows * t.model.seq_len * t.model.d_model * 4;  // f32
+  ASSERT_LT(S, A);
+  EXPECT_EQ(need[1].activations, A + S + 4 * sent);
+  EXPECT_GT(need[1].workspace, estimate(1, 0).workspace);
+  EXPECT_EQ(need[1].in_flight, 1);
+  EXPECT_EQ(need[1].pending_weights, 2);
+}
+
 TEST(PlannerTest, FitLinkRecoversKnownParameters) {
   const double alpha = 5e-6, bandwidth = 12e9;
   std::vector<LinkSample> exact, noisy;

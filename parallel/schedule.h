@@ -15,10 +15,10 @@
 // back to stage 0 at each chunk's end.
 //
 // B and W: a B computes the gradient the previous global stage needs. When the same stage
-// also runs a W for that micro-batch and chunk, B computes the input gradient only and W,
-// which needs no communication and may come any time after its B, adds the parameter
-// gradients (zero-bubble's split: Stage::BackwardInput / BackwardWeights); without a W, B is
-// the whole backward.
+// also runs a W for that micro-batch and chunk, B computes the input gradient (and the
+// LayerNorms' parameter gradients) and W, which needs no communication and may come any time
+// after its B, adds the linear layers' weight gradients (zero-bubble's split:
+// Stage::BackwardInput / BackwardWeights); without a W, B is the whole backward.
 #ifndef TANDEM_PARALLEL_SCHEDULE_H_
 #define TANDEM_PARALLEL_SCHEDULE_H_
 
@@ -150,7 +150,7 @@ std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule
 absl::Status ValidateSchedule(const PipelineSchedule& s);
 
 // How long a stage's compute actions on one chunk take (any unit, the same for all).
-// Zero-bubble's convention: `backward` is a B that computes the input gradient only and
+// Zero-bubble's convention: `backward` is a B that computes the input gradient and
 // `weight` its W, so a B without a W for its micro-batch (a whole backward) takes
 // backward + weight. Where a schedule never splits the backward, backward may hold the whole
 // of it and weight 0.

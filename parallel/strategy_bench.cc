@@ -72,7 +72,7 @@ struct Measured {
   double comm_seconds = 0;     // rank 0's medians
   double exposed_seconds = 0;
   double peak_activation_bytes = 0;  // rank 0's peak of requested bytes above the model state
-  // Per rank: its allocator peak above the model state, and its median forward, B and W
+  // Per rank: its peak of requested bytes above the model state, and its median forward, B and W
   // seconds (0 where it ran none).
   std::vector<double> peak_bytes, forward, backward, weight;
   // [measured step][rank]: the seconds of each of the rank's compute actions, in its order.

@@ -507,7 +507,7 @@ absl::Status LayerNormBackward(Stream& s, const Tensor& dinp, const Tensor& dwei
                                const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   constexpr const char* kOp = "LayerNormBackward";
-  // The outputs may each be undefined: B computes dinp alone, W the parameter gradients.
+  // The outputs may each be undefined (a backward that needs only some of them).
   RETURN_IF_ERROR(CheckCommon(
       kOp, s, {{"inp", inp}, {"weight", weight}, {"dout", dout}, {"mean", mean}, {"rstd", rstd}},
       {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}}));

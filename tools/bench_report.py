@@ -391,7 +391,8 @@ def pipeline_section(rows, base):
             ofob = next((o for o in rows if o["schedule"] == "1f1b" and
                          o["stages"] == s["stages"] and
                          o["micro_batches"] == s["micro_batches"]), None)
-            if not ofob or "peak_activation_bytes" not in s or "peak_activation_bytes" not in ofob:
+            if (not ofob or not s.get("peak_activation_bytes") or
+                    not max(ofob.get("peak_activation_bytes") or [0])):
                 continue
             ratio = max(s["peak_activation_bytes"]) / max(ofob["peak_activation_bytes"])
             print(f"| {s['stages']} | {s['micro_batches']} | {mb(ofob)} | {mb(s)} | {ratio:.3f} |")

@@ -300,10 +300,8 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
   const TrainConfig& t = c.train;
   const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
                            static_cast<int64_t>(DTypeSize(t.dtype));
-  std::set<std::pair<int, int>> deferred;  // (chunk, micro-batch) whose W is its own action
-  for (const Action& a : s.actions[stage]) {
-    if (a.type == ActionType::kWeightGradient) deferred.insert({a.chunk, a.micro_batch});
-  }
+  const std::vector<bool> deferred = DeferredWeights(s, stage);
+  const bool defers = std::find(deferred.begin(), deferred.end(), true) != deferred.end();
   MemoryNeed n;
   std::vector<int64_t> held(s.chunks), stash(s.chunks);
   int64_t recomputed = 0;
@@ -319,7 +317,7 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
     n.grads += one.grads;
     n.optimizer += one.optimizer;
     // A B that defers its W keeps the later blocks' stashes while it runs the earlier ones.
-    const int64_t workspace = deferred.empty() ? one.workspace : estimate(1, 1).workspace;
+    const int64_t workspace = defers ? estimate(1, 1).workspace : one.workspace;
     n.workspace = std::max(n.workspace, workspace);
     // What a chunk after the first keeps of its input, per micro-batch.
     const int64_t input = bounds[g] > 0 ? boundary : 0;
@@ -333,7 +331,7 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
     if (a.type == ActionType::kForward) ++now[a.chunk];
     if (a.type == ActionType::kBackward) {
       --now[a.chunk];
-      if (deferred.count({a.chunk, a.micro_batch})) ++pending[a.chunk];
+      if (deferred[a.chunk * s.micro_batches + a.micro_batch]) ++pending[a.chunk];
     }
     if (a.type == ActionType::kWeightGradient) --pending[a.chunk];
     int64_t bytes = 0;
@@ -703,10 +701,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // The micro-batches whose backward this stage splits: a B with a W for the same
   // micro-batch and chunk computes the input gradient (and the LayerNorms' parameter
   // gradients), and the W adds the linear layers' weight gradients.
-  std::vector<bool> split(M * V, false);
-  for (const Action& a : actions) {
-    if (a.type == ActionType::kWeightGradient) split[key(a)] = true;
-  }
+  const std::vector<bool> split = DeferredWeights(schedule_, rank);
   // Each chunk's last action writing parameter gradients (a whole backward or a W: under
   // GPipe and 1F1B the last micro-batch's backward, under ZB-H1 the stage's last W)
   // completes them: the data-parallel buckets of its blocks go out during it. And the last

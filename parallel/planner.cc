@@ -179,19 +179,19 @@ class BlockLoad {
         for (bool first = true; status.ok() && (first || !l->stop_); first = false) {
           status = (*passes)->Run(*s, nullptr);
           if (first) {
-            absl::MutexLock lock(&l->mu_);  // Start waits on started_ and failed_ under mu_
+            absl::MutexLock lock(&l->mu_);  // Start waits on started_ and status_ under mu_
             ++l->started_;
-            l->Fail(status);
+            l->status_.Update(status);  // keeps the first error
           }
         }
         absl::MutexLock lock(&l->mu_);
-        l->Fail(status);
+        l->status_.Update(status);  // keeps the first error
       });
     }
     absl::MutexLock lock(&l->mu_);
-    auto ready = [l, peers] { return l->failed_ || l->started_ == peers; };
+    auto ready = [l, peers] { return !l->status_.ok() || l->started_ == peers; };
     l->mu_.Await(absl::Condition(&ready));
-    if (l->failed_) return l->status_;
+    if (!l->status_.ok()) return l->status_;
     return load;
   }
   // Stops the threads; an error any of them met, so that a timing is never reported as
@@ -206,17 +206,10 @@ class BlockLoad {
   ~BlockLoad() { Stop().IgnoreError(); }
 
  private:
-  void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (status.ok()) return;
-    failed_ = true;
-    status_.Update(status);
-  }
-
   std::atomic<bool> stop_{false};
   absl::Mutex mu_;
-  int started_ = 0;
-  bool failed_ = false;
-  absl::Status status_;
+  int started_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
 
@@ -570,12 +563,8 @@ double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, do
     if (it == posted.end() || it->second.first < 0 || it->second.second < 0) return kNotYet;
     return std::max(it->second.first, it->second.second) + d.transfer;
   };
-  std::vector<std::vector<bool>> split(S, std::vector<bool>(V * M, false));
-  for (int st = 0; st < S; ++st) {
-    for (const Action& x : s.actions[st]) {
-      if (x.type == ActionType::kWeightGradient) split[st][x.chunk * M + x.micro_batch] = true;
-    }
-  }
+  std::vector<std::vector<bool>> split(S);
+  for (int st = 0; st < S; ++st) split[st] = DeferredWeights(s, st);
   std::vector<std::vector<double>> fwd_end(S, std::vector<double>(V * M, kNotYet)),
       bwd_end = fwd_end;
   // When compute action x of stage st can start; kNotYet while that is not known.
@@ -587,10 +576,7 @@ double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, do
     return fwd_end[st][k] < 0 || grad < 0 ? kNotYet : std::max(fwd_end[st][k], grad);
   };
   auto seconds = [&](int st, const Action& x) {
-    const ComputeSeconds& c = d.per_stage[st][x.chunk];
-    if (x.type == ActionType::kForward) return c.forward;
-    if (x.type == ActionType::kWeightGradient) return c.weight;
-    return split[st][x.chunk * M + x.micro_batch] ? c.backward : c.backward + c.weight;
+    return d.per_stage[st][x.chunk].Of(x, split[st][x.chunk * M + x.micro_batch]);
   };
   std::vector<size_t> pc(S, 0);
   std::vector<double> left(S, kNotYet);  // the running compute action's work left

@@ -601,12 +601,8 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
         {});
   }
   // Simulation over the exchange groups. split[st][k]: a W follows the B of k on stage st.
-  std::vector<std::vector<bool>> split(S, std::vector<bool>(V * M, false));
-  for (int st = 0; st < S; ++st) {
-    for (const Action& x : s.actions[st]) {
-      if (x.type == ActionType::kWeightGradient) split[st][x.chunk * M + x.micro_batch] = true;
-    }
-  }
+  std::vector<std::vector<bool>> split(S);
+  for (int st = 0; st < S; ++st) split[st] = DeferredWeights(s, st);
   const std::vector<std::vector<std::vector<int>>> groups = ExchangeGroups(s);
   std::vector<std::map<int, int>> group_of(S);  // action index -> group, per stage
   for (int st = 0; st < S; ++st) {
@@ -622,10 +618,7 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
       return d.per_action[st][i];
     }
     if (d.per_stage.empty()) return 0.0;
-    const ComputeSeconds& c = d.per_stage[st][x.chunk];
-    if (x.type == ActionType::kForward) return c.forward;
-    if (x.type == ActionType::kWeightGradient) return c.weight;
-    return split[st][x.chunk * M + x.micro_batch] ? c.backward : c.backward + c.weight;
+    return d.per_stage[st][x.chunk].Of(x, split[st][x.chunk * M + x.micro_batch]);
   };
   std::vector<double> now(S, 0), queue_free(S, 0);
   SimulatedStep out;
@@ -795,17 +788,29 @@ int PeakInFlight(const PipelineSchedule& s, int stage) {
 
 int PeakPendingWeights(const PipelineSchedule& s, int stage) {
   int now = 0, peak = 0;
-  std::map<std::pair<int, int>, bool> split;  // (chunk, micro-batch) with a W
+  const std::vector<bool> split = DeferredWeights(s, stage);
   for (const Action& a : s.actions[stage]) {
-    if (a.type == ActionType::kWeightGradient) split[{a.chunk, a.micro_batch}] = true;
-  }
-  for (const Action& a : s.actions[stage]) {
-    if (a.type == ActionType::kBackward && split.count({a.chunk, a.micro_batch})) {
+    if (a.type == ActionType::kBackward && split[a.chunk * s.micro_batches + a.micro_batch]) {
       peak = std::max(peak, ++now);
     }
     if (a.type == ActionType::kWeightGradient) --now;
   }
   return peak;
+}
+
+std::vector<bool> DeferredWeights(const PipelineSchedule& s, int stage) {
+  std::vector<bool> split(s.chunks * s.micro_batches, false);
+  for (const Action& a : s.actions[stage]) {
+    if (a.type != ActionType::kWeightGradient) continue;
+    split[a.chunk * s.micro_batches + a.micro_batch] = true;
+  }
+  return split;
+}
+
+double ComputeSeconds::Of(const Action& x, bool deferred) const {
+  if (x.type == ActionType::kForward) return forward;
+  if (x.type == ActionType::kWeightGradient) return weight;
+  return deferred ? backward : backward + weight;
 }
 
 }  // namespace tandem

@@ -158,6 +158,9 @@ struct ComputeSeconds {
   double forward = 0;
   double backward = 0;
   double weight = 0;
+  // Compute action `x`'s seconds: a B whose W is its own action (`deferred`) takes
+  // `backward`, a whole backward backward + weight.
+  double Of(const Action& x, bool deferred) const;
 };
 
 struct ScheduleDurations {
@@ -207,6 +210,9 @@ int PeakInFlight(const PipelineSchedule& s, int stage);
 // Stage::weights_pending), each keeping what its W reads. The two peaks need not fall at
 // the same moment: their sum bounds what the stage holds from above.
 int PeakPendingWeights(const PipelineSchedule& s, int stage);
+// Whether `stage` runs a W of its own for micro-batch m on chunk c (its B then computes the
+// input gradient and W the rest), indexed by c * micro_batches + m.
+std::vector<bool> DeferredWeights(const PipelineSchedule& s, int stage);
 
 }  // namespace tandem
 

@@ -213,14 +213,21 @@ class BlockLoad {
   std::vector<std::thread> threads_;
 };
 
-// Each part's fastest of `a` and `b` into `a`.
-void KeepFastest(std::vector<BlockTime>* a, const std::vector<BlockTime>& b) {
-  for (size_t i = 0; i < a->size() && i < b.size(); ++i) {
-    BlockTime& t = (*a)[i];
-    t.forward = std::min(t.forward, b[i].forward);
-    t.backward = std::min(t.backward, b[i].backward);
-    t.weight = std::min(t.weight, b[i].weight);
+// Each part's median over `rounds` (each a timing of every block).
+std::vector<BlockTime> MedianTimes(const std::vector<std::vector<BlockTime>>& rounds) {
+  std::vector<BlockTime> m = rounds.at(0);
+  for (size_t i = 0; i < m.size(); ++i) {
+    std::vector<double> f, b, w;
+    for (const std::vector<BlockTime>& r : rounds) {
+      f.push_back(r[i].forward);
+      b.push_back(r[i].backward);
+      w.push_back(r[i].weight);
+    }
+    m[i].forward = Median(f);
+    m[i].backward = Median(b);
+    m[i].weight = Median(w);
   }
+  return m;
 }
 
 }  // namespace
@@ -253,14 +260,17 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     own = Stream::CreateCpu(CpuStreamMode::kImmediate);
   }
   Stream& timed_on = peers > 0 ? *own : *s;
-  // Three rounds over the row counts, each part's fastest kept: a block is only ever slower
-  // for what else the host runs, and rounds spread each row count's timings over the
-  // measurement, so a burst of other work cannot make one row count look cheaper than another.
+  // Rounds over the row counts, each part's median kept. Not the fastest: a run's step is
+  // its mean, and this host's speed varies by tens of percent from second to second, so the
+  // fastest timings are from its fast moments, which a run's mean is not (the fastest
+  // predicted every layout's step 15-35% short). Rounds spread each row count's timings
+  // over the measurement, so a slow spell weighs on every row count alike.
   // Beside peers, the blocks at rows[0] are timed alone too: the step overhead is a step's
   // time outside them, and that step runs alone.
-  std::map<int, std::vector<BlockTime>> at;
-  std::vector<BlockTime> alone;
-  for (int round = 0; round < 3; ++round) {
+  constexpr int kRounds = 5;
+  std::map<int, std::vector<std::vector<BlockTime>>> at;
+  std::vector<std::vector<BlockTime>> alone;
+  for (int round = 0; round < kRounds; ++round) {
     for (int r : rows) {
       absl::StatusOr<std::vector<BlockTime>> times;
       {
@@ -270,20 +280,19 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
         RETURN_IF_ERROR(load->Stop());
       }
       RETURN_IF_ERROR(times.status());
-      auto [it, first] = at.emplace(r, *times);
-      if (!first) KeepFastest(&it->second, *times);
+      at[r].push_back(*std::move(times));
     }
     if (peers > 0) {
       ASSIGN_OR_RETURN(std::vector<BlockTime> times,
                        MeasureBlockTimes(model, device, compute, rows[0], seed, *own));
-      if (round == 0) alone = times;
-      KeepFastest(&alone, times);
+      alone.push_back(std::move(times));
     }
   }
   if (peers == 0) alone = at[rows[0]];
-  p.blocks = at[rows[0]];
-  at.erase(rows[0]);
-  p.more_rows = std::move(at);
+  p.blocks = MedianTimes(at[rows[0]]);
+  for (int r : rows) {
+    if (r != rows[0]) p.more_rows[r] = MedianTimes(at[r]);
+  }
   // One optimizer step over the whole model's parameters, timed as the blocks are.
   const int64_t n = model.num_params();
   OptimizerConfig oc;
@@ -312,15 +321,14 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   tc.synthetic_data = true;
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(tc));
   std::vector<double> steps;
-  for (int i = 0; i < 7; ++i) {  // the first two warm up
+  for (int i = 0; i < 11; ++i) {  // the first two warm up
     ASSIGN_OR_RETURN(StepReport report, trainer->Step());
     if (i >= 2) steps.push_back(report.seconds);
   }
   double parts = p.optimizer_per_param * n;
-  for (const BlockTime& t : alone) parts += t.total();
-  // The fastest step: a step is only ever slower for what else the host runs, and a median
-  // of few steps on a busy host put tens of milliseconds of others' work into the overhead.
-  p.step_overhead = std::max(0.0, *std::min_element(steps.begin(), steps.end()) - parts);
+  for (const BlockTime& t : MedianTimes(alone)) parts += t.total();
+  // Medians, as the blocks': the step and its parts at the same typical speed.
+  p.step_overhead = std::max(0.0, Median(steps) - parts);
   p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
                              absl::StrJoin(rows, ", "));
   if (peers > 0) absl::StrAppend(&p.source, ", beside ", peers, " threads computing the same");

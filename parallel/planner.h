@@ -96,10 +96,10 @@ struct BlockProfile {
 std::vector<int> MicroBatchRows(int batch, int gpus);
 
 // MeasureBlockTimes at each of `rows` (rows[0] is the profile's `rows`, the others go to
-// more_rows), in three rounds over them, each part's fastest, while `peers` threads (CPU only)
+// more_rows), in five rounds over them, each part's median, while `peers` threads (CPU only)
 // compute the same blocks at the same rows beside it, each on its own thread as a worker; one
 // optimizer step over the whole model's parameters, timed alike but alone, and the step
-// overhead: the fastest of 5 one-worker training steps (Trainer, one micro-batch of rows[0],
+// overhead: the median of 9 one-worker training steps (Trainer, one micro-batch of rows[0],
 // synthetic data) less its blocks' (timed alone too) and optimizer's time, at least 0.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,

@@ -63,7 +63,7 @@ for pair in 1 2 3; do
 done
 step "planner: compare --plan on 2 and 4 workers, predicted against measured; 64 H200s planned"
 for np in 2 4; do
-  "$runfiles/tools/compare" --plan --gpus=$np --model=gpt-tiny --batch=16 --steps=8 \
+  "$runfiles/tools/compare" --plan --gpus=$np --model=gpt-tiny --batch=16 --steps=20 \
     --out="$out_dir/plan$np" >"$out_dir/plan$np.txt" 2>&1 || true
 done
 start=$(date +%s%N)

@@ -406,7 +406,7 @@ def planner_section(d):
     if not any(os.path.exists(p) for _, p in runs):
         return
     print("## Planner: predicted against measured (gpt-tiny, global batch 16)\n")
-    print("`bazel run //tools:compare -- --plan --gpus=N --model=gpt-tiny --batch=16 --steps=8`: "
+    print("`bazel run //tools:compare -- --plan --gpus=N --model=gpt-tiny --batch=16 --steps=20`: "
           "block times measured here, the link timed with two workers, every layout predicted; "
           "then its top 3 layouts and the best pure strategy run through the launcher. Error is "
           "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "

@@ -50,7 +50,7 @@ ABSL_FLAG(std::string, link, "",
 ABSL_FLAG(bool, run, true,
           "run the top 3 layouts and the best pure strategy and report predicted against "
           "measured (--no-run: predict only)");
-ABSL_FLAG(int, steps, 8, "steps of each checking run");
+ABSL_FLAG(int, steps, 20, "steps of each checking run");
 ABSL_FLAG(int, top, 10, "layouts in the ranked table");
 ABSL_FLAG(std::string, bucket_mb, "25",
           "gradient bucket sizes to consider, in MB, comma-separated (e.g. 1,4,25)");

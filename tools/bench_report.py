@@ -410,12 +410,13 @@ def planner_section(d):
           "block times measured here, the link timed with two workers, every layout predicted; "
           "then its top 3 layouts and the best pure strategy run through the launcher. Error is "
           "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "
+          "averaged over 2 runs of each layout taken in turns (each run's in the runs column), "
           "the memory the largest rank's allocator peak against the launcher's estimate. "
           "Targets: step 15%, memory 10%, the layout ranked first within 5% of the fastest "
           "measured.\n")
-    print("| workers | layout | predicted step ms | measured step ms | step error | "
+    print("| workers | layout | predicted step ms | measured step ms | runs ms | step error | "
           "predicted memory MB | measured peak MB | memory error |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     verdicts = []
     for np, path in runs:
         if not os.path.exists(path):
@@ -426,10 +427,11 @@ def planner_section(d):
         ran = [c for c in checks if c.get("ran")]
         for c in checks:
             if not c.get("ran"):
-                print(f"| {np} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | did not run | | | | |")
+                print(f"| {np} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | did not run | | | | | |")
                 continue
+            each = ", ".join(f"{1e3 * s:.1f}" for s in c.get("measured_step_runs_seconds", []))
             print(f"| {np} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | "
-                  f"{1e3 * c['measured_step_seconds']:.1f} | {100 * c['step_error']:+.1f}% | "
+                  f"{1e3 * c['measured_step_seconds']:.1f} | {each} | {100 * c['step_error']:+.1f}% | "
                   f"{c['memory_bytes'] / 2**20:.1f} | {c['measured_peak_bytes'] / 2**20:.1f} | "
                   f"{100 * c['memory_error']:+.1f}% |")
         if ran:

@@ -654,17 +654,26 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   std::vector<PlanCheck> checks;
   if (o.run) {
     const std::vector<Prediction> checked = LayoutsToCheck(*plan);
+    // Each layout o.repeats times, the layouts in turns, so that a slow spell of the host
+    // falls on one run of each rather than on every run of one.
     c.runs.clear();
-    for (size_t i = 0; i < checked.size(); ++i) {
-      std::vector<std::string> flags = checked[i].layout.LauncherFlags();
-      flags.push_back(absl::StrCat("--gpus=", o.request.gpus));
-      c.runs.push_back({absl::StrCat("plan-", i + 1), checked[i].layout.Name(), flags});
+    for (int rep = 0; rep < o.repeats; ++rep) {
+      for (size_t i = 0; i < checked.size(); ++i) {
+        std::vector<std::string> flags = checked[i].layout.LauncherFlags();
+        flags.push_back(absl::StrCat("--gpus=", o.request.gpus));
+        const std::string suffix = rep == 0 ? "" : absl::StrCat("-", rep + 1);
+        c.runs.push_back({absl::StrCat("plan-", i + 1, suffix),
+                          absl::StrCat(checked[i].layout.Name(), suffix.empty() ? "" : " (again)"),
+                          flags});
+      }
     }
     c.refused.assign(c.runs.size(), "");
     std::vector<Entry> entries;
     if (std::optional<int> stop = RunAll(c, &entries)) return *stop;
-    std::vector<Figures> measured;
-    for (const Entry& e : entries) measured.push_back(ComputeFigures(e, nullptr));
+    std::vector<std::vector<Figures>> measured(checked.size());
+    for (size_t k = 0; k < entries.size(); ++k) {
+      measured[k % checked.size()].push_back(ComputeFigures(entries[k], nullptr));
+    }
     checks = CheckPlan(checked, measured);
     std::printf("\n%s\n", CheckTable(checks).c_str());
     for (const std::string& v : CheckVerdict(checks)) std::printf("%s\n", v.c_str());

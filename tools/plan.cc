@@ -51,6 +51,9 @@ ABSL_FLAG(bool, run, true,
           "run the top 3 layouts and the best pure strategy and report predicted against "
           "measured (--no-run: predict only)");
 ABSL_FLAG(int, steps, 20, "steps of each checking run");
+ABSL_FLAG(int, repeats, 2,
+          "runs of each checked layout, the layouts taken in turns; the measured step is their "
+          "mean (a CPU host's speed drifts from one run to the next)");
 ABSL_FLAG(int, top, 10, "layouts in the ranked table");
 ABSL_FLAG(std::string, bucket_mb, "25",
           "gradient bucket sizes to consider, in MB, comma-separated (e.g. 1,4,25)");
@@ -66,7 +69,7 @@ const launcher::FlagSet& PlanFlags() {
       {"plan", "gpus", "model", "n_layer", "d_model", "n_head", "seq_len", "batch", "dtype",
        "device", "optimizer", "seed", "device_memory", "block_times", "derive_block_times",
        "write_block_times", "link",
-       "run", "steps", "top", "bucket_mb", "out"}};
+       "run", "steps", "repeats", "top", "bucket_mb", "out"}};
   return *flags;
 }
 
@@ -220,6 +223,7 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
   if (!o->link.empty()) problem(ParseLink(o->link).status());
   o->run = absl::GetFlag(FLAGS_run);
   o->steps = absl::GetFlag(FLAGS_steps);
+  o->repeats = absl::GetFlag(FLAGS_repeats);
   o->top = absl::GetFlag(FLAGS_top);
   o->out_dir = absl::GetFlag(FLAGS_out);
   if (o->run && t.device.is_cuda() && CudaDeviceCount() < r.gpus) {
@@ -234,6 +238,7 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
         "the target hardware");
   }
   if (o->steps < 3) problems.push_back("--steps: the checking runs need at least 3 steps");
+  if (o->repeats < 1) problems.push_back("--repeats: run each checked layout at least once");
   if (!problems.empty()) {
     for (const std::string& p : problems) std::fprintf(stderr, "compare --plan: %s\n", p.c_str());
     return 2;
@@ -340,10 +345,21 @@ std::vector<Prediction> LayoutsToCheck(const Plan& plan) {
 }
 
 std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
-                                 const std::vector<Figures>& measured) {
+                                 const std::vector<std::vector<Figures>>& measured) {
   std::vector<PlanCheck> out;
-  for (size_t i = 0; i < checked.size() && i < measured.size(); ++i) {
-    PlanCheck c{checked[i], measured[i]};
+  for (size_t i = 0; i < checked.size() && i < measured.size() && !measured[i].empty(); ++i) {
+    PlanCheck c{checked[i], measured[i][0]};
+    double sum = 0;
+    for (const Figures& f : measured[i]) {
+      if (!f.ran) {
+        c.measured = f;
+        break;
+      }
+      c.step_runs.push_back(f.step_seconds);
+      sum += f.step_seconds;
+      c.measured.peak_bytes = std::max(c.measured.peak_bytes, f.peak_bytes);
+    }
+    if (c.measured.ran) c.measured.step_seconds = sum / c.step_runs.size();
     if (c.measured.ran && c.measured.step_seconds > 0) {
       c.step_error = (c.predicted.step_s - c.measured.step_seconds) / c.measured.step_seconds;
     }
@@ -358,19 +374,21 @@ std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
 
 std::string CheckTable(const std::vector<PlanCheck>& checks) {
   std::string out =
-      "| layout | predicted step | measured step | error | predicted memory | measured peak | "
-      "error |\n| --- | --- | --- | --- | --- | --- | --- |\n";
+      "| layout | predicted step | measured step | each run | error | predicted memory | "
+      "measured peak | error |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const PlanCheck& c : checks) {
     if (!c.measured.ran) {
       absl::StrAppend(&out, "| ", c.predicted.layout.Name(), " | ", Seconds(c.predicted.step_s),
-                      " | did not run: ", c.measured.error, " | | | | |\n");
+                      " | did not run: ", c.measured.error, " | | | | | |\n");
       continue;
     }
+    std::vector<std::string> runs;
+    for (double s : c.step_runs) runs.push_back(Seconds(s));
     absl::StrAppend(
-        &out, absl::StrFormat("| %s | %s | %s | %+.1f%% | %s | %s | %+.1f%% |\n",
+        &out, absl::StrFormat("| %s | %s | %s | %s | %+.1f%% | %s | %s | %+.1f%% |\n",
                               c.predicted.layout.Name(), Seconds(c.predicted.step_s),
-                              Seconds(c.measured.step_seconds), 100 * c.step_error,
-                              FormatBytes(c.predicted.memory_bytes),
+                              Seconds(c.measured.step_seconds), absl::StrJoin(runs, ", "),
+                              100 * c.step_error, FormatBytes(c.predicted.memory_bytes),
                               FormatBytes(c.measured.peak_bytes), 100 * c.memory_error));
   }
   return out;
@@ -447,6 +465,8 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
     k["ran"] = c.measured.ran;
     if (c.measured.ran) {
       k["measured_step_seconds"] = JsonNumber(c.measured.step_seconds);
+      k["measured_step_runs_seconds"] = Json::array();
+      for (double s : c.step_runs) k["measured_step_runs_seconds"].push_back(JsonNumber(s));
       k["measured_peak_bytes"] = c.measured.peak_bytes;
       k["step_error"] = JsonNumber(c.step_error);
       k["memory_error"] = JsonNumber(c.memory_error);

@@ -21,7 +21,8 @@ struct PlanOptions {
   std::string write_block_times;
   std::string link;          // --link as given; "" to measure
   bool run = true;           // run the top layouts and check the predictions
-  int steps = 8;             // of each run
+  int steps = 20;            // of each run
+  int repeats = 2;           // runs of each checked layout, the layouts taken in turns
   int top = 10;
   std::string out_dir;       // as given; "" for reports/plan-<time>
   std::vector<std::string> model_flags;  // the launcher flags that name the model and batch
@@ -53,12 +54,16 @@ std::vector<Prediction> LayoutsToCheck(const Plan& plan);
 // One checked layout: predicted against measured.
 struct PlanCheck {
   Prediction predicted;
-  Figures measured;          // measured.ran false: it did not run (measured.error says why)
+  // Over its runs: the step their mean, the peak their largest; measured.ran false where a
+  // run did not complete (measured.error says why).
+  Figures measured;
+  std::vector<double> step_runs;  // each run's step
   double step_error = 0;     // (predicted - measured) / measured
   double memory_error = 0;
 };
+// measured[i]: each run of checked[i].
 std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
-                                 const std::vector<Figures>& measured);
+                                 const std::vector<std::vector<Figures>>& measured);
 // The check's table and verdict lines: every error against its target (step 15%, memory
 // 10%), and whether the layout ranked first is within 5% of the fastest measured.
 std::string CheckTable(const std::vector<PlanCheck>& checks);

@@ -16,7 +16,7 @@ h200=(--plan --gpus=64 --model=gpt2-small --batch=512 --dtype=bf16 --device=cuda
 
 check "bad flags: one line each, exit 2, nothing written"
 for bad in --link=fast --device-memory=lots --gpus=0 --derive-block-times=989,2,4.8 \
-  --bucket-mb=x --block-times="$tmp/none.json"; do
+  --bucket-mb=x --block-times="$tmp/none.json" --repeats=0; do
   timeout 60 "$compare" --plan --gpus=2 --model=gpt-tiny --link=1,1 --no-run "$bad" \
     --out="$tmp/bad" >"$tmp/bad.txt" 2>&1
   rc=$?
@@ -74,6 +74,9 @@ for c in checks:
   assert c["ran"], c
   assert c["measured_step_seconds"] > 0 and c["measured_peak_bytes"] > 0, c
   assert abs(c["step_error"] - (c["step_seconds"] / c["measured_step_seconds"] - 1)) < 1e-6, c
+  runs = c["measured_step_runs_seconds"]  # --repeats=2 by default, the step their mean
+  assert len(runs) == 2 and min(runs) > 0, c
+  assert abs(c["measured_step_seconds"] - sum(runs) / 2) < 1e-9, c
 PY
 grep -q "^## Predicted against measured" "$tmp/run/plan.md" || fail "plan.md has no check"
 

@@ -294,7 +294,7 @@ namespace {
 // deferred W what the W reads (Block::WeightStashBytes). A B frees each block's activations
 // as it builds that block's stash, about their size or less, so the moments between actions
 // are the peaks; what a B holds on top (its temporaries, beside the stashes of the blocks it
-// already ran) is the workspace's.
+// already ran) is the workspace's. The sends not yet given back count at each moment too.
 MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& bounds,
                                 const PipelineSchedule& s, int stage, int64_t rows) {
   const TrainConfig& t = c.train;
@@ -325,16 +325,47 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
     stash[chunk] = estimate(0, 1).activations;
     recomputed = std::max(recomputed, one.activations - input);
   }
+  // The transfers' buffers held at once, as the trainer keeps them (PipelinePass): each
+  // exchange group keeps its sent tensors from its issue until the stream waits on a receive
+  // of it or of a later group (the communicator finishes them in order), or at the step's end;
+  // a receive's tensor is there from its issue until the forward or backward that reads it.
+  const std::vector<std::vector<int>> groups = ExchangeGroups(s)[stage];
+  std::map<int, int> group_of;  // action index -> its exchange group
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int i : groups[g]) group_of[i] = static_cast<int>(g);
+  }
+  std::vector<int> sends(groups.size(), 0);  // per group
+  // The group of the receive each forward (false) or backward (true) of a micro-batch on a
+  // chunk waits on.
+  std::map<std::pair<bool, int>, int> received_in;
+  int held_sends = 0, waited = 0;  // groups [0, waited) given back
+  int received = 0;                 // receives issued and not yet read
   std::vector<int> now(s.chunks, 0), pending(s.chunks, 0);
   int64_t peak = 0;
-  for (const Action& a : s.actions[stage]) {
+  const std::vector<Action>& actions = s.actions[stage];
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const int k = a.chunk * s.micro_batches + a.micro_batch;
+    if (a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient) {
+      ++sends[group_of[static_cast<int>(i)]];
+      ++held_sends;
+    }
+    if (a.type == ActionType::kRecvActivation || a.type == ActionType::kRecvGradient) {
+      received_in[{a.type == ActionType::kRecvGradient, k}] = group_of[static_cast<int>(i)];
+      ++received;
+    }
+    if (a.type == ActionType::kForward || a.type == ActionType::kBackward) {
+      const auto r = received_in.find({a.type == ActionType::kBackward, k});
+      if (r != received_in.end()) --received;
+      for (; r != received_in.end() && waited <= r->second; ++waited) held_sends -= sends[waited];
+    }
     if (a.type == ActionType::kForward) ++now[a.chunk];
     if (a.type == ActionType::kBackward) {
       --now[a.chunk];
       if (deferred[a.chunk * s.micro_batches + a.micro_batch]) ++pending[a.chunk];
     }
     if (a.type == ActionType::kWeightGradient) --pending[a.chunk];
-    int64_t bytes = 0;
+    int64_t bytes = (held_sends + received) * boundary;
     for (int chunk = 0; chunk < s.chunks; ++chunk) {
       bytes += now[chunk] * held[chunk] + pending[chunk] * stash[chunk];
     }
@@ -375,20 +406,11 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
   }
   const PipelineSchedule& s = *schedule;
   const int64_t rows = t.batch / grid.replicas / t.micro_batches;
-  // A tensor crossing a stage boundary, for one micro-batch.
-  const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
-                           static_cast<int64_t>(DTypeSize(t.dtype));
   std::vector<MemoryNeed> needs;
   for (int r = 0; r < world_size; ++r) {
     const int stage = grid.StageOf(r);
     MemoryNeed n = ScheduledStageMemory(c, bounds, s, stage, rows);
     shard_optimizer(&n);
-    // The host issues a whole step ahead of the device, and each send keeps its tensor until
-    // the compute stream waited for it at the step's end (Work::WaitOn): every micro-batch's
-    // output (a stage before the last) and input gradient (a stage after the first) at once.
-    const int directions =
-        s.chunks > 1 ? 2 : (stage + 1 < grid.stages ? 1 : 0) + (stage > 0 ? 1 : 0);
-    n.activations += directions * int64_t{t.micro_batches} * s.chunks * boundary;
     needs.push_back(n);
   }
   return needs;

@@ -262,8 +262,8 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
                                              pc.train.batch / 8, /*in_flight=*/1, false,
                                              DType::kF32, "adamw", Device::Cpu());
   if (one.activations == 0) {
-    const int64_t output =
-        pc.train.batch / 8 * pc.train.model.seq_len * pc.train.model.d_model * 4;  // f32
+    const int64_t output = pc.train.batch / 8 * pc.train.model.seq_len *
+                           pc.train.model.d_model * DTypeSize(pc.train.dtype);
     EXPECT_LT(seen["1f1b"].second, 8 * output)
         << "stage " << stage << " kept its 8 outputs of " << output << " bytes";
   }

@@ -15,8 +15,12 @@ namespace {
 // ZB-H1 on 2 stages, M = 4: stage 1 runs F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3. With A a
 // micro-batch's activations and S a pending W's stash (S < A), it holds A, S, A+S, 2S, S, A+S,
 // 2S, S, A+S, 2S, S, 0 after each action: at most A + S, where the two peaks added (one in
-// flight, two pending) would say A + 2S. On top, its M input gradients sent, and a B's
-// temporaries beside the stashes of the blocks it ran, more than a whole backward's.
+// flight, two pending) would say A + 2S. Its transfers (RA0 F0 B0 SG0 RA1 F1 B1 SG1 RA2 W0
+// F2 ..., SG and RA each a group of its own) add a boundary tensor b for a receive until its
+// forward reads it, and for a send until a forward waits on a later receive: after RA2 it
+// holds 2S + 2b (SG1's gradient and RA2's buffer beside two stashes), its most beside the
+// schedule's A + S. And a B's temporaries next to the stashes of the blocks it ran, more than
+// a whole backward's.
 TEST(PlannerTest, ZeroBubbleMemoryWalkedByHand) {
   ParallelConfig pc;
   pc.train.model = TwoLayerModel("gpt", 16, 2, 8, 32);  // d_model 16, seq 8, vocab 32
@@ -36,7 +40,8 @@ TEST(PlannerTest, ZeroBubbleMemoryWalkedByHand) {
   const int64_t A = estimate(1, 0).activations, S = estimate(0, 1).activations;
   const int64_t sent = rows * t.model.seq_len * t.model.d_model * 4;  // f32
   ASSERT_LT(S, A);
-  EXPECT_EQ(need[1].activations, A + S + 4 * sent);
+  ASSERT_GT(A + S, 2 * S + 2 * sent);  // so the peak is the schedule's, after each F
+  EXPECT_EQ(need[1].activations, A + S);
   EXPECT_GT(need[1].workspace, estimate(1, 0).workspace);
   EXPECT_EQ(need[1].in_flight, 1);
   EXPECT_EQ(need[1].pending_weights, 2);

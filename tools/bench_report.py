@@ -405,12 +405,16 @@ def planner_section(d):
     runs = [(np, os.path.join(d, f"plan{np}", "plan.json")) for np in (2, 4)]
     if not any(os.path.exists(p) for _, p in runs):
         return
+    repeats = max((len(c.get("measured_step_runs_seconds", []))
+                   for _, p in runs if os.path.exists(p)
+                   for c in json.load(open(p))["checks"]), default=1)
     print("## Planner: predicted against measured (gpt-tiny, global batch 16)\n")
     print("`bazel run //tools:compare -- --plan --gpus=N --model=gpt-tiny --batch=16 --steps=20`: "
           "block times measured here, the link timed with two workers, every layout predicted; "
           "then its top 3 layouts and the best pure strategy run through the launcher. Error is "
           "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "
-          "averaged over 2 runs of each layout taken in turns (each run's in the runs column), "
+          f"averaged over {repeats} runs of each layout taken in turns (each run's in the runs "
+          "column), "
           "the memory the largest rank's allocator peak against the launcher's estimate. "
           "Targets: step 15%, memory 10%, the layout ranked first within 5% of the fastest "
           "measured.\n")
@@ -420,7 +424,7 @@ def planner_section(d):
     verdicts = []
     for np, path in runs:
         if not os.path.exists(path):
-            print(f"| {np} | did not run (see plan{np}.txt) | | | | | | |")
+            print(f"| {np} | did not run (see plan{np}.txt) | | | | | | | |")
             continue
         with open(path) as f:
             checks = json.load(f)["checks"]

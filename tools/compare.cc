@@ -662,9 +662,12 @@ int PlanMain(int argc, char** argv, absl::Time now) {
         std::vector<std::string> flags = checked[i].layout.LauncherFlags();
         flags.push_back(absl::StrCat("--gpus=", o.request.gpus));
         const std::string suffix = rep == 0 ? "" : absl::StrCat("-", rep + 1);
-        c.runs.push_back({absl::StrCat("plan-", i + 1, suffix),
-                          absl::StrCat(checked[i].layout.Name(), suffix.empty() ? "" : " (again)"),
-                          flags});
+        c.runs.push_back(
+            {absl::StrCat("plan-", i + 1, suffix),
+             absl::StrCat(checked[i].layout.Name(),
+                          o.repeats > 1 ? absl::StrFormat(" (run %d of %d)", rep + 1, o.repeats)
+                                        : ""),
+             flags});
       }
     }
     c.refused.assign(c.runs.size(), "");

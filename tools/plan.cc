@@ -347,7 +347,8 @@ std::vector<Prediction> LayoutsToCheck(const Plan& plan) {
 std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
                                  const std::vector<std::vector<Figures>>& measured) {
   std::vector<PlanCheck> out;
-  for (size_t i = 0; i < checked.size() && i < measured.size() && !measured[i].empty(); ++i) {
+  for (size_t i = 0; i < checked.size() && i < measured.size(); ++i) {
+    if (measured[i].empty()) continue;
     PlanCheck c{checked[i], measured[i][0]};
     double sum = 0;
     for (const Figures& f : measured[i]) {
@@ -379,7 +380,7 @@ std::string CheckTable(const std::vector<PlanCheck>& checks) {
   for (const PlanCheck& c : checks) {
     if (!c.measured.ran) {
       absl::StrAppend(&out, "| ", c.predicted.layout.Name(), " | ", Seconds(c.predicted.step_s),
-                      " | did not run: ", c.measured.error, " | | | | | |\n");
+                      " | a run failed: ", c.measured.error, " | | | | | |\n");
       continue;
     }
     std::vector<std::string> runs;

@@ -296,7 +296,9 @@ namespace {
 // are the peaks; what a B holds on top (its temporaries, beside the stashes of the blocks it
 // already ran) is the workspace's. The sends not yet given back count at each moment too.
 MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& bounds,
-                                const PipelineSchedule& s, int stage, int64_t rows) {
+                                const PipelineSchedule& s,
+                                const std::vector<std::vector<int>>& groups, int stage,
+                                int64_t rows) {
   const TrainConfig& t = c.train;
   const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
                            static_cast<int64_t>(DTypeSize(t.dtype));
@@ -329,11 +331,8 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
   // exchange group keeps its sent tensors from its issue until the stream waits on a receive
   // of it or of a later group (the communicator finishes them in order), or at the step's end;
   // a receive's tensor is there from its issue until the forward or backward that reads it.
-  const std::vector<std::vector<int>> groups = ExchangeGroups(s)[stage];
-  std::map<int, int> group_of;  // action index -> its exchange group
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (int i : groups[g]) group_of[i] = static_cast<int>(g);
-  }
+  const std::vector<Action>& actions = s.actions[stage];
+  const std::vector<int> group_of = GroupOfActions(groups, actions.size());
   std::vector<int> sends(groups.size(), 0);  // per group
   // The group of the receive each forward (false) or backward (true) of a micro-batch on a
   // chunk waits on.
@@ -342,16 +341,15 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
   int received = 0;                 // receives issued and not yet read
   std::vector<int> now(s.chunks, 0), pending(s.chunks, 0);
   int64_t peak = 0;
-  const std::vector<Action>& actions = s.actions[stage];
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     const int k = a.chunk * s.micro_batches + a.micro_batch;
     if (a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient) {
-      ++sends[group_of[static_cast<int>(i)]];
+      ++sends[group_of[i]];
       ++held_sends;
     }
     if (a.type == ActionType::kRecvActivation || a.type == ActionType::kRecvGradient) {
-      received_in[{a.type == ActionType::kRecvGradient, k}] = group_of[static_cast<int>(i)];
+      received_in[{a.type == ActionType::kRecvGradient, k}] = group_of[i];
       ++received;
     }
     if (a.type == ActionType::kForward || a.type == ActionType::kBackward) {
@@ -406,13 +404,15 @@ absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
   }
   const PipelineSchedule& s = *schedule;
   const int64_t rows = t.batch / grid.replicas / t.micro_batches;
-  std::vector<MemoryNeed> needs;
-  for (int r = 0; r < world_size; ++r) {
-    const int stage = grid.StageOf(r);
-    MemoryNeed n = ScheduledStageMemory(c, bounds, s, stage, rows);
-    shard_optimizer(&n);
-    needs.push_back(n);
+  // Each stage's need once: its D replicas need the same.
+  const std::vector<std::vector<std::vector<int>>> groups = ExchangeGroups(s);
+  std::vector<MemoryNeed> per_stage;
+  for (int stage = 0; stage < grid.stages; ++stage) {
+    per_stage.push_back(ScheduledStageMemory(c, bounds, s, groups[stage], stage, rows));
+    shard_optimizer(&per_stage.back());
   }
+  std::vector<MemoryNeed> needs;
+  for (int r = 0; r < world_size; ++r) needs.push_back(per_stage[grid.StageOf(r)]);
   return needs;
 }
 
@@ -747,8 +747,9 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
     return block_done;
   };
   std::map<int, Tensor> outputs, input_grads, act_in, grad_in;
-  std::map<int, std::shared_ptr<Work>> act_ready, grad_ready;
-  std::vector<std::shared_ptr<Work>> all;
+  // The step's exchange groups in issue order; a receive's, by its key, as an index into it.
+  std::vector<std::unique_ptr<Work>> all;
+  std::map<int, size_t> act_ready, grad_ready;
   std::map<int, MicroBatch> batches;
   Tensor scratch;  // the last stage sums its losses here
   if (stage_->is_last()) {
@@ -779,17 +780,14 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // receive's has finished too: the stream waits on them as well (at no cost), which lets the
   // groups of sends alone, that nothing else waits on, give their tensors back now rather
   // than at the step's end (a middle stage of 4 kept every one of its 2M sends).
-  auto wait_for = [&](std::map<int, std::shared_ptr<Work>>& ready, const Action& a,
+  auto wait_for = [&](std::map<int, size_t>& ready, const Action& a,
                       const char* what) -> absl::Status {
     auto it = ready.find(key(a));
     if (it == ready.end()) return absl::OkStatus();
-    RETURN_IF_ERROR(WaitOn(*it->second, s, what));
-    const auto issued = std::find(all.begin() + waited, all.end(), it->second);
-    if (issued != all.end()) {
-      for (; all.begin() + waited != issued; ++waited) {
-        RETURN_IF_ERROR(WaitOn(*all[waited], s, all[waited]->description().c_str()));
-      }
-      ++waited;  // the receive's own group
+    for (; waited <= it->second; ++waited) {
+      const bool own = waited == it->second;
+      RETURN_IF_ERROR(
+          WaitOn(*all[waited], s, own ? what : all[waited]->description().c_str()));
     }
     ready.erase(it);
     return timeline.Mark(kBubble, absl::StrCat("wait ", a.micro_batch), a.micro_batch);
@@ -801,7 +799,7 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // transfers alike) as one SendRecv; its receives become ready together.
   auto issue_group = [&](const std::vector<int>& indices) -> absl::Status {
     std::vector<PeerTransfer> group;
-    std::vector<std::pair<std::map<int, std::shared_ptr<Work>>*, int>> receives;
+    std::vector<std::pair<std::map<int, size_t>*, int>> receives;
     for (int k : indices) {
       const int m = key(actions[k]);
       switch (actions[k].type) {
@@ -829,9 +827,8 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       t->comm_bytes += static_cast<int64_t>(group.back().tensor.bytes());
     }
     ASSIGN_OR_RETURN(std::unique_ptr<Work> w, pp_->SendRecv(group));
-    std::shared_ptr<Work> shared(std::move(w));
-    for (auto& [ready, m] : receives) (*ready)[m] = shared;
-    all.push_back(shared);
+    for (auto& [ready, m] : receives) (*ready)[m] = all.size();
+    all.push_back(std::move(w));
     return absl::OkStatus();
   };
   size_t next_group = 0;

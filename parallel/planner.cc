@@ -288,7 +288,6 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
       alone.push_back(std::move(times));
     }
   }
-  if (peers == 0) alone = at[rows[0]];
   p.blocks = MedianTimes(at[rows[0]]);
   for (int r : rows) {
     if (r != rows[0]) p.more_rows[r] = MedianTimes(at[r]);
@@ -326,7 +325,7 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     if (i >= 2) steps.push_back(report.seconds);
   }
   double parts = p.optimizer_per_param * n;
-  for (const BlockTime& t : MedianTimes(alone)) parts += t.total();
+  for (const BlockTime& t : peers > 0 ? MedianTimes(alone) : p.blocks) parts += t.total();
   // Medians, as the blocks': the step and its parts at the same typical speed.
   p.step_overhead = std::max(0.0, Median(steps) - parts);
   p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
@@ -544,6 +543,24 @@ namespace {
 // Processor sharing: `n` ranks computing at once on `cores` cores progress at this rate each.
 double ShareRate(int n, double cores) { return n <= cores ? 1.0 : cores / n; }
 
+// Processor sharing from `t`: the ranks marked `active` work through what they have `left`
+// at ShareRate(how many, cores) each until the first of them is done or `horizon` comes,
+// which is returned (infinity: none active and no horizon); `left` is what remains then.
+double ShareUntil(std::vector<double>& left, const std::vector<bool>& active, double cores,
+                  double t, double horizon) {
+  const int n = static_cast<int>(std::count(active.begin(), active.end(), true));
+  const double rate = ShareRate(n, cores);
+  double next = horizon;
+  for (size_t i = 0; i < left.size(); ++i) {
+    if (active[i]) next = std::min(next, t + left[i] / rate);
+  }
+  if (std::isinf(next)) return next;
+  for (size_t i = 0; i < left.size(); ++i) {
+    if (active[i]) left[i] -= rate * (next - t);
+  }
+  return next;
+}
+
 // One step of the validated schedule `s` with durations `d` (per_stage, transfer) where its
 // stages share `cores` cores: at each moment every stage that computes progresses at
 // ShareRate(stages computing, cores); a stage waiting on a transfer holds no core. Each
@@ -612,24 +629,20 @@ double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, do
         }
       }
     }
-    int computing = 0;
-    for (int st = 0; st < S; ++st) computing += left[st] >= 0;
     // The next moment something changes: a compute action ends or a transfer arrives.
-    const double rate = ShareRate(computing, cores);
-    double next = std::numeric_limits<double>::infinity();
+    std::vector<bool> computing(S);
+    double arrival = std::numeric_limits<double>::infinity();
     for (int st = 0; st < S; ++st) {
-      if (left[st] >= 0) {
-        next = std::min(next, t + left[st] / rate);
-      } else if (pc[st] < s.actions[st].size()) {
+      computing[st] = left[st] >= 0;
+      if (!computing[st] && pc[st] < s.actions[st].size()) {
         const double at = ready(st, s.actions[st][pc[st]]);
-        if (at > t) next = std::min(next, at);
+        if (at > t) arrival = std::min(arrival, at);
       }
     }
+    const double next = ShareUntil(left, computing, cores, t, arrival);
     if (std::isinf(next)) break;  // all done (a validated schedule never stalls)
     for (int st = 0; st < S; ++st) {
-      if (left[st] < 0) continue;
-      left[st] -= rate * (next - t);
-      if (left[st] > 1e-12 * next) continue;
+      if (!computing[st] || left[st] > 1e-12 * next) continue;
       const Action& x = s.actions[st][pc[st]];
       if (x.type == ActionType::kForward) fwd_end[st][x.chunk * M + x.micro_batch] = next;
       if (x.type == ActionType::kBackward) bwd_end[st][x.chunk * M + x.micro_batch] = next;
@@ -652,24 +665,15 @@ double SharedCoresEnd(const std::vector<double>& release, const std::vector<doub
   std::vector<bool> done(n, false);
   double t = 0, end = 0;
   for (size_t finished = 0; finished < n;) {
-    int computing = 0;
-    double next = std::numeric_limits<double>::infinity();
+    std::vector<bool> computing(n);
+    double released = std::numeric_limits<double>::infinity();
     for (size_t i = 0; i < n; ++i) {
-      if (done[i]) continue;
-      if (release[i] > t) {
-        next = std::min(next, release[i]);
-      } else {
-        ++computing;
-      }
+      computing[i] = !done[i] && release[i] <= t;
+      if (!done[i] && release[i] > t) released = std::min(released, release[i]);
     }
-    const double rate = ShareRate(computing, cores);
+    const double next = ShareUntil(left, computing, cores, t, released);
     for (size_t i = 0; i < n; ++i) {
-      if (!done[i] && release[i] <= t) next = std::min(next, t + left[i] / rate);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (done[i] || release[i] > t) continue;
-      left[i] -= rate * (next - t);
-      if (left[i] > 1e-12 * next) continue;
+      if (!computing[i] || left[i] > 1e-12 * next) continue;
       done[i] = true;
       ++finished;
       end = std::max(end, next + after[i]);

@@ -604,12 +604,8 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
   std::vector<std::vector<bool>> split(S);
   for (int st = 0; st < S; ++st) split[st] = DeferredWeights(s, st);
   const std::vector<std::vector<std::vector<int>>> groups = ExchangeGroups(s);
-  std::vector<std::map<int, int>> group_of(S);  // action index -> group, per stage
-  for (int st = 0; st < S; ++st) {
-    for (size_t g = 0; g < groups[st].size(); ++g) {
-      for (int i : groups[st][g]) group_of[st][i] = static_cast<int>(g);
-    }
-  }
+  std::vector<std::vector<int>> group_of(S);  // action index -> group, per stage
+  for (int st = 0; st < S; ++st) group_of[st] = GroupOfActions(groups[st], s.actions[st].size());
   // The clock: each stage's time where it stands, when each of its posted groups was posted,
   // and when its last group completed (a stage's groups run one after the other).
   const auto seconds = [&](int st, size_t i) {
@@ -796,6 +792,14 @@ int PeakPendingWeights(const PipelineSchedule& s, int stage) {
     if (a.type == ActionType::kWeightGradient) --now;
   }
   return peak;
+}
+
+std::vector<int> GroupOfActions(const std::vector<std::vector<int>>& groups, size_t actions) {
+  std::vector<int> group_of(actions, -1);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int i : groups[g]) group_of[i] = static_cast<int>(g);
+  }
+  return group_of;
 }
 
 std::vector<bool> DeferredWeights(const PipelineSchedule& s, int stage) {

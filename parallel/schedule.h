@@ -136,6 +136,9 @@ PipelineSchedule HoistReceives(const PipelineSchedule& s);
 // one MPI Waitall), so no neighbour waits for another's earlier group. A transfer without a
 // counterpart (an invalid schedule) is a group of its own.
 std::vector<std::vector<std::vector<int>>> ExchangeGroups(const PipelineSchedule& s);
+// One stage's row of ExchangeGroups turned around: for each of its `actions` actions the
+// index of the group holding it, -1 for a compute action.
+std::vector<int> GroupOfActions(const std::vector<std::vector<int>>& groups, size_t actions);
 
 // Checks counts (one forward and one backward per micro-batch, chunk and stage, at most one
 // weight gradient, after its backward; chunks in range, and several only on 2 stages or more;

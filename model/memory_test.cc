@@ -154,6 +154,24 @@ TEST(EstimateStageMemory, MatchesTheAllocator) {
   }
 }
 
+// The model state is all a CPU stage takes to start: no staging buffer of the parameters' size
+// is left in the allocator's cache, where it would serve the next request up to half its size
+// (the optimizer's moments of a ZeRO-1 shard) and be counted whole.
+TEST(EstimateStageMemory, CreatingAStageLeavesNothingCached) {
+  const ModelConfig c = Small("gpt");
+  Allocator& alloc = **GetAllocator(Device::Cpu());
+  alloc.EmptyCache();
+  const AllocatorStats before = alloc.stats();
+  auto st = *Stage::Create(c, 0, c.num_blocks(), Device::Cpu(), 7);
+  const AllocatorStats after = alloc.stats();
+  const MemoryNeed n = EstimateStageMemory(c, 0, c.num_blocks(), 1, 1, false, DType::kF32,
+                                           "adamw", Device::Cpu());
+  const int64_t taken = after.allocated_bytes - before.allocated_bytes;
+  EXPECT_GE(taken, n.params + n.grads);
+  EXPECT_LE(taken, n.params + n.grads + 2 * static_cast<int64_t>(CachingAllocator::kRoundBytes));
+  EXPECT_EQ(after.reserved_bytes - before.reserved_bytes, taken) << "left in the cache";
+}
+
 // A step of M micro-batches on a stage as the pipeline runs it (PeakOfAStep): the whole model,
 // a last stage, a first stage and a middle one. The estimate with its temporaries and the ops'
 // scratch against the allocator's peak: at least the estimate, and above it by no more than

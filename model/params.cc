@@ -4,6 +4,7 @@
 
 #include "model/rng.h"
 #include "runtime/status.h"
+#include "runtime/stream.h"
 
 namespace tandem {
 
@@ -46,12 +47,21 @@ absl::StatusOr<FlatBuffer> FlatBuffer::Create(const ParamLayout& layout, DType d
 
 absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& params,
                               uint64_t seed) {
-  // Filled in place, then copied once to wherever the parameters live (a no-op copy's worth
-  // of work on the CPU). The entries tile [0, numel), so every element is written.
-  AllocationUse host_writes;
-  host_writes.host_writes = true;
-  ASSIGN_OR_RETURN(Tensor host, Tensor::Empty({layout.numel()}, DType::kF32, Device::Cpu(),
-                                              HostMemoryKind::kPageable, host_writes));
+  // Filled on the host: in place on the CPU, once the compute stream is done with the buffer
+  // (a staging buffer there would be device memory too, and its cached block would go to the
+  // next allocation up to twice smaller, the optimizer's moments under ZeRO-1); elsewhere in
+  // a host buffer copied over once. The entries tile [0, numel), so every element is written.
+  const Tensor& dst = params.flat();
+  Tensor host = dst;
+  if (dst.device().is_cpu()) {
+    ASSIGN_OR_RETURN(Stream * s, Stream::Compute(dst.device()));
+    RETURN_IF_ERROR(s->Synchronize());
+  } else {
+    AllocationUse host_writes;
+    host_writes.host_writes = true;
+    ASSIGN_OR_RETURN(host, Tensor::Empty({layout.numel()}, DType::kF32, Device::Cpu(),
+                                         HostMemoryKind::kPageable, host_writes));
+  }
   for (const ParamEntry& e : layout.entries()) {
     float* p = host.data<float>() + e.offset;
     const int64_t n = e.spec.shape.numel();
@@ -69,7 +79,7 @@ absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& param
       }
     }
   }
-  return CopySync(params.flat(), host);
+  return dst.device().is_cpu() ? absl::OkStatus() : CopySync(dst, host);
 }
 
 }  // namespace tandem

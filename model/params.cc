@@ -52,6 +52,8 @@ absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& param
   // next allocation up to twice smaller, the optimizer's moments under ZeRO-1); elsewhere in
   // a host buffer copied over once. The entries tile [0, numel), so every element is written.
   const Tensor& dst = params.flat();
+  RETURN_IF_ERROR(CheckDType("InitializeParams", "params", dst, DType::kF32));
+  RETURN_IF_ERROR(CheckShape("InitializeParams", "params", dst, Shape{layout.numel()}));
   Tensor host = dst;
   if (dst.device().is_cpu()) {
     ASSIGN_OR_RETURN(Stream * s, Stream::Compute(dst.device()));

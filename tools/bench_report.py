@@ -317,7 +317,7 @@ def pipeline_section(rows, base):
           "peer's noticing the data, the waiting stream woken) shows in their bubble and not "
           "in GPipe's. The MPI communication thread polls its transfers with short sleeps "
           "rather than busy-polling and runs on the shortest scheduler slice (docs/DESIGN.md, "
-          "section 4), so that it leaves the cores to the compute streams and starts a "
+          "section 3), so that it leaves the cores to the compute streams and starts a "
           "transfer as soon as it is woken; what remains above 1 is those wake-ups, each "
           "taking longer the busier the machine. Textbook: each schedule's bubble with equal "
           "stages and F = B = W: GPipe's and 1F1B's (K-1)/(M+K-1), interleaved 1F1B's with v "

@@ -311,8 +311,7 @@ absl::Status LoadGpt2Params(const SafetensorsFile& file, const std::string& what
   for (size_t i = 0; i < specs.size(); ++i) {
     std::copy(values[i].begin(), values[i].end(), host.begin() + layout.entries()[i].offset);
   }
-  ASSIGN_OR_RETURN(Tensor t, Tensor::FromVector(host, stage.params().flat().shape()));
-  RETURN_IF_ERROR(CopySync(stage.params().flat(), t));
+  RETURN_IF_ERROR(CopyFromHost(stage.params().flat(), host));
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(stage.device()));
   return stage.ParamsChanged(*s);
 }

@@ -405,8 +405,7 @@ absl::Status LoadStateFromShards(
       std::copy_n(src.arrays[a]->data() + src.offset, src.numel, host.data() + e.offset);
     }
     if (a > 0) host = std::vector<float>(host.begin() + range.begin, host.begin() + end);
-    ASSIGN_OR_RETURN(Tensor t, Tensor::FromVector(host, targets[a].shape()));
-    RETURN_IF_ERROR(CopySync(targets[a], t));
+    RETURN_IF_ERROR(CopyFromHost(targets[a], host));
   }
   *step = new_step;
   scaler->Restore(new_scale, new_good);
@@ -483,8 +482,7 @@ absl::Status LoadParamsByName(const std::string& prefix, const ModelConfig& mode
     return absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint %s holds no parameter '%s'", prefix, wanted.begin()->first));
   }
-  ASSIGN_OR_RETURN(Tensor t, Tensor::FromVector(host, params.shape()));
-  return CopySync(params, t);
+  return CopyFromHost(params, host);
 }
 
 namespace {

@@ -232,6 +232,28 @@ absl::Status CopySync(const Tensor& dst, const Tensor& src) {
   return stream->Synchronize();
 }
 
+absl::Status FillFromHost(const Tensor& dst, const std::function<void(void*)>& fill) {
+  if (dst.device().is_cpu()) {
+    RETURN_IF_ERROR(WaitForCpuWork(dst));
+    fill(dst.raw());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(dst.shape(), dst.dtype(), Device::Cpu(),
+                                              HostMemoryKind::kPageable, HostWrites()));
+  fill(host.raw());
+  return CopySync(dst, host);
+}
+
+absl::Status CopyFromHost(const Tensor& dst, const std::vector<float>& values) {
+  RETURN_IF_ERROR(CheckDType("CopyFromHost", "dst", dst, DType::kF32));
+  if (static_cast<int64_t>(values.size()) != dst.numel()) {
+    return absl::InvalidArgumentError(absl::StrFormat("CopyFromHost: %d values for %s",
+                                                      values.size(), dst.ToString()));
+  }
+  return FillFromHost(
+      dst, [&](void* raw) { CopyBytes(raw, values.data(), values.size() * sizeof(float)); });
+}
+
 absl::Status ZeroFill(const Tensor& t, Stream& stream) {
   if (t.bytes() == 0) return absl::OkStatus();
   if (t.device().is_cpu()) {

@@ -6,6 +6,7 @@
 #define TANDEM_RUNTIME_TENSOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +114,14 @@ absl::Status Copy(const Tensor& dst, const Tensor& src, Stream& stream);
 // Copy on the compute stream (the CUDA side's), then waits for it to finish (a host
 // synchronization).
 absl::Status CopySync(const Tensor& dst, const Tensor& src);
+// The host writes `dst`: `fill` gets memory laid out as dst's (dst.bytes() of its dtype) and
+// what it writes is in dst on return. On the CPU that is dst itself, once the work queued on
+// its stream is done: a staging buffer there would come from the device's own allocator, and
+// once freed its cached block would serve a later request up to half its size, counted whole.
+// Elsewhere it is a host buffer, copied over (CopySync).
+absl::Status FillFromHost(const Tensor& dst, const std::function<void(void*)>& fill);
+// `values` into dst (f32, as many elements), written as FillFromHost does.
+absl::Status CopyFromHost(const Tensor& dst, const std::vector<float>& values);
 // Marks `t`'s memory as used by work on `stream` too (Allocator::RecordStream): needed when a
 // tensor made for one stream is used on another. `t` keeps its memory (not Unowned()).
 void RecordStream(const Tensor& t, Stream& stream);

@@ -1,11 +1,13 @@
 // MpiCommunicator: operations are queued by the caller and executed, one at a time and in
 // issue order, by the communicator's thread with MPI calls on a private duplicate
 // communicator (collectives blocking; point-to-point transfers polled, sleeping between
-// polls, so that a receive waiting for its peer leaves the cores to the compute streams). Each starts only once the CPU compute stream has run the work issued before
-// it (an event recorded at issue: the ordering NCCL gets from its stream's wait), so that it
-// sends what the queued ops computed and overwrites nothing they still read. Works wait on
-// the shared state's "completed" counter: operations finish in order, so an operation is
-// done exactly when the counter has reached its sequence number.
+// polls on the host's doorbells, so that a receive waiting for its peer leaves the cores to
+// the compute streams and wakes when the peer rings). Each starts only once the CPU compute
+// stream has run the work issued before it (an event recorded at issue: the ordering NCCL
+// gets from its stream's wait), so that it sends what the queued ops computed and
+// overwrites nothing they still read. Works wait on the shared state's "completed" counter:
+// operations finish in order, so an operation is done exactly when the counter has reached
+// its sequence number.
 #include "comm/mpi_communicator.h"
 
 #ifdef __linux__
@@ -34,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "comm/doorbells.h"
 #include "comm/op_info.h"
 #include "runtime/dtype.h"
 #include "runtime/host_sync.h"
@@ -61,10 +64,12 @@ constexpr absl::Duration kSplitTimeout = absl::Minutes(5);
 constexpr std::chrono::microseconds kIdleSpin(50);
 // A point-to-point transfer's wait: polled without pause this long, then between sleeps that
 // grow from kPollSleepMin to kPollSleepMax (sleeping rather than spinning inside MPI, so that
-// a receive posted long before its data leaves the core to the compute streams).
+// a receive posted long before its data leaves the core to the compute streams); with
+// doorbells (comm/doorbells.h) to kRungSleepMax, as a peer's ring ends the sleep.
 constexpr std::chrono::microseconds kPollSpin(50);
 constexpr std::chrono::microseconds kPollSleepMin(5);
 constexpr std::chrono::microseconds kPollSleepMax(50);
+constexpr std::chrono::microseconds kRungSleepMax(1000);
 // The communication thread's scheduler time slice (Linux 6.12 and later: EEVDF's custom
 // slice), the shortest the kernel takes: woken while the compute streams hold every core, it
 // preempts one at once instead of after the running thread's slice (milliseconds).
@@ -135,6 +140,9 @@ struct QueuedOp {
 struct CommState {
   CommIdentity id;
   MPI_Comm comm = MPI_COMM_NULL;  // used by the communication thread only
+  // The job's doorbells, by the job's rank (shared with the communicators split from it);
+  // null where they could not be made.
+  std::shared_ptr<const Doorbells> bells;
 
   absl::Mutex mu;
   std::deque<QueuedOp> queue ABSL_GUARDED_BY(mu);
@@ -370,13 +378,32 @@ absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want
 // nonstop (unless mpi_yield_when_idle), and a pipeline's receive is posted long before its
 // data comes, so that polling would take CPU time from the compute streams for the whole
 // forward or backward it overlaps. Polls without pause for kPollSpin (a transfer whose peer
-// is ready finishes in that time), then sleeps between polls, a little longer each time up to
-// kPollSleepMax: a transfer is noticed at most that long after its data is there. Each poll
-// progresses every request (the receiver's progress also moves a rendezvous send along).
-int WaitAllPolling(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses) {
+// is ready finishes in that time), then sleeps between polls, a little longer each time. Each
+// poll progresses every request (the receiver's progress also moves a rendezvous send along).
+// With every peer (ranks of st's communicator) on this host's doorbells, it rings them once
+// its requests are posted and once they are done (a rendezvous send finishes when the
+// receiver has copied the data), and sleeps on its own bell up to kRungSleepMax: woken by
+// the peer's ring, it notices a transfer at once and costs nothing while it waits. Without,
+// it sleeps up to kPollSleepMax: a transfer is noticed at most that long after its data came.
+int WaitAllPolling(const CommState& st, const std::vector<int>& peers,
+                   std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses) {
+  const Doorbells* bells = st.bells.get();
+  std::vector<int> ring;
+  for (int p : peers) {
+    const int r = st.id.JobRankOf(p);
+    if (bells == nullptr || !bells->Reaches(r)) {
+      bells = nullptr;
+      break;
+    }
+    ring.push_back(r);
+  }
+  if (bells != nullptr) {
+    for (int r : ring) bells->Ring(r);
+  }
   const auto spin_until = std::chrono::steady_clock::now() + kPollSpin;
   auto sleep = kPollSleepMin;
   for (;;) {
+    const uint32_t seen = bells != nullptr ? bells->Count() : 0;
     int done = 0;
     const int e = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
                               statuses.data());
@@ -388,19 +415,30 @@ int WaitAllPolling(std::vector<MPI_Request>& requests, std::vector<MPI_Status>& 
       }
       return e;
     }
-    if (done) return MPI_SUCCESS;
+    if (done) {
+      if (bells != nullptr) {
+        for (int r : ring) bells->Ring(r);
+      }
+      return MPI_SUCCESS;
+    }
     if (std::chrono::steady_clock::now() < spin_until) continue;
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, kPollSleepMax);
+    if (bells != nullptr) {
+      bells->Wait(seen, sleep);
+      sleep = std::min(sleep * 2, kRungSleepMax);
+    } else {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, kPollSleepMax);
+    }
   }
 }
 
 // WaitAllPolling for one request; its failure as `what`'s.
-absl::Status WaitOnePolling(MPI_Request request, const char* what, MPI_Status* status) {
+absl::Status WaitOnePolling(const CommState& st, int peer, MPI_Request request,
+                            const char* what, MPI_Status* status) {
   std::vector<MPI_Request> requests = {request};
   std::vector<MPI_Status> statuses(1);
   statuses[0].MPI_ERROR = MPI_SUCCESS;
-  const int e = WaitAllPolling(requests, statuses);
+  const int e = WaitAllPolling(st, {peer}, requests, statuses);
   *status = statuses[0];
   if (e == MPI_SUCCESS) return absl::OkStatus();
   return MpiErrorStatus(status->MPI_ERROR != MPI_SUCCESS ? status->MPI_ERROR : e, what,
@@ -415,7 +453,7 @@ absl::Status RunSend(CommState& st, const Tensor& t, int peer) {
     MPI_RETURN_IF_ERROR(
         MPI_Isend(base + off * esize, c, MoveType(t.dtype()), peer, kTag, st.comm, &request));
     MPI_Status status;
-    return WaitOnePolling(request, "MPI_Send", &status);
+    return WaitOnePolling(st, peer, request, "MPI_Send", &status);
   });
 }
 
@@ -427,7 +465,7 @@ absl::Status RunRecv(CommState& st, const Tensor& t, int peer) {
     MPI_Request request = MPI_REQUEST_NULL;
     MPI_RETURN_IF_ERROR(MPI_Irecv(base + off * esize, c, type, peer, kTag, st.comm, &request));
     MPI_Status status;
-    RETURN_IF_ERROR(WaitOnePolling(request, "MPI_Recv", &status));
+    RETURN_IF_ERROR(WaitOnePolling(st, peer, request, "MPI_Recv", &status));
     return CheckReceived(status, type, c, st.id.JobRankOf(peer));
   });
 }
@@ -456,7 +494,9 @@ absl::Status RunSendRecv(CommState& st, const std::vector<PeerTransfer>& transfe
   std::vector<MPI_Status> statuses(transfers.size());
   for (MPI_Status& x : statuses) x.MPI_ERROR = MPI_SUCCESS;
   // Posted requests are completed even after a failure, so no buffer stays in use.
-  const int e = WaitAllPolling(requests, statuses);
+  std::vector<int> peers;
+  for (const PeerTransfer& x : transfers) peers.push_back(x.peer);
+  const int e = WaitAllPolling(st, peers, requests, statuses);
   RETURN_IF_ERROR(posted);
   if (e != MPI_SUCCESS) {
     for (size_t i = 0; i < statuses.size(); ++i) {
@@ -725,6 +765,7 @@ class MpiCommunicator : public Communicator {
     MPI_RETURN_IF_ERROR(MPI_Comm_size(state->comm, &state->id.world_size));
     state->id.device = Device::Cpu();
     state->id.group = name;
+    state->bells = state_->bells;
     state->id.job_rank = state_->id.job_rank >= 0 ? state_->id.job_rank : state_->id.rank;
     // The job's ranks the split put in the group, against the caller's layout.
     std::vector<int> made(state->id.world_size);
@@ -904,6 +945,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(
   MPI_RETURN_IF_ERROR(MPI_Comm_rank(state->comm, &state->id.rank));
   MPI_RETURN_IF_ERROR(MPI_Comm_size(state->comm, &state->id.world_size));
   state->id.device = Device::Cpu();
+  state->bells = Doorbells::Create(state->comm, Doorbells::Wanted());
   return std::unique_ptr<Communicator>(new MpiCommunicator(std::move(state)));
 }
 

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "comm/doorbells.h"
 #include "comm/mpi_communicator.h"
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
@@ -603,6 +606,55 @@ TEST_F(MpiCommunicatorTest, MpiErrorsBecomeStatusAndStopLaterOperations) {
   EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
   EXPECT_NE(later.message().find("barrier #2 not run: operation #1 failed"), std::string::npos)
       << later;
+}
+
+// Every rank of this host has a doorbell, and its shared memory is gone from /dev/shm once
+// made (nothing is left behind, even by a job that dies).
+TEST(DoorbellsTest, EveryRankOnThisHostHasABellAndNothingIsLeftInDevShm) {
+  std::unique_ptr<Doorbells> bells = Doorbells::Create(MPI_COMM_WORLD);
+  ASSERT_NE(bells, nullptr);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(bells->Reaches(r)) << "rank " << r;
+  EXPECT_FALSE(bells->Reaches(world));
+  EXPECT_FALSE(bells->Reaches(-1));
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_EQ(e.path().filename().string().rfind("tandem-doorbells-", 0), std::string::npos)
+        << e.path();
+  }
+}
+
+// All or none: one rank without doorbells (TANDEM_MPI_DOORBELLS=off there) leaves every
+// rank without, so that no wait sleeps on a bell a peer never rings.
+TEST(DoorbellsTest, OneRankWithoutLeavesEveryRankWithout) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  EXPECT_EQ(Doorbells::Create(MPI_COMM_WORLD, /*enabled=*/rank != 0), nullptr);
+}
+
+// Rank r rings rank r + 1 (around the ring) a little after every rank took its count: each
+// wait ends on the ring, long before its timeout, and sees the count moved.
+TEST(DoorbellsTest, ARingFromAnotherProcessEndsTheWait) {
+  std::unique_ptr<Doorbells> bells = Doorbells::Create(MPI_COMM_WORLD);
+  ASSERT_NE(bells, nullptr);
+  int rank = 0, world = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const uint32_t seen = bells->Count();
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::thread ringer([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    bells->Ring((rank + 1) % world);
+  });
+  const absl::Time start = absl::Now();
+  while (bells->Count() == seen && absl::Now() - start < kTimeout) {
+    bells->Wait(seen, std::chrono::seconds(60));
+  }
+  const absl::Duration waited = absl::Now() - start;
+  ringer.join();
+  EXPECT_NE(bells->Count(), seen);
+  EXPECT_LT(waited, absl::Seconds(30)) << "the wait ended on its timeout, not on the ring";
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // Prints only failed assertions, prefixed with the rank (for ranks other than 0).

@@ -4,7 +4,8 @@
 # communicator vs raw MPI (all-reduce, all-gather, reduce-scatter), runtime matmul vs raw
 # sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
 # bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, ZeRO-1's optimizer state per
-# rank, CPU streams (asynchronous against immediate), the planner's predictions against runs,
+# rank, CPU streams (asynchronous against immediate), MPI doorbells (on against off), the
+# planner's predictions against runs,
 # and PyTorch on the same model where it is installed. Takes about a quarter of an hour on 2
 # cores.
 set -euo pipefail
@@ -59,6 +60,16 @@ for pair in 1 2 3; do
       TANDEM_CPU_STREAMS=$streams OMPI_MCA_mpi_yield_when_idle=1 "${mpi[@]}" -np "$np" \
         "$runfiles/parallel/strategy_bench" streams >>"$out_dir/streams.jsonl"
     done
+  done
+done
+step "MPI doorbells: off against on, 2 alternating pairs (2 workers: data and 1F1B; 4: hybrid)"
+for pair in 1 2; do
+  for doorbells in off on; do
+    TANDEM_MPI_DOORBELLS=$doorbells OMPI_MCA_mpi_yield_when_idle=1 "${mpi[@]}" -np 2 \
+      "$runfiles/parallel/strategy_bench" streams |
+      sed "s/^{/{\"doorbells\": \"$doorbells\", /" >>"$out_dir/doorbells.jsonl"
+    TANDEM_MPI_DOORBELLS=$doorbells "${mpi[@]}" -np 4 "$runfiles/parallel/strategy_bench" hybrid |
+      sed "s/^{/{\"doorbells\": \"$doorbells\", /" >>"$out_dir/doorbells.jsonl"
   done
 done
 step "planner: compare --plan on 2 and 4 workers, predicted against measured; 64 H200s planned"

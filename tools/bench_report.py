@@ -175,6 +175,49 @@ def streams_section(d, ops):
     print()
 
 
+def doorbells_section(d):
+    """MPI doorbells: tokens/s with them (the default) against without
+    (TANDEM_MPI_DOORBELLS=off), in alternating runs (tools/bench.sh)."""
+    path = os.path.join(d, "doorbells.jsonl")
+    if not os.path.exists(path):
+        return
+    rows = {}
+    for r in lines(path):
+        if r.get("bench") == "hybrid":
+            key = (4, r["case"], r["schedule"] or "-", r["micro_batches"], r["zero"])
+        else:
+            pipe = r["strategy"] == "pipeline"
+            key = (r["workers"], f"{r['workers']} stages" if pipe else "data parallel",
+                   "1f1b" if pipe else "-", 8 if pipe else 1, 0)
+        rows.setdefault(key, {}).setdefault(r["doorbells"], []).append(r["tokens_per_second"])
+    mid = lambda v: sorted(v)[len(v) // 2]
+    print("## MPI doorbells: on against off\n")
+    print("A transfer's wait on the MPI communicator sleeps on its process's doorbell, a futex "
+          "in memory the host's ranks share, which the peer rings when it posts or finishes a "
+          "transfer with it (the default); off (`TANDEM_MPI_DOORBELLS=off`), it sleeps on a "
+          "timer, up to 50 us between polls (docs/DESIGN.md, section 3). Tokens/s of gpt-tiny "
+          "(`parallel/strategy_bench streams` on 2 workers: data parallel, batch 16, and 1F1B, "
+          "batch 32 in 8 micro-batches; `hybrid` on 4 workers, global batch 32), each case's "
+          "median over its runs, the two settings in alternating runs:\n")
+    print("| workers | layout | schedule | micro-batches | ZeRO-1 | runs | off tokens/s | "
+          "on tokens/s | on / off |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    ratios = []
+    for (workers, case, schedule, m, zero), modes in rows.items():
+        off, on = modes.get("off"), modes.get("on")
+        if not off or not on:
+            continue
+        ratio = mid(on) / mid(off)
+        ratios.append((ratio, workers, case, schedule))
+        print(f"| {workers} | {case} | {schedule} | {m} | {'yes' if zero else 'no'} | "
+              f"{min(len(off), len(on))} | {mid(off):.0f} | {mid(on):.0f} | {ratio:.3f} |")
+    if ratios:
+        lo, hi = min(ratios), max(ratios)
+        print(f"\nIn this run doorbells give {lo[0]:.3f} ({lo[1]} workers, {lo[2]}, {lo[3]}) to "
+              f"{hi[0]:.3f} ({hi[1]} workers, {hi[2]}, {hi[3]}) of the timers' tokens/s.")
+    print()
+
+
 def collectives_section(d):
     """Tandem's MPI communicator against the raw MPI call (comm/allreduce_bench, one run per
     collective): all-reduce, then ZeRO-1's all-gather and reduce-scatter where measured, and
@@ -546,6 +589,7 @@ def main():
         print(f"\n({torch[0]['framework']})")
     print()
     streams_section(d, ops)
+    doorbells_section(d)
     performance_work(variant, op_gain, train_text, yield_gain(os.path.join(d, "yield.jsonl")))
     # The GPU section comes from another machine (tools/gpu_report.py): a measured one in the
     # file this run replaces is kept as it is, with its own date.

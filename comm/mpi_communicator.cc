@@ -381,10 +381,11 @@ absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want
 // is ready finishes in that time), then sleeps between polls, a little longer each time. Each
 // poll progresses every request (the receiver's progress also moves a rendezvous send along).
 // With every peer (ranks of st's communicator) on this host's doorbells, it rings them once
-// its requests are posted and once they are done (a rendezvous send finishes when the
-// receiver has copied the data), and sleeps on its own bell up to kRungSleepMax: woken by
-// the peer's ring, it notices a transfer at once and costs nothing while it waits. Without,
-// it sleeps up to kPollSleepMax: a transfer is noticed at most that long after its data came.
+// its requests are posted and whenever a poll finished one of them (a receive that ends has
+// sent its sender the rendezvous's last message, which the sender waits for), and sleeps on
+// its own bell up to kRungSleepMax: woken by a peer's ring, it notices a transfer at once and
+// costs nothing while it waits. Without, it sleeps up to kPollSleepMax: a transfer is noticed
+// at most that long after its data came.
 int WaitAllPolling(const CommState& st, const std::vector<int>& peers,
                    std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses) {
   const Doorbells* bells = st.bells.get();
@@ -397,29 +398,38 @@ int WaitAllPolling(const CommState& st, const std::vector<int>& peers,
     }
     ring.push_back(r);
   }
-  if (bells != nullptr) {
+  auto ring_peers = [&] {
+    if (bells == nullptr) return;
     for (int r : ring) bells->Ring(r);
-  }
+  };
+  ring_peers();
+  const int n = static_cast<int>(requests.size());
+  int pending = 0;
+  for (const MPI_Request& r : requests) pending += r != MPI_REQUEST_NULL;
+  std::vector<int> finished(n);
+  std::vector<MPI_Status> finished_statuses(n);
   const auto spin_until = std::chrono::steady_clock::now() + kPollSpin;
   auto sleep = kPollSleepMin;
-  for (;;) {
+  while (pending > 0) {
     const uint32_t seen = bells != nullptr ? bells->Count() : 0;
-    int done = 0;
-    const int e = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                              statuses.data());
+    int count = 0;
+    const int e = MPI_Testsome(n, requests.data(), &count, finished.data(),
+                               finished_statuses.data());
+    if (count == MPI_UNDEFINED) break;  // none active
+    for (int k = 0; k < count; ++k) statuses[finished[k]] = finished_statuses[k];
     if (e != MPI_SUCCESS) {
-      // Complete what is still posted (MPI_ERR_PENDING), so no buffer stays in use; the
-      // statuses of the others hold their errors.
-      for (size_t i = 0; i < requests.size(); ++i) {
+      // Complete what is still posted, so no buffer stays in use; the statuses of the
+      // finished ones hold their errors.
+      for (int i = 0; i < n; ++i) {
         if (requests[i] != MPI_REQUEST_NULL) MPI_Wait(&requests[i], &statuses[i]);
       }
+      ring_peers();
       return e;
     }
-    if (done) {
-      if (bells != nullptr) {
-        for (int r : ring) bells->Ring(r);
-      }
-      return MPI_SUCCESS;
+    if (count > 0) {
+      pending -= count;
+      ring_peers();
+      continue;
     }
     if (std::chrono::steady_clock::now() < spin_until) continue;
     if (bells != nullptr) {
@@ -430,6 +440,7 @@ int WaitAllPolling(const CommState& st, const std::vector<int>& peers,
       sleep = std::min(sleep * 2, kPollSleepMax);
     }
   }
+  return MPI_SUCCESS;
 }
 
 // WaitAllPolling for one request; its failure as `what`'s.

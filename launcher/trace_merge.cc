@@ -41,6 +41,12 @@ absl::StatusOr<RankTrace> ParseChromeTrace(absl::string_view text) {
       t.rank = static_cast<int>(NumberOr(e, "pid", 0));
       have_pid = true;
     }
+    if (StringOr(e, "ph", "") == "M" && StringOr(e, "name", "") == "clock") {
+      if (const auto args = e.find("args"); args != e.end()) {
+        t.clock.domain = StringOr(*args, "domain", "");
+        t.clock.origin_us = NumberOr(*args, "origin_us", -1);
+      }
+    }
     if (StringOr(e, "ph", "") != "X") continue;
     TraceEvent ev;
     ev.name = StringOr(e, "name", "");
@@ -81,7 +87,14 @@ std::vector<double> ClockOffsetsUs(const std::vector<RankTrace>& ranks) {
   std::vector<double> offsets(ranks.size(), 0.0);
   if (ranks.empty()) return offsets;
   const std::vector<double> ref = sync_points(ranks[0]);
+  const TraceClock& zero = ranks[0].clock;
   for (size_t r = 1; r < ranks.size(); ++r) {
+    const TraceClock& c = ranks[r].clock;
+    if (!zero.domain.empty() && c.domain == zero.domain && zero.origin_us >= 0 &&
+        c.origin_us >= 0) {
+      offsets[r] = c.origin_us - zero.origin_us;
+      continue;
+    }
     const std::vector<double> mine = sync_points(ranks[r]);
     std::vector<double> diffs;
     for (size_t i = 0; i < std::min(ref.size(), mine.size()); ++i)

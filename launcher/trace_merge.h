@@ -21,6 +21,7 @@ namespace launcher {
 struct RankTrace {
   int rank = 0;
   std::vector<TraceEvent> events;
+  TraceClock clock;  // the trace's "clock" metadata; an empty domain where it has none
 };
 
 // A worker's trace file's text (runtime/profiler.h's ChromeTrace); the rank is the pid.
@@ -28,10 +29,12 @@ absl::StatusOr<RankTrace> ParseChromeTrace(absl::string_view text);
 // <run_dir>/traces/rank-<rank>.json.
 absl::StatusOr<RankTrace> ReadRankTrace(const std::string& run_dir, int rank);
 
-// Microseconds to add to each rank's timestamps to put it on rank 0's clock. Every step
-// ends with an all-reduce of the loss that every rank leaves together ("reduce loss"
-// spans), so the offset of rank r is the median over steps of (rank 0's end of that span -
-// rank r's). 0 for a rank without such spans.
+// Microseconds to add to each rank's timestamps to put it on rank 0's clock. A rank on rank
+// 0's host (the same clock domain) is put there exactly: the difference of their origins.
+// Otherwise: every step ends with an all-reduce of the loss that every rank leaves together
+// ("reduce loss" spans), so the offset of rank r is the median over steps of (rank 0's end of
+// that span - rank r's), as close as the ranks' streams wake after it (tens of microseconds
+// on a busy host); 0 for a rank without such spans.
 std::vector<double> ClockOffsetsUs(const std::vector<RankTrace>& ranks);
 // `trace` with every event shifted by `offset_us`.
 RankTrace Shifted(const RankTrace& trace, double offset_us);

@@ -63,14 +63,48 @@ TEST(TraceTest, ClockOffsetsAlignTheLossReduction) {
   EXPECT_DOUBLE_EQ(Shifted(r1, off[1]).events[0].start_us, 100);
 }
 
+// Ranks of one host share its monotonic clock: the trace's clock metadata puts them on rank
+// 0's exactly (the loss reduction's ends, 1000 us apart here, are not used); a rank of
+// another boot is aligned on the loss reduction.
+TEST(TraceTest, ClockOffsetsOnOneHostAreTheOriginsDifference) {
+  RankTrace r0, r1, r2;
+  r0.rank = 0;
+  r1.rank = 1;
+  r2.rank = 2;
+  r0.clock = {"boot-a", 5000};
+  r1.clock = {"boot-a", 6250.5};
+  r2.clock = {"boot-b", 99};
+  r0.events = {Event("reduce loss", "idle", 100, 10), Event("reduce loss", "idle", 300, 10)};
+  r1.events = {Event("reduce loss", "idle", -900, 10), Event("reduce loss", "idle", -700, 10)};
+  r2.events = {Event("reduce loss", "idle", 40, 10), Event("reduce loss", "idle", 240, 10)};
+  const std::vector<double> off = ClockOffsetsUs({r0, r1, r2});
+  ASSERT_EQ(off.size(), 3u);
+  EXPECT_DOUBLE_EQ(off[0], 0);
+  EXPECT_DOUBLE_EQ(off[1], 1250.5);
+  EXPECT_DOUBLE_EQ(off[2], 60);
+}
+
+TEST(TraceTest, AWorkersTraceCarriesItsClock) {
+  const TraceClock mine = Profiler::Clock();
+  if (mine.domain.empty()) GTEST_SKIP() << "no boot id on this host";
+  std::vector<TraceEvent> events = {Event("forward 1", "compute", 10, 5, 1)};
+  absl::StatusOr<RankTrace> t = ParseChromeTrace(Profiler::ChromeTrace(events, 0, "rank 0"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->clock.domain, mine.domain);
+  EXPECT_NEAR(t->clock.origin_us, mine.origin_us, 0.001);
+  EXPECT_GT(mine.origin_us, 0);
+}
+
 TEST(TraceTest, MergesARunDirectory) {
   const std::string dir = FreshTestDir("run");
   mkdir((dir + "/traces").c_str(), 0755);
   for (int r = 0; r < 2; ++r) {
     std::vector<TraceEvent> ev = {Event("forward 0", "compute", 10 + 500 * r, 5, 0),
                                   Event("reduce loss", "idle", 20 + 500 * r, 5)};
+    // Rank 1's clock started 500 us before rank 0's, on the same host.
+    const TraceClock clock{"boot-x", 1000.0 - 500 * r};
     std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r))
-        << Profiler::ChromeTrace(ev, r, absl::StrCat("rank ", r));
+        << Profiler::ChromeTrace({TraceProcess{r, absl::StrCat("rank ", r), &ev, clock}});
     std::ofstream(absl::StrFormat("%s/traces/ops-rank-%d.txt", dir, r))
         << "op  count  total ms  mean us\nMatMul  3  1.00  333.3\n";
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -48,6 +49,18 @@ void Profiler::Reset() {
   S().ops.clear();
   S().events.clear();
   S().pending.clear();
+}
+
+TraceClock Profiler::Clock() {
+  TraceClock c;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  if (boot && std::getline(boot, c.domain) && !c.domain.empty()) {
+    c.origin_us =
+        std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
+  } else {
+    c.domain.clear();
+  }
+  return c;
 }
 
 double Profiler::NowUs() {
@@ -154,7 +167,7 @@ std::string Profiler::FormatOpTable(const std::vector<OpStat>& table) {
 
 std::string Profiler::ChromeTrace(const std::vector<TraceEvent>& events, int pid,
                                   const std::string& process_name) {
-  return ChromeTrace({TraceProcess{pid, process_name, &events}});
+  return ChromeTrace({TraceProcess{pid, process_name, &events, Clock()}});
 }
 
 std::string Profiler::ChromeTrace(const std::vector<TraceProcess>& processes) {
@@ -170,6 +183,10 @@ std::string Profiler::ChromeTrace(const std::vector<TraceProcess>& processes) {
     metadata("process_sort_index", p.pid, -1, {{"sort_index", p.pid}});
     metadata("thread_name", p.pid, 0, {{"name", "compute"}});
     metadata("thread_name", p.pid, 1, {{"name", "communication"}});
+    if (!p.clock.domain.empty()) {
+      metadata("clock", p.pid, -1,
+               {{"domain", p.clock.domain}, {"origin_us", JsonRounded(p.clock.origin_us, 3)}});
+    }
   }
   for (const TraceProcess& p : processes) {
     for (const TraceEvent& e : *p.events) {

@@ -52,11 +52,21 @@ struct TraceEvent {
   int thread = 0;         // lane within a rank: 0 compute, 1 communication
 };
 
-// One process of a Chrome trace: its pid, name and events (not owned).
+// The clock a process's events are on: its TimeOrigin() on the host's monotonic clock
+// (steady_clock), which every process of one boot of one host shares. Traces of one domain
+// line up exactly; across hosts only an event all ranks leave together aligns them.
+struct TraceClock {
+  std::string domain;      // the host's boot id; "" if unknown
+  double origin_us = -1;   // TimeOrigin() in microseconds of steady_clock's epoch
+};
+
+// One process of a Chrome trace: its pid, name, events (not owned) and clock (written as a
+// "clock" metadata event where its domain is known).
 struct TraceProcess {
   int pid = 0;
   std::string name;
   const std::vector<TraceEvent>* events = nullptr;
+  TraceClock clock;
 };
 
 class Profiler {
@@ -66,6 +76,8 @@ class Profiler {
   static void Reset();
   // Microseconds since TimeOrigin(), the epoch every event is measured from.
   static double NowUs();
+  // This process's clock (TraceClock).
+  static TraceClock Clock();
   static void RecordOp(const char* name, double seconds, OpCost cost = {});
   // An op whose time is from `start` to `end`, timing events recorded around it: added to
   // the table once `end` has completed (Collect).
@@ -82,7 +94,7 @@ class Profiler {
   static std::string FormatOpTable(const std::vector<OpStat>& table);
   // A complete Chrome trace-event file ({"traceEvents": [...]}, one event a line; loads in
   // Perfetto and chrome://tracing) of `events`, as process `pid` named `process_name`, with
-  // lanes "compute" (thread 0) and "communication" (thread 1).
+  // lanes "compute" (thread 0) and "communication" (thread 1), on this process's Clock().
   static std::string ChromeTrace(const std::vector<TraceEvent>& events, int pid,
                                  const std::string& process_name);
   // The same for several processes, sorted by pid: each one's name and lanes first, then the

@@ -70,6 +70,9 @@ constexpr std::chrono::microseconds kPollSpin(50);
 constexpr std::chrono::microseconds kPollSleepMin(5);
 constexpr std::chrono::microseconds kPollSleepMax(50);
 constexpr std::chrono::microseconds kRungSleepMax(1000);
+// The largest shared-memory message sent eagerly (InitMpi): a pipeline's activation of a
+// small micro-batch (gpt-tiny's 2 rows are 64 KB) in one step.
+constexpr int kEagerBytes = 128 * 1024;
 // The communication thread's scheduler time slice (Linux 6.12 and later: EEVDF's custom
 // slice), the shortest the kernel takes: woken while the compute streams hold every core, it
 // preempts one at once instead of after the running thread's slice (milliseconds).
@@ -925,6 +928,15 @@ absl::Status InitMpi(int* argc, char*** argv) {
   if (initialized) {
     MPI_RETURN_IF_ERROR(MPI_Query_thread(&level));
   } else {
+    // Shared-memory messages up to kEagerBytes go eagerly (copied through the receiver's queue,
+    // no handshake) unless the user set these: above Open MPI's 4 KB default a message takes
+    // the rendezvous, whose handshake steps each wait for a peer asleep on its doorbell
+    // (comm/doorbells.h) until its timer, as no finished transfer rings for them.
+    const std::string eager = std::to_string(kEagerBytes);
+    for (const char* name : {"OMPI_MCA_btl_vader_eager_limit", "OMPI_MCA_btl_vader_max_send_size",
+                             "OMPI_MCA_btl_vader_rndv_eager_limit"}) {
+      setenv(name, eager.c_str(), /*overwrite=*/0);
+    }
     MPI_RETURN_IF_ERROR(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level));
   }
   return CheckThreadLevel(level);

@@ -52,8 +52,15 @@ std::unique_ptr<Doorbells> Doorbells::Create(MPI_Comm comm, bool enabled) {
       std::snprintf(name, sizeof(name), "/tandem-doorbells-%d-%d", static_cast<int>(getpid()),
                     made.fetch_add(1));
       const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0 || ftruncate(fd, static_cast<off_t>(d->bytes_)) != 0) name[0] = 0;
-      if (fd >= 0) close(fd);
+      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(d->bytes_)) != 0) {
+        shm_unlink(name);
+        close(fd);
+        name[0] = 0;
+      } else if (fd < 0) {
+        name[0] = 0;
+      } else {
+        close(fd);
+      }
     }
     MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, node);
     if (name[0] != 0 && enabled) {

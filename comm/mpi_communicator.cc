@@ -70,9 +70,11 @@ constexpr std::chrono::microseconds kPollSpin(50);
 constexpr std::chrono::microseconds kPollSleepMin(5);
 constexpr std::chrono::microseconds kPollSleepMax(50);
 constexpr std::chrono::microseconds kRungSleepMax(1000);
-// The largest shared-memory message sent eagerly (InitMpi): a pipeline's activation of a
-// small micro-batch (gpt-tiny's 2 rows are 64 KB) in one step.
-constexpr int kEagerBytes = 128 * 1024;
+// The largest shared-memory message sent eagerly (InitMpi), in one step: a pipeline's
+// activation of a small micro-batch (gpt-tiny's 4 rows are 128 KB). Open MPI's limits count
+// its headers too: kEagerRoom is theirs.
+constexpr int64_t kEagerBytes = 128 * 1024;
+constexpr int64_t kEagerRoom = 4 * 1024;
 // The communication thread's scheduler time slice (Linux 6.12 and later: EEVDF's custom
 // slice), the shortest the kernel takes: woken while the compute streams hold every core, it
 // preempts one at once instead of after the running thread's slice (milliseconds).
@@ -383,29 +385,36 @@ absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want
 // forward or backward it overlaps. Polls without pause for kPollSpin (a transfer whose peer
 // is ready finishes in that time), then sleeps between polls, a little longer each time. Each
 // poll progresses every request (the receiver's progress also moves a rendezvous send along).
-// With every peer (ranks of st's communicator) on this host's doorbells, it rings them once
-// its requests are posted and whenever a poll finished one of them (a receive that ends has
-// sent its sender the rendezvous's last message, which the sender waits for), and sleeps on
-// its own bell up to kRungSleepMax: woken by a peer's ring, it notices a transfer at once and
-// costs nothing while it waits. Without, it sleeps up to kPollSleepMax: a transfer is noticed
-// at most that long after its data came.
-int WaitAllPolling(const CommState& st, const std::vector<int>& peers,
+// It rings every peer (ranks of st's communicator) on this host's doorbells once its requests
+// are posted and whenever a poll finished one of them (a receive that ends has given its
+// sender's send what it waits for), and then this process's own bell too (the poll's progress
+// may have finished another communication thread's transfer). With every peer on the
+// doorbells it sleeps on its own bell, up to kRungSleepMax: woken by a peer's ring, it notices
+// a transfer at once and costs nothing while it waits; after each ring or finished request it
+// polls twice before sleeping again (a poll that progressed a request reports it only on the
+// next). A message above kEagerBytes (`handshake`) takes the rendezvous, whose handshake steps
+// no ring announces, and a peer on another host has no bell: then the sleeps stop at
+// kPollSleepMax, a step noticed at most that long after it came.
+int WaitAllPolling(const CommState& st, const std::vector<int>& peers, bool handshake,
                    std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses) {
   const Doorbells* bells = st.bells.get();
   std::vector<int> ring;
+  bool all_rung = bells != nullptr;
   for (int p : peers) {
     const int r = st.id.JobRankOf(p);
-    if (bells == nullptr || !bells->Reaches(r)) {
-      bells = nullptr;
-      break;
+    if (bells != nullptr && bells->Reaches(r)) {
+      ring.push_back(r);
+    } else {
+      all_rung = false;
     }
-    ring.push_back(r);
   }
-  auto ring_peers = [&] {
-    if (bells == nullptr) return;
+  const int self = st.id.job_rank >= 0 ? st.id.job_rank : st.id.rank;
+  auto ring_peers = [&](bool and_self) {
     for (int r : ring) bells->Ring(r);
+    if (and_self && bells != nullptr) bells->Ring(self);
   };
-  ring_peers();
+  ring_peers(false);
+  const auto longest = all_rung && !handshake ? kRungSleepMax : kPollSleepMax;
   const int n = static_cast<int>(requests.size());
   int pending = 0;
   for (const MPI_Request& r : requests) pending += r != MPI_REQUEST_NULL;
@@ -413,46 +422,60 @@ int WaitAllPolling(const CommState& st, const std::vector<int>& peers,
   std::vector<MPI_Status> finished_statuses(n);
   const auto spin_until = std::chrono::steady_clock::now() + kPollSpin;
   auto sleep = kPollSleepMin;
+  int polls_before_sleep = 0;
   while (pending > 0) {
-    const uint32_t seen = bells != nullptr ? bells->Count() : 0;
+    const uint32_t seen = all_rung ? bells->Count() : 0;
     int count = 0;
     const int e = MPI_Testsome(n, requests.data(), &count, finished.data(),
                                finished_statuses.data());
-    if (count == MPI_UNDEFINED) break;  // none active
-    for (int k = 0; k < count; ++k) statuses[finished[k]] = finished_statuses[k];
     if (e != MPI_SUCCESS) {
-      // Complete what is still posted, so no buffer stays in use; the statuses of the
-      // finished ones hold their errors.
+      for (int k = 0; count != MPI_UNDEFINED && k < count; ++k) {
+        statuses[finished[k]] = finished_statuses[k];
+      }
+      // Complete what is still posted, so no buffer stays in use (an error ends the job:
+      // blocking here costs nothing worth saving); the statuses of the failed ones hold their
+      // errors.
       for (int i = 0; i < n; ++i) {
         if (requests[i] != MPI_REQUEST_NULL) MPI_Wait(&requests[i], &statuses[i]);
       }
-      ring_peers();
+      ring_peers(true);
       return e;
     }
+    if (count == MPI_UNDEFINED) break;  // none active
     if (count > 0) {
+      for (int k = 0; k < count; ++k) statuses[finished[k]] = finished_statuses[k];
       pending -= count;
-      ring_peers();
+      ring_peers(true);
+      polls_before_sleep = 2;
+      continue;
+    }
+    if (polls_before_sleep > 0) {
+      --polls_before_sleep;
       continue;
     }
     if (std::chrono::steady_clock::now() < spin_until) continue;
-    if (bells != nullptr) {
-      bells->Wait(seen, sleep);
-      sleep = std::min(sleep * 2, kRungSleepMax);
+    if (all_rung) {
+      bells->Wait(seen, std::min(sleep, longest));
+      if (bells->Count() != seen) {
+        polls_before_sleep = 2;
+        sleep = kPollSleepMin;
+        continue;
+      }
     } else {
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, kPollSleepMax);
+      std::this_thread::sleep_for(std::min(sleep, longest));
     }
+    sleep = std::min(sleep * 2, longest);
   }
   return MPI_SUCCESS;
 }
 
 // WaitAllPolling for one request; its failure as `what`'s.
-absl::Status WaitOnePolling(const CommState& st, int peer, MPI_Request request,
+absl::Status WaitOnePolling(const CommState& st, int peer, int64_t bytes, MPI_Request request,
                             const char* what, MPI_Status* status) {
   std::vector<MPI_Request> requests = {request};
   std::vector<MPI_Status> statuses(1);
   statuses[0].MPI_ERROR = MPI_SUCCESS;
-  const int e = WaitAllPolling(st, {peer}, requests, statuses);
+  const int e = WaitAllPolling(st, {peer}, bytes > kEagerBytes, requests, statuses);
   *status = statuses[0];
   if (e == MPI_SUCCESS) return absl::OkStatus();
   return MpiErrorStatus(status->MPI_ERROR != MPI_SUCCESS ? status->MPI_ERROR : e, what,
@@ -467,7 +490,8 @@ absl::Status RunSend(CommState& st, const Tensor& t, int peer) {
     MPI_RETURN_IF_ERROR(
         MPI_Isend(base + off * esize, c, MoveType(t.dtype()), peer, kTag, st.comm, &request));
     MPI_Status status;
-    return WaitOnePolling(st, peer, request, "MPI_Send", &status);
+    return WaitOnePolling(st, peer, int64_t{c} * static_cast<int64_t>(esize), request, "MPI_Send",
+                          &status);
   });
 }
 
@@ -479,7 +503,8 @@ absl::Status RunRecv(CommState& st, const Tensor& t, int peer) {
     MPI_Request request = MPI_REQUEST_NULL;
     MPI_RETURN_IF_ERROR(MPI_Irecv(base + off * esize, c, type, peer, kTag, st.comm, &request));
     MPI_Status status;
-    RETURN_IF_ERROR(WaitOnePolling(st, peer, request, "MPI_Recv", &status));
+    RETURN_IF_ERROR(WaitOnePolling(st, peer, int64_t{c} * static_cast<int64_t>(esize), request,
+                                   "MPI_Recv", &status));
     return CheckReceived(status, type, c, st.id.JobRankOf(peer));
   });
 }
@@ -509,8 +534,12 @@ absl::Status RunSendRecv(CommState& st, const std::vector<PeerTransfer>& transfe
   for (MPI_Status& x : statuses) x.MPI_ERROR = MPI_SUCCESS;
   // Posted requests are completed even after a failure, so no buffer stays in use.
   std::vector<int> peers;
-  for (const PeerTransfer& x : transfers) peers.push_back(x.peer);
-  const int e = WaitAllPolling(st, peers, requests, statuses);
+  bool handshake = false;
+  for (const PeerTransfer& x : transfers) {
+    peers.push_back(x.peer);
+    handshake = handshake || x.tensor.bytes() > kEagerBytes;
+  }
+  const int e = WaitAllPolling(st, peers, handshake, requests, statuses);
   RETURN_IF_ERROR(posted);
   if (e != MPI_SUCCESS) {
     for (size_t i = 0; i < statuses.size(); ++i) {
@@ -620,6 +649,9 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
       }
     }
     op.run = nullptr;
+    // The operation's progress may have finished another communication thread's transfer,
+    // which waits on this process's doorbell.
+    if (s->bells != nullptr) s->bells->Ring(s->id.job_rank >= 0 ? s->id.job_rank : s->id.rank);
     op.stash->Release();  // the tensors, before reporting completion
     {
       absl::MutexLock lock(&s->mu);
@@ -929,10 +961,12 @@ absl::Status InitMpi(int* argc, char*** argv) {
     MPI_RETURN_IF_ERROR(MPI_Query_thread(&level));
   } else {
     // Shared-memory messages up to kEagerBytes go eagerly (copied through the receiver's queue,
-    // no handshake) unless the user set these: above Open MPI's 4 KB default a message takes
-    // the rendezvous, whose handshake steps each wait for a peer asleep on its doorbell
-    // (comm/doorbells.h) until its timer, as no finished transfer rings for them.
-    const std::string eager = std::to_string(kEagerBytes);
+    // no handshake) unless these are set in the environment or on mpirun's command line (they
+    // take precedence over a parameter file's): above Open MPI's 4 KB default a message takes
+    // the rendezvous, whose handshake steps no finished transfer announces, so each would wait
+    // for a peer asleep on its doorbell (comm/doorbells.h). Only the shared-memory transport
+    // (vader) reads them.
+    const std::string eager = std::to_string(kEagerBytes + kEagerRoom);
     for (const char* name : {"OMPI_MCA_btl_vader_eager_limit", "OMPI_MCA_btl_vader_max_send_size",
                              "OMPI_MCA_btl_vader_rndv_eager_limit"}) {
       setenv(name, eager.c_str(), /*overwrite=*/0);

@@ -104,7 +104,8 @@ def performance_work(variant, op_gain, train_text, yields):
           "waiting inside `MPI_Allreduce`, yields its core to backward instead of polling on it "
           "(the profile: overlapped all-reduces made the step slower than `--no-overlap`). "
           "Point-to-point transfers (the pipeline's) never busy-poll: the communication thread "
-          "polls them with short sleeps between (docs/DESIGN.md, section 3).")
+          "sleeps between polls on its process's doorbell, which the peer rings "
+          "(docs/DESIGN.md, section 3).")
     if yields:
         med = lambda v: v[len(v) // 2]
         parts = [f"{case}: median {med(y):.0f} tokens/s (slowest {y[0]:.0f}) yielding against "
@@ -195,7 +196,8 @@ def doorbells_section(d):
     print("A transfer's wait on the MPI communicator sleeps on its process's doorbell, a futex "
           "in memory the host's ranks share, which the peer rings when it posts or finishes a "
           "transfer with it (the default); off (`TANDEM_MPI_DOORBELLS=off`), it sleeps on a "
-          "timer, up to 50 us between polls (docs/DESIGN.md, section 3). Tokens/s of gpt-tiny "
+          "timer, up to 50 us between polls (docs/DESIGN.md, section 3); both send messages "
+          "up to 128 KB eagerly. Tokens/s of gpt-tiny "
           "(`parallel/strategy_bench streams` on 2 workers: data parallel, batch 16, and 1F1B, "
           "batch 32 in 8 micro-batches; `hybrid` on 4 workers, global batch 32), each case's "
           "median over its runs, the two settings in alternating runs:\n")

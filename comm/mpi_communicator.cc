@@ -75,6 +75,9 @@ constexpr std::chrono::microseconds kRungSleepMax(1000);
 // its headers too: kEagerRoom is theirs.
 constexpr int64_t kEagerBytes = 128 * 1024;
 constexpr int64_t kEagerRoom = 4 * 1024;
+// How long after a post, a ring or a finished request a rendezvous's wait keeps its sleeps
+// short (WaitAllPolling).
+constexpr std::chrono::microseconds kHandshakeWindow(2000);
 // The communication thread's scheduler time slice (Linux 6.12 and later: EEVDF's custom
 // slice), the shortest the kernel takes: woken while the compute streams hold every core, it
 // preempts one at once instead of after the running thread's slice (milliseconds).
@@ -393,8 +396,9 @@ absl::Status CheckReceived(const MPI_Status& status, MPI_Datatype type, int want
 // a transfer at once and costs nothing while it waits; after each ring or finished request it
 // polls twice before sleeping again (a poll that progressed a request reports it only on the
 // next). A message above kEagerBytes (`handshake`) takes the rendezvous, whose handshake steps
-// no ring announces, and a peer on another host has no bell: then the sleeps stop at
-// kPollSleepMax, a step noticed at most that long after it came.
+// no ring announces: for kHandshakeWindow after its post, each ring and each finished request,
+// its sleeps stop at kPollSleepMax, a step noticed at most that long after it came. A peer on
+// another host has no bell: then every sleep stops there.
 int WaitAllPolling(const CommState& st, const std::vector<int>& peers, bool handshake,
                    std::vector<MPI_Request>& requests, std::vector<MPI_Status>& statuses) {
   const Doorbells* bells = st.bells.get();
@@ -414,13 +418,19 @@ int WaitAllPolling(const CommState& st, const std::vector<int>& peers, bool hand
     if (and_self && bells != nullptr) bells->Ring(self);
   };
   ring_peers(false);
-  const auto longest = all_rung && !handshake ? kRungSleepMax : kPollSleepMax;
+  // A rendezvous's handshake steps come soon after a ring (the peer's post) or a finished
+  // request: for kHandshakeWindow after each, a handshake's sleeps stop at kPollSleepMax.
+  const auto now = [] { return std::chrono::steady_clock::now(); };
+  auto short_until = now() + (handshake ? kHandshakeWindow : std::chrono::microseconds(0));
+  auto longest = [&] {
+    return all_rung && now() >= short_until ? kRungSleepMax : kPollSleepMax;
+  };
   const int n = static_cast<int>(requests.size());
   int pending = 0;
   for (const MPI_Request& r : requests) pending += r != MPI_REQUEST_NULL;
   std::vector<int> finished(n);
   std::vector<MPI_Status> finished_statuses(n);
-  const auto spin_until = std::chrono::steady_clock::now() + kPollSpin;
+  const auto spin_until = now() + kPollSpin;
   auto sleep = kPollSleepMin;
   int polls_before_sleep = 0;
   while (pending > 0) {
@@ -447,24 +457,26 @@ int WaitAllPolling(const CommState& st, const std::vector<int>& peers, bool hand
       pending -= count;
       ring_peers(true);
       polls_before_sleep = 2;
+      if (handshake) short_until = now() + kHandshakeWindow;
       continue;
     }
     if (polls_before_sleep > 0) {
       --polls_before_sleep;
       continue;
     }
-    if (std::chrono::steady_clock::now() < spin_until) continue;
+    if (now() < spin_until) continue;
     if (all_rung) {
-      bells->Wait(seen, std::min(sleep, longest));
+      bells->Wait(seen, std::min(sleep, longest()));
       if (bells->Count() != seen) {
         polls_before_sleep = 2;
         sleep = kPollSleepMin;
+        if (handshake) short_until = now() + kHandshakeWindow;
         continue;
       }
     } else {
-      std::this_thread::sleep_for(std::min(sleep, longest));
+      std::this_thread::sleep_for(std::min(sleep, longest()));
     }
-    sleep = std::min(sleep * 2, longest);
+    sleep = std::min(sleep * 2, longest());
   }
   return MPI_SUCCESS;
 }

@@ -11,6 +11,8 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <cstdlib>
 #include <string>
 
@@ -37,64 +39,69 @@ std::unique_ptr<Doorbells> Doorbells::Create(MPI_Comm comm, bool enabled) {
   }
   std::unique_ptr<Doorbells> d(new Doorbells());
   d->bells_.assign(size, nullptr);
+  // Which ranks share this host: the same boot (one monotonic clock, one /dev/shm) and the same
+  // network namespace (what a launch across hosts tells apart), by plain collectives over
+  // `comm` (MPI_Comm_split_type crashed Open MPI 4.1 between namespaces over TCP).
+  constexpr int kKey = 128, kName = 64;
+  char key[kKey] = {0};
+  {
+    std::string boot, net;
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::getline(f, boot);
+    char link[64] = {0};
+    if (readlink("/proc/self/ns/net", link, sizeof(link) - 1) > 0) net = link;
+    std::snprintf(key, sizeof(key), "%s %s", boot.c_str(), net.c_str());
+  }
+  std::vector<char> keys(static_cast<size_t>(kKey) * size);
+  MPI_Allgather(key, kKey, MPI_CHAR, keys.data(), kKey, MPI_CHAR, comm);
+  auto same_host = [&](int r) { return std::strncmp(&keys[kKey * r], key, kKey) == 0; };
+  std::vector<int> here;  // this host's ranks, in order: rank here[i] has bell i
+  for (int r = 0; r < size; ++r) {
+    if (same_host(r)) here.push_back(r);
+  }
+  // The host's first rank makes the segment, the others map it by name, and it is unlinked
+  // once all have: nothing is left in /dev/shm, even if a rank dies later.
+  static std::atomic<int> made{0};
+  char name[kName] = {0};
+  d->bytes_ = kLine * here.size();
+  const bool leader = here.front() == rank;
+  if (leader) {
+    std::snprintf(name, sizeof(name), "/tandem-doorbells-%d-%d", static_cast<int>(getpid()),
+                  made.fetch_add(1));
+    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(d->bytes_)) != 0) {
+      shm_unlink(name);
+      close(fd);
+      name[0] = 0;
+    } else if (fd < 0) {
+      name[0] = 0;
+    } else {
+      close(fd);
+    }
+  }
+  std::vector<char> names(static_cast<size_t>(kName) * size);
+  MPI_Allgather(name, kName, MPI_CHAR, names.data(), kName, MPI_CHAR, comm);
+  const char* mine = &names[kName * here.front()];
   int mapped = 0;
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-    int node_rank = 0, node_size = 0;
-    MPI_Comm_rank(node, &node_rank);
-    MPI_Comm_size(node, &node_size);
-    // The host's first rank makes the segment, the others map it by name, and it is
-    // unlinked once all have: nothing is left in /dev/shm, even if a rank dies later.
-    static std::atomic<int> made{0};
-    char name[64] = {0};
-    d->bytes_ = kLine * static_cast<size_t>(node_size);
-    if (node_rank == 0) {
-      std::snprintf(name, sizeof(name), "/tandem-doorbells-%d-%d", static_cast<int>(getpid()),
-                    made.fetch_add(1));
-      const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(d->bytes_)) != 0) {
-        shm_unlink(name);
-        close(fd);
-        name[0] = 0;
-      } else if (fd < 0) {
-        name[0] = 0;
-      } else {
-        close(fd);
+  if (mine[0] != 0 && enabled) {
+    const int fd = shm_open(mine, O_RDWR, 0600);
+    if (fd >= 0) {
+      void* p = mmap(nullptr, d->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+      if (p != MAP_FAILED) {
+        d->base_ = p;
+        mapped = 1;
       }
     }
-    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, node);
-    if (name[0] != 0 && enabled) {
-      const int fd = shm_open(name, O_RDWR, 0600);
-      if (fd >= 0) {
-        void* p = mmap(nullptr, d->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (p != MAP_FAILED) {
-          d->base_ = p;
-          mapped = 1;
-        }
-      }
+  }
+  MPI_Barrier(comm);
+  if (leader && name[0] != 0) shm_unlink(name);
+  if (mapped) {
+    char* base = static_cast<char*>(d->base_);
+    for (size_t i = 0; i < here.size(); ++i) {
+      d->bells_[here[i]] = reinterpret_cast<std::atomic<uint32_t>*>(base + kLine * i);
     }
-    MPI_Barrier(node);
-    if (node_rank == 0 && name[0] != 0) shm_unlink(name);
-    // Each rank of `comm` on this host, by its place among the host's ranks.
-    MPI_Group all = MPI_GROUP_NULL, here = MPI_GROUP_NULL;
-    std::vector<int> ranks(size), at(size, MPI_UNDEFINED);
-    for (int r = 0; r < size; ++r) ranks[r] = r;
-    if (MPI_Comm_group(comm, &all) != MPI_SUCCESS || MPI_Comm_group(node, &here) != MPI_SUCCESS ||
-        MPI_Group_translate_ranks(all, size, ranks.data(), here, at.data()) != MPI_SUCCESS) {
-      mapped = 0;
-    }
-    if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
-    if (here != MPI_GROUP_NULL) MPI_Group_free(&here);
-    MPI_Comm_free(&node);
-    if (mapped) {
-      char* base = static_cast<char*>(d->base_);
-      for (int r = 0; r < size; ++r) {
-        if (at[r] == MPI_UNDEFINED) continue;
-        d->bells_[r] = reinterpret_cast<std::atomic<uint32_t>*>(base + kLine * at[r]);
-      }
-      d->own_ = d->bells_[rank];
-    }
+    d->own_ = d->bells_[rank];
   }
   // All or none: a rank that waits on its bell must hear from every peer that has one.
   int everywhere = 0;

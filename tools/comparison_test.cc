@@ -159,9 +159,11 @@ std::string WriteRun(const RunSpec& spec) {
           rs.peak, rs.params, rs.grads, rs.optimizer_bytes);
     }
     if (spec.traces) {
-      std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r))
-          << Profiler::ChromeTrace(StepEvents(steps, 5000.0 * r, spec.zero == 1),
-                                   static_cast<int>(r), absl::StrCat("rank ", r));
+      // Rank r's clock started 5 ms after rank r - 1's, on the same host.
+      const std::vector<TraceEvent> events = StepEvents(steps, 5000.0 * r, spec.zero == 1);
+      const TraceClock clock{"boot-x", 100000.0 + 5000.0 * r};
+      std::ofstream(absl::StrFormat("%s/traces/rank-%d.json", dir, r)) << Profiler::ChromeTrace(
+          {TraceProcess{static_cast<int>(r), absl::StrCat("rank ", r), &events, clock}});
     }
   }
   return dir;

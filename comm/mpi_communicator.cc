@@ -412,7 +412,7 @@ int WaitAllPolling(const CommState& st, const std::vector<int>& peers, bool hand
       all_rung = false;
     }
   }
-  const int self = st.id.job_rank >= 0 ? st.id.job_rank : st.id.rank;
+  const int self = st.id.JobRank();
   auto ring_peers = [&](bool and_self) {
     for (int r : ring) bells->Ring(r);
     if (and_self && bells != nullptr) bells->Ring(self);
@@ -663,7 +663,7 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
     op.run = nullptr;
     // The operation's progress may have finished another communication thread's transfer,
     // which waits on this process's doorbell.
-    if (s->bells != nullptr) s->bells->Ring(s->id.job_rank >= 0 ? s->id.job_rank : s->id.rank);
+    if (s->bells != nullptr) s->bells->Ring(s->id.JobRank());
     op.stash->Release();  // the tensors, before reporting completion
     {
       absl::MutexLock lock(&s->mu);
@@ -824,7 +824,7 @@ class MpiCommunicator : public Communicator {
     state->id.device = Device::Cpu();
     state->id.group = name;
     state->bells = state_->bells;
-    state->id.job_rank = state_->id.job_rank >= 0 ? state_->id.job_rank : state_->id.rank;
+    state->id.job_rank = state_->id.JobRank();
     // The job's ranks the split put in the group, against the caller's layout.
     std::vector<int> made(state->id.world_size);
     {

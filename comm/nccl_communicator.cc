@@ -473,7 +473,7 @@ class NcclCommunicator : public Communicator {
       }
       if (joined.ok()) {
         state->id = CommIdentity{rank, size, s->id.device, name,
-                                 s->id.job_rank >= 0 ? s->id.job_rank : s->id.rank, members};
+                                 s->id.JobRank(), members};
         joined = CheckSplitMembers(s->id, state->id, members, /*made=*/nullptr);
       }
       if (!joined.ok()) {

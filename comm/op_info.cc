@@ -55,7 +55,7 @@ absl::Status CheckNotSelf(const CommIdentity& c, OpKind kind, int peer) {
 }  // namespace
 
 std::string CommIdentity::Who() const {
-  const int in_job = job_rank >= 0 ? job_rank : rank;
+  const int in_job = JobRank();
   if (group.empty()) return absl::StrCat("rank ", in_job);
   return absl::StrCat("rank ", in_job, " (", rank, " of ", group, ")");
 }
@@ -287,7 +287,7 @@ OpInfo BarrierInfo() {
 
 absl::Status CheckSplitMembers(const CommIdentity& parent, const CommIdentity& group,
                                const std::vector<int>& members, const std::vector<int>* made) {
-  const int me = parent.job_rank >= 0 ? parent.job_rank : parent.rank;
+  const int me = parent.JobRank();
   const bool fits = static_cast<int>(members.size()) == group.world_size &&
                     members[group.rank] == me && (made == nullptr || *made == members);
   if (fits) return absl::OkStatus();

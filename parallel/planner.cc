@@ -8,6 +8,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "model/block.h"
 #include "model/optimizer.h"
 #include "model/trainer.h"
@@ -230,15 +232,62 @@ std::vector<BlockTime> MedianTimes(const std::vector<std::vector<BlockTime>>& ro
   return m;
 }
 
+// `threads` threads computing one pass of the blocks each (BlockPasses at `rows`, each on an
+// immediate CPU stream of its own, as BlockLoad's), all started at once, in `rounds` rounds
+// after a warm-up pass: the median over the rounds of how far the slowest pass is behind
+// their mean, as a share of the mean. Workers that compute alike on shared cores finish apart,
+// and a step waits for the last of them at its collectives.
+absl::StatusOr<double> MeasureFinishSpread(const ModelConfig& model, Device device,
+                                           DType compute, int rows, uint64_t seed,
+                                           int threads) {
+  constexpr int kRounds = 7;
+  std::vector<std::unique_ptr<BlockPasses>> passes(threads);
+  std::vector<std::unique_ptr<Stream>> streams(threads);
+  for (int i = 0; i < threads; ++i) {
+    ASSIGN_OR_RETURN(passes[i], BlockPasses::Create(model, device, compute, rows, seed + 1 + i));
+    streams[i] = Stream::CreateCpu(CpuStreamMode::kImmediate);
+  }
+  std::vector<double> spreads;
+  for (int round = 0; round <= kRounds; ++round) {  // round 0 warms up
+    std::vector<double> seconds(threads, 0);
+    std::vector<absl::Status> status(threads);
+    absl::Notification go;
+    std::vector<std::thread> workers;
+    for (int i = 0; i < threads; ++i) {
+      workers.emplace_back([&, i] {
+        go.WaitForNotification();
+        absl::StatusOr<StreamTimeline> timeline = StreamTimeline::Start(*streams[i]);
+        status[i] = timeline.status();
+        if (!status[i].ok()) return;
+        status[i] = passes[i]->Run(*streams[i], &*timeline);
+        absl::StatusOr<std::vector<StreamTimeline::Phase>> phases = timeline->Phases();
+        if (status[i].ok()) status[i] = phases.status();
+        if (!status[i].ok()) return;
+        for (const StreamTimeline::Phase& ph : *phases) seconds[i] += ph.seconds;
+      });
+    }
+    go.Notify();
+    for (std::thread& w : workers) w.join();
+    for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+    const double mean = std::accumulate(seconds.begin(), seconds.end(), 0.0) / threads;
+    const double slowest = *std::max_element(seconds.begin(), seconds.end());
+    if (round > 0 && mean > 0) spreads.push_back(slowest / mean - 1);
+  }
+  return Median(spreads);
+}
+
 }  // namespace
 
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
                                                  absl::string_view optimizer, uint64_t seed,
-                                                 int peers) {
+                                                 int peers, int crowd) {
   if (rows.empty()) return absl::InvalidArgumentError("timing blocks needs a row count");
   if (peers < 0 || (peers > 0 && !device.is_cpu())) {
     return absl::InvalidArgumentError("blocks are timed beside 0 or more CPU threads");
+  }
+  if (crowd == 1 || crowd < 0 || (crowd > 0 && !device.is_cpu())) {
+    return absl::InvalidArgumentError("the finish spread is timed over 2 or more CPU threads");
   }
   BlockProfile p;
   p.model = model.ToString();
@@ -328,6 +377,11 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   for (const BlockTime& t : peers > 0 ? MedianTimes(alone) : p.blocks) parts += t.total();
   // Medians, as the blocks': the step and its parts at the same typical speed.
   p.step_overhead = std::max(0.0, Median(steps) - parts);
+  if (crowd > 0) {
+    ASSIGN_OR_RETURN(p.finish_spread,
+                     MeasureFinishSpread(model, device, compute, rows[0], seed, crowd));
+    p.spread_threads = crowd;
+  }
   p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
                              absl::StrJoin(rows, ", "));
   if (peers > 0) absl::StrAppend(&p.source, ", beside ", peers, " threads computing the same");
@@ -406,6 +460,16 @@ absl::StatusOr<BlockProfile> ReadBlockProfile(const std::string& path) {
     return bad("\"timed_beside_threads\" must be a whole number from 0 to 4096");
   }
   p.peers = static_cast<int>(peers);
+  p.finish_spread = NumberOr(j, "finish_spread", 0);
+  const double spread_threads = NumberOr(j, "finish_spread_threads", 0);
+  if (!(p.finish_spread >= 0 && spread_threads >= 0 && spread_threads <= 4096 &&
+        spread_threads == std::floor(spread_threads)) ||
+      (p.finish_spread > 0) != (spread_threads >= 2)) {
+    return bad(
+        "\"finish_spread\" must be >= 0, given with \"finish_spread_threads\", a whole "
+        "number from 2 to 4096");
+  }
+  p.spread_threads = static_cast<int>(spread_threads);
   const Json more = j.contains("more_rows") ? j["more_rows"] : Json::array();
   if (!more.is_array()) return bad("\"more_rows\" must be an array");
   for (const Json& m : more) {
@@ -446,6 +510,10 @@ absl::Status WriteBlockProfile(const BlockProfile& p, const std::string& path) {
   j["blocks"] = times(p.blocks);
   if (p.step_overhead > 0) j["step_overhead_seconds"] = JsonNumber(p.step_overhead);
   if (p.peers > 0) j["timed_beside_threads"] = p.peers;
+  if (p.finish_spread > 0) {
+    j["finish_spread"] = JsonNumber(p.finish_spread);
+    j["finish_spread_threads"] = p.spread_threads;
+  }
   if (!p.more_rows.empty()) {
     j["more_rows"] = Json::array();
     for (const auto& [rows, blocks] : p.more_rows) {
@@ -494,6 +562,7 @@ std::string Prediction::Reason() const {
       {exposed_comm_s, layout.zero ? "exposed reduce-scatter" : "exposed all-reduce"},
       {optimizer_s, layout.zero ? "optimizer and all-gather" : "optimizer"},
       {sharing_s, "workers waiting for a core"},
+      {spread_s, "waiting for the slowest worker"},
   };
   const auto* top = std::max_element(std::begin(parts), std::end(parts));
   if (step_s <= 0 || top->first / step_s < 0.05) return "compute bound";
@@ -801,6 +870,10 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
     for (int s = 0; s < K; ++s) release[s] = computed + exposed[s];
     p.sharing_s = std::max(0.0, SharedCoresEnd(release, end_work, end_wait, cores) - p.step_s);
     p.step_s += p.sharing_s;
+  }
+  if (r.gpus > 1) {
+    p.spread_s = r.profile.finish_spread * (p.compute_s + p.sharing_s);
+    p.step_s += p.spread_s;
   }
   return p;
 }

@@ -84,6 +84,12 @@ struct BlockProfile {
   // The threads that computed the same blocks beside the timing (a run's other workers on
   // the host's cores, sharing its caches and memory bandwidth); 0: timed alone.
   int peers = 0;
+  // How far the last of `spread_threads` threads computing a pass of the blocks each, started
+  // at once on the host's cores, finishes behind their mean, as a share of the mean (the
+  // median of a few rounds); 0: not measured. CPU workers that share cores finish their
+  // compute apart, and each step waits for the last at its collectives.
+  double finish_spread = 0;
+  int spread_threads = 0;
   std::string source;
   // Each block's times for a micro-batch of `r` rows: those measured at `r`; between two
   // measured row counts the line through them; beyond the measured ones the line through the
@@ -100,11 +106,12 @@ std::vector<int> MicroBatchRows(int batch, int gpus);
 // compute the same blocks at the same rows beside it, each on its own thread as a worker; one
 // optimizer step over the whole model's parameters, timed alike but alone, and the step
 // overhead: the median of 9 one-worker training steps (Trainer, one micro-batch of rows[0],
-// synthetic data) less its blocks' (timed alone too) and optimizer's time, at least 0.
+// synthetic data) less its blocks' (timed alone too) and optimizer's time, at least 0. With
+// `crowd` >= 2 (CPU only), the finish spread of that many threads at rows[0] too.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
                                                  absl::string_view optimizer, uint64_t seed,
-                                                 int peers = 0);
+                                                 int peers = 0, int crowd = 0);
 // Block times for hardware not here, derived from each block's FLOPs for `rows` samples at
 // `mfu` of a `tflops` peak (a layer: forward 24 C^2 + 4 T C FLOPs a token, B 24 C^2 + 8 T C,
 // W 24 C^2; the head 2 C V each; the embedding's lookups and scatter-add, and the optimizer's
@@ -146,6 +153,9 @@ struct Prediction {
   // CPU workers on fewer cores than workers: what the step takes on top of the step with a
   // core each, the ranks computing at each moment sharing the cores.
   double sharing_s = 0;
+  // Several ranks: the step's wait for the last of them to finish its compute, the profile's
+  // finish spread of the time the slowest path computes (compute_s + sharing_s).
+  double spread_s = 0;
   int64_t memory_bytes = 0;  // the rank that needs the most
   // The largest cost besides compute, as a share of the step: "exposed all-reduce 31% of the
   // step"; "compute bound" where none is above 5%.

@@ -279,6 +279,27 @@ TEST(PlannerTest, CoresSharedByWorkers) {
   EXPECT_TRUE(absl::StrContains(p.Reason(), "waiting for a core")) << p.Reason();
 }
 
+TEST(PlannerTest, StepWaitsForTheSlowestWorker) {
+  PlanRequest r = Request(4, 8);
+  r.profile.optimizer_per_param = 0;
+  r.link = {0, 1e30};
+  r.host_cores = 2;
+  r.profile.finish_spread = 0.125;
+  r.profile.spread_threads = 4;
+  Layout l;
+  l.data_parallel = 4;
+  // Each worker computes 12 s at half speed, 24 s; the last finishes 1/8 of that later.
+  const Prediction p = *Predict(r, l);
+  EXPECT_NEAR(p.spread_s, 3, 1e-9);
+  EXPECT_NEAR(p.step_s, 27, 1e-9);
+  // One worker waits for no other.
+  PlanRequest one = Request(1, 8);
+  one.profile.optimizer_per_param = 0;
+  one.profile.finish_spread = 0.125;
+  one.profile.spread_threads = 4;
+  EXPECT_EQ(Predict(one, Layout{})->spread_s, 0);
+}
+
 TEST(PlannerTest, CoresSharedAtTheStepsEndToo) {
   PlanRequest r = Request(4, 8);
   r.link = {0, 1e30};  // the all-reduce takes no time
@@ -390,14 +411,26 @@ TEST(PlannerTest, BlockProfileFileRoundTrip) {
   more.more_rows[1] = std::vector<BlockTime>(4, {"x", 0.75, 0.5, 0.25});
   more.step_overhead = 0.125;
   more.peers = 1;
+  more.finish_spread = 0.0625;
+  more.spread_threads = 4;
   ASSERT_TRUE(WriteBlockProfile(more, path).ok());
   const BlockProfile q = *ReadBlockProfile(path);
   EXPECT_EQ(q.peers, 1);
+  EXPECT_EQ(q.finish_spread, 0.0625);
+  EXPECT_EQ(q.spread_threads, 4);
   ASSERT_EQ(q.more_rows.count(1), 1u);
   ASSERT_EQ(q.more_rows.at(1).size(), 4u);
   EXPECT_EQ(q.more_rows.at(1)[2].backward, 0.5);
   EXPECT_EQ(q.step_overhead, 0.125);
   EXPECT_EQ(q.BlocksAt(1)[3].weight, 0.25);
+
+  // A spread without the threads it was timed over is refused, saying what is missing.
+  more.spread_threads = 0;
+  ASSERT_TRUE(WriteBlockProfile(more, path).ok());
+  const absl::StatusOr<BlockProfile> bad = ReadBlockProfile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "finish_spread_threads"))
+      << bad.status();
 }
 
 TEST(PlannerTest, BlockTimesDerivedFromFlops) {
@@ -445,6 +478,17 @@ TEST(PlannerTest, MeasuredProfileHasEveryBlock) {
   for (const BlockTime& t : q.blocks) EXPECT_GT(t.forward, 0) << t.name;
   EXPECT_TRUE(absl::StrContains(q.source, "beside 1 threads")) << q.source;
   EXPECT_FALSE(MeasureBlockProfile(m, Device::Cpu(), DType::kF32, {2}, "adamw", 1, -1).ok());
+  EXPECT_EQ(q.finish_spread, 0);  // not asked for
+  EXPECT_EQ(q.spread_threads, 0);
+
+  // With the finish spread of two threads.
+  const BlockProfile c = *MeasureBlockProfile(m, Device::Cpu(), DType::kF32, {2}, "adamw", 1,
+                                              /*peers=*/1, /*crowd=*/2);
+  EXPECT_EQ(c.spread_threads, 2);
+  EXPECT_GE(c.finish_spread, 0);
+  EXPECT_LT(c.finish_spread, 1);  // the slower of two is less than twice their mean
+  EXPECT_FALSE(
+      MeasureBlockProfile(m, Device::Cpu(), DType::kF32, {2}, "adamw", 1, 1, /*crowd=*/1).ok());
 }
 
 }  // namespace

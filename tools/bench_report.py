@@ -456,7 +456,8 @@ def planner_section(d):
                    for c in json.load(open(p))["checks"]), default=1)
     print("## Planner: predicted against measured (gpt-tiny, global batch 16)\n")
     print("`bazel run //tools:compare -- --plan --gpus=N --model=gpt-tiny --batch=16 --steps=20`: "
-          "block times measured here, the link timed with two workers, every layout predicted; "
+          "block times and the workers' finish spread measured here, the link timed with as many "
+          "workers as the plan has (2 to 8), every layout predicted; "
           "then its top 3 layouts and the best pure strategy run through the launcher. Error is "
           "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "
           f"averaged over {repeats} runs of each layout taken in turns (each run's in the runs "

@@ -576,9 +576,9 @@ int WriteAll(const Comparison& c, std::vector<Entry> entries, absl::Time now) {
   return any ? 0 : 1;
 }
 
-// The link between two CPU workers of this host, fitted (FitLinkToAllReduce) to Tandem's
+// The link between `ranks` CPU workers of this host, fitted (FitLinkToAllReduce) to Tandem's
 // all-reduce from 64 KB to 16 MB as //comm:allreduce_bench times it under mpirun.
-absl::StatusOr<LinkModel> MeasureLink(const char* argv0) {
+absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
   ASSIGN_OR_RETURN(std::string bench,
                    launcher::FindRunfile("comm/allreduce_bench_bin", argv0, Cwd(),
                                          "Start compare with `bazel run //tools:compare -- ...`"));
@@ -590,7 +590,7 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0) {
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
   std::string output;
   ASSIGN_OR_RETURN(launcher::ExitStatus ended,
-                   launcher::RunCaptured({mpirun, "--oversubscribe", "-np", "2", "--bind-to",
+                   launcher::RunCaptured({mpirun, "--oversubscribe", "-np", std::to_string(ranks), "--bind-to",
                                           "none", "--mca", "btl", "self,vader", bench, "--json",
                                           "--min_bytes=65536", "--max_bytes=16777216", "--reps=3",
                                           "--target_ms=20"},
@@ -606,8 +606,14 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0) {
     ASSIGN_OR_RETURN(Json j, ParseJson(line));
     samples.push_back({NumberOr(j, "bytes", 0), NumberOr(j, "waited_s", 0)});
   }
-  return FitLinkToAllReduce(samples, 2);
+  return FitLinkToAllReduce(samples, ranks);
 }
+
+// The workers the link is timed with: as many as the plan's, for where more workers than
+// cores share this host their collectives wait on one another's turns on the cores (an
+// all-reduce of 8 MB takes about 4 times as long over 4 workers on 2 cores as over 2), and at
+// most 8, so that a plan for a cluster that is not here does not start a crowd of processes.
+int LinkRanks(int gpus) { return std::clamp(gpus, 2, 8); }
 
 // compare --plan: predicts every layout (tools/plan.h), then, unless --no-run, runs the ones it
 // checks itself on through the launcher, as the comparison runs its strategies.
@@ -624,9 +630,10 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   }
   std::optional<LinkModel> link;
   if (o.link.empty()) {
-    std::printf("compare --plan: timing the link between two workers ...\n");
+    const int ranks = LinkRanks(o.request.gpus);
+    std::printf("compare --plan: timing the link between %d workers ...\n", ranks);
     std::fflush(stdout);
-    absl::StatusOr<LinkModel> measured = MeasureLink(argv[0]);
+    absl::StatusOr<LinkModel> measured = MeasureLink(argv[0], ranks);
     if (!measured.ok()) {
       std::fprintf(stderr, "compare --plan: %s\n", std::string(measured.status().message()).c_str());
       return 1;

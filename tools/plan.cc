@@ -271,10 +271,12 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
     // One micro-batch of a data-parallel replica's rows, and the smaller micro-batches the
     // layouts run (larger ones follow the line through the two largest). CPU workers compute
     // beside each other on the host's cores: the blocks are timed beside as many others.
+    // And how far apart as many threads as workers (at most 8) finish a pass each.
     const int peers = r.host_cores > 0 ? std::min(r.gpus, r.host_cores) - 1 : 0;
+    const int crowd = r.host_cores > 0 && r.gpus >= 2 ? std::min(r.gpus, 8) : 0;
     ASSIGN_OR_RETURN(r.profile, MeasureBlockProfile(t.model, t.device, t.dtype,
                                                     MicroBatchRows(t.batch, r.gpus),
-                                                    t.optimizer.kind, t.seed, peers));
+                                                    t.optimizer.kind, t.seed, peers, crowd));
   }
   if (!o->write_block_times.empty()) {
     RETURN_IF_ERROR(WriteBlockProfile(r.profile, o->write_block_times));
@@ -316,6 +318,12 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
                       Seconds(r.profile.step_overhead)),
       absl::StrFormat("Link: %s (alpha-beta; ring all-reduce, reduce-scatter, all-gather).",
                       r.link.ToString())};
+  if (r.profile.finish_spread > 0) {
+    notes.push_back(absl::StrFormat(
+        "Finish spread: the last of %d threads computing alike ends %.1f%% after their mean; "
+        "each step waits that share of its compute for its slowest worker.",
+        r.profile.spread_threads, 100 * r.profile.finish_spread));
+  }
   for (const auto& [reason, n] : plan.dropped) {
     notes.push_back(absl::StrFormat("Left out %d: %s.", n, reason));
   }
@@ -453,6 +461,7 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
                 {"exposed_comm_seconds", JsonNumber(p.exposed_comm_s)},
                 {"optimizer_seconds", JsonNumber(p.optimizer_s)},
                 {"sharing_seconds", JsonNumber(p.sharing_s)},
+                {"spread_seconds", JsonNumber(p.spread_s)},
                 {"memory_bytes", p.memory_bytes},
                 {"reason", p.Reason()}};
   };

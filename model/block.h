@@ -57,7 +57,8 @@ class Block {
   // zero-bubble's own implementation, which defers only the linear layers' weight gradients:
   // a LayerNorm's W would keep its input, output gradient and statistics for elementwise
   // work, so B ADDS the LayerNorms' parameter gradients into `grads` itself and leaves the
-  // others alone.
+  // others alone. The head's B adds all of its gradients, and its W is empty: its W would
+  // keep the logits' gradient, the largest stash of any block (model/blocks.cc).
   virtual absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& params,
                                      const std::vector<Tensor>& grads, const MicroBatch& mb,
                                      const Tensor& dy, const Saved& saved, Tensor* dx,

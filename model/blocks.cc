@@ -298,8 +298,16 @@ class MlpLayerBlock : public Block {
 // Final LayerNorm (GPT only), the vocabulary projection and the softmax cross-entropy,
 // fused with its backward: dlogits are made in the forward pass (after llm.c), so the
 // logits are never kept. Tied, the projection's weight is the embedding's "embed.wte" (the
-// same [V, C] shape): its W adds dW into the table's gradient, before the embedding's
+// same [V, C] shape): its dW goes into the table's gradient before the embedding's
 // scatter-add of the same micro-batch (backward runs the head first).
+//
+// The head's B computes its weight gradient too, and its W is empty: what that W would read
+// is the logits' gradient, V values a token (the largest stash of any block, and as large as
+// everything the head's forward kept), so deferring it frees nothing when B runs and holds it
+// through the stage's later blocks' B and every B until the W: ZB-H1's last stage would hold
+// more than 1F1B's largest (3 MB more of gpt-tiny at 1 micro-batch; with GPT-2's 50257-token
+// vocabulary, 100 MB a pending micro-batch of 1024 bf16 tokens). The price is the projection's
+// dW on the critical path of the last stage's B.
 class HeadBlock : public Block {
  public:
   HeadBlock(const ModelConfig& c, bool layernorm) : c_(c), layernorm_(layernorm) {}
@@ -343,29 +351,28 @@ class HeadBlock : public Block {
     saved->t = {x2, h, mean, rstd, logits};
     return absl::OkStatus();
   }
-  // B keeps the dlogits and the projection's input h, both activations Forward kept; it adds
-  // the LayerNorm's parameter gradients itself (as the transformer block's B does).
+  // B: dx, the LayerNorm's parameter gradients, then the projection's (see above); it keeps
+  // nothing for W.
   absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& p,
                              const std::vector<Tensor>& g, const MicroBatch& mb, const Tensor&,
-                             const Saved& saved, Tensor* dx, Saved* for_w) const override {
+                             const Saved& saved, Tensor* dx, Saved*) const override {
     const std::vector<Tensor>& v = saved.t;
     const int64_t N = v[0].dim(0), C = c_.d_model;
     const int64_t B = mb.targets.dim(0), T = mb.targets.dim(1);
     ASSIGN_OR_RETURN(*dx, Like(v[0], {B, T, C}));
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
-    for_w->t = {v[4], v[1]};
     if (!layernorm_) {
-      return ops::LinearBackward(s, dx2, Tensor(), Tensor(), v[4], v[1], weight(p));
+      RETURN_IF_ERROR(ops::LinearBackward(s, dx2, Tensor(), Tensor(), v[4], v[1], weight(p)));
+    } else {
+      ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
+      RETURN_IF_ERROR(ops::LinearBackward(s, dh, Tensor(), Tensor(), v[4], v[1], weight(p)));
+      RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]));
     }
-    ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dh, Tensor(), Tensor(), v[4], v[1], weight(p)));
-    return ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]);
+    return ops::LinearBackward(s, Tensor(), weight(g), bias(g), v[4], v[1], weight(p));
   }
-  absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& p,
-                               const std::vector<Tensor>& g, const MicroBatch&,
-                               const Saved& for_w) const override {
-    const std::vector<Tensor>& w = for_w.t;
-    return ops::LinearBackward(s, Tensor(), weight(g), bias(g), w[0], w[1], weight(p));
+  absl::Status BackwardWeights(Stream&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                               const MicroBatch&, const Saved&) const override {
+    return absl::OkStatus();  // B added every gradient
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     const int64_t N = B * T;
@@ -374,11 +381,7 @@ class HeadBlock : public Block {
     const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * N * 4 : 0;
     return N * c_.vocab * ElemBytes(compute) + N * 4 + ln;
   }
-  int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
-    // The dlogits and h.
-    const int64_t N = B * T;
-    return N * (c_.vocab + c_.d_model) * ElemBytes(compute);
-  }
+  int64_t WeightStashBytes(int64_t, int64_t, DType) const override { return 0; }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     // Backward: dx, and with the LayerNorm the gradient of its output.
     return (layernorm_ ? 2 : 1) * B * T * c_.d_model * ElemBytes(compute);

@@ -273,11 +273,12 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
 // activations a stage holds at once (the trainer's peak in flight) are no more than 1F1B's,
 // as its Bs free them where 1F1B's backwards do. What the pending Ws keep comes on top on
 // every stage after the first (stage s has up to s + 1 pending), so those stages hold more
-// than under 1F1B: the memory check counts it, and the peak of the allocator's requested
+// than under 1F1B (but a stage of the head alone, which keeps nothing for its W): the memory check counts it, and the peak of the allocator's requested
 // bytes over a step is printed per stage for both schedules. (Whether no stage holds more
 // than 1F1B's largest, as Qi et al. have it for stages that hold alike, depends on the
-// model's split: not on this one, whose last stage holds most; see BENCHMARKS.md for
-// gpt-tiny, and ScheduleTest.ZeroBubbleH1HoldsNoMoreMicroBatchesThanOneFOneBsFirstStage.)
+// model's split: not on this one, whose later stages hold most; see BENCHMARKS.md for
+// gpt-tiny, ScheduleTest.ZeroBubbleH1HoldsNoMoreMicroBatchesThanOneFOneBsFirstStage and
+// PlannerTest.ZeroBubbleH1NeedsNoMoreThanOneFOneBsLargestStage.)
 TEST(ParityTest, ZeroBubbleH1Peak) {
   const int K = comm->world_size();
   if (K < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
@@ -303,8 +304,14 @@ TEST(ParityTest, ZeroBubbleH1Peak) {
   EXPECT_LE(seen["zb-h1"].first, seen["1f1b"].first) << "stage " << stage;
   EXPECT_EQ(need["zb-h1"].in_flight, need["1f1b"].in_flight) << "stage " << stage;
   EXPECT_EQ(need["zb-h1"].pending_weights, stage == 0 ? 0 : stage + 1) << "stage " << stage;
-  if (stage > 0) {
+  // A stage of the head alone (K = 4 here) keeps no stash: the head's B computes its dW.
+  const StageBounds bounds = *PlanStages(Pipeline("zb-h1", M), K);
+  const bool head_alone = bounds[stage] == bounds[stage + 1] - 1 &&
+                          bounds[stage + 1] == Pipeline("zb-h1", M).train.model.num_blocks();
+  if (stage > 0 && !head_alone) {
     EXPECT_GT(need["zb-h1"].activations, need["1f1b"].activations) << "stage " << stage;
+  } else {
+    EXPECT_EQ(need["zb-h1"].activations, need["1f1b"].activations) << "stage " << stage;
   }
 }
 

@@ -409,8 +409,9 @@ absl::StatusOr<BlockProfile> DeriveBlockProfile(const ModelConfig& model, DType 
     p.blocks.push_back({absl::StrCat("h", l), tokens * (24 * C * C + 4 * T * C) / flops,
                         tokens * (24 * C * C + 8 * T * C) / flops, tokens * 24 * C * C / flops});
   }
+  // The head's B computes its dW too (model/blocks.cc): its W is empty.
   const double head = tokens * 2 * C * V / flops;
-  p.blocks.push_back({"head", head, head, head});
+  p.blocks.push_back({"head", head, 2 * head, 0});
   // AdamW: reads the parameter, gradient and two moments (f32), writes the parameter and the
   // moments: 28 bytes.
   p.optimizer_per_param = 28 / bytes;

@@ -19,8 +19,9 @@ namespace {
 // F2 ..., SG and RA each a group of its own) add a boundary tensor b for a receive until its
 // forward reads it, and for a send until a forward waits on a later receive: after RA2 it
 // holds 2S + 2b (SG1's gradient and RA2's buffer beside two stashes), its most beside the
-// schedule's A + S. And a B's temporaries next to the stashes of the blocks it ran, more than
-// a whole backward's.
+// schedule's A + S. And a B's temporaries next to the stashes of the blocks it ran: here a
+// whole backward's, as stage 1's B runs its head (whose B keeps nothing for its W) before its
+// one layer.
 TEST(PlannerTest, ZeroBubbleMemoryWalkedByHand) {
   ParallelConfig pc;
   pc.train.model = TwoLayerModel("gpt", 16, 2, 8, 32);  // d_model 16, seq 8, vocab 32
@@ -42,9 +43,47 @@ TEST(PlannerTest, ZeroBubbleMemoryWalkedByHand) {
   ASSERT_LT(S, A);
   ASSERT_GT(A + S, 2 * S + 2 * sent);  // so the peak is the schedule's, after each F
   EXPECT_EQ(need[1].activations, A + S);
-  EXPECT_GT(need[1].workspace, estimate(1, 0).workspace);
+  EXPECT_EQ(need[1].workspace, estimate(1, 0).workspace);
   EXPECT_EQ(need[1].in_flight, 1);
   EXPECT_EQ(need[1].pending_weights, 2);
+}
+
+// Qi et al.'s claim in bytes, as the memory check walks the schedules: no ZB-H1 stage needs
+// more than 1F1B's largest where the stages hold alike (gpt-tiny on 2 and 4 stages, 4 and 2
+// layers each; a model whose head outweighs a layer, a vocabulary of 4096 against d_model 32,
+// on 3 and 4 stages), at every M, fewer micro-batches than stages too; and at one
+// micro-batch whatever the split. The head's W stays in its B (model/blocks.cc): deferred,
+// its stash of the logits' gradient put the second model's last stage at up to 3.9 times
+// 1F1B's largest, and every one-micro-batch case over it. Where the split is uneven the
+// claim does not hold and is not asserted: gpt-tiny on 3 stages (a later stage holding 3
+// layers with its pending Ws, 1F1B's first 2 layers: 1.36 times from M = 3), the second
+// model on 2 (its last stage's logits beside its layer's pending stashes: 1.11 times).
+TEST(PlannerTest, ZeroBubbleH1NeedsNoMoreThanOneFOneBsLargestStage) {
+  const ModelConfig tiny, heavy = TwoLayerModel("gpt", 32, 4, 16, 4096);
+  struct Case {
+    const ModelConfig& model;
+    int stages, most_micro_batches;
+  };
+  for (const Case& c : {Case{tiny, 2, 4}, Case{tiny, 4, 8}, Case{tiny, 3, 1}, Case{heavy, 3, 6},
+                        Case{heavy, 4, 8}, Case{heavy, 2, 1}}) {
+    const int K = c.stages;
+    for (int M = 1; M <= c.most_micro_batches; ++M) {
+      auto largest = [&](const char* schedule) {
+        ParallelConfig pc;
+        pc.train.model = c.model;
+        pc.train.batch = 2 * M;
+        pc.train.micro_batches = M;
+        pc.strategy = StrategyKind::kPipeline;
+        pc.schedule = schedule;
+        const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, K), K);
+        int64_t most = 0;
+        for (const MemoryNeed& n : needs) most = std::max(most, n.activations + n.workspace);
+        return most;
+      };
+      EXPECT_LE(largest("zb-h1"), largest("1f1b"))
+          << c.model.ToString() << " K=" << K << " M=" << M;
+    }
+  }
 }
 
 TEST(PlannerTest, FitLinkRecoversKnownParameters) {
@@ -442,9 +481,10 @@ TEST(PlannerTest, BlockTimesDerivedFromFlops) {
   EXPECT_DOUBLE_EQ(p.blocks[1].forward, 851968e-12);
   EXPECT_DOUBLE_EQ(p.blocks[1].backward, 917504e-12);
   EXPECT_DOUBLE_EQ(p.blocks[1].weight, 786432e-12);
-  // The head: 2 C V = 16384 FLOPs a token for each part.
+  // The head: 2 C V = 16384 FLOPs a token forward, twice that in B (its dx and its dW), no W.
   EXPECT_DOUBLE_EQ(p.blocks[3].forward, 524288e-12);
-  EXPECT_DOUBLE_EQ(p.blocks[3].weight, 524288e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[3].backward, 2 * 524288e-12);
+  EXPECT_DOUBLE_EQ(p.blocks[3].weight, 0);
   // Half the MFU, twice the time.
   EXPECT_DOUBLE_EQ(DeriveBlockProfile(m, DType::kF32, 2, 1, 0.5, 1)->blocks[2].forward,
                    2 * 851968e-12);

@@ -122,10 +122,10 @@ struct CommIdentity {
   // "rank 3" in the job's communicator; "rank 3 (1 of the data-parallel group of stage 1)"
   // in a group.
   std::string Who() const;
-  // The job's rank of this communicator's rank `r`: operations name their peers by it, so a
-  // group's transfer reads as the job's ranks do ("to ranks [4]").
   // This process's rank in the job.
   int JobRank() const { return job_rank >= 0 ? job_rank : rank; }
+  // The job's rank of this communicator's rank `r`: operations name their peers by it, so a
+  // group's transfer reads as the job's ranks do ("to ranks [4]").
   int JobRankOf(int r) const {
     return r >= 0 && r < static_cast<int>(members.size()) ? members[r] : r;
   }

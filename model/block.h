@@ -53,12 +53,17 @@ class Block {
   // Backward in two parts, so that a schedule can defer the second (zero-bubble's W):
   // B: from dy (undefined for the head) computes dx (not for the embedding) and fills
   // `for_w` with what W reads: the inputs and output gradients of the linear layers (the
-  // embedding's: dy). W is the weight-gradient matmuls (and their biases' sums), as in
+  // embedding's: dy; the head's: nothing, see below). W is the weight-gradient matmuls (and
+  // their biases' sums), as in
   // zero-bubble's own implementation, which defers only the linear layers' weight gradients:
   // a LayerNorm's W would keep its input, output gradient and statistics for elementwise
   // work, so B ADDS the LayerNorms' parameter gradients into `grads` itself and leaves the
   // others alone. The head's B adds all of its gradients, and its W is empty: its W would
-  // keep the logits' gradient, the largest stash of any block (model/blocks.cc).
+  // keep the logits' gradient, the largest stash of any block (model/blocks.cc). So with a
+  // tied table, a stage holding both the head and the embedding gets Backward's bits only
+  // with each W right after its B (the head's dW and the embedding's scatter-add go into
+  // the same gradient); no schedule defers a W on such a stage (ZB-H1's first stage runs
+  // whole backwards; interleaved 1F1B has no W).
   virtual absl::Status BackwardInput(Stream& s, const std::vector<Tensor>& params,
                                      const std::vector<Tensor>& grads, const MicroBatch& mb,
                                      const Tensor& dy, const Saved& saved, Tensor* dx,

@@ -77,11 +77,12 @@ class Stage {
                         const std::function<absl::Status(int)>& block_done = nullptr,
                         int chunk = 0);
   // Backward in two parts (a schedule's B and W): BackwardInput returns dx as Backward does,
-  // adds the LayerNorms' parameter gradients (Block::BackwardInput) and frees the
-  // activations, keeping for BackwardWeights(id) only what the linear layers' weight
+  // adds the LayerNorms' and the head's parameter gradients (Block::BackwardInput) and frees
+  // the activations, keeping for BackwardWeights(id) only what the other linear layers' weight
   // gradients need; BackwardWeights adds those, calling `block_done` as Backward does. Other
   // micro-batches may run in between; with the Bs and the Ws each in the order the Backwards
-  // would have run, the gradients are Backward's, bit for bit.
+  // would have run, the gradients are Backward's, bit for bit (but for a tied table on a stage
+  // with both the head and the embedding: see Block::BackwardInput).
   absl::Status BackwardInput(Stream& s, int id, const MicroBatch& mb, const Tensor& dy,
                              Tensor* dx, int chunk = 0);
   absl::Status BackwardWeights(Stream& s, int id, const MicroBatch& mb,

@@ -721,8 +721,8 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
   // Micro-batch m on chunk c: the key of its tensors and transfers.
   auto key = [M](const Action& a) { return a.chunk * M + a.micro_batch; };
   // The micro-batches whose backward this stage splits: a B with a W for the same
-  // micro-batch and chunk computes the input gradient (and the LayerNorms' parameter
-  // gradients), and the W adds the linear layers' weight gradients.
+  // micro-batch and chunk computes the input gradient (and the LayerNorms' and the head's
+  // parameter gradients), and the W adds the other linear layers' weight gradients.
   const std::vector<bool> split = DeferredWeights(schedule_, rank);
   // Each chunk's last action writing parameter gradients (a whole backward or a W: under
   // GPipe and 1F1B the last micro-batch's backward, under ZB-H1 the stage's last W)
@@ -868,8 +868,8 @@ absl::Status DistributedTrainer::PipelinePass(Stream& s, Tensor* loss_sum, Pendi
       RETURN_IF_ERROR(prefetch_after(i));
       Tensor dx;
       if (split[k]) {
-        // The input gradient (and the LayerNorms' gradients); what the W reads stays with
-        // the stage (and the micro-batch's tokens here) until it runs.
+        // The input gradient (and the LayerNorms' and head's gradients); what the W reads
+        // stays with the stage (and the micro-batch's tokens here) until it runs.
         RETURN_IF_ERROR(stage_->BackwardInput(s, m, *mb, grad_in[k], &dx, c));
       } else {
         RETURN_IF_ERROR(stage_->Backward(s, m, *mb, grad_in[k], &dx, buckets_from(i), c));

@@ -273,8 +273,9 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
 // activations a stage holds at once (the trainer's peak in flight) are no more than 1F1B's,
 // as its Bs free them where 1F1B's backwards do. What the pending Ws keep comes on top on
 // every stage after the first (stage s has up to s + 1 pending), so those stages hold more
-// than under 1F1B (but a stage of the head alone, which keeps nothing for its W): the memory check counts it, and the peak of the allocator's requested
-// bytes over a step is printed per stage for both schedules. (Whether no stage holds more
+// than under 1F1B (not a stage of the head alone, which keeps nothing for its W): the memory
+// check counts it, and the peak of the allocator's requested bytes over a step is printed per
+// stage for both schedules. (Whether no stage holds more
 // than 1F1B's largest, as Qi et al. have it for stages that hold alike, depends on the
 // model's split: not on this one, whose later stages hold most; see BENCHMARKS.md for
 // gpt-tiny, ScheduleTest.ZeroBubbleH1HoldsNoMoreMicroBatchesThanOneFOneBsFirstStage and
@@ -305,13 +306,14 @@ TEST(ParityTest, ZeroBubbleH1Peak) {
   EXPECT_EQ(need["zb-h1"].in_flight, need["1f1b"].in_flight) << "stage " << stage;
   EXPECT_EQ(need["zb-h1"].pending_weights, stage == 0 ? 0 : stage + 1) << "stage " << stage;
   // A stage of the head alone (K = 4 here) keeps no stash: the head's B computes its dW.
-  const StageBounds bounds = *PlanStages(Pipeline("zb-h1", M), K);
+  const ParallelConfig zb = Pipeline("zb-h1", M);
+  const StageBounds bounds = *PlanStages(zb, K);
   const bool head_alone = bounds[stage] == bounds[stage + 1] - 1 &&
-                          bounds[stage + 1] == Pipeline("zb-h1", M).train.model.num_blocks();
-  if (stage > 0 && !head_alone) {
-    EXPECT_GT(need["zb-h1"].activations, need["1f1b"].activations) << "stage " << stage;
-  } else {
+                          bounds[stage + 1] == zb.train.model.num_blocks();
+  if (head_alone) {
     EXPECT_EQ(need["zb-h1"].activations, need["1f1b"].activations) << "stage " << stage;
+  } else if (stage > 0) {
+    EXPECT_GT(need["zb-h1"].activations, need["1f1b"].activations) << "stage " << stage;
   }
 }
 

@@ -273,7 +273,7 @@ absl::StatusOr<double> MeasureFinishSpread(const ModelConfig& model, Device devi
     const double slowest = *std::max_element(seconds.begin(), seconds.end());
     if (round > 0 && mean > 0) spreads.push_back(slowest / mean - 1);
   }
-  return Median(spreads);
+  return spreads.empty() ? 0.0 : Median(spreads);
 }
 
 }  // namespace
@@ -341,6 +341,13 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   for (int r : rows) {
     if (r != rows[0]) p.more_rows[r] = MedianTimes(at[r]);
   }
+  // Before the trainer below, so that the crowd's copies of the model and it are not held at
+  // once.
+  if (crowd > 0) {
+    ASSIGN_OR_RETURN(p.finish_spread,
+                     MeasureFinishSpread(model, device, compute, rows[0], seed, crowd));
+    p.spread_threads = crowd;
+  }
   // One optimizer step over the whole model's parameters, timed as the blocks are.
   const int64_t n = model.num_params();
   OptimizerConfig oc;
@@ -377,11 +384,6 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   for (const BlockTime& t : peers > 0 ? MedianTimes(alone) : p.blocks) parts += t.total();
   // Medians, as the blocks': the step and its parts at the same typical speed.
   p.step_overhead = std::max(0.0, Median(steps) - parts);
-  if (crowd > 0) {
-    ASSIGN_OR_RETURN(p.finish_spread,
-                     MeasureFinishSpread(model, device, compute, rows[0], seed, crowd));
-    p.spread_threads = crowd;
-  }
   p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
                              absl::StrJoin(rows, ", "));
   if (peers > 0) absl::StrAppend(&p.source, ", beside ", peers, " threads computing the same");
@@ -465,7 +467,7 @@ absl::StatusOr<BlockProfile> ReadBlockProfile(const std::string& path) {
   const double spread_threads = NumberOr(j, "finish_spread_threads", 0);
   if (!(p.finish_spread >= 0 && spread_threads >= 0 && spread_threads <= 4096 &&
         spread_threads == std::floor(spread_threads)) ||
-      (p.finish_spread > 0) != (spread_threads >= 2)) {
+      spread_threads == 1 || (p.finish_spread > 0 && spread_threads < 2)) {
     return bad(
         "\"finish_spread\" must be >= 0, given with \"finish_spread_threads\", a whole "
         "number from 2 to 4096");
@@ -511,7 +513,7 @@ absl::Status WriteBlockProfile(const BlockProfile& p, const std::string& path) {
   j["blocks"] = times(p.blocks);
   if (p.step_overhead > 0) j["step_overhead_seconds"] = JsonNumber(p.step_overhead);
   if (p.peers > 0) j["timed_beside_threads"] = p.peers;
-  if (p.finish_spread > 0) {
+  if (p.spread_threads >= 2) {
     j["finish_spread"] = JsonNumber(p.finish_spread);
     j["finish_spread_threads"] = p.spread_threads;
   }
@@ -1029,7 +1031,13 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
                        return std::abs(x - y) > 1e-9 * std::max(std::abs(x), std::abs(y));
                      };
                      if (differ(a.step_s, b.step_s)) return a.step_s < b.step_s;
-                     const double ua = a.step_s - a.sharing_s, ub = b.step_s - b.sharing_s;
+                     // (the spread is a share of the compute with the sharing)
+                     auto alone = [](const Prediction& p) {
+                       const double with = p.compute_s + p.sharing_s;
+                       return p.step_s - p.sharing_s -
+                              (with > 0 ? p.spread_s * p.sharing_s / with : 0);
+                     };
+                     const double ua = alone(a), ub = alone(b);
                      if (differ(ua, ub)) return ua < ub;
                      return std::make_pair(a.layout.micro_batches, a.memory_bytes) <
                             std::make_pair(b.layout.micro_batches, b.memory_bytes);

@@ -16,8 +16,8 @@
 //
 // B and W: a B computes the gradient the previous global stage needs. When the same stage
 // also runs a W for that micro-batch and chunk, B computes the input gradient (and the
-// LayerNorms' parameter gradients) and W, which needs no communication and may come any time
-// after its B, adds the linear layers' weight gradients (zero-bubble's split:
+// LayerNorms' and the head's parameter gradients) and W, which needs no communication and may
+// come any time after its B, adds the other linear layers' weight gradients (zero-bubble's split:
 // Stage::BackwardInput / BackwardWeights); without a W, B is the whole backward.
 #ifndef TANDEM_PARALLEL_SCHEDULE_H_
 #define TANDEM_PARALLEL_SCHEDULE_H_

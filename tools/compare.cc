@@ -590,8 +590,9 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
   std::string output;
   ASSIGN_OR_RETURN(launcher::ExitStatus ended,
-                   launcher::RunCaptured({mpirun, "--oversubscribe", "-np", std::to_string(ranks), "--bind-to",
-                                          "none", "--mca", "btl", "self,vader", bench, "--json",
+                   launcher::RunCaptured({mpirun, "--oversubscribe", "-np", std::to_string(ranks),
+                                          "--bind-to", "none", "--mca", "btl", "self,vader", bench,
+                                          "--json",
                                           "--min_bytes=65536", "--max_bytes=16777216", "--reps=3",
                                           "--target_ms=20"},
                                          env, &output));

@@ -44,7 +44,7 @@ assert all(a <= b * (1 + 1e-9) for a, b in zip(steps, steps[1:])), steps
 assert all(r["memory_bytes"] <= 141 * 2**30 for r in ranked)
 for r in ranked:  # the parts add up to the step
   parts = sum(r[k] for k in ("compute_seconds", "bubble_seconds", "exposed_comm_seconds",
-                             "optimizer_seconds", "sharing_seconds"))
+                             "optimizer_seconds", "sharing_seconds", "spread_seconds"))
   assert abs(parts - r["step_seconds"]) <= 1e-9 * r["step_seconds"], r
 assert p["dropped"]["more stages than the model's 14 blocks"] == 3, p["dropped"]
 PY
@@ -89,6 +89,8 @@ assert p["rows"] == 4, p["rows"]
 assert sorted(m["rows"] for m in p["more_rows"]) == [1, 2], p["more_rows"]
 assert all(len(m["blocks"]) == len(p["blocks"]) == 4 for m in p["more_rows"])
 assert p.get("step_overhead_seconds", 0) >= 0
+# 2 workers: the finish spread of 2 threads, which the re-read below takes in.
+assert p["finish_spread_threads"] == 2 and p.get("finish_spread", 0) >= 0, p
 PY
 timeout 120 "$compare" "${small[@]}" --link=1,100 --block-times="$tmp/small.json" --no-run \
   --out="$tmp/again" >"$tmp/again.txt" 2>&1

@@ -13,8 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
+
+#include "runtime/files.h"
 
 namespace tandem {
 namespace {
@@ -45,12 +46,9 @@ std::unique_ptr<Doorbells> Doorbells::Create(MPI_Comm comm, bool enabled) {
   constexpr int kKey = 128, kName = 64;
   char key[kKey] = {0};
   {
-    std::string boot, net;
-    std::ifstream f("/proc/sys/kernel/random/boot_id");
-    std::getline(f, boot);
-    char link[64] = {0};
-    if (readlink("/proc/self/ns/net", link, sizeof(link) - 1) > 0) net = link;
-    std::snprintf(key, sizeof(key), "%s %s", boot.c_str(), net.c_str());
+    char net[64] = {0};
+    if (readlink("/proc/self/ns/net", net, sizeof(net) - 1) <= 0) net[0] = 0;
+    std::snprintf(key, sizeof(key), "%s %s", BootId().c_str(), net);
   }
   std::vector<char> keys(static_cast<size_t>(kKey) * size);
   MPI_Allgather(key, kKey, MPI_CHAR, keys.data(), kKey, MPI_CHAR, comm);

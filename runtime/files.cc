@@ -65,6 +65,13 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
   return absl::OkStatus();
 }
 
+std::string BootId() {
+  std::string id;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  if (!f || !std::getline(f, id)) return "";
+  return id;
+}
+
 bool PathExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;

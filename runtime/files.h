@@ -17,6 +17,10 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 // The whole content of the file `path`; NotFound ("cannot read <path>") when it cannot be read.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
+// This boot's id (/proc/sys/kernel/random/boot_id): processes that report the same one share
+// a monotonic clock and /dev/shm, unless namespaces part them; "" where it cannot be read.
+std::string BootId();
+
 // Whether anything exists at `path` (stat succeeds).
 bool PathExists(const std::string& path);
 

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "runtime/files.h"
 #include "runtime/host_sync.h"
 #include "runtime/json.h"
 
@@ -53,12 +53,10 @@ void Profiler::Reset() {
 
 TraceClock Profiler::Clock() {
   TraceClock c;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  if (boot && std::getline(boot, c.domain) && !c.domain.empty()) {
+  c.domain = BootId();
+  if (!c.domain.empty()) {
     c.origin_us =
         std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
-  } else {
-    c.domain.clear();
   }
   return c;
 }

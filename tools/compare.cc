@@ -610,12 +610,6 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
   return FitLinkToAllReduce(samples, ranks);
 }
 
-// The workers the link is timed with: as many as the plan's, for where more workers than
-// cores share this host their collectives wait on one another's turns on the cores (an
-// all-reduce of 8 MB takes about 4 times as long over 4 workers on 2 cores as over 2), and at
-// most 8, so that a plan for a cluster that is not here does not start a crowd of processes.
-int LinkRanks(int gpus) { return std::clamp(gpus, 2, 8); }
-
 // compare --plan: predicts every layout (tools/plan.h), then, unless --no-run, runs the ones it
 // checks itself on through the launcher, as the comparison runs its strategies.
 int PlanMain(int argc, char** argv, absl::Time now) {
@@ -631,7 +625,10 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   }
   std::optional<LinkModel> link;
   if (o.link.empty()) {
-    const int ranks = LinkRanks(o.request.gpus);
+    // As many workers as the plan's (WorkersTimedHere): where more workers than cores share
+    // this host, their collectives wait on one another's turns on the cores (an all-reduce of
+    // 8 MB takes about 4 times as long over 4 workers on 2 cores as over 2).
+    const int ranks = WorkersTimedHere(o.request.gpus);
     std::printf("compare --plan: timing the link between %d workers ...\n", ranks);
     std::fflush(stdout);
     absl::StatusOr<LinkModel> measured = MeasureLink(argv[0], ranks);

@@ -259,6 +259,8 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
   return std::nullopt;
 }
 
+int WorkersTimedHere(int gpus) { return std::clamp(gpus, 2, 8); }
+
 absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measured_link) {
   PlanRequest& r = o->request;
   const TrainConfig& t = r.base.train;
@@ -271,9 +273,9 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
     // One micro-batch of a data-parallel replica's rows, and the smaller micro-batches the
     // layouts run (larger ones follow the line through the two largest). CPU workers compute
     // beside each other on the host's cores: the blocks are timed beside as many others.
-    // And how far apart as many threads as workers (at most 8) finish a pass each.
+    // And how far apart as many threads as workers (WorkersTimedHere) finish a pass each.
     const int peers = r.host_cores > 0 ? std::min(r.gpus, r.host_cores) - 1 : 0;
-    const int crowd = r.host_cores > 0 && r.gpus >= 2 ? std::min(r.gpus, 8) : 0;
+    const int crowd = r.host_cores > 0 && r.gpus >= 2 ? WorkersTimedHere(r.gpus) : 0;
     ASSIGN_OR_RETURN(r.profile, MeasureBlockProfile(t.model, t.device, t.dtype,
                                                     MicroBatchRows(t.batch, r.gpus),
                                                     t.optimizer.kind, t.seed, peers, crowd));

@@ -29,6 +29,11 @@ struct PlanOptions {
   std::vector<std::string> args;         // as given
 };
 
+// The workers that the host's timings for a plan of `gpus` stand for (the link's all-reduce,
+// the blocks' finish spread): the plan's, at least 2 and at most 8, so that a plan for a
+// cluster that is not here does not start a crowd of processes or threads.
+int WorkersTimedHere(int gpus);
+
 // True where compare's command line asks for the planner.
 bool WantsPlan(const std::vector<std::string>& args);
 

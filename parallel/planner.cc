@@ -10,6 +10,7 @@
 #include <memory>
 #include <numeric>
 #include <thread>
+#include <time.h>
 #include <tuple>
 #include <utility>
 
@@ -232,34 +233,62 @@ std::vector<BlockTime> MedianTimes(const std::vector<std::vector<BlockTime>>& ro
   return m;
 }
 
+}  // namespace
+
+double FinishBehindSharing(const std::vector<double>& wall, const std::vector<double>& cpu,
+                           int cores) {
+  if (wall.empty() || cpu.empty() || cores < 1) return 0;
+  const double shared = std::max(std::accumulate(cpu.begin(), cpu.end(), 0.0) / cores,
+                                 *std::max_element(cpu.begin(), cpu.end()));
+  const double last = *std::max_element(wall.begin(), wall.end());
+  return shared > 0 ? std::max(0.0, last / shared - 1) : 0;
+}
+
+namespace {
+
 // `threads` threads computing one pass of the blocks each (BlockPasses at `rows`, each on an
-// immediate CPU stream of its own, as BlockLoad's), all started at once, in `rounds` rounds
-// after a warm-up pass: the median over the rounds of how far the slowest pass is behind
-// their mean, as a share of the mean. Workers that compute alike on shared cores finish apart,
-// and a step waits for the last of them at its collectives.
+// immediate CPU stream of its own, as BlockLoad's), all started at once, in kRounds rounds
+// after a warm-up pass: the median over the rounds of how far the slowest pass ends behind the
+// end of perfect sharing, as a share of it. Perfect sharing ends when the threads' CPU time,
+// spread evenly over the host's cores, has run (and no sooner than the longest thread's own):
+// what a step with a core each and the cores shared evenly (SharedCoresStep) takes. Workers that
+// compute alike on shared cores finish apart, and a step waits for the last of them at its
+// collectives. Measured against the threads' mean end instead, a round in which one thread
+// happened to keep a core to itself (ending at about half the others' time) counted the
+// others' usual end as a lag of 25% or more, so the median swung from 5% to 23% from run to
+// run on 4 threads over 2 cores; against perfect sharing those rounds count what they cost.
 absl::StatusOr<double> MeasureFinishSpread(const ModelConfig& model, Device device,
                                            DType compute, int rows, uint64_t seed,
                                            int threads) {
   constexpr int kRounds = 7;
+  const int cores = std::max(1, std::min(threads, HostCpus()));
   std::vector<std::unique_ptr<BlockPasses>> passes(threads);
   std::vector<std::unique_ptr<Stream>> streams(threads);
   for (int i = 0; i < threads; ++i) {
     ASSIGN_OR_RETURN(passes[i], BlockPasses::Create(model, device, compute, rows, seed + 1 + i));
     streams[i] = Stream::CreateCpu(CpuStreamMode::kImmediate);
   }
+  // This thread's CPU time, in seconds.
+  auto cpu_now = [] {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
   std::vector<double> spreads;
   for (int round = 0; round <= kRounds; ++round) {  // round 0 warms up
-    std::vector<double> seconds(threads, 0);
+    std::vector<double> seconds(threads, 0), cpu(threads, 0);
     std::vector<absl::Status> status(threads);
     absl::Notification go;
     std::vector<std::thread> workers;
     for (int i = 0; i < threads; ++i) {
       workers.emplace_back([&, i] {
         go.WaitForNotification();
+        const double cpu_start = cpu_now();
         absl::StatusOr<StreamTimeline> timeline = StreamTimeline::Start(*streams[i]);
         status[i] = timeline.status();
         if (!status[i].ok()) return;
         status[i] = passes[i]->Run(*streams[i], &*timeline);
+        cpu[i] = cpu_now() - cpu_start;  // the pass ran on this thread (an immediate stream)
         absl::StatusOr<std::vector<StreamTimeline::Phase>> phases = timeline->Phases();
         if (status[i].ok()) status[i] = phases.status();
         if (!status[i].ok()) return;
@@ -269,9 +298,7 @@ absl::StatusOr<double> MeasureFinishSpread(const ModelConfig& model, Device devi
     go.Notify();
     for (std::thread& w : workers) w.join();
     for (const absl::Status& st : status) RETURN_IF_ERROR(st);
-    const double mean = std::accumulate(seconds.begin(), seconds.end(), 0.0) / threads;
-    const double slowest = *std::max_element(seconds.begin(), seconds.end());
-    if (round > 0 && mean > 0) spreads.push_back(slowest / mean - 1);
+    if (round > 0) spreads.push_back(FinishBehindSharing(seconds, cpu, cores));
   }
   return spreads.empty() ? 0.0 : Median(spreads);
 }

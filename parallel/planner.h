@@ -85,9 +85,10 @@ struct BlockProfile {
   // the host's cores, sharing its caches and memory bandwidth); 0: timed alone.
   int peers = 0;
   // How far the last of `spread_threads` threads computing a pass of the blocks each, started
-  // at once on the host's cores, finishes behind their mean, as a share of the mean (the
-  // median of a few rounds); 0: not measured. CPU workers that share cores finish their
-  // compute apart, and each step waits for the last at its collectives.
+  // at once on the host's cores, finishes behind perfect sharing (their CPU time spread evenly
+  // over the cores), as a share of it (the median of a few rounds); 0: not measured. CPU
+  // workers that share cores finish their compute apart, and each step waits for the last at
+  // its collectives.
   double finish_spread = 0;
   int spread_threads = 0;
   std::string source;
@@ -96,6 +97,13 @@ struct BlockProfile {
   // nearest two (at least 0); with one row count, proportional to the rows.
   std::vector<BlockTime> BlocksAt(double r) const;
 };
+
+// How far the last of some threads started at once ends (`wall`, each thread's seconds to its
+// end) behind perfect sharing of `cores` cores: their CPU time (`cpu`, each thread's own
+// clock) spread evenly over the cores, and no sooner than the longest thread's, as a share
+// of it; 0 if not behind. MeasureBlockProfile's finish spread is its median over rounds.
+double FinishBehindSharing(const std::vector<double>& wall, const std::vector<double>& cpu,
+                           int cores);
 
 // The micro-batch row counts MakePlan's layouts of r.gpus ranks run, batch / gpus first:
 // the ones to time the blocks at.

@@ -340,6 +340,21 @@ TEST(PlannerTest, StepWaitsForTheSlowestWorker) {
   EXPECT_EQ(Predict(one, Layout{})->spread_s, 0);
 }
 
+TEST(PlannerTest, FinishSpreadIsMeasuredAgainstPerfectSharing) {
+  // 4 threads of 40 ms of CPU each on 2 cores: shared perfectly, all end at 80 ms.
+  const std::vector<double> cpu = {0.040, 0.040, 0.040, 0.040};
+  // One kept a core to itself and ended at 40 ms, the rest by 80: no later than perfect
+  // sharing, though 14% after the threads' mean end (70 ms).
+  EXPECT_NEAR(FinishBehindSharing({0.040, 0.080, 0.080, 0.080}, cpu, 2), 0, 1e-12);
+  // The last ended at 90 ms: 1/8 behind.
+  EXPECT_NEAR(FinishBehindSharing({0.078, 0.080, 0.082, 0.090}, cpu, 2), 0.125, 1e-12);
+  // Fewer threads than cores: perfect sharing is the longest thread's own time (50 ms).
+  EXPECT_NEAR(FinishBehindSharing({0.045, 0.060}, {0.040, 0.050}, 2), 0.2, 1e-12);
+  // Unequal work on 2 cores: 30 + 50 + 40 ms of CPU is 60 ms shared; the last at 66 ms.
+  EXPECT_NEAR(FinishBehindSharing({0.050, 0.066, 0.060}, {0.030, 0.050, 0.040}, 2), 0.1, 1e-12);
+  EXPECT_EQ(FinishBehindSharing({}, {}, 2), 0);
+}
+
 TEST(PlannerTest, CoresSharedAtTheStepsEndToo) {
   PlanRequest r = Request(4, 8);
   r.link = {0, 1e30};  // the all-reduce takes no time

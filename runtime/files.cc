@@ -1,6 +1,7 @@
 #include "runtime/files.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -70,6 +71,13 @@ std::string BootId() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   if (!f || !std::getline(f, id)) return "";
   return id;
+}
+
+int HostCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 bool PathExists(const std::string& path) {

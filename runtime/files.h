@@ -21,6 +21,9 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 // a monotonic clock and /dev/shm, unless namespaces part them; "" where it cannot be read.
 std::string BootId();
 
+// The CPUs this process may run on (its affinity mask; all online ones where that is unread).
+int HostCpus();
+
 // Whether anything exists at `path` (stat succeeds).
 bool PathExists(const std::string& path);
 

@@ -4,7 +4,6 @@
 // hybrid layout of D replicas x K stages with D, K >= 2) through the launcher, then writes
 // report.md, report.html and report.json.
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -95,13 +94,6 @@ bool IsDirectory(const std::string& p) {
 std::string Cwd() {
   char buf[4096];
   return getcwd(buf, sizeof(buf)) != nullptr ? buf : ".";
-}
-
-int HostCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 // The launcher running now (0: none) and whether compare was sent SIGTERM: it passes it on
@@ -545,7 +537,7 @@ std::optional<int> RunAll(const Comparison& c, std::vector<Entry>* entries) {
 int WriteAll(const Comparison& c, std::vector<Entry> entries, absl::Time now) {
   std::string command = "bazel run //tools:compare --";
   for (const std::string& a : c.options.args) absl::StrAppend(&command, " ", a);
-  Report report = BuildReport(std::move(entries), c.options.gpus, HostCores(), command,
+  Report report = BuildReport(std::move(entries), c.options.gpus, HostCpus(), command,
                               absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone()));
   if (const std::string note = NoHybridNote(c.options.gpus); !note.empty()) {
     report.run_notes.push_back(note);
@@ -615,7 +607,7 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
 int PlanMain(int argc, char** argv, absl::Time now) {
   PlanOptions o;
   if (std::optional<int> stop = ParsePlanArgs({argv + 1, argv + argc}, &o)) return *stop;
-  o.request.host_cores = o.request.base.train.device.is_cuda() ? 0 : HostCores();
+  o.request.host_cores = o.request.base.train.device.is_cuda() ? 0 : HostCpus();
   // CPU blocks are timed as a CPU worker runs them: on one BLAS thread (parallel/worker.cc).
   if (o.request.host_cores > 0) openblas_set_num_threads(1);
   // Files named relative to where the user ran bazel run.

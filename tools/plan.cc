@@ -322,8 +322,9 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
                       r.link.ToString())};
   if (r.profile.finish_spread > 0) {
     notes.push_back(absl::StrFormat(
-        "Finish spread: the last of %d threads computing alike ends %.1f%% after their mean; "
-        "each step waits that share of its compute for its slowest worker.",
+        "Finish spread: the last of %d threads computing alike ends %.1f%% after the cores, "
+        "shared evenly, would have run them all; each step waits that share of its compute "
+        "for its slowest worker.",
         r.profile.spread_threads, 100 * r.profile.finish_spread));
   }
   for (const auto& [reason, n] : plan.dropped) {

@@ -98,10 +98,11 @@ struct BlockProfile {
   std::vector<BlockTime> BlocksAt(double r) const;
 };
 
-// How far the last of some threads started at once ends (`wall`, each thread's seconds to its
-// end) behind perfect sharing of `cores` cores: their CPU time (`cpu`, each thread's own
-// clock) spread evenly over the cores, and no sooner than the longest thread's, as a share
-// of it; 0 if not behind. MeasureBlockProfile's finish spread is its median over rounds.
+// How far the last of some threads started at once ends (`wall`, each thread's seconds from
+// its own start to its end) behind perfect sharing of `cores` cores: their CPU time
+// (`cpu`, each thread's own clock, in the same order) spread evenly over the cores, and no
+// sooner than the longest thread's, as a share of it; 0 if not behind, or if the two lists
+// differ in length. MeasureBlockProfile's finish spread is its median over rounds.
 double FinishBehindSharing(const std::vector<double>& wall, const std::vector<double>& cpu,
                            int cores);
 

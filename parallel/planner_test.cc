@@ -349,10 +349,11 @@ TEST(PlannerTest, FinishSpreadIsMeasuredAgainstPerfectSharing) {
   // The last ended at 90 ms: 1/8 behind.
   EXPECT_NEAR(FinishBehindSharing({0.078, 0.080, 0.082, 0.090}, cpu, 2), 0.125, 1e-12);
   // Fewer threads than cores: perfect sharing is the longest thread's own time (50 ms).
-  EXPECT_NEAR(FinishBehindSharing({0.045, 0.060}, {0.040, 0.050}, 2), 0.2, 1e-12);
+  EXPECT_NEAR(FinishBehindSharing({0.045, 0.060}, {0.040, 0.050}, 4), 0.2, 1e-12);
   // Unequal work on 2 cores: 30 + 50 + 40 ms of CPU is 60 ms shared; the last at 66 ms.
   EXPECT_NEAR(FinishBehindSharing({0.050, 0.066, 0.060}, {0.030, 0.050, 0.040}, 2), 0.1, 1e-12);
   EXPECT_EQ(FinishBehindSharing({}, {}, 2), 0);
+  EXPECT_EQ(FinishBehindSharing({0.090}, {0.040, 0.040}, 2), 0);  // lists that do not pair
 }
 
 TEST(PlannerTest, CoresSharedAtTheStepsEndToo) {

@@ -123,8 +123,9 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
                                                  int peers = 0, int crowd = 0);
 // Block times for hardware not here, derived from each block's FLOPs for `rows` samples at
 // `mfu` of a `tflops` peak (a layer: forward 24 C^2 + 4 T C FLOPs a token, B 24 C^2 + 8 T C,
-// W 24 C^2; the head 2 C V forward and 4 C V B, its W none (its B computes its dW); the embedding's lookups and scatter-add, and the optimizer's
-// AdamW pass (28 bytes a parameter), as memory traffic at `tbps` TB/s).
+// W 24 C^2; the head 2 C V forward and 4 C V B, its W none (its B computes its dW); the
+// embedding's lookups and scatter-add, and the optimizer's AdamW pass (28 bytes a
+// parameter), as memory traffic at `tbps` TB/s).
 absl::StatusOr<BlockProfile> DeriveBlockProfile(const ModelConfig& model, DType compute, int rows,
                                                 double tflops, double mfu, double tbps);
 

@@ -1069,12 +1069,20 @@ absl::Status DistributedTrainer::ReadPending() {
     ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, p.timeline->Phases());
     size_t computed = 0;
     double input = 0;  // the input wait before the next compute action
+    StepTiming::ActionTimes times;  // the next compute action's
     for (const StreamTimeline::Phase& phase : phases) {
       AddPhase(phase, &done.timing);
       if (phase.kind == kInput) input += phase.seconds;
+      if (phase.kind == kBubble && phase.micro_batch >= 0) {  // its receive's wait
+        times.wait_us = phase.start_us;
+        times.resumed_us = phase.start_us + phase.seconds * 1e6;
+      }
       if (phase.kind == kCompute && computed < p.computed.size()) {
         done.timing.action_seconds.push_back({p.computed[computed++], input + phase.seconds});
+        times.end_us = phase.start_us + phase.seconds * 1e6;
+        done.timing.action_times.push_back(times);
         input = 0;
+        times = {};
       }
       if (Profiler::enabled()) {
         TraceEvent e;

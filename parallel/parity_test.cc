@@ -269,6 +269,36 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
   }
 }
 
+// Each compute action's times (StepTiming::action_times), as strategy_bench sets a receive's
+// wait against its sender's end: one per action, in the stream's order, each ending after the
+// last; a wait (and its resumption, before the action's end) exactly where the action
+// received from a neighbour, a forward on every stage but the first and a backward on every
+// stage but the last.
+TEST(ParityTest, PipelineActionTimes) {
+  const int K = comm->world_size();
+  if (K < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
+  auto t = DistributedTrainer::Create(Pipeline("1f1b", 4), comm);
+  ASSERT_TRUE(t.ok()) << t.status();
+  StepTiming timing;
+  ASSERT_TRUE((*t)->Step(&timing).ok());
+  const int stage = comm->rank();
+  ASSERT_EQ(timing.action_times.size(), timing.action_seconds.size());
+  ASSERT_EQ(timing.action_seconds.size(), 8u) << "stage " << stage;  // 4 forwards, 4 backwards
+  double last_end = -1;
+  for (size_t i = 0; i < timing.action_times.size(); ++i) {
+    const Action& a = timing.action_seconds[i].first;
+    const StepTiming::ActionTimes& at = timing.action_times[i];
+    EXPECT_GT(at.end_us, last_end) << "stage " << stage << " action " << i;
+    last_end = at.end_us;
+    const bool receives = a.type == ActionType::kForward ? stage > 0 : stage < K - 1;
+    EXPECT_EQ(at.wait_us >= 0, receives) << "stage " << stage << " action " << i;
+    if (!receives) continue;
+    EXPECT_LE(at.wait_us, at.resumed_us) << "stage " << stage << " action " << i;
+    EXPECT_LE(at.resumed_us + 1e6 * timing.action_seconds[i].second, at.end_us + 1)
+        << "stage " << stage << " action " << i;
+  }
+}
+
 // ZB-H1 against 1F1B on the same K ranks and M = 2K micro-batches: the micro-batches whose
 // activations a stage holds at once (the trainer's peak in flight) are no more than 1F1B's,
 // as its Bs free them where 1F1B's backwards do. What the pending Ws keep comes on top on

@@ -467,7 +467,7 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
   const int S = s.stages, M = s.micro_batches, V = s.chunks;
   if (static_cast<int>(s.actions.size()) != S) return fail("wrong number of stages", {});
   if (V < 1) return fail(absl::StrFormat("%d chunks per stage: at least 1", V), {});
-  bool durations_ok = d.transfer >= 0 &&
+  bool durations_ok = d.transfer >= 0 && d.handover >= 0 &&
                       (d.per_stage.empty() || static_cast<int>(d.per_stage.size()) == S);
   for (const auto& chunks : d.per_stage) {
     durations_ok = durations_ok && static_cast<int>(chunks.size()) == V;
@@ -708,7 +708,7 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
       if (!all) continue;
       double at = active;
       for (int i : groups[st][g]) at = std::max(at, transferred[st][i]);
-      at += d.transfer * static_cast<double>(groups[st][g].size());
+      at += d.transfer * static_cast<double>(groups[st][g].size()) + d.handover;
       for (int i : groups[st][g]) {
         const Action& y = s.actions[st][i];
         const int k = y.chunk * M + y.micro_batch;

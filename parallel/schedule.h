@@ -171,6 +171,10 @@ struct ScheduleDurations {
   std::vector<std::vector<ComputeSeconds>> per_stage;
   // Each transfer: an exchange group of n transfers takes n * transfer.
   double transfer = 0;
+  // Each exchange group's fixed cost on top, whatever it carries: the time to hand a group
+  // from one stage's stream to the other's beyond moving its bytes (on CPU workers, the
+  // threads woken on the way; strategy_bench measures it in the steps).
+  double handover = 0;
   // [stage][index in the stage's actions]: a compute action's own duration (as a run
   // measured it: one step replayed with each action's time), in place of per_stage's for
   // its kind; empty, or negative for an action, where per_stage's holds. A whole backward's
@@ -196,7 +200,7 @@ struct SimulatedStep {
 // free and what it needs is there (the receive it waits for, or for a W its B) and takes its
 // duration; a transfer's two ends meet once the groups holding them are both posted and both
 // stages' earlier groups done, and a group completes once all its transfers' ends have met,
-// plus its transfer time (n transfers: n times the transfer); a stage's step ends once its
+// plus its transfer time (n transfers: n times the transfer) and the handover; a stage's step ends once its
 // last compute action and its last transfer have. The step ends when the last stage's does:
 // a stage's time until then that it does not compute is its bubble. An invalid schedule, or
 // durations not shaped [stages][chunks], is the error ValidateSchedule gives.

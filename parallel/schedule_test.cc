@@ -482,6 +482,14 @@ TEST(SimulateScheduleTest, UnequalTimesByHand) {
   ASSERT_TRUE(x.ok()) << x.status();
   EXPECT_DOUBLE_EQ(x->makespan, 5);
   EXPECT_DOUBLE_EQ(x->bubble_fraction, 3.0 / 5);
+  // And a handover of 0.25 on top of each group (one transfer each): the activation there at
+  // 1.75, stage 1 F0 [1.75,2.75] B0 [2.75,3.75], the gradient there at 4.5, stage 0 B0
+  // [4.5,5.5]; each stage computes 2 of 5.5.
+  t.handover = 0.25;
+  auto h = SimulateSchedule(*MakeSchedule("gpipe", 2, 1), t);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_DOUBLE_EQ(h->makespan, 5.5);
+  EXPECT_DOUBLE_EQ(h->bubble_fraction, 3.5 / 5.5);
   // Each action's own time (a measured step replayed): GPipe, K=2, M=2, F=B=1 but stage 1's
   // F1 taking 3. Stage 0 F0 F1 [0,2]; stage 1 F0 [1,2] F1 [2,5] B1 [5,6] B0 [6,7]; stage 0 B1 [6,7] B0 [7,8]: 8.
   auto p = MakeSchedule("gpipe", 2, 2);
@@ -507,6 +515,9 @@ TEST(SimulateScheduleTest, BadDurationsAndSchedulesAreRefused) {
             "durations for a schedule of 2 stages x 1 chunks: give 2 rows of 1 (or none), and no "
             "negative time");
   EXPECT_FALSE(SimulateSchedule(*s, ScheduleDurations::Uniform(2, 1, {1, -1, 0})).ok());
+  ScheduleDurations negative_handover;
+  negative_handover.handover = -1;
+  EXPECT_FALSE(SimulateSchedule(*s, negative_handover).ok());
   ScheduleDurations long_rows;
   long_rows.per_action = {std::vector<double>(s->actions[0].size() + 1, 1.0), {}};
   EXPECT_EQ(SimulateSchedule(*s, long_rows).status().message(),

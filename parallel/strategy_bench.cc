@@ -6,9 +6,9 @@
 //              (time a stage waits on another, over the step's time but the optimizer's,
 //              averaged over stages) beside the bubble SimulateSchedule expects replaying
 //              each measured step with every F (with its input wait), B and W's own time
-//              (the median over the steps), again with each transfer taking an
-//              activation's measured one-way time between ranks 0 and 1, the median over
-//              the steps of each step's measured bubble over its replay, the expectation
+//              (the median over the steps), again with each exchange group taking the
+//              steps' measured handover (MeasuredHandovers), the median over the steps of
+//              each step's measured bubble over each replay, the expectation
 //              from each stage's median F, B and W instead, and GPipe's
 //              (K - 1) / (M + K - 1), with each stage's F, B and W and activation peak;
 //   streams:   tokens/s of data parallelism and (on 2 ranks or more) 1F1B with 8
@@ -27,12 +27,15 @@
 // per rank, to DIR/<schedule>_m<M>_rank<r>.json (the stream's phases and the
 // communication thread's operations).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +80,9 @@ struct Measured {
   std::vector<double> peak_bytes, forward, backward, weight;
   // [measured step][rank]: the seconds of each of the rank's compute actions, in its order.
   std::vector<std::vector<std::vector<double>>> action_seconds;
+  // [measured step][rank]: when each of those actions ran (StepTiming::action_times), in
+  // microseconds from one moment on the host's clock, the same for every rank.
+  std::vector<std::vector<std::vector<StepTiming::ActionTimes>>> action_times;
   // [measured step]: its bubble fraction, averaged over ranks.
   std::vector<double> step_bubbles;
   double last_step_start_us = 0;  // with a trace
@@ -111,6 +117,25 @@ absl::StatusOr<std::vector<std::vector<double>>> Gather(const std::vector<double
   return out;
 }
 
+// Rank 0's present moment on this rank's profiler clock (microseconds since its TimeOrigin()):
+// the ranks of one host share its monotonic clock, so times taken from it line up across
+// them. Exchanged as two i32 halves of a whole microsecond count, which a sum of floats
+// would round.
+absl::StatusOr<double> Rank0Now(Communicator* comm) {
+  const double origin = Profiler::Clock().origin_us;
+  const int64_t now = std::llround(origin + Profiler::NowUs());
+  constexpr int64_t kHalf = int64_t{1} << 30;
+  std::vector<int32_t> slots = {0, 0};
+  if (comm->rank() == 0) slots = {static_cast<int32_t>(now / kHalf), static_cast<int32_t>(now % kHalf)};
+  auto v = Tensor::FromInts(slots, {2});
+  if (!v.ok()) return v.status();
+  auto w = comm->AllReduce(*v);
+  if (!w.ok()) return w.status();
+  if (absl::Status st = (*w)->Wait(absl::Minutes(1)); !st.ok()) return st;
+  const int32_t* h = v->data<int32_t>();
+  return static_cast<double>(h[0] * kHalf + h[1]) - origin;
+}
+
 // With `trace`, m.last_step_start_us is the profiler's clock when the last step began.
 absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool trace = false) {
   auto t = DistributedTrainer::Create(pc, comm);
@@ -119,6 +144,9 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
   std::vector<StepTiming> timings;
   double last_step_start_us = 0;
   Allocator* cpu = *GetAllocator(Device::Cpu());
+  // The moment every rank's action times count from (a float keeps a run's microseconds).
+  auto since = Rank0Now(comm);
+  if (!since.ok()) return since.status();
   for (int i = 0; i < kWarmup + kMeasured; ++i) {
     StepTiming timing;
     if (trace && i == kWarmup + kMeasured - 1) last_step_start_us = Profiler::NowUs();
@@ -153,21 +181,36 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
   for (double c : (*counts)[0]) most = std::max(most, static_cast<size_t>(c));
   for (size_t k = 0; k < timings.size(); ++k) {
     const StepTiming& t = timings[k];
-    // [0]: the count, [1]: the step's bubble fraction, then the times.
-    std::vector<double> mine(most + 2, 0.0);
+    // [0]: the count, [1]: the step's bubble fraction, then the seconds, then each action's
+    // wait, resumption and end (a wait and resumption of -1: none).
+    constexpr size_t kHead = 2;
+    std::vector<double> mine(4 * most + kHead, 0.0);
     mine[0] = static_cast<double>(t.action_seconds.size());
     mine[1] = bubbles[k];
-    for (size_t i = 0; i < t.action_seconds.size(); ++i) mine[i + 2] = t.action_seconds[i].second;
+    for (size_t i = 0; i < t.action_seconds.size(); ++i) {
+      const StepTiming::ActionTimes& at = t.action_times[i];
+      mine[kHead + i] = t.action_seconds[i].second;
+      const size_t at_i = kHead + most + 3 * i;
+      mine[at_i] = at.wait_us < 0 ? -1 : at.wait_us - *since;
+      mine[at_i + 1] = at.resumed_us < 0 ? -1 : at.resumed_us - *since;
+      mine[at_i + 2] = at.end_us - *since;
+    }
     auto step = Gather(mine, comm);
     if (!step.ok()) return step.status();
     std::vector<std::vector<double>> per_rank(comm->world_size());
+    std::vector<std::vector<StepTiming::ActionTimes>> times(comm->world_size());
     double bubble = 0;
     for (int r = 0; r < comm->world_size(); ++r) {
       const size_t n = static_cast<size_t>((*step)[0][r]);
-      for (size_t i = 0; i < n; ++i) per_rank[r].push_back((*step)[i + 2][r]);
+      for (size_t i = 0; i < n; ++i) {
+        per_rank[r].push_back((*step)[kHead + i][r]);
+        const size_t at_i = kHead + most + 3 * i;
+        times[r].push_back({(*step)[at_i][r], (*step)[at_i + 1][r], (*step)[at_i + 2][r]});
+      }
       bubble += (*step)[1][r] / comm->world_size();
     }
     m.action_seconds.push_back(std::move(per_rank));
+    m.action_times.push_back(std::move(times));
     m.step_bubbles.push_back(bubble);
   }
   m.step_seconds = Median(seconds);
@@ -186,44 +229,70 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
   return m;
 }
 
-// One activation's transfer from rank 0 to rank 1 as a pipeline of `c` sends it: half the
-// median of 15 round trips (after 3 to warm up), rank 0 sending first. The other ranks take
-// no part; every rank gets rank 0's figure.
-absl::StatusOr<double> TransferSeconds(const TrainConfig& c, Communicator* comm) {
-  if (comm->world_size() < 2) return 0.0;
-  const int64_t rows = c.batch / c.micro_batches;
-  auto t = Tensor::Empty({rows, c.model.seq_len, c.model.d_model}, c.dtype, c.device);
-  if (!t.ok()) return t.status();
-  const int rank = comm->rank();
-  auto step = [&](bool send) -> absl::Status {
-    auto w = send ? comm->Send(*t, 1 - rank) : comm->Recv(*t, 1 - rank);
-    if (!w.ok()) return w.status();
-    return (*w)->Wait(absl::Minutes(1));
-  };
-  std::vector<double> trips;
-  for (int i = 0; i < 18 && rank < 2; ++i) {
-    const absl::Time start = absl::Now();
-    for (bool send : {rank == 0, rank != 0}) {
-      if (absl::Status st = step(send); !st.ok()) return st;
+// A handover: one stage's compute action ends, and the neighbour's stream, already waiting
+// for what that action sends, resumes. Its time is what the step pays for every transfer on
+// its critical path: the bytes moved, and on CPU workers the threads woken on the way (the
+// sender's communication thread, the receiver's, the receiving stream's). Taken from the
+// measured steps (m.action_times), every receive whose stream reached its wait before its
+// sender's action ended; those it reached later waited less than a handover, or not at all.
+struct Handovers {
+  double median_seconds = 0;  // 0 where there were none
+  int count = 0;
+};
+
+absl::StatusOr<Handovers> MeasuredHandovers(const std::string& schedule, int micro_batches,
+                                            int chunks, const Measured& m) {
+  const int K = static_cast<int>(m.forward.size());
+  auto s = MakeSchedule(schedule, K, micro_batches, chunks);
+  if (!s.ok()) return s.status();
+  // Per stage, each compute action's index among its compute actions, by (type, chunk,
+  // micro-batch).
+  std::vector<std::map<std::tuple<ActionType, int, int>, size_t>> index(K);
+  for (int st = 0; st < K; ++st) {
+    for (const Action& a : s->actions[st]) {
+      if (!a.is_compute()) continue;
+      index[st].emplace(std::make_tuple(a.type, a.chunk, a.micro_batch), index[st].size());
     }
-    if (i >= 3) trips.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
-  auto all = Gather({rank == 0 ? Median(trips) / 2 : 0.0}, comm);
-  if (!all.ok()) return all.status();
-  return (*all)[0][0];
+  // Every receive's wait, with its sender's end.
+  struct Receive {
+    StepTiming::ActionTimes at;
+    double sent_us;
+  };
+  std::vector<Receive> receives;
+  for (const auto& step : m.action_times) {
+    for (int st = 0; st < K; ++st) {
+      for (const auto& [key, i] : index[st]) {
+        const auto [type, chunk, mb] = key;
+        if (i >= step[st].size() || step[st][i].wait_us < 0) continue;
+        // The sender: the global stage before (an activation) or after (a gradient).
+        const int from = GlobalStage(st, chunk, K) + (type == ActionType::kForward ? -1 : 1);
+        if (from < 0 || from >= K * chunks) continue;
+        auto j = index[from % K].find(std::make_tuple(type, from / K, mb));
+        if (j == index[from % K].end() || j->second >= step[from % K].size()) continue;
+        receives.push_back({step[st][i], step[from % K][j->second].end_us});
+      }
+    }
+  }
+  std::vector<double> seconds;
+  for (const Receive& r : receives) {
+    if (r.at.wait_us <= r.sent_us) seconds.push_back(1e-6 * (r.at.resumed_us - r.sent_us));
+  }
+  Handovers h;
+  h.count = static_cast<int>(seconds.size());
+  if (!seconds.empty()) h.median_seconds = Median(seconds);
+  return h;
 }
 
 // The bubble SimulateSchedule expects of `schedule` (with `chunks` model chunks a stage) on
 // K = m.forward.size() stages with the stages' median F, B and W times (each chunk's alike),
-// each transfer taking `transfer_seconds`.
+// transfers taking no time.
 absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_batches,
-                                      int chunks, const Measured& m,
-                                      double transfer_seconds = 0) {
+                                      int chunks, const Measured& m) {
   const int K = static_cast<int>(m.forward.size());
   auto s = MakeSchedule(schedule, K, micro_batches, chunks);
   if (!s.ok()) return s.status();
   ScheduleDurations d;
-  d.transfer = transfer_seconds;
   for (int st = 0; st < K; ++st) {  // each chunk of a stage alike (its medians)
     d.per_stage.push_back(std::vector<ComputeSeconds>(
         chunks, ComputeSeconds{m.forward[st], m.backward[st], m.weight[st]}));
@@ -235,21 +304,21 @@ absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_bat
 
 // The bubble SimulateSchedule expects of `schedule` replaying each measured step with every
 // compute action's own time (its forward with its input wait, as StepTiming has it), each
-// transfer taking `transfer_seconds`: the median over the steps. Unlike one simulation with
+// exchange group taking `handover_seconds`: the median over the steps. Unlike one simulation with
 // each stage's median times, this keeps what the steps' spread costs a pipeline (a slow
 // action on one stage idles the other), a cost of the machine, not of the runtime.
 // With `ratio`, also the median over the steps of each step's measured bubble (averaged over
 // ranks) over its replay: the runtime's own waiting, step by step.
 absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_batches,
                                       int chunks, const Measured& m,
-                                      double transfer_seconds = 0, double* ratio = nullptr) {
+                                      double handover_seconds = 0, double* ratio = nullptr) {
   const int K = static_cast<int>(m.forward.size());
   auto s = MakeSchedule(schedule, K, micro_batches, chunks);
   if (!s.ok()) return s.status();
   std::vector<double> bubbles;
   for (const auto& step : m.action_seconds) {
     ScheduleDurations d;
-    d.transfer = transfer_seconds;
+    d.handover = handover_seconds;
     d.per_action.resize(K);
     for (int st = 0; st < K; ++st) {
       size_t next = 0;  // the stage's compute actions, in order, take the step's times
@@ -430,10 +499,12 @@ int Main(int argc, char** argv) {
           if (Failed(expected.status(), &rc)) break;
           auto medians = ExpectedBubble(schedule, mbs, chunks, *m);
           if (Failed(medians.status(), &rc)) break;
-          auto transfer = TransferSeconds(pc.train, comm->get());
-          if (Failed(transfer.status(), &rc)) break;
-          auto with_transfers = ReplayedBubble(schedule, mbs, chunks, *m, *transfer);
-          if (Failed(with_transfers.status(), &rc)) break;
+          auto handovers = MeasuredHandovers(schedule, mbs, chunks, *m);
+          if (Failed(handovers.status(), &rc)) break;
+          double ratio_with = 0;
+          auto with_handovers = ReplayedBubble(schedule, mbs, chunks, *m,
+                                               handovers->median_seconds, &ratio_with);
+          if (Failed(with_handovers.status(), &rc)) break;
           Json peaks = Json::array();
           for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
           emit({{"bench", "pipeline"},
@@ -445,8 +516,10 @@ int Main(int argc, char** argv) {
                 {"bubble_expected", JsonRounded(*expected, 4)},
                 {"bubble_expected_medians", JsonRounded(*medians, 4)},
                 {"bubble_ratio_by_step", JsonRounded(ratio, 4)},
-                {"transfer_ms", JsonRounded(1e3 * *transfer, 3)},
-                {"bubble_expected_with_transfers", JsonRounded(*with_transfers, 4)},
+                {"handover_ms", JsonRounded(1e3 * handovers->median_seconds, 3)},
+                {"handovers", handovers->count},
+                {"bubble_expected_with_handovers", JsonRounded(*with_handovers, 4)},
+                {"bubble_ratio_with_handovers", JsonRounded(ratio_with, 4)},
                 {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
                 // The schedule's own textbook bubble with equal F, B and W: (K-1)/(vM+K-1)
                 // (v = 1: GPipe's and 1F1B's), ZB-H1's (K-1)/(3M+K-1) (from M = K on).

@@ -352,19 +352,24 @@ def pipeline_section(rows, base):
           "says the runtime adds little waiting of its own. From medians: one simulation with "
           "each stage's median F, B and W instead, which leaves out what the actions' spread "
           "costs (a slow forward on one stage idles the other: the machine's cost, not the "
-          "runtime's), so on a busy machine it falls short of the measured bubble more. With "
-          "transfers: the replay with each transfer taking an activation's measured one-way "
-          "time between two ranks (transfer ms). GPipe sends while it computes, but 1F1B and "
-          "ZB-H1 put each micro-batch's transfers on the critical path (on 2 stages, stage 1 "
-          "needs the next activation right after each backward, and stage 0's send of it "
-          "waits behind its receive of the gradient), so every delay in a transfer inside "
-          "the step (the communication thread woken when the compute stream reaches it, the "
-          "peer's noticing the data, the waiting stream woken) shows in their bubble and not "
-          "in GPipe's. The MPI communication thread waits for its transfers asleep on its "
-          "process's doorbell, which the peer rings when it posts or finishes a transfer, "
-          "rather than busy-polling, and runs on the shortest scheduler slice (docs/DESIGN.md, "
-          "section 3), so that it leaves the cores to the compute streams and starts a "
-          "transfer as soon as it is woken; what remains above 1 is those wake-ups, each "
+          "runtime's), so on a busy machine it falls short of the measured bubble more. "
+          "Handover: the time from a stage's compute action ending to the neighbour's stream, "
+          "already waiting for what it sends, resuming: the bytes moved and, on CPU workers, "
+          "the threads woken on the way (the sender's communication thread, the receiver's, "
+          "the receiving stream's); the median over every such receive in the measured steps "
+          "(each rank's times on the host's one monotonic clock), with how many there were. "
+          "With handovers: the replay again with each exchange group taking the handover, and "
+          "the median over the steps of each step's measured bubble over that replay. GPipe "
+          "sends while it computes, but 1F1B, ZB-H1 and interleaved 1F1B put each "
+          "micro-batch's transfers on the critical path (on 2 stages, stage 1 needs the next "
+          "activation right after each backward), so their bubbles carry a handover per "
+          "micro-batch that the replay without them leaves out; with them, the remaining "
+          "ratio is what the runtime waits beyond its transfers. The MPI communication "
+          "thread waits for its transfers asleep on its process's doorbell, which the peer "
+          "rings when it posts or finishes a transfer, rather than busy-polling, and runs on "
+          "the shortest scheduler slice (docs/DESIGN.md, section 3), so that it leaves the "
+          "cores to the compute streams and starts a transfer as soon as it is woken; a "
+          "handover still takes a few wake-ups, each "
           "taking longer the busier the machine. Textbook: each schedule's bubble with equal "
           "stages and F = B = W: GPipe's and 1F1B's (K-1)/(M+K-1), interleaved 1F1B's with v "
           "model chunks a stage (K-1)/(vM+K-1) (Narayanan et al.; here v = 2, with M a "
@@ -381,9 +386,10 @@ def pipeline_section(rows, base):
           "Qi et al.'s claim is that no stage holds more than 1F1B's largest (docs/DESIGN.md, "
           "section 5).\n")
     print("| schedule | stages K | micro-batches M | measured bubble | expected | measured / expected "
-          "| from medians | transfer ms | expected with transfers | textbook "
-          "| tokens/s vs 1 worker | activation peak per stage MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| from medians | handover ms (count) | expected with handovers "
+          "| measured / with handovers | textbook | tokens/s vs 1 worker "
+          "| activation peak per stage MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in rows:
         rel = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
         expected = s.get("bubble_expected")
@@ -396,9 +402,13 @@ def pipeline_section(rows, base):
         name = s["schedule"] + (f" v={s['virtual_stages']}" if s.get("virtual_stages", 1) > 1 else "")
         textbook = s.get("bubble_textbook", s["bubble_gpipe"])
         textbook = f"{textbook:.3f}" if textbook is not None else "-"
+        handover = (f"{s['handover_ms']:.2f} ({s['handovers']})" if "handover_ms" in s
+                    else "-")
         print(f"| {name} | {s['stages']} | {s['micro_batches']} | "
               f"{s['bubble_measured']:.3f} | {opt('bubble_expected', '.3f')} | {ratio} | "
-              f"{opt('bubble_expected_medians', '.3f')} | {opt('transfer_ms', '.2f')} | {opt('bubble_expected_with_transfers', '.3f')} | "
+              f"{opt('bubble_expected_medians', '.3f')} | {handover} | "
+              f"{opt('bubble_expected_with_handovers', '.3f')} | "
+              f"{opt('bubble_ratio_with_handovers', '.2f')} | "
               f"{textbook} | {rel:.2f} | {peaks} |")
     print()
     # Qi et al.'s bubble times from ZB-H1's measured F, B (input gradient) and W, each the

@@ -49,7 +49,9 @@ double LinkModel::ReduceScatter(double bytes, int ranks) const {
 double LinkModel::AllGather(double bytes, int ranks) const { return ReduceScatter(bytes, ranks); }
 
 std::string LinkModel::ToString() const {
-  return absl::StrFormat("%.3g GB/s, %.3g us", bytes_per_s / 1e9, latency_s * 1e6);
+  std::string out = absl::StrFormat("%.3g GB/s, %.3g us", bytes_per_s / 1e9, latency_s * 1e6);
+  if (handover_s > 0) absl::StrAppendFormat(&out, ", handover %.3g us", handover_s * 1e6);
+  return out;
 }
 
 absl::StatusOr<LinkModel> ParseLink(absl::string_view text) {
@@ -669,7 +671,7 @@ double ShareUntil(std::vector<double>& left, const std::vector<bool>& active, do
 // One step of the validated schedule `s` with durations `d` (per_stage, transfer) where its
 // stages share `cores` cores: at each moment every stage that computes progresses at
 // ShareRate(stages computing, cores); a stage waiting on a transfer holds no core. Each
-// transfer takes d.transfer from when both its ends are posted (no queue of exchange groups,
+// transfer takes d.transfer and d.handover from when both its ends are posted (no queue of exchange groups,
 // as SimulateSchedule has: CPU workers' transfers are small beside their compute). Returns
 // when the last compute action or transfer ends.
 double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores) {
@@ -691,7 +693,7 @@ double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, do
   auto arrived = [&](const Key& k) {
     const auto it = posted.find(k);
     if (it == posted.end() || it->second.first < 0 || it->second.second < 0) return kNotYet;
-    return std::max(it->second.first, it->second.second) + d.transfer;
+    return std::max(it->second.first, it->second.second) + d.transfer + d.handover;
   };
   std::vector<std::vector<bool>> split(S);
   for (int st = 0; st < S; ++st) split[st] = DeferredWeights(s, st);
@@ -859,6 +861,7 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
     const double boundary =
         rows * model.seq_len * model.d_model * static_cast<double>(DTypeSize(c.train.dtype));
     d.transfer = r.link.SendRecv(boundary);
+    d.handover = r.link.handover_s;
     ASSIGN_OR_RETURN(sim, SimulateSchedule(*schedule, d));
   }
 

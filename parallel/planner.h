@@ -41,11 +41,18 @@ namespace tandem {
 struct LinkModel {
   double latency_s = 0;    // alpha
   double bytes_per_s = 0;  // bandwidth
+  // CPU workers: what a pipeline's transfer on its critical path takes beyond SendRecv's
+  // alpha-beta time: the threads woken on the way from one stage's stream to the next on a
+  // host whose cores compute (the sender's communication thread, the receiver's, the
+  // receiving stream's), which all-reduces timed among idle workers do not see. Measured in a
+  // pipeline's steps (strategy_bench handover); 0 where none was (a --link for hardware not
+  // here). Each exchange group of the simulated schedule takes it once (ScheduleDurations).
+  double handover_s = 0;
+  // "12.5 GB/s, 3.0 us", and ", handover 250 us" where it has one.
   double SendRecv(double bytes) const;
   double AllReduce(double bytes, int ranks) const;
   double ReduceScatter(double bytes, int ranks) const;
   double AllGather(double bytes, int ranks) const;
-  // "12.5 GB/s, 3.0 us"
   std::string ToString() const;
 };
 

@@ -275,6 +275,14 @@ TEST(PlannerTest, GpipeBubbleByHand) {
   // Recomputing adds a forward to every backward: 5 x 8 s.
   l.recompute = true;
   EXPECT_NEAR(Predict(r, l)->step_s, 40, 1e-9);
+  // One micro-batch of 8 rows (each block's part 4 s): stage 0's F (8 s), the activation's
+  // handover, stage 1's F and backward (8 + 16 s), the gradient's handover, stage 0's backward
+  // (16 s): 48 s and two handovers of 0.5 s.
+  l.recompute = false;
+  l.micro_batches = 1;
+  r.link.handover_s = 0.5;
+  EXPECT_NEAR(Predict(r, l)->step_s, 49, 1e-9);
+  EXPECT_EQ(r.link.ToString(), "1e+21 GB/s, 0 us, handover 5e+05 us");
 }
 
 // Interleaved on the same 4 blocks: 2 chunks of one block a stage (F = 1 s, backward 2 s),

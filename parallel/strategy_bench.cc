@@ -16,6 +16,9 @@
 //              once per mode to compare them;
 //   zero:      every rank's optimizer state bytes (DistributedTrainer::optimizer_state_bytes,
 //              after one step) under data parallelism, without ZeRO-1 and with it;
+//   handover:  1F1B over every rank with M = 2K: the handover its steps measure
+//              (MeasuredHandovers), as compare --plan's cost of a transfer on a pipeline's
+//              critical path for CPU workers;
 //   hybrid:    on 4 ranks, tokens/s of data parallelism, a 4-stage pipeline and 2 replicas
 //              of a 2-stage pipeline (GPipe and 1F1B; 1F1B with ZeRO-1 too), global batch 32,
 //              in 3 rounds that run every case in turn (after a warm-up run): one line per
@@ -622,9 +625,37 @@ int Main(int argc, char** argv) {
                 {"bubble_measured", JsonRounded(m->bubble_fraction, 4)}});
         }
       }
+    } else if (mode == "handover") {
+      // 1F1B over every rank, M = 2K: the handover its steps measure (compare --plan's
+      // per-transfer cost for CPU workers, with the activation's bytes it carried).
+      if (world < 2) {
+        if ((*comm)->rank() == 0) std::fprintf(stderr, "strategy_bench handover needs 2 ranks or more\n");
+        rc = 2;
+      } else {
+        ParallelConfig pc;
+        pc.train = Tiny(32, 2 * world);
+        pc.strategy = StrategyKind::kPipeline;
+        pc.schedule = "1f1b";
+        auto m = Run(pc, comm->get());
+        if (!Failed(m.status(), &rc)) {
+          auto h = MeasuredHandovers(pc.schedule, 2 * world, 1, *m);
+          if (!Failed(h.status(), &rc)) {
+            const TrainConfig& t = pc.train;
+            emit({{"bench", "handover"},
+                  {"workers", world},
+                  {"schedule", pc.schedule},
+                  {"micro_batches", t.micro_batches},
+                  {"bytes", t.batch / t.micro_batches * t.model.seq_len * t.model.d_model *
+                                static_cast<int64_t>(DTypeSize(t.dtype))},
+                  {"handover_s", JsonRounded(h->median_seconds, 7)},
+                  {"handovers", h->count}});
+          }
+        }
+      }
     } else {
       std::fprintf(stderr,
-                   "usage: strategy_bench data|pipeline|streams|zero|hybrid (under mpirun)\n");
+                   "usage: strategy_bench data|pipeline|streams|zero|hybrid|handover (under "
+                   "mpirun)\n");
       rc = 2;
     }
   }

@@ -568,11 +568,13 @@ int WriteAll(const Comparison& c, std::vector<Entry> entries, absl::Time now) {
   return any ? 0 : 1;
 }
 
-// The link between `ranks` CPU workers of this host, fitted (FitLinkToAllReduce) to Tandem's
-// all-reduce from 64 KB to 16 MB as //comm:allreduce_bench times it under mpirun.
-absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
+// The JSON lines a benchmark binary of this build (`runfile`) prints run under mpirun on
+// `ranks` CPU workers of this host.
+absl::StatusOr<std::vector<Json>> RunBenchLines(const char* argv0, int ranks,
+                                                const std::string& runfile,
+                                                const std::vector<std::string>& args) {
   ASSIGN_OR_RETURN(std::string bench,
-                   launcher::FindRunfile("comm/allreduce_bench_bin", argv0, Cwd(),
+                   launcher::FindRunfile(runfile, argv0, Cwd(),
                                          "Start compare with `bazel run //tools:compare -- ...`"));
   ASSIGN_OR_RETURN(std::string mpirun,
                    launcher::FindInPath("mpirun",
@@ -580,26 +582,48 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
   std::vector<std::string> env = launcher::CurrentEnvironment();
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
+  std::vector<std::string> command = {mpirun, "--oversubscribe", "-np", std::to_string(ranks),
+                                      "--bind-to", "none", "--mca", "btl", "self,vader", bench};
+  command.insert(command.end(), args.begin(), args.end());
   std::string output;
-  ASSIGN_OR_RETURN(launcher::ExitStatus ended,
-                   launcher::RunCaptured({mpirun, "--oversubscribe", "-np", std::to_string(ranks),
-                                          "--bind-to", "none", "--mca", "btl", "self,vader", bench,
-                                          "--json",
-                                          "--min_bytes=65536", "--max_bytes=16777216", "--reps=3",
-                                          "--target_ms=20"},
-                                         env, &output));
+  ASSIGN_OR_RETURN(launcher::ExitStatus ended, launcher::RunCaptured(command, env, &output));
   if (!ended.ok()) {
     return absl::InternalError(absl::StrFormat(
         "timing the link failed (%s): %s; give --link=bandwidth_GBps,latency_us instead",
         ended.ToString(), FirstLineOf(output)));
   }
-  std::vector<LinkSample> samples;
+  std::vector<Json> lines;
   for (absl::string_view line : absl::StrSplit(output, '\n')) {
     if (!absl::StartsWith(line, "{")) continue;
     ASSIGN_OR_RETURN(Json j, ParseJson(line));
+    lines.push_back(std::move(j));
+  }
+  return lines;
+}
+
+// The link between `ranks` CPU workers of this host: fitted (FitLinkToAllReduce) to Tandem's
+// all-reduce from 64 KB to 16 MB as //comm:allreduce_bench times it, and its handover, what a
+// 1F1B pipeline over the ranks measures (`strategy_bench handover`) less SendRecv's time for
+// the activation it carried.
+absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
+  ASSIGN_OR_RETURN(std::vector<Json> timed,
+                   RunBenchLines(argv0, ranks, "comm/allreduce_bench_bin",
+                                 {"--json", "--min_bytes=65536", "--max_bytes=16777216",
+                                  "--reps=3", "--target_ms=20"}));
+  std::vector<LinkSample> samples;
+  for (const Json& j : timed) {
     samples.push_back({NumberOr(j, "bytes", 0), NumberOr(j, "waited_s", 0)});
   }
-  return FitLinkToAllReduce(samples, ranks);
+  ASSIGN_OR_RETURN(LinkModel link, FitLinkToAllReduce(samples, ranks));
+  ASSIGN_OR_RETURN(std::vector<Json> handed,
+                   RunBenchLines(argv0, ranks, "parallel/strategy_bench", {"handover"}));
+  if (handed.size() != 1) {
+    return absl::InternalError("timing the handover printed no result; give "
+                               "--link=bandwidth_GBps,latency_us instead");
+  }
+  link.handover_s = std::max(0.0, NumberOr(handed[0], "handover_s", 0) -
+                                      link.SendRecv(NumberOr(handed[0], "bytes", 0)));
+  return link;
 }
 
 // compare --plan: predicts every layout (tools/plan.h), then, unless --no-run, runs the ones it

@@ -454,7 +454,8 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
   j["dropped"] = Json::object();
   for (const auto& [reason, n] : plan.dropped) j["dropped"][reason] = n;
   j["link"] = {{"bytes_per_second", JsonNumber(r.link.bytes_per_s)},
-               {"latency_seconds", JsonNumber(r.link.latency_s)}};
+               {"latency_seconds", JsonNumber(r.link.latency_s)},
+               {"handover_seconds", JsonNumber(r.link.handover_s)}};
   auto prediction = [](const Prediction& p) {
     return Json{{"layout", p.layout.Name()},
                 {"flags", absl::StrJoin(p.layout.LauncherFlags(), " ")},

@@ -68,7 +68,10 @@ cat "$tmp/run.txt"
 grep -q "timing the link between 2 workers" "$tmp/run.txt" || fail "the link was not timed"
 python3 - "$tmp/run/plan.json" <<'PY' || fail "plan.json's checks"
 import json, sys
-checks = json.load(open(sys.argv[1]))["checks"]
+plan = json.load(open(sys.argv[1]))
+# The link timed here: its alpha-beta fit and the handover a pipeline's steps measured.
+assert plan["link"]["bytes_per_second"] > 0 and plan["link"]["handover_seconds"] >= 0, plan["link"]
+checks = plan["checks"]
 assert 3 <= len(checks) <= 4, len(checks)
 for c in checks:
   assert c["ran"], c

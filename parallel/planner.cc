@@ -671,9 +671,9 @@ double ShareUntil(std::vector<double>& left, const std::vector<bool>& active, do
 // One step of the validated schedule `s` with durations `d` (per_stage, transfer) where its
 // stages share `cores` cores: at each moment every stage that computes progresses at
 // ShareRate(stages computing, cores); a stage waiting on a transfer holds no core. Each
-// transfer takes d.transfer and d.handover from when both its ends are posted (no queue of exchange groups,
-// as SimulateSchedule has: CPU workers' transfers are small beside their compute). Returns
-// when the last compute action or transfer ends.
+// transfer takes d.transfer and d.handover from when both its ends are posted (no queue of
+// exchange groups, as SimulateSchedule has: CPU workers' transfers are small beside their
+// compute). Returns when the last compute action or transfer ends.
 double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores) {
   const int S = s.stages, M = s.micro_batches, V = s.chunks;
   constexpr double kNotYet = -1;

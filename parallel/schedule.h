@@ -200,10 +200,11 @@ struct SimulatedStep {
 // free and what it needs is there (the receive it waits for, or for a W its B) and takes its
 // duration; a transfer's two ends meet once the groups holding them are both posted and both
 // stages' earlier groups done, and a group completes once all its transfers' ends have met,
-// plus its transfer time (n transfers: n times the transfer) and the handover; a stage's step ends once its
-// last compute action and its last transfer have. The step ends when the last stage's does:
-// a stage's time until then that it does not compute is its bubble. An invalid schedule, or
-// durations not shaped [stages][chunks], is the error ValidateSchedule gives.
+// plus its transfer time (n transfers: n times the transfer) and the handover; a stage's
+// step ends once its last compute action and its last transfer have. The step ends when the
+// last stage's does: a stage's time until then that it does not compute is its bubble. An
+// invalid schedule, or durations not shaped [stages][chunks], is the error ValidateSchedule
+// gives.
 absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
                                                const ScheduleDurations& d);
 

@@ -129,7 +129,9 @@ absl::StatusOr<double> Rank0Now(Communicator* comm) {
   const int64_t now = std::llround(origin + Profiler::NowUs());
   constexpr int64_t kHalf = int64_t{1} << 30;
   std::vector<int32_t> slots = {0, 0};
-  if (comm->rank() == 0) slots = {static_cast<int32_t>(now / kHalf), static_cast<int32_t>(now % kHalf)};
+  if (comm->rank() == 0) {
+    slots = {static_cast<int32_t>(now / kHalf), static_cast<int32_t>(now % kHalf)};
+  }
   auto v = Tensor::FromInts(slots, {2});
   if (!v.ok()) return v.status();
   auto w = comm->AllReduce(*v);
@@ -629,7 +631,9 @@ int Main(int argc, char** argv) {
       // 1F1B over every rank, M = 2K: the handover its steps measure (compare --plan's
       // per-transfer cost for CPU workers, with the activation's bytes it carried).
       if (world < 2) {
-        if ((*comm)->rank() == 0) std::fprintf(stderr, "strategy_bench handover needs 2 ranks or more\n");
+        if ((*comm)->rank() == 0) {
+          std::fprintf(stderr, "strategy_bench handover needs 2 ranks or more\n");
+        }
         rc = 2;
       } else {
         ParallelConfig pc;

@@ -146,11 +146,11 @@ struct StepTiming {
   // with its seconds on the stream, a forward's with its input wait (time the stage spent
   // neither computing nor waiting on another stage).
   std::vector<std::pair<Action, double>> action_seconds;
-  // Pipeline: when each of those actions ran, in microseconds since TimeOrigin() (the
-  // profiler's TraceClock puts them on the host's monotonic clock, which its ranks share):
-  // where its stream reached the wait for its input from another stage and resumed after it
-  // (both -1 where the action received none), and where it ended. A receive's wait set
-  // against its sender's end is the handover's time (strategy_bench).
+  // Pipeline: when each of those actions ran, in microseconds since this process's
+  // TimeOrigin() (its offset on the host's monotonic clock, which the host's ranks share, puts
+  // them on one clock: TraceClock::origin_us): where its stream reached the wait for its input
+  // from another stage and resumed after it (both -1 where the action received none), and
+  // where it ended. strategy_bench sets each receive against its sender's end.
   struct ActionTimes {
     double wait_us = -1, resumed_us = -1, end_us = 0;
   };

@@ -3,6 +3,9 @@
 // for a number of steps and must give the losses and weights of one worker on the same global
 // batch and seed, the losses within 1e-5 relative (docs/DESIGN.md, invariant 1).
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -297,6 +300,56 @@ TEST(ParityTest, PipelineActionTimes) {
     EXPECT_LE(at.resumed_us + 1e6 * timing.action_seconds[i].second, at.end_us + 1)
         << "stage " << stage << " action " << i;
   }
+  // Across ranks, on the host's monotonic clock (each rank's TimeOrigin() added): a receive
+  // resumes no sooner than its sender's action (the forward before it, the backward after it,
+  // of the same micro-batch) ended. Every rank's action, resumption and end, gathered to the
+  // microsecond as whole seconds and microseconds in i32 slots (a sum, each rank its own).
+  const double origin =
+      std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
+  constexpr int kSlots = 6;  // type, micro-batch, resumed s and us (0, 0: none), end s and us
+  const int n = static_cast<int>(timing.action_times.size());
+  std::vector<int32_t> slots(static_cast<size_t>(K) * n * kSlots, 0);
+  auto put = [](double us, int32_t* at) {
+    const int64_t whole = std::llround(us);
+    at[0] = static_cast<int32_t>(whole / 1000000);
+    at[1] = static_cast<int32_t>(whole % 1000000);
+  };
+  for (int i = 0; i < n; ++i) {
+    int32_t* at = &slots[(static_cast<size_t>(stage) * n + i) * kSlots];
+    at[0] = static_cast<int32_t>(timing.action_seconds[i].first.type);
+    at[1] = timing.action_seconds[i].first.micro_batch;
+    const StepTiming::ActionTimes& times = timing.action_times[i];
+    if (times.wait_us >= 0) put(origin + times.resumed_us, at + 2);
+    put(origin + times.end_us, at + 4);
+  }
+  auto v = Tensor::FromInts(slots, {static_cast<int64_t>(slots.size())});
+  ASSERT_TRUE(v.ok()) << v.status();
+  auto w = comm->AllReduce(*v);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Wait(absl::Minutes(1)).ok());
+  const int32_t* all = v->data<int32_t>();
+  auto slot = [&](int r, int i) { return all + (static_cast<size_t>(r) * n + i) * kSlots; };
+  int checked = 0;
+  for (int r = 0; r < K; ++r) {
+    for (int i = 0; i < n; ++i) {
+      const int32_t* x = slot(r, i);
+      if (x[2] == 0 && x[3] == 0) continue;  // received nothing
+      const int from = x[0] == static_cast<int32_t>(ActionType::kForward) ? r - 1 : r + 1;
+      if (from < 0 || from >= K) {
+        ADD_FAILURE() << "stage " << r << " received from stage " << from;
+        continue;
+      }
+      for (int j = 0; j < n; ++j) {
+        const int32_t* y = slot(from, j);
+        if (y[0] != x[0] || y[1] != x[1]) continue;
+        EXPECT_GE(1e6 * x[2] + x[3], 1e6 * y[4] + y[5])
+            << "stage " << r << " resumed before stage " << from << " ended its action";
+        ++checked;
+      }
+    }
+  }
+  // Every forward but the first stage's and every backward but the last stage's received.
+  EXPECT_EQ(checked, 2 * 4 * (K - 1));
 }
 
 // ZB-H1 against 1F1B on the same K ranks and M = 2K micro-batches: the micro-batches whose

@@ -9,7 +9,8 @@
 //             each row count the layouts run, or scaled from one);
 //   pipeline  the schedule simulated with those durations (SimulateSchedule; per chunk under
 //             interleaving), each stage's activations sent to the next in a transfer timed
-//             by the link model;
+//             by the link model, and for CPU workers each exchange group taking the link's
+//             measured handover;
 //   gradients the data-parallel all-reduce (ZeRO-1: reduce-scatter, then the all-gather of the
 //             updated parameters) of each stage's buckets, by an alpha-beta model of the link
 //             (ring algorithms), overlapped with the step's last backward as DDP does;
@@ -46,7 +47,8 @@ struct LinkModel {
   // host whose cores compute (the sender's communication thread, the receiver's, the
   // receiving stream's), which all-reduces timed among idle workers do not see. Measured in a
   // pipeline's steps (strategy_bench handover); 0 where none was (a --link for hardware not
-  // here). Each exchange group of the simulated schedule takes it once (ScheduleDurations).
+  // here). Each exchange group of the simulated schedule takes it once (ScheduleDurations),
+  // each transfer of the shared-core one (which has no groups).
   double handover_s = 0;
   // "12.5 GB/s, 3.0 us", and ", handover 250 us" where it has one.
   double SendRecv(double bytes) const;

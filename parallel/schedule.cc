@@ -679,7 +679,8 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
     }
     // A transfer completes once the groups holding its two ends are both first in their
     // stages' queues (posted, and every earlier group of both stages done); a group completes
-    // once all its transfers have, the transfer time of each after the later of the two.
+    // once all its transfers have, the transfer time of each and one handover after the later
+    // of the two.
     for (int st = 0; st < S; ++st) {
       if (posted[st].empty()) continue;
       const int g = posted[st].front();

@@ -490,6 +490,22 @@ TEST(SimulateScheduleTest, UnequalTimesByHand) {
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_DOUBLE_EQ(h->makespan, 5.5);
   EXPECT_DOUBLE_EQ(h->bubble_fraction, 3.5 / 5.5);
+  // Groups of two transfers: stage 0 sends both activations in one run, stage 1 receives both
+  // in one, and likewise the gradients. F = B = 1, a transfer 0.25, a handover 0.5 a group:
+  // stage 0 F0 F1 [0,2], posts both groups at 2; the activations' group meets at 2 and ends
+  // at 2 + 2 x 0.25 + 0.5 = 3; stage 1 F0 F1 B0 B1 [3,7], posts the gradients at 7, there at
+  // 8; stage 0 B0 B1 [8,10]. Each stage computes 4 of 10 (a handover a transfer: 11).
+  const PipelineSchedule pairs = FromText(2, 2,
+                                          {"0F0 0F1 0SA0 0SA1 0RG0 0RG1 0B0 0B1 0OPT",
+                                           "1RA0 1RA1 1F0 1F1 1B0 1B1 1SG0 1SG1 1OPT"});
+  ASSERT_TRUE(ValidateSchedule(pairs).ok()) << ValidateSchedule(pairs);
+  ScheduleDurations grouped = ScheduleDurations::Uniform(2, 1, {1, 1, 0});
+  grouped.transfer = 0.25;
+  grouped.handover = 0.5;
+  auto two = SimulateSchedule(pairs, grouped);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_DOUBLE_EQ(two->makespan, 10);
+  EXPECT_DOUBLE_EQ(two->bubble_fraction, 6.0 / 10);
   // Each action's own time (a measured step replayed): GPipe, K=2, M=2, F=B=1 but stage 1's
   // F1 taking 3. Stage 0 F0 F1 [0,2]; stage 1 F0 [1,2] F1 [2,5] B1 [5,6] B0 [6,7]; stage 0 B1 [6,7] B0 [7,8]: 8.
   auto p = MakeSchedule("gpipe", 2, 2);

@@ -30,6 +30,7 @@
 // per rank, to DIR/<schedule>_m<M>_rank<r>.json (the stream's phases and the
 // communication thread's operations).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -121,11 +122,12 @@ absl::StatusOr<std::vector<std::vector<double>>> Gather(const std::vector<double
 }
 
 // Rank 0's present moment on this rank's profiler clock (microseconds since its TimeOrigin()):
-// the ranks of one host share its monotonic clock, so times taken from it line up across
-// them. Exchanged as two i32 halves of a whole microsecond count, which a sum of floats
-// would round.
+// the ranks of one host (as mpirun starts this bench) share its monotonic clock, so times
+// taken from it line up across them. Exchanged as a whole microsecond count in two i32 parts
+// (31 and 30 bits), which a sum of floats would round.
 absl::StatusOr<double> Rank0Now(Communicator* comm) {
-  const double origin = Profiler::Clock().origin_us;
+  const double origin =
+      std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
   const int64_t now = std::llround(origin + Profiler::NowUs());
   constexpr int64_t kHalf = int64_t{1} << 30;
   std::vector<int32_t> slots = {0, 0};
@@ -149,7 +151,8 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
   std::vector<StepTiming> timings;
   double last_step_start_us = 0;
   Allocator* cpu = *GetAllocator(Device::Cpu());
-  // The moment every rank's action times count from (a float keeps a run's microseconds).
+  // The moment every rank's action times count from: Gather's floats keep them to a
+  // microsecond for runs under 16 s (2^24 us).
   auto since = Rank0Now(comm);
   if (!since.ok()) return since.status();
   for (int i = 0; i < kWarmup + kMeasured; ++i) {
@@ -240,6 +243,10 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
 // sender's communication thread, the receiver's, the receiving stream's). Taken from the
 // measured steps (m.action_times), every receive whose stream reached its wait before its
 // sender's action ended; those it reached later waited less than a handover, or not at all.
+// A stream's wait for a receive also waits for the groups issued before it, so where an
+// earlier group is late (a send not yet taken) that shows in the handover too, as in the
+// step: with 4 stages on 2 cores, whose groups wait on time-slicing, the handover's median
+// is longer and the replay with it overshoots.
 struct Handovers {
   double median_seconds = 0;  // 0 where there were none
   int count = 0;
@@ -636,13 +643,15 @@ int Main(int argc, char** argv) {
         }
         rc = 2;
       } else {
+        // A batch of about 32 that the M micro-batches divide.
+        const int M = 2 * world;
         ParallelConfig pc;
-        pc.train = Tiny(32, 2 * world);
+        pc.train = Tiny(std::max(1, (32 + M / 2) / M) * M, M);
         pc.strategy = StrategyKind::kPipeline;
         pc.schedule = "1f1b";
         auto m = Run(pc, comm->get());
         if (!Failed(m.status(), &rc)) {
-          auto h = MeasuredHandovers(pc.schedule, 2 * world, 1, *m);
+          auto h = MeasuredHandovers(pc.schedule, M, 1, *m);
           if (!Failed(h.status(), &rc)) {
             const TrainConfig& t = pc.train;
             emit({{"bench", "handover"},

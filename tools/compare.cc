@@ -569,10 +569,11 @@ int WriteAll(const Comparison& c, std::vector<Entry> entries, absl::Time now) {
 }
 
 // The JSON lines a benchmark binary of this build (`runfile`) prints run under mpirun on
-// `ranks` CPU workers of this host.
+// `ranks` CPU workers of this host; an error naming `what` it timed.
 absl::StatusOr<std::vector<Json>> RunBenchLines(const char* argv0, int ranks,
                                                 const std::string& runfile,
-                                                const std::vector<std::string>& args) {
+                                                const std::vector<std::string>& args,
+                                                const char* what) {
   ASSIGN_OR_RETURN(std::string bench,
                    launcher::FindRunfile(runfile, argv0, Cwd(),
                                          "Start compare with `bazel run //tools:compare -- ...`"));
@@ -589,7 +590,7 @@ absl::StatusOr<std::vector<Json>> RunBenchLines(const char* argv0, int ranks,
   ASSIGN_OR_RETURN(launcher::ExitStatus ended, launcher::RunCaptured(command, env, &output));
   if (!ended.ok()) {
     return absl::InternalError(absl::StrFormat(
-        "timing the link failed (%s): %s; give --link=bandwidth_GBps,latency_us instead",
+        "timing %s failed (%s): %s; give --link=bandwidth_GBps,latency_us instead", what,
         ended.ToString(), FirstLineOf(output)));
   }
   std::vector<Json> lines;
@@ -609,20 +610,27 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
   ASSIGN_OR_RETURN(std::vector<Json> timed,
                    RunBenchLines(argv0, ranks, "comm/allreduce_bench_bin",
                                  {"--json", "--min_bytes=65536", "--max_bytes=16777216",
-                                  "--reps=3", "--target_ms=20"}));
+                                  "--reps=3", "--target_ms=20"},
+                                 "the link's all-reduces"));
   std::vector<LinkSample> samples;
   for (const Json& j : timed) {
     samples.push_back({NumberOr(j, "bytes", 0), NumberOr(j, "waited_s", 0)});
   }
   ASSIGN_OR_RETURN(LinkModel link, FitLinkToAllReduce(samples, ranks));
   ASSIGN_OR_RETURN(std::vector<Json> handed,
-                   RunBenchLines(argv0, ranks, "parallel/strategy_bench", {"handover"}));
+                   RunBenchLines(argv0, ranks, "parallel/strategy_bench", {"handover"},
+                                 "a pipeline's handover"));
   if (handed.size() != 1) {
-    return absl::InternalError("timing the handover printed no result; give "
+    return absl::InternalError("timing a pipeline's handover printed no result; give "
                                "--link=bandwidth_GBps,latency_us instead");
   }
-  link.handover_s = std::max(0.0, NumberOr(handed[0], "handover_s", 0) -
-                                      link.SendRecv(NumberOr(handed[0], "bytes", 0)));
+  const double handover = NumberOr(handed[0], "handover_s", 0);
+  link.handover_s = std::max(0.0, handover - link.SendRecv(NumberOr(handed[0], "bytes", 0)));
+  std::printf("compare --plan: a pipeline's handover between %d workers: %.3f ms (%d receives), "
+              "%.3f ms beyond the link's alpha-beta time\n",
+              ranks, handover * 1e3, static_cast<int>(NumberOr(handed[0], "handovers", 0)),
+              link.handover_s * 1e3);
+  std::fflush(stdout);
   return link;
 }
 

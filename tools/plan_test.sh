@@ -66,6 +66,8 @@ rc=$?
 cat "$tmp/run.txt"
 [ "$rc" -eq 0 ] || fail "exit $rc"
 grep -q "timing the link between 2 workers" "$tmp/run.txt" || fail "the link was not timed"
+grep -Eq "handover between 2 workers: [0-9.]+ ms \([1-9][0-9]* receives\)" "$tmp/run.txt" ||
+  fail "no handover measured"
 python3 - "$tmp/run/plan.json" <<'PY' || fail "plan.json's checks"
 import json, sys
 plan = json.load(open(sys.argv[1]))

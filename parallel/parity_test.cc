@@ -3,7 +3,6 @@
 // for a number of steps and must give the losses and weights of one worker on the same global
 // batch and seed, the losses within 1e-5 relative (docs/DESIGN.md, invariant 1).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -304,8 +303,7 @@ TEST(ParityTest, PipelineActionTimes) {
   // resumes no sooner than its sender's action (the forward before it, the backward after it,
   // of the same micro-batch) ended. Every rank's action, resumption and end, gathered to the
   // microsecond as whole seconds and microseconds in i32 slots (a sum, each rank its own).
-  const double origin =
-      std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
+  const double origin = TimeOriginMicros();
   constexpr int kSlots = 6;  // type, micro-batch, resumed s and us (0, 0: none), end s and us
   const int n = static_cast<int>(timing.action_times.size());
   std::vector<int32_t> slots(static_cast<size_t>(K) * n * kSlots, 0);

@@ -50,11 +50,11 @@ struct LinkModel {
   // here). Each exchange group of the simulated schedule takes it once (ScheduleDurations),
   // each transfer of the shared-core one (which has no groups).
   double handover_s = 0;
-  // "12.5 GB/s, 3.0 us", and ", handover 250 us" where it has one.
   double SendRecv(double bytes) const;
   double AllReduce(double bytes, int ranks) const;
   double ReduceScatter(double bytes, int ranks) const;
   double AllGather(double bytes, int ranks) const;
+  // "12.5 GB/s, 3.0 us", and ", handover 250 us" where it has one.
   std::string ToString() const;
 };
 

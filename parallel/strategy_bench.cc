@@ -30,7 +30,6 @@
 // per rank, to DIR/<schedule>_m<M>_rank<r>.json (the stream's phases and the
 // communication thread's operations).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -126,8 +125,7 @@ absl::StatusOr<std::vector<std::vector<double>>> Gather(const std::vector<double
 // taken from it line up across them. Exchanged as a whole microsecond count in two i32 parts
 // (31 and 30 bits), which a sum of floats would round.
 absl::StatusOr<double> Rank0Now(Communicator* comm) {
-  const double origin =
-      std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
+  const double origin = TimeOriginMicros();
   const int64_t now = std::llround(origin + Profiler::NowUs());
   constexpr int64_t kHalf = int64_t{1} << 30;
   std::vector<int32_t> slots = {0, 0};
@@ -266,12 +264,7 @@ absl::StatusOr<Handovers> MeasuredHandovers(const std::string& schedule, int mic
       index[st].emplace(std::make_tuple(a.type, a.chunk, a.micro_batch), index[st].size());
     }
   }
-  // Every receive's wait, with its sender's end.
-  struct Receive {
-    StepTiming::ActionTimes at;
-    double sent_us;
-  };
-  std::vector<Receive> receives;
+  std::vector<double> seconds;
   for (const auto& step : m.action_times) {
     for (int st = 0; st < K; ++st) {
       for (const auto& [key, i] : index[st]) {
@@ -280,15 +273,13 @@ absl::StatusOr<Handovers> MeasuredHandovers(const std::string& schedule, int mic
         // The sender: the global stage before (an activation) or after (a gradient).
         const int from = GlobalStage(st, chunk, K) + (type == ActionType::kForward ? -1 : 1);
         if (from < 0 || from >= K * chunks) continue;
-        auto j = index[from % K].find(std::make_tuple(type, from / K, mb));
-        if (j == index[from % K].end() || j->second >= step[from % K].size()) continue;
-        receives.push_back({step[st][i], step[from % K][j->second].end_us});
+        const StagePlace p = PlaceStage(from, K);
+        auto j = index[p.stage].find(std::make_tuple(type, p.chunk, mb));
+        if (j == index[p.stage].end() || j->second >= step[p.stage].size()) continue;
+        const double sent = step[p.stage][j->second].end_us;
+        if (step[st][i].wait_us <= sent) seconds.push_back(1e-6 * (step[st][i].resumed_us - sent));
       }
     }
-  }
-  std::vector<double> seconds;
-  for (const Receive& r : receives) {
-    if (r.at.wait_us <= r.sent_us) seconds.push_back(1e-6 * (r.at.resumed_us - r.sent_us));
   }
   Handovers h;
   h.count = static_cast<int>(seconds.size());

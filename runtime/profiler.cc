@@ -55,8 +55,7 @@ TraceClock Profiler::Clock() {
   TraceClock c;
   c.domain = BootId();
   if (!c.domain.empty()) {
-    c.origin_us =
-        std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
+    c.origin_us = TimeOriginMicros();
   }
   return c;
 }

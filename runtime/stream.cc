@@ -208,6 +208,10 @@ std::chrono::steady_clock::time_point TimeOrigin() {
   return origin;
 }
 
+double TimeOriginMicros() {
+  return std::chrono::duration<double, std::micro>(TimeOrigin().time_since_epoch()).count();
+}
+
 absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(Device d) {
   if (d.is_cpu()) return CreateCpu(DefaultCpuStreamMode());
 #if TANDEM_CUDA

@@ -39,6 +39,9 @@ CpuStreamMode DefaultCpuStreamMode();
 
 // The steady clock's reading that every trace timestamp counts from (the profiler's epoch).
 std::chrono::steady_clock::time_point TimeOrigin();
+// TimeOrigin() in microseconds of the steady clock's epoch: added to a time since
+// TimeOrigin(), it puts it on the host's monotonic clock, which the host's processes share.
+double TimeOriginMicros();
 
 class Stream {
  public:

@@ -478,8 +478,8 @@ def planner_section(d):
           "workers as the plan has (2 to 8), every layout predicted; "
           "then its top 3 layouts and the best pure strategy run through the launcher. Error is "
           "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "
-          f"averaged over {repeats} runs of each layout taken in turns (each run's in the runs "
-          "column), "
+          f"the fastest of {repeats} runs of each layout taken in turns (each run's in the runs "
+          "column; a slower run met the host's other work), "
           "the memory the largest rank's allocator peak against the launcher's estimate. "
           "Targets: step 15%, memory 10%, the layout ranked first within 5% of the fastest "
           "measured.\n")

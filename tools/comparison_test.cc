@@ -24,6 +24,7 @@
 #include "runtime/json.h"
 #include "runtime/profiler.h"
 #include "runtime/test_files.h"
+#include "tools/plan.h"
 #include "tools/svg.h"
 
 namespace tandem {
@@ -606,7 +607,9 @@ TEST(TimelineTest, AZeroOneStepEndsAfterItsAllGather) {
   std::map<SpanKind, int> kinds;
   for (const GanttSpan& s : g->spans) {
     kinds[s.kind]++;
-    if (s.kind == SpanKind::kForward) EXPECT_NEAR(s.start_ms, 1.010 - 0.472, 1e-9);
+    if (s.kind == SpanKind::kForward) {
+      EXPECT_NEAR(s.start_ms, 1.010 - 0.472, 1e-9);
+    }
   }
   EXPECT_EQ(kinds[SpanKind::kOptimizer], 6);    // gradient norm and 2 optimizer spans a rank
   EXPECT_EQ(kinds[SpanKind::kExposedComm], 6);  // and gather parameters
@@ -922,6 +925,35 @@ TEST(FormatTest, Units) {
   EXPECT_EQ(Millis(0.00123), "1.23 ms");
   EXPECT_EQ(Millis(0.5), "500 ms");
   EXPECT_EQ(Thousands(1234567), "1,234,567");
+}
+
+// The planner's check: a layout's measured step is its fastest run's (a slower one met the
+// host's other work), its peak the largest run's; a run that did not complete is reported.
+TEST(PlanCheckTest, FastestRunAndLargestPeak) {
+  Prediction p;
+  p.step_s = 0.0788;
+  p.memory_bytes = 1000;
+  auto run = [](double step, int64_t peak) {
+    Figures f;
+    f.ran = true;
+    f.step_seconds = step;
+    f.peak_bytes = peak;
+    return f;
+  };
+  Figures failed;
+  failed.error = "rank 1 exited with code 3";
+  const std::vector<PlanCheck> checks =
+      CheckPlan({p, p}, {{run(0.1334, 900), run(0.0804, 1100)}, {run(0.08, 1000), failed}});
+  ASSERT_EQ(checks.size(), 2u);
+  EXPECT_TRUE(checks[0].measured.ran);
+  EXPECT_DOUBLE_EQ(checks[0].measured.step_seconds, 0.0804);
+  EXPECT_EQ(checks[0].step_runs, (std::vector<double>{0.1334, 0.0804}));
+  EXPECT_DOUBLE_EQ(checks[0].step_error, (0.0788 - 0.0804) / 0.0804);
+  EXPECT_EQ(checks[0].measured.peak_bytes, 1100);
+  EXPECT_DOUBLE_EQ(checks[0].memory_error, (1000.0 - 1100) / 1100);
+  EXPECT_FALSE(checks[1].measured.ran);
+  EXPECT_EQ(checks[1].measured.error, "rank 1 exited with code 3");
+  EXPECT_THAT(CheckTable(checks), HasSubstr("a run failed: rank 1 exited with code 3"));
 }
 
 }  // namespace

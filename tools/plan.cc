@@ -52,8 +52,8 @@ ABSL_FLAG(bool, run, true,
           "measured (--no-run: predict only)");
 ABSL_FLAG(int, steps, 20, "steps of each checking run");
 ABSL_FLAG(int, repeats, 2,
-          "runs of each checked layout, the layouts taken in turns; the measured step is their "
-          "mean (a CPU host's speed drifts from one run to the next)");
+          "runs of each checked layout, the layouts taken in turns; the measured step is the "
+          "fastest run's (a CPU host's other work slows a whole run at times)");
 ABSL_FLAG(int, top, 10, "layouts in the ranked table");
 ABSL_FLAG(std::string, bucket_mb, "25",
           "gradient bucket sizes to consider, in MB, comma-separated (e.g. 1,4,25)");
@@ -361,17 +361,17 @@ std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
   for (size_t i = 0; i < checked.size() && i < measured.size(); ++i) {
     if (measured[i].empty()) continue;
     PlanCheck c{checked[i], measured[i][0]};
-    double sum = 0;
     for (const Figures& f : measured[i]) {
       if (!f.ran) {
         c.measured = f;
         break;
       }
       c.step_runs.push_back(f.step_seconds);
-      sum += f.step_seconds;
       c.measured.peak_bytes = std::max(c.measured.peak_bytes, f.peak_bytes);
     }
-    if (c.measured.ran) c.measured.step_seconds = sum / c.step_runs.size();
+    if (c.measured.ran) {
+      c.measured.step_seconds = *std::min_element(c.step_runs.begin(), c.step_runs.end());
+    }
     if (c.measured.ran && c.measured.step_seconds > 0) {
       c.step_error = (c.predicted.step_s - c.measured.step_seconds) / c.measured.step_seconds;
     }

@@ -24,10 +24,12 @@
 //              in 3 rounds that run every case in turn (after a warm-up run): one line per
 //              case and round.
 // Every figure is the median over the measured steps (the first two are excluded).
-// The pipeline mode runs a subset when asked: STRATEGY_BENCH_SCHEDULES=1f1b,zb-h1 and
+// The pipeline mode runs every case in STRATEGY_BENCH_ROUNDS rounds (3; each case's line is
+// its round with the median ratio to the replay with handovers, with every round's ratios),
+// a subset when asked: STRATEGY_BENCH_SCHEDULES=1f1b,zb-h1 and
 // STRATEGY_BENCH_MICRO_BATCHES=4,8,16 (comma lists; the warm-up run always runs), and with
-// STRATEGY_BENCH_TRACE=DIR writes each reported case's Chrome trace of its last step,
-// per rank, to DIR/<schedule>_m<M>_rank<r>.json (the stream's phases and the
+// STRATEGY_BENCH_TRACE=DIR writes each case's Chrome trace of its last step, per round and
+// rank, to DIR/<schedule>_m<M>[_round<n>]_rank<r>.json (the stream's phases and the
 // communication thread's operations).
 #include <algorithm>
 #include <cmath>
@@ -41,6 +43,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/distributed.h"
@@ -384,6 +387,13 @@ absl::StatusOr<StateBytes> OptimizerStateBytes(const ParallelConfig& pc, Communi
   return out;
 }
 
+// Environment variable `name` as a number; `otherwise` where it is unset or not a number.
+int EnvInt(const char* name, int otherwise) {
+  const char* v = std::getenv(name);
+  int n = 0;
+  return v != nullptr && absl::SimpleAtoi(v, &n) ? n : otherwise;
+}
+
 // Whether `item` is in the comma list of environment variable `name` (true when unset).
 bool Selected(const char* name, const std::string& item) {
   const char* v = std::getenv(name);
@@ -462,39 +472,60 @@ int Main(int argc, char** argv) {
               {"exposed_comm_seconds", JsonRounded(m->exposed_seconds, 6)}});
       }
     } else if (mode == "pipeline") {
-      bool warmed = false;  // the first run warms up and is not reported
       const char* trace_dir = std::getenv("STRATEGY_BENCH_TRACE");
       // Interleaved with 2 chunks a stage where the model's blocks split into 2K chunks, on
       // micro-batches in multiples of K.
       const int blocks = Tiny(32, 1).model.num_blocks();
-      for (const char* schedule : {"gpipe", "gpipe", "1f1b", "zb-h1", "interleaved"}) {
+      struct Case {
+        const char* schedule;
+        int chunks;
+        int micro_batches;
+      };
+      std::vector<Case> cases;
+      for (const char* schedule : {"gpipe", "1f1b", "zb-h1", "interleaved"}) {
         const bool interleaved = std::string(schedule) == "interleaved";
         const int chunks = interleaved ? 2 : 1;
         if (interleaved && (world < 2 || world * chunks > blocks)) continue;
         for (int mbs : {1, 4, 8, 16}) {
           if (interleaved && mbs % world != 0) continue;
-          const bool report = warmed;
-          if (report && (!Selected("STRATEGY_BENCH_SCHEDULES", schedule) ||
-                         !Selected("STRATEGY_BENCH_MICRO_BATCHES", std::to_string(mbs)))) {
+          if (!Selected("STRATEGY_BENCH_SCHEDULES", schedule) ||
+              !Selected("STRATEGY_BENCH_MICRO_BATCHES", std::to_string(mbs))) {
             continue;
           }
-          warmed = true;
-          if (report && trace_dir != nullptr) {
+          cases.push_back({schedule, chunks, mbs});
+        }
+      }
+      auto config = [](const Case& c) {
+        ParallelConfig pc;
+        pc.train = Tiny(32, c.micro_batches);
+        pc.strategy = StrategyKind::kPipeline;
+        pc.schedule = c.schedule;
+        pc.virtual_stages = c.chunks;
+        return pc;
+      };
+      // A warm-up run, not reported. Then every case once a round, the rounds one after
+      // another, so that a slow spell of the host falls on one round of a case rather than on
+      // all of them: each case's line is its round with the median ratio to the replay with
+      // handovers, with every round's ratios beside it.
+      const int rounds = std::max(1, EnvInt("STRATEGY_BENCH_ROUNDS", 3));
+      (void)Failed(Run(config({"gpipe", 1, 1}), comm->get()).status(), &rc);
+      std::vector<std::vector<Json>> lines(cases.size());  // each case's, a line a round
+      for (int round = 0; round < rounds && rc == 0; ++round) {
+        for (size_t i = 0; i < cases.size() && rc == 0; ++i) {
+          const Case& c = cases[i];
+          const char* schedule = c.schedule;
+          const int chunks = c.chunks, mbs = c.micro_batches;
+          if (trace_dir != nullptr) {
             Profiler::Reset();
             Profiler::Enable(true);
           }
-          ParallelConfig pc;
-          pc.train = Tiny(32, mbs);
-          pc.strategy = StrategyKind::kPipeline;
-          pc.schedule = schedule;
-          pc.virtual_stages = chunks;
-          auto m = Run(pc, comm->get(), trace_dir != nullptr && report);
+          auto m = Run(config(c), comm->get(), trace_dir != nullptr);
           if (Failed(m.status(), &rc)) break;
-          if (!report) break;
           if (trace_dir != nullptr) {
             Profiler::Enable(false);
-            WriteTrace(absl::StrCat(trace_dir, "/", schedule, "_m", mbs, "_rank",
-                                    (*comm)->rank(), ".json"),
+            WriteTrace(absl::StrCat(trace_dir, "/", schedule, "_m", mbs,
+                                    rounds > 1 ? absl::StrCat("_round", round + 1) : "",
+                                    "_rank", (*comm)->rank(), ".json"),
                        m->last_step_start_us, (*comm)->rank());
           }
           double ratio = 0;
@@ -510,38 +541,54 @@ int Main(int argc, char** argv) {
           if (Failed(with_handovers.status(), &rc)) break;
           Json peaks = Json::array();
           for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
-          emit({{"bench", "pipeline"},
-                {"schedule", schedule},
-                {"stages", world},
-                {"virtual_stages", chunks},
-                {"micro_batches", mbs},
-                {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
-                {"bubble_expected", JsonRounded(*expected, 4)},
-                {"bubble_expected_medians", JsonRounded(*medians, 4)},
-                {"bubble_ratio_by_step", JsonRounded(ratio, 4)},
-                {"handover_ms", JsonRounded(1e3 * handovers->median_seconds, 3)},
-                {"handovers", handovers->count},
-                {"bubble_expected_with_handovers", JsonRounded(*with_handovers, 4)},
-                {"bubble_ratio_with_handovers", JsonRounded(ratio_with, 4)},
-                {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
-                // The schedule's own textbook bubble with equal F, B and W: (K-1)/(vM+K-1)
-                // (v = 1: GPipe's and 1F1B's), ZB-H1's (K-1)/(3M+K-1) (from M = K on).
-                {"bubble_textbook",
-                 std::string(schedule) != "zb-h1"
-                     ? JsonRounded(double(world - 1) / (chunks * mbs + world - 1), 4)
-                 : mbs >= world ? JsonRounded(double(world - 1) / (3 * mbs + world - 1), 4)
-                                : Json()},
-                {"bubble_ms", JsonRounded(1e3 * m->bubble_seconds, 3)},
-                {"forward_ms", Milliseconds(m->forward)},
-                {"backward_ms", Milliseconds(m->backward)},
-                {"weight_ms", Milliseconds(m->weight)},
-                {"step_seconds", JsonRounded(m->step_seconds, 6)},
-                {"tokens_per_second",
-                 JsonRounded(32 * pc.train.model.seq_len / m->step_seconds, 1)},
-                {"stage0_peak_activation_bytes", JsonRounded(m->peak_activation_bytes, 0)},
-                {"peak_activation_bytes", peaks}});
+          lines[i].push_back(Json{
+              {"bench", "pipeline"},
+              {"schedule", schedule},
+              {"stages", world},
+              {"virtual_stages", chunks},
+              {"micro_batches", mbs},
+              {"bubble_measured", JsonRounded(m->bubble_fraction, 4)},
+              {"bubble_expected", JsonRounded(*expected, 4)},
+              {"bubble_expected_medians", JsonRounded(*medians, 4)},
+              {"bubble_ratio_by_step", JsonRounded(ratio, 4)},
+              {"handover_ms", JsonRounded(1e3 * handovers->median_seconds, 3)},
+              {"handovers", handovers->count},
+              {"bubble_expected_with_handovers", JsonRounded(*with_handovers, 4)},
+              {"bubble_ratio_with_handovers", JsonRounded(ratio_with, 4)},
+              {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
+              // The schedule's own textbook bubble with equal F, B and W: (K-1)/(vM+K-1)
+              // (v = 1: GPipe's and 1F1B's), ZB-H1's (K-1)/(3M+K-1) (from M = K on).
+              {"bubble_textbook",
+               std::string(schedule) != "zb-h1"
+                   ? JsonRounded(double(world - 1) / (chunks * mbs + world - 1), 4)
+               : mbs >= world ? JsonRounded(double(world - 1) / (3 * mbs + world - 1), 4)
+                              : Json()},
+              {"bubble_ms", JsonRounded(1e3 * m->bubble_seconds, 3)},
+              {"forward_ms", Milliseconds(m->forward)},
+              {"backward_ms", Milliseconds(m->backward)},
+              {"weight_ms", Milliseconds(m->weight)},
+              {"step_seconds", JsonRounded(m->step_seconds, 6)},
+              {"tokens_per_second",
+               JsonRounded(32 * Tiny(32, mbs).model.seq_len / m->step_seconds, 1)},
+              {"stage0_peak_activation_bytes", JsonRounded(m->peak_activation_bytes, 0)},
+              {"peak_activation_bytes", peaks}});
         }
+      }
+      for (std::vector<Json>& each : lines) {
         if (rc) break;
+        std::vector<Json> sorted = each;
+        std::sort(sorted.begin(), sorted.end(), [](const Json& a, const Json& b) {
+          return a["bubble_ratio_with_handovers"].get<double>() <
+                 b["bubble_ratio_with_handovers"].get<double>();
+        });
+        Json line = sorted[(sorted.size() - 1) / 2];
+        line["rounds"] = static_cast<int>(each.size());
+        for (const char* key : {"bubble_ratio_by_step", "bubble_ratio_with_handovers"}) {
+          Json all = Json::array();
+          for (const Json& j : each) all.push_back(j[key]);
+          line[absl::StrCat(key, "_rounds")] = all;
+        }
+        emit(line);
       }
     } else if (mode == "streams") {
       const char* streams = CpuStreamModeName(DefaultCpuStreamMode());

@@ -359,7 +359,10 @@ def pipeline_section(rows, base):
           "the receiving stream's); the median over every such receive in the measured steps "
           "(each rank's times on the host's one monotonic clock), with how many there were. "
           "With handovers: the replay again with each exchange group taking the handover, and "
-          "the median over the steps of each step's measured bubble over that replay. GPipe "
+          "the median over the steps of each step's measured bubble over that replay. Each "
+          "case ran in 3 rounds, every case once a round (so that a slow spell of the host "
+          "falls on one round of a case, not on all): its row is the round with the median "
+          "ratio with handovers, and that column lists every round's. GPipe "
           "sends while it computes, but 1F1B, ZB-H1 and interleaved 1F1B put each "
           "micro-batch's transfers on the critical path (on 2 stages, stage 1 needs the next "
           "activation right after each backward), so their bubbles carry a handover per "
@@ -371,7 +374,9 @@ def pipeline_section(rows, base):
           "each receive's issue: its communication thread, woken as the stream passes the "
           "previous compute action (the receive's buffer is ready only in the stream's "
           "order), runs on the stream's core, so even a receive whose data came long before "
-          "waits 0.1-0.27 ms, which the model has no place for (docs/DESIGN.md, section 5). "
+          "waits 0.1-0.27 ms, which the model has no place for (docs/DESIGN.md, section 5); "
+          "tracing adds to it (GPipe at M = 16 measured 1.17-1.26 with handovers in 3 traced "
+          "rounds, 1.08-1.12 in 3 untraced ones). "
           "The MPI communication "
           "thread waits for its transfers asleep on its process's doorbell, which the peer "
           "rings when it posts or finishes a transfer, rather than busy-polling, and runs on "
@@ -412,12 +417,15 @@ def pipeline_section(rows, base):
         textbook = f"{textbook:.3f}" if textbook is not None else "-"
         handover = (f"{s['handover_ms']:.2f} ({s['handovers']})" if "handover_ms" in s
                     else "-")
+        with_handovers = opt('bubble_ratio_with_handovers', '.2f')
+        if len(s.get("bubble_ratio_with_handovers_rounds", [])) > 1:
+            with_handovers += " (" + ", ".join(
+                f"{r:.2f}" for r in s["bubble_ratio_with_handovers_rounds"]) + ")"
         print(f"| {name} | {s['stages']} | {s['micro_batches']} | "
               f"{s['bubble_measured']:.3f} | {opt('bubble_expected', '.3f')} | {ratio} | "
               f"{opt('bubble_expected_medians', '.3f')} | {handover} | "
               f"{opt('bubble_expected_with_handovers', '.3f')} | "
-              f"{opt('bubble_ratio_with_handovers', '.2f')} | "
-              f"{textbook} | {rel:.2f} | {peaks} |")
+              f"{with_handovers} | {textbook} | {rel:.2f} | {peaks} |")
     print()
     # Qi et al.'s bubble times from ZB-H1's measured F, B (input gradient) and W, each the
     # mean over the stages that ran it (B and W: the stages that split their backward).

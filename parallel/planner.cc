@@ -56,15 +56,19 @@ std::string LinkModel::ToString() const {
 
 absl::StatusOr<LinkModel> ParseLink(absl::string_view text) {
   const std::vector<std::string> parts = absl::StrSplit(text, ',');
-  double gbps = 0, us = -1;
-  if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &gbps) ||
-      !absl::SimpleAtod(parts[1], &us) || !(gbps > 0) || !(us >= 0)) {
+  double gbps = 0, us = -1, handover_us = 0;
+  if ((parts.size() != 2 && parts.size() != 3) || !absl::SimpleAtod(parts[0], &gbps) ||
+      !absl::SimpleAtod(parts[1], &us) || !(gbps > 0) || !(us >= 0) ||
+      (parts.size() == 3 && (!absl::SimpleAtod(parts[2], &handover_us) || !(handover_us >= 0)))) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--link=%s: give bandwidth_GBps,latency_us, both positive, e.g. --link=450,3 (NVLink "
-        "within a node) or --link=50,5 (400 Gb/s InfiniBand)",
+        "--link=%s: give bandwidth_GBps,latency_us[,handover_us], the bandwidth positive and "
+        "the times not negative, e.g. --link=450,3 (NVLink within a node) or --link=50,5 "
+        "(400 Gb/s InfiniBand)",
         text));
   }
-  return LinkModel{us * 1e-6, gbps * 1e9};
+  LinkModel l{us * 1e-6, gbps * 1e9};
+  l.handover_s = handover_us * 1e-6;
+  return l;
 }
 
 absl::StatusOr<LinkModel> FitLink(const std::vector<LinkSample>& samples) {
@@ -668,12 +672,8 @@ double ShareUntil(std::vector<double>& left, const std::vector<bool>& active, do
   return next;
 }
 
-// One step of the validated schedule `s` with durations `d` (per_stage, transfer) where its
-// stages share `cores` cores: at each moment every stage that computes progresses at
-// ShareRate(stages computing, cores); a stage waiting on a transfer holds no core. Each
-// transfer takes d.transfer and d.handover from when both its ends are posted (no queue of
-// exchange groups, as SimulateSchedule has: CPU workers' transfers are small beside their
-// compute). Returns when the last compute action or transfer ends.
+}  // namespace
+
 double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores) {
   const int S = s.stages, M = s.micro_batches, V = s.chunks;
   constexpr double kNotYet = -1;
@@ -762,6 +762,8 @@ double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, do
   for (const auto& [k, ends] : posted) end = std::max(end, arrived(k));
   return end;
 }
+
+namespace {
 
 // Ranks that each start at `release[i]`, compute `work[i]` seconds sharing `cores` cores as
 // ShareRate says, then wait `after[i]`: when the last is done.

@@ -58,8 +58,9 @@ struct LinkModel {
   std::string ToString() const;
 };
 
-// "bandwidth_GBps,latency_us", e.g. "450,3" (NVLink 4 within a node), "50,5" (400 Gb/s
-// InfiniBand across nodes); both positive, or an error saying the form.
+// "bandwidth_GBps,latency_us[,handover_us]", e.g. "450,3" (NVLink 4 within a node), "50,5"
+// (400 Gb/s InfiniBand across nodes), "50,5,20" with a handover (LinkModel::handover_s, 0 if
+// not given); the bandwidth positive and the times not negative, or an error saying the form.
 absl::StatusOr<LinkModel> ParseLink(absl::string_view text);
 
 // One timed message: `bytes` in `seconds`.
@@ -114,6 +115,14 @@ struct BlockProfile {
 // differ in length. MeasureBlockProfile's finish spread is its median over rounds.
 double FinishBehindSharing(const std::vector<double>& wall, const std::vector<double>& cpu,
                            int cores);
+
+// One step of the validated schedule `s` with durations `d` (per_stage, transfer, handover)
+// where its stages share `cores` cores: at each moment every stage that computes progresses
+// at `cores` / (stages computing), at most 1; a stage waiting on a transfer holds no core.
+// Each transfer takes d.transfer and d.handover from when both its ends are posted (no queue
+// of exchange groups, as SimulateSchedule has: CPU workers' transfers are small beside their
+// compute). Returns when the last compute action or transfer ends.
+double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores);
 
 // The micro-batch row counts MakePlan's layouts of r.gpus ranks run, batch / gpus first:
 // the ones to time the blocks at.

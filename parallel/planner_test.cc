@@ -132,9 +132,17 @@ TEST(PlannerTest, ParseLinkAndRingCosts) {
   EXPECT_DOUBLE_EQ(l.ReduceScatter(n, 8), 7 * (3e-6 + n / 8 / 450e9));
   EXPECT_DOUBLE_EQ(l.AllGather(n, 8), l.ReduceScatter(n, 8));
   EXPECT_EQ(l.AllReduce(n, 1), 0);
-  for (const char* bad : {"450", "450,", "-1,3", "0,3", "fast,3", "450,3,1"}) {
+  EXPECT_EQ(l.handover_s, 0);
+  // A third figure: the handover a pipeline's transfer on its critical path takes, in us.
+  const LinkModel h = *ParseLink("50,5,20");
+  EXPECT_DOUBLE_EQ(h.bytes_per_s, 50e9);
+  EXPECT_DOUBLE_EQ(h.latency_s, 5e-6);
+  EXPECT_DOUBLE_EQ(h.handover_s, 20e-6);
+  for (const char* bad : {"450", "450,", "-1,3", "0,3", "fast,3", "450,3,", "450,3,-1",
+                          "450,3,1,2", "450,3,soon"}) {
     const absl::Status s = ParseLink(bad).status();
-    EXPECT_TRUE(absl::StrContains(s.message(), "bandwidth_GBps,latency_us")) << bad << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "bandwidth_GBps,latency_us[,handover_us]"))
+        << bad << ": " << s;
     EXPECT_EQ(s.message().find('\n'), std::string::npos);
   }
 }
@@ -412,6 +420,30 @@ TEST(PlannerTest, PipelineStagesShareTheCoresByHand) {
   p = *Predict(TwoStageGpipe(4, 3, &l), l);
   EXPECT_NEAR(p.step_s, 20.0 / 3, 1e-9);
   EXPECT_NEAR(p.sharing_s, 20.0 / 3 - 6, 1e-9);
+}
+
+// The handover on shared cores (TwoStageGpipe's schedule: F = B = 1 s, M = 2, transfers
+// free): each transfer takes it after both its ends were posted, holding no core meanwhile.
+TEST(PlannerTest, HandoversOnSharedCoresByHand) {
+  const PipelineSchedule s = *MakeSchedule("gpipe", 2, 2);
+  ScheduleDurations d = ScheduleDurations::Uniform(2, 1, {1, 1, 0});
+  EXPECT_NEAR(SharedCoresStep(s, d, 1), 8, 1e-9);  // PipelineStagesShareTheCoresByHand's
+  EXPECT_NEAR(SharedCoresStep(s, d, 2), 6, 1e-9);
+  d.handover = 0.5;
+  // A core each: stage 0's F0 [0, 1], F1 [1, 2]; the activations at 1.5 and 2.5: stage 1's
+  // F0 [1.5, 2.5], F1 [2.5, 3.5], B1 [3.5, 4.5], B0 [4.5, 5.5]; the gradients at 5 and 6:
+  // stage 0's B1 [5, 6], B0 [6, 7]. Two handovers on the critical path.
+  EXPECT_NEAR(SharedCoresStep(s, d, 2), 7, 1e-9);
+  // One core: F0 [0, 1]; the activation at 1.5, so F1 runs alone until then and beside stage
+  // 1's F0 after: F1 [1, 2.5], F0 [1.5, 3]; the next activation at 3: F1 [3, 4], B1 [4, 5];
+  // its gradient at 5.5: stage 1's B0 [5, 6.5] beside stage 0's B1 [5.5, 7]; the last
+  // gradient at 7: B0 [7, 8]. The other stage had the core to itself during each handover.
+  EXPECT_NEAR(SharedCoresStep(s, d, 1), 8, 1e-9);
+  // Handover 2 s on one core: stage 0's F0 [0, 1] and F1 [1, 2] alone; the activations at 3
+  // and 4, so stage 1's F0 [3, 4], F1 [4, 5], B1 [5, 6], B0 [6, 7] alone; the gradients at 8
+  // and 9: stage 0's B1 [8, 9], B0 [9, 10].
+  d.handover = 2;
+  EXPECT_NEAR(SharedCoresStep(s, d, 1), 10, 1e-9);
 }
 
 TEST(PlannerTest, PlanKeepsToTheMemoryLimit) {

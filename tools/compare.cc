@@ -590,8 +590,9 @@ absl::StatusOr<std::vector<Json>> RunBenchLines(const char* argv0, int ranks,
   ASSIGN_OR_RETURN(launcher::ExitStatus ended, launcher::RunCaptured(command, env, &output));
   if (!ended.ok()) {
     return absl::InternalError(absl::StrFormat(
-        "timing %s failed (%s): %s; give --link=bandwidth_GBps,latency_us instead", what,
-        ended.ToString(), FirstLineOf(output)));
+        "timing %s failed (%s): %s; give --link=bandwidth_GBps,latency_us[,handover_us] "
+        "instead",
+        what, ended.ToString(), FirstLineOf(output)));
   }
   std::vector<Json> lines;
   for (absl::string_view line : absl::StrSplit(output, '\n')) {
@@ -622,7 +623,7 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
                                  "a pipeline's handover"));
   if (handed.size() != 1) {
     return absl::InternalError("timing a pipeline's handover printed no result; give "
-                               "--link=bandwidth_GBps,latency_us instead");
+                               "--link=bandwidth_GBps,latency_us[,handover_us] instead");
   }
   const double handover = NumberOr(handed[0], "handover_s", 0);
   link.handover_s = std::max(0.0, handover - link.SendRecv(NumberOr(handed[0], "bytes", 0)));

@@ -45,8 +45,10 @@ ABSL_FLAG(std::string, derive_block_times, "",
           "hardware not here, until a measured --block-times file replaces them)");
 ABSL_FLAG(std::string, write_block_times, "", "write the block times used to this file");
 ABSL_FLAG(std::string, link, "",
-          "bandwidth_GBps,latency_us of the links between devices, e.g. 450,3 (NVLink) or 50,5 "
-          "(InfiniBand); default: measured here with two CPU workers");
+          "bandwidth_GBps,latency_us[,handover_us] of the links between devices, e.g. 450,3 "
+          "(NVLink) or 50,5 (InfiniBand); handover_us: what a pipeline's transfer on its "
+          "critical path takes beyond its alpha-beta time (default 0); default: measured here "
+          "with as many CPU workers as --gpus (2 to 8)");
 ABSL_FLAG(bool, run, true,
           "run the top 3 layouts and the best pure strategy and report predicted against "
           "measured (--no-run: predict only)");
@@ -289,7 +291,7 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
     r.link = *measured_link;
   } else {
     return absl::InvalidArgumentError(
-        "no link model: give --link=bandwidth_GBps,latency_us");
+        "no link model: give --link=bandwidth_GBps,latency_us[,handover_us]");
   }
   return absl::OkStatus();
 }

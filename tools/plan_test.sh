@@ -15,7 +15,7 @@ h200=(--plan --gpus=64 --model=gpt2-small --batch=512 --dtype=bf16 --device=cuda
   --link=50,5 --block-times="$block_times" --no-run)
 
 check "bad flags: one line each, exit 2, nothing written"
-for bad in --link=fast --device-memory=lots --gpus=0 --derive-block-times=989,2,4.8 \
+for bad in --link=fast --link=1,1,-5 --device-memory=lots --gpus=0 --derive-block-times=989,2,4.8 \
   --bucket-mb=x --block-times="$tmp/none.json" --repeats=0; do
   timeout 60 "$compare" --plan --gpus=2 --model=gpt-tiny --link=1,1 --no-run "$bad" \
     --out="$tmp/bad" >"$tmp/bad.txt" 2>&1
@@ -97,9 +97,13 @@ assert p.get("step_overhead_seconds", 0) >= 0
 # 2 workers: the finish spread of 2 threads, which the re-read below takes in.
 assert p["finish_spread_threads"] == 2 and p.get("finish_spread", 0) >= 0, p
 PY
-timeout 120 "$compare" "${small[@]}" --link=1,100 --block-times="$tmp/small.json" --no-run \
+timeout 120 "$compare" "${small[@]}" --link=1,100,250 --block-times="$tmp/small.json" --no-run \
   --out="$tmp/again" >"$tmp/again.txt" 2>&1
 rc=$?
 cat "$tmp/again.txt"
 [ "$rc" -eq 0 ] || fail "exit $rc"
 grep -q "4, 2, 1 rows a micro-batch" "$tmp/again/plan.md" || fail "the row counts were not read"
+# --link's third figure: the handover, in us.
+grep -q "handover 250 us" "$tmp/again/plan.md" || fail "plan.md has not the handover given"
+python3 -c 'import json, sys; h = json.load(open(sys.argv[1]))["link"]["handover_seconds"]
+assert abs(h - 250e-6) < 1e-12, h' "$tmp/again/plan.json" || fail "plan.json's handover"

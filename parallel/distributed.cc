@@ -377,6 +377,41 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
 
 }  // namespace
 
+std::vector<double> StepHandovers(const PipelineSchedule& s,
+                                  const std::vector<std::vector<StepTiming::ActionTimes>>& times) {
+  const int K = s.stages;
+  // Per stage, each compute action's index among its compute actions, by (type, chunk,
+  // micro-batch).
+  std::vector<std::map<std::tuple<ActionType, int, int>, size_t>> index(K);
+  for (int st = 0; st < K; ++st) {
+    for (const Action& a : s.actions[st]) {
+      if (!a.is_compute()) continue;
+      index[st].emplace(std::make_tuple(a.type, a.chunk, a.micro_batch), index[st].size());
+    }
+  }
+  auto at = [&](int st, size_t i) -> const StepTiming::ActionTimes* {
+    return st < static_cast<int>(times.size()) && i < times[st].size() ? &times[st][i] : nullptr;
+  };
+  std::vector<double> seconds;
+  for (int st = 0; st < K; ++st) {
+    for (const auto& [key, i] : index[st]) {
+      const auto [type, chunk, mb] = key;
+      const StepTiming::ActionTimes* r = at(st, i);
+      if (r == nullptr || r->wait_us < 0) continue;
+      // The sender: the global stage before (an activation) or after (a gradient).
+      const int from = GlobalStage(st, chunk, K) + (type == ActionType::kForward ? -1 : 1);
+      if (from < 0 || from >= K * s.chunks) continue;
+      const StagePlace p = PlaceStage(from, K);
+      const auto j = index[p.stage].find(std::make_tuple(type, p.chunk, mb));
+      if (j == index[p.stage].end()) continue;
+      const StepTiming::ActionTimes* sender = at(p.stage, j->second);
+      if (sender == nullptr || r->wait_us > sender->end_us) continue;
+      seconds.push_back(1e-6 * (r->resumed_us - sender->end_us));
+    }
+  }
+  return seconds;
+}
+
 absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(const ParallelConfig& c,
                                                         const StageBounds& bounds, int world_size,
                                                         const PipelineSchedule* schedule) {

@@ -160,6 +160,18 @@ struct StepTiming {
   int64_t host_syncs = 0;
 };
 
+// The handovers of one measured pipeline step of schedule `s`: `times[st]` is stage st's
+// StepTiming::action_times (its compute actions in the schedule's order), every stage's on
+// one clock. A handover is one stage's compute action ending and the neighbour's stream,
+// already waiting for what that action sends, resuming: for each action that received from
+// another stage (the previous global stage's forward, or the next one's backward or B) and
+// whose stream reached that wait no later than the sender's end, the resumption less that
+// end, in seconds. It is what the step pays for each transfer on its critical path: the bytes
+// moved and, on CPU workers, the threads woken on the way. Stages or actions missing from
+// `times` are skipped.
+std::vector<double> StepHandovers(const PipelineSchedule& s,
+                                  const std::vector<std::vector<StepTiming::ActionTimes>>& times);
+
 // A step read on the host: its report and timing.
 struct CompletedStep {
   StepReport report;

@@ -38,9 +38,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -238,16 +236,12 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
   return m;
 }
 
-// A handover: one stage's compute action ends, and the neighbour's stream, already waiting
-// for what that action sends, resumes. Its time is what the step pays for every transfer on
-// its critical path: the bytes moved, and on CPU workers the threads woken on the way (the
-// sender's communication thread, the receiver's, the receiving stream's). Taken from the
-// measured steps (m.action_times), every receive whose stream reached its wait before its
-// sender's action ended; those it reached later waited less than a handover, or not at all.
-// A stream's wait for a receive also waits for the groups issued before it, so where an
-// earlier group is late (a send not yet taken) that shows in the handover too, as in the
-// step: with 4 stages on 2 cores, whose groups wait on time-slicing, the handover's median
-// is longer and the replay with it overshoots.
+// The handovers of the measured steps (StepHandovers of each of m.action_times): every
+// receive whose stream reached its wait before its sender's action ended; those it reached
+// later waited less than a handover, or not at all. A stream's wait for a receive also waits
+// for the groups issued before it, so where an earlier group is late (a send not yet taken)
+// that shows in the handover too, as in the step: with 4 stages on 2 cores, whose groups
+// wait on time-slicing, the handover's median is longer and the replay with it overshoots.
 struct Handovers {
   double median_seconds = 0;  // 0 where there were none
   int count = 0;
@@ -258,31 +252,9 @@ absl::StatusOr<Handovers> MeasuredHandovers(const std::string& schedule, int mic
   const int K = static_cast<int>(m.forward.size());
   auto s = MakeSchedule(schedule, K, micro_batches, chunks);
   if (!s.ok()) return s.status();
-  // Per stage, each compute action's index among its compute actions, by (type, chunk,
-  // micro-batch).
-  std::vector<std::map<std::tuple<ActionType, int, int>, size_t>> index(K);
-  for (int st = 0; st < K; ++st) {
-    for (const Action& a : s->actions[st]) {
-      if (!a.is_compute()) continue;
-      index[st].emplace(std::make_tuple(a.type, a.chunk, a.micro_batch), index[st].size());
-    }
-  }
   std::vector<double> seconds;
   for (const auto& step : m.action_times) {
-    for (int st = 0; st < K; ++st) {
-      for (const auto& [key, i] : index[st]) {
-        const auto [type, chunk, mb] = key;
-        if (i >= step[st].size() || step[st][i].wait_us < 0) continue;
-        // The sender: the global stage before (an activation) or after (a gradient).
-        const int from = GlobalStage(st, chunk, K) + (type == ActionType::kForward ? -1 : 1);
-        if (from < 0 || from >= K * chunks) continue;
-        const StagePlace p = PlaceStage(from, K);
-        auto j = index[p.stage].find(std::make_tuple(type, p.chunk, mb));
-        if (j == index[p.stage].end() || j->second >= step[p.stage].size()) continue;
-        const double sent = step[p.stage][j->second].end_us;
-        if (step[st][i].wait_us <= sent) seconds.push_back(1e-6 * (step[st][i].resumed_us - sent));
-      }
-    }
+    for (double x : StepHandovers(*s, step)) seconds.push_back(x);
   }
   Handovers h;
   h.count = static_cast<int>(seconds.size());

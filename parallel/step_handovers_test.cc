@@ -1,6 +1,7 @@
 // StepHandovers: each receive set against the action that sent it, on one clock, where the
 // receiving stream was already waiting when the sender ended.
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -33,6 +34,8 @@ TEST(StepHandoversTest, OneMicroBatchByHand) {
   ASSERT_EQ(h.size(), 1u);
   EXPECT_NEAR(h[0], 3e-6, 1e-15);
   // A stage's times missing: its receives and the receives from it are skipped.
+  t[0][1] = {30, 42, 60};
+  EXPECT_EQ(StepHandovers(s, t).size(), 2u);
   EXPECT_TRUE(StepHandovers(s, {t[0]}).empty());
 }
 

@@ -30,7 +30,8 @@
 // STRATEGY_BENCH_MICRO_BATCHES=4,8,16 (comma lists; the warm-up run always runs), and with
 // STRATEGY_BENCH_TRACE=DIR writes each case's Chrome trace of its last step, per round and
 // rank, to DIR/<schedule>_m<M>[_round<n>]_rank<r>.json (the stream's phases and the
-// communication thread's operations).
+// communication thread's operations). It prints its lines once every round has run: after a
+// failure, none.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -237,7 +238,7 @@ absl::StatusOr<Measured> Run(const ParallelConfig& pc, Communicator* comm, bool 
 }
 
 // The handovers of the measured steps (StepHandovers of each of m.action_times): every
-// receive whose stream reached its wait before its sender's action ended; those it reached
+// receive whose stream reached its wait no later than its sender's action ended; those it reached
 // later waited less than a handover, or not at all. A stream's wait for a receive also waits
 // for the groups issued before it, so where an earlier group is late (a send not yet taken)
 // that shows in the handover too, as in the step: with 4 stages on 2 cores, whose groups
@@ -482,6 +483,7 @@ int Main(int argc, char** argv) {
       const int rounds = std::max(1, EnvInt("STRATEGY_BENCH_ROUNDS", 3));
       (void)Failed(Run(config({"gpipe", 1, 1}), comm->get()).status(), &rc);
       std::vector<std::vector<Json>> lines(cases.size());  // each case's, a line a round
+      std::vector<std::vector<double>> ratios(cases.size());  // and its ratio with handovers
       for (int round = 0; round < rounds && rc == 0; ++round) {
         for (size_t i = 0; i < cases.size() && rc == 0; ++i) {
           const Case& c = cases[i];
@@ -513,6 +515,7 @@ int Main(int argc, char** argv) {
           if (Failed(with_handovers.status(), &rc)) break;
           Json peaks = Json::array();
           for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
+          ratios[i].push_back(ratio_with);
           lines[i].push_back(Json{
               {"bench", "pipeline"},
               {"schedule", schedule},
@@ -546,14 +549,15 @@ int Main(int argc, char** argv) {
               {"peak_activation_bytes", peaks}});
         }
       }
-      for (std::vector<Json>& each : lines) {
-        if (rc) break;
-        std::vector<Json> sorted = each;
-        std::sort(sorted.begin(), sorted.end(), [](const Json& a, const Json& b) {
-          return a["bubble_ratio_with_handovers"].get<double>() <
-                 b["bubble_ratio_with_handovers"].get<double>();
-        });
-        Json line = sorted[(sorted.size() - 1) / 2];
+      for (size_t i = 0; i < lines.size() && rc == 0; ++i) {
+        const std::vector<Json>& each = lines[i];
+        // The round with the median ratio (Median's: the upper of two middles), ties in
+        // round order.
+        std::vector<size_t> order(each.size());
+        for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t a, size_t b) { return ratios[i][a] < ratios[i][b]; });
+        Json line = each[order[order.size() / 2]];
         line["rounds"] = static_cast<int>(each.size());
         for (const char* key : {"bubble_ratio_by_step", "bubble_ratio_with_handovers"}) {
           Json all = Json::array();

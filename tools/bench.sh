@@ -6,8 +6,7 @@
 # bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, ZeRO-1's optimizer state per
 # rank, CPU streams (asynchronous against immediate), MPI doorbells (on against off), the
 # planner's predictions against runs,
-# and PyTorch on the same model where it is installed. Takes about a quarter of an hour on 2
-# cores.
+# and PyTorch on the same model where it is installed. Takes about 20 minutes on 2 cores.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"

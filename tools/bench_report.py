@@ -340,6 +340,7 @@ def hybrid_section(d):
 
 
 def pipeline_section(rows, base):
+    rounds = max((s.get("rounds", 1) for s in rows), default=1)
     print("## Pipeline (gpt-tiny, global batch 32)\n")
     print("Measured bubble: the time a stage waits on another (for an activation or gradient, "
           "for its sends to be taken, and at the step's end for the last stage) over the "
@@ -359,10 +360,12 @@ def pipeline_section(rows, base):
           "the receiving stream's); the median over every such receive in the measured steps "
           "(each rank's times on the host's one monotonic clock), with how many there were. "
           "With handovers: the replay again with each exchange group taking the handover, and "
-          "the median over the steps of each step's measured bubble over that replay. Each "
-          "case ran in 3 rounds, every case once a round (so that a slow spell of the host "
-          "falls on one round of a case, not on all): its row is the round with the median "
-          "ratio with handovers, and that column lists every round's. GPipe "
+          "the median over the steps of each step's measured bubble over that replay. " +
+          (f"Each case ran in {rounds} rounds, every case once a round (so that a slow spell "
+           "of the host falls on one round of a case, not on all): its row is the round with "
+           "the median ratio with handovers, and that column lists every round's. "
+           if rounds > 1 else "") +
+          "GPipe "
           "sends while it computes, but 1F1B, ZB-H1 and interleaved 1F1B put each "
           "micro-batch's transfers on the critical path (on 2 stages, stage 1 needs the next "
           "activation right after each backward), so their bubbles carry a handover per "

@@ -943,14 +943,14 @@ TEST(PlanCheckTest, FastestRunAndLargestPeak) {
   Figures failed;
   failed.error = "rank 1 exited with code 3";
   const std::vector<PlanCheck> checks =
-      CheckPlan({p, p}, {{run(0.1334, 900), run(0.0804, 1100)}, {run(0.08, 1000), failed}});
+      CheckPlan({p, p}, {{run(0.1332, 1100), run(0.0802, 900)}, {run(0.08, 1000), failed}});
   ASSERT_EQ(checks.size(), 2u);
   EXPECT_TRUE(checks[0].measured.ran);
-  EXPECT_DOUBLE_EQ(checks[0].measured.step_seconds, 0.0804);
-  EXPECT_EQ(checks[0].step_runs, (std::vector<double>{0.1334, 0.0804}));
-  EXPECT_DOUBLE_EQ(checks[0].step_error, (0.0788 - 0.0804) / 0.0804);
-  EXPECT_EQ(checks[0].measured.peak_bytes, 1100);
-  EXPECT_DOUBLE_EQ(checks[0].memory_error, (1000.0 - 1100) / 1100);
+  EXPECT_DOUBLE_EQ(checks[0].measured.step_seconds, 0.0802);
+  EXPECT_EQ(checks[0].step_runs, (std::vector<double>{0.1332, 0.0802}));
+  EXPECT_NEAR(checks[0].step_error, -0.01746, 1e-5);  // 78.8 ms against 80.2
+  EXPECT_EQ(checks[0].measured.peak_bytes, 1100);     // the slower run's, the larger
+  EXPECT_NEAR(checks[0].memory_error, -0.09091, 1e-5);
   EXPECT_FALSE(checks[1].measured.ran);
   EXPECT_EQ(checks[1].measured.error, "rank 1 exited with code 3");
   EXPECT_THAT(CheckTable(checks), HasSubstr("a run failed: rank 1 exited with code 3"));

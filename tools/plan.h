@@ -60,8 +60,8 @@ std::vector<Prediction> LayoutsToCheck(const Plan& plan);
 struct PlanCheck {
   Prediction predicted;
   // Over its runs: the step the fastest run's (a slower one met the host's other work, as
-  // Python's timeit takes the best of its repeats), the peak their largest; measured.ran false where a
-  // run did not complete (measured.error says why).
+  // Python's timeit takes the best of its repeats), the peak their largest; measured.ran
+  // false where a run did not complete (measured.error says why).
   Figures measured;
   std::vector<double> step_runs;  // each run's step
   double step_error = 0;     // (predicted - measured) / measured

@@ -248,14 +248,10 @@ struct Handovers {
   int count = 0;
 };
 
-absl::StatusOr<Handovers> MeasuredHandovers(const std::string& schedule, int micro_batches,
-                                            int chunks, const Measured& m) {
-  const int K = static_cast<int>(m.forward.size());
-  auto s = MakeSchedule(schedule, K, micro_batches, chunks);
-  if (!s.ok()) return s.status();
+Handovers MeasuredHandovers(const PipelineSchedule& s, const Measured& m) {
   std::vector<double> seconds;
   for (const auto& step : m.action_times) {
-    for (double x : StepHandovers(*s, step)) seconds.push_back(x);
+    for (double x : StepHandovers(s, step)) seconds.push_back(x);
   }
   Handovers h;
   h.count = static_cast<int>(seconds.size());
@@ -263,37 +259,29 @@ absl::StatusOr<Handovers> MeasuredHandovers(const std::string& schedule, int mic
   return h;
 }
 
-// The bubble SimulateSchedule expects of `schedule` (with `chunks` model chunks a stage) on
-// K = m.forward.size() stages with the stages' median F, B and W times (each chunk's alike),
-// transfers taking no time.
-absl::StatusOr<double> ExpectedBubble(const std::string& schedule, int micro_batches,
-                                      int chunks, const Measured& m) {
-  const int K = static_cast<int>(m.forward.size());
-  auto s = MakeSchedule(schedule, K, micro_batches, chunks);
-  if (!s.ok()) return s.status();
+// The bubble SimulateSchedule expects of the schedule `s` the steps ran with the stages'
+// median F, B and W times (each chunk's alike), transfers taking no time.
+absl::StatusOr<double> ExpectedBubble(const PipelineSchedule& s, const Measured& m) {
   ScheduleDurations d;
-  for (int st = 0; st < K; ++st) {  // each chunk of a stage alike (its medians)
+  for (int st = 0; st < s.stages; ++st) {  // each chunk of a stage alike (its medians)
     d.per_stage.push_back(std::vector<ComputeSeconds>(
-        chunks, ComputeSeconds{m.forward[st], m.backward[st], m.weight[st]}));
+        s.chunks, ComputeSeconds{m.forward[st], m.backward[st], m.weight[st]}));
   }
-  auto r = SimulateSchedule(*s, d);
+  auto r = SimulateSchedule(s, d);
   if (!r.ok()) return r.status();
   return r->bubble_fraction;
 }
 
-// The bubble SimulateSchedule expects of `schedule` replaying each measured step with every
+// The bubble SimulateSchedule expects of the schedule `s` replaying each measured step with every
 // compute action's own time (its forward with its input wait, as StepTiming has it), each
 // exchange group taking `handover_seconds`: the median over the steps. Unlike one simulation with
 // each stage's median times, this keeps what the steps' spread costs a pipeline (a slow
 // action on one stage idles the other), a cost of the machine, not of the runtime.
 // With `ratio`, also the median over the steps of each step's measured bubble (averaged over
 // ranks) over its replay: the runtime's own waiting, step by step.
-absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_batches,
-                                      int chunks, const Measured& m,
+absl::StatusOr<double> ReplayedBubble(const PipelineSchedule& s, const Measured& m,
                                       double handover_seconds = 0, double* ratio = nullptr) {
-  const int K = static_cast<int>(m.forward.size());
-  auto s = MakeSchedule(schedule, K, micro_batches, chunks);
-  if (!s.ok()) return s.status();
+  const int K = s.stages;
   std::vector<double> bubbles;
   for (const auto& step : m.action_seconds) {
     ScheduleDurations d;
@@ -301,7 +289,7 @@ absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_bat
     d.per_action.resize(K);
     for (int st = 0; st < K; ++st) {
       size_t next = 0;  // the stage's compute actions, in order, take the step's times
-      for (const Action& a : s->actions[st]) {
+      for (const Action& a : s.actions[st]) {
         const bool compute = a.is_compute() && next < step[st].size();
         d.per_action[st].push_back(compute ? step[st][next++] : -1.0);
       }
@@ -310,7 +298,7 @@ absl::StatusOr<double> ReplayedBubble(const std::string& schedule, int micro_bat
                                                 " compute actions; its schedule has ", next));
       }
     }
-    auto r = SimulateSchedule(*s, d);
+    auto r = SimulateSchedule(s, d);
     if (!r.ok()) return r.status();
     bubbles.push_back(r->bubble_fraction);
   }
@@ -455,6 +443,7 @@ int Main(int argc, char** argv) {
         int micro_batches;
       };
       std::vector<Case> cases;
+      std::vector<PipelineSchedule> schedules;  // each case's, as its trainer makes it
       for (const char* schedule : {"gpipe", "1f1b", "zb-h1", "interleaved"}) {
         const bool interleaved = std::string(schedule) == "interleaved";
         const int chunks = interleaved ? 2 : 1;
@@ -465,7 +454,10 @@ int Main(int argc, char** argv) {
               !Selected("STRATEGY_BENCH_MICRO_BATCHES", std::to_string(mbs))) {
             continue;
           }
+          auto made = MakeSchedule(schedule, world, mbs, chunks);
+          if (Failed(made.status(), &rc)) break;
           cases.push_back({schedule, chunks, mbs});
+          schedules.push_back(*std::move(made));
         }
       }
       auto config = [](const Case& c) {
@@ -481,19 +473,21 @@ int Main(int argc, char** argv) {
       // all of them: each case's line is its round with the median ratio to the replay with
       // handovers, with every round's ratios beside it.
       const int rounds = std::max(1, EnvInt("STRATEGY_BENCH_ROUNDS", 3));
-      (void)Failed(Run(config({"gpipe", 1, 1}), comm->get()).status(), &rc);
+      if (rc == 0) (void)Failed(Run(config({"gpipe", 1, 1}), comm->get()).status(), &rc);
       std::vector<std::vector<Json>> lines(cases.size());  // each case's, a line a round
       std::vector<std::vector<double>> ratios(cases.size());  // and its ratio with handovers
       for (int round = 0; round < rounds && rc == 0; ++round) {
         for (size_t i = 0; i < cases.size() && rc == 0; ++i) {
           const Case& c = cases[i];
+          const PipelineSchedule& s = schedules[i];
           const char* schedule = c.schedule;
           const int chunks = c.chunks, mbs = c.micro_batches;
+          const ParallelConfig pc = config(c);
           if (trace_dir != nullptr) {
             Profiler::Reset();
             Profiler::Enable(true);
           }
-          auto m = Run(config(c), comm->get(), trace_dir != nullptr);
+          auto m = Run(pc, comm->get(), trace_dir != nullptr);
           if (Failed(m.status(), &rc)) break;
           if (trace_dir != nullptr) {
             Profiler::Enable(false);
@@ -503,15 +497,14 @@ int Main(int argc, char** argv) {
                        m->last_step_start_us, (*comm)->rank());
           }
           double ratio = 0;
-          auto expected = ReplayedBubble(schedule, mbs, chunks, *m, 0, &ratio);
+          auto expected = ReplayedBubble(s, *m, 0, &ratio);
           if (Failed(expected.status(), &rc)) break;
-          auto medians = ExpectedBubble(schedule, mbs, chunks, *m);
+          auto medians = ExpectedBubble(s, *m);
           if (Failed(medians.status(), &rc)) break;
-          auto handovers = MeasuredHandovers(schedule, mbs, chunks, *m);
-          if (Failed(handovers.status(), &rc)) break;
+          const Handovers handovers = MeasuredHandovers(s, *m);
           double ratio_with = 0;
-          auto with_handovers = ReplayedBubble(schedule, mbs, chunks, *m,
-                                               handovers->median_seconds, &ratio_with);
+          auto with_handovers =
+              ReplayedBubble(s, *m, handovers.median_seconds, &ratio_with);
           if (Failed(with_handovers.status(), &rc)) break;
           Json peaks = Json::array();
           for (double b : m->peak_bytes) peaks.push_back(JsonRounded(b, 0));
@@ -526,8 +519,8 @@ int Main(int argc, char** argv) {
               {"bubble_expected", JsonRounded(*expected, 4)},
               {"bubble_expected_medians", JsonRounded(*medians, 4)},
               {"bubble_ratio_by_step", JsonRounded(ratio, 4)},
-              {"handover_ms", JsonRounded(1e3 * handovers->median_seconds, 3)},
-              {"handovers", handovers->count},
+              {"handover_ms", JsonRounded(1e3 * handovers.median_seconds, 3)},
+              {"handovers", handovers.count},
               {"bubble_expected_with_handovers", JsonRounded(*with_handovers, 4)},
               {"bubble_ratio_with_handovers", JsonRounded(ratio_with, 4)},
               {"bubble_gpipe", JsonRounded(double(world - 1) / (mbs + world - 1), 4)},
@@ -544,7 +537,7 @@ int Main(int argc, char** argv) {
               {"weight_ms", Milliseconds(m->weight)},
               {"step_seconds", JsonRounded(m->step_seconds, 6)},
               {"tokens_per_second",
-               JsonRounded(32 * Tiny(32, mbs).model.seq_len / m->step_seconds, 1)},
+               JsonRounded(pc.train.batch * pc.train.model.seq_len / m->step_seconds, 1)},
               {"stage0_peak_activation_bytes", JsonRounded(m->peak_activation_bytes, 0)},
               {"peak_activation_bytes", peaks}});
         }
@@ -663,20 +656,19 @@ int Main(int argc, char** argv) {
         pc.train = Tiny(std::max(1, (32 + M / 2) / M) * M, M);
         pc.strategy = StrategyKind::kPipeline;
         pc.schedule = "1f1b";
-        auto m = Run(pc, comm->get());
+        auto s = MakeSchedule(pc.schedule, world, M);
+        auto m = s.ok() ? Run(pc, comm->get()) : absl::StatusOr<Measured>(s.status());
         if (!Failed(m.status(), &rc)) {
-          auto h = MeasuredHandovers(pc.schedule, M, 1, *m);
-          if (!Failed(h.status(), &rc)) {
-            const TrainConfig& t = pc.train;
-            emit({{"bench", "handover"},
-                  {"workers", world},
-                  {"schedule", pc.schedule},
-                  {"micro_batches", t.micro_batches},
-                  {"bytes", t.batch / t.micro_batches * t.model.seq_len * t.model.d_model *
-                                static_cast<int64_t>(DTypeSize(t.dtype))},
-                  {"handover_s", JsonRounded(h->median_seconds, 7)},
-                  {"handovers", h->count}});
-          }
+          const Handovers h = MeasuredHandovers(*s, *m);
+          const TrainConfig& t = pc.train;
+          emit({{"bench", "handover"},
+                {"workers", world},
+                {"schedule", pc.schedule},
+                {"micro_batches", t.micro_batches},
+                {"bytes", t.batch / t.micro_batches * t.model.seq_len * t.model.d_model *
+                              static_cast<int64_t>(DTypeSize(t.dtype))},
+                {"handover_s", JsonRounded(h.median_seconds, 7)},
+                {"handovers", h.count}});
         }
       }
     } else {

@@ -149,9 +149,10 @@ std::vector<int> MicroBatchRows(int batch, int gpus) {
     if (gpus % K != 0 || batch % (gpus / K) != 0) continue;
     const int replica_batch = batch / (gpus / K);
     for (int m = 1; m <= replica_batch; ++m) {
+      // As MakePlan enumerates M: a pipeline's from 2 to 8K, the model-parallel split's 1.
+      if (K > 1 && m > 8 * K) break;
       const int rows = replica_batch / m;
-      if (replica_batch % m == 0 && rows < first &&
-          std::find(out.begin(), out.end(), rows) == out.end()) {
+      if (replica_batch % m == 0 && std::find(out.begin(), out.end(), rows) == out.end()) {
         out.push_back(rows);
       }
     }

@@ -216,12 +216,18 @@ TEST(PlannerTest, BlockTimesAtOtherRows) {
 
 TEST(PlannerTest, MicroBatchRowsOfTheLayouts) {
   // 2 ranks, batch 16: replicas of 8 (data) or 16 rows (one pipeline), in M micro-batches;
-  // the data-parallel replica's 8 first, then the smaller ones.
-  EXPECT_EQ(MicroBatchRows(16, 2), (std::vector<int>{8, 4, 2, 1}));
-  EXPECT_EQ(MicroBatchRows(16, 4), (std::vector<int>{4, 2, 1}));
-  // 4 ranks, batch 12: replicas of 3 (D = 4), 6 (D = 2) or 12 rows.
-  EXPECT_EQ(MicroBatchRows(12, 4), (std::vector<int>{3, 2, 1}));
-  EXPECT_EQ(MicroBatchRows(2, 4), (std::vector<int>{1}));
+  // the data-parallel replica's 8 first, then the others from the largest (the model-parallel
+  // split's one micro-batch of 16) down.
+  EXPECT_EQ(MicroBatchRows(16, 2), (std::vector<int>{8, 16, 4, 2, 1}));
+  EXPECT_EQ(MicroBatchRows(16, 4), (std::vector<int>{4, 16, 8, 2, 1}));
+  // 4 ranks, batch 12: replicas of 3 (D = 4), 6 (D = 2) or 12 rows (4 stages: 4 rows in
+  // M = 3).
+  EXPECT_EQ(MicroBatchRows(12, 4), (std::vector<int>{3, 12, 6, 4, 2, 1}));
+  // Batch 2: one row a replica of 4, or 4 stages over 2 rows in 1 micro-batch or 2.
+  EXPECT_EQ(MicroBatchRows(2, 4), (std::vector<int>{1, 2}));
+  // 2 ranks, batch 34: replicas of 17 (M = 1 or 17) or one of 34, whose pipelines run at most
+  // M = 8K = 16 micro-batches: 2 rows (M = 17) no layout runs.
+  EXPECT_EQ(MicroBatchRows(34, 2), (std::vector<int>{17, 34, 1}));
 }
 
 TEST(PlannerTest, SmallMicroBatchesAndTheStepOverheadByHand) {

@@ -91,7 +91,7 @@ import json, sys
 p = json.load(open(sys.argv[1]))
 # batch 8 on 2 workers: replicas of 4 rows (data) or 8 (one pipeline), in micro-batches.
 assert p["rows"] == 4, p["rows"]
-assert sorted(m["rows"] for m in p["more_rows"]) == [1, 2], p["more_rows"]
+assert sorted(m["rows"] for m in p["more_rows"]) == [1, 2, 8], p["more_rows"]
 assert all(len(m["blocks"]) == len(p["blocks"]) == 4 for m in p["more_rows"])
 assert p.get("step_overhead_seconds", 0) >= 0
 # 2 workers: the finish spread of 2 threads, which the re-read below takes in.
@@ -102,7 +102,7 @@ timeout 120 "$compare" "${small[@]}" --link=1,100,250 --block-times="$tmp/small.
 rc=$?
 cat "$tmp/again.txt"
 [ "$rc" -eq 0 ] || fail "exit $rc"
-grep -q "4, 2, 1 rows a micro-batch" "$tmp/again/plan.md" || fail "the row counts were not read"
+grep -q "4, 8, 2, 1 rows a micro-batch" "$tmp/again/plan.md" || fail "the row counts were not read"
 # --link's third figure: the handover, in us.
 grep -q "handover 250 us" "$tmp/again/plan.md" || fail "plan.md has not the handover given"
 python3 -c 'import json, sys; h = json.load(open(sys.argv[1]))["link"]["handover_seconds"]

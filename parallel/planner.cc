@@ -42,15 +42,36 @@ double LinkModel::AllReduce(double bytes, int ranks) const {
   return ranks <= 1 ? 0 : 2.0 * (ranks - 1) * SendRecv(bytes / ranks);
 }
 
-double LinkModel::ReduceScatter(double bytes, int ranks) const {
-  return ranks <= 1 ? 0 : (ranks - 1) * SendRecv(bytes / ranks);
+namespace {
+
+// p-1 ring steps of bytes/p, each a message of `own` where it was timed, else of `link`.
+double RingHalf(const LinkModel& link, const AlphaBeta& own, double bytes, int ranks) {
+  if (ranks <= 1) return 0;
+  const AlphaBeta& ab = own.bytes_per_s > 0 ? own : AlphaBeta{link.latency_s, link.bytes_per_s};
+  return (ranks - 1) * ab.Message(bytes / ranks);
 }
 
-double LinkModel::AllGather(double bytes, int ranks) const { return ReduceScatter(bytes, ranks); }
+std::string PairString(const AlphaBeta& ab) {
+  return absl::StrFormat("%.3g GB/s, %.3g us", ab.bytes_per_s / 1e9, ab.latency_s * 1e6);
+}
+
+}  // namespace
+
+double LinkModel::ReduceScatter(double bytes, int ranks) const {
+  return RingHalf(*this, reduce_scatter, bytes, ranks);
+}
+
+double LinkModel::AllGather(double bytes, int ranks) const {
+  return RingHalf(*this, all_gather, bytes, ranks);
+}
 
 std::string LinkModel::ToString() const {
-  std::string out = absl::StrFormat("%.3g GB/s, %.3g us", bytes_per_s / 1e9, latency_s * 1e6);
+  std::string out = PairString({latency_s, bytes_per_s});
   if (handover_s > 0) absl::StrAppendFormat(&out, ", handover %.3g us", handover_s * 1e6);
+  if (reduce_scatter.bytes_per_s > 0) {
+    absl::StrAppend(&out, "; reduce-scatter ", PairString(reduce_scatter));
+  }
+  if (all_gather.bytes_per_s > 0) absl::StrAppend(&out, "; all-gather ", PairString(all_gather));
   return out;
 }
 
@@ -103,9 +124,11 @@ absl::StatusOr<LinkModel> FitLink(const std::vector<LinkSample>& samples) {
   return LinkModel{std::max(0.0, my - per_byte * mx), 1.0 / per_byte};
 }
 
-absl::StatusOr<LinkModel> FitLinkToAllReduce(const std::vector<LinkSample>& samples, int ranks) {
-  if (ranks < 2) return absl::InvalidArgumentError("an all-reduce times a link on 2 ranks or more");
-  const double steps = 2.0 * (ranks - 1);
+absl::StatusOr<LinkModel> FitLinkToRing(const std::vector<LinkSample>& samples, int ranks,
+                                        int steps) {
+  if (ranks < 2 || steps < 1) {
+    return absl::InvalidArgumentError("a collective times a link on 2 ranks or more");
+  }
   std::vector<LinkSample> messages;
   for (const LinkSample& s : samples) messages.push_back({s.bytes / ranks, s.seconds / steps});
   return FitLink(messages);

@@ -36,6 +36,13 @@
 
 namespace tandem {
 
+// One alpha-beta pair: a message of n bytes takes latency_s + n / bytes_per_s.
+struct AlphaBeta {
+  double latency_s = 0;
+  double bytes_per_s = 0;  // 0: none given
+  double Message(double bytes) const { return latency_s + bytes / bytes_per_s; }
+};
+
 // The alpha-beta (Hockney) model of a link: a message of n bytes takes alpha + n / bandwidth.
 // Collectives over p ranks use the ring algorithms' step counts (NCCL's and Open MPI's for
 // large messages): all-reduce 2(p-1) steps of n/p bytes, reduce-scatter and all-gather p-1.
@@ -50,11 +57,18 @@ struct LinkModel {
   // here). Each exchange group of the simulated schedule takes it once (ScheduleDurations),
   // each transfer of the shared-core one (which has no groups).
   double handover_s = 0;
+  // The reduce-scatter's and the all-gather's own pairs, where each was timed on the ranks
+  // (FitLinkToRing over its p-1 steps; compare --plan on this host): within one host's shared
+  // memory neither costs the ring's half of an all-reduce (Open MPI on 2 workers here: a
+  // reduce-scatter of 8 MB took 1.9 times an all-reduce's time, an all-gather 0.3 times).
+  // Without a bandwidth, the ring over the link's own pair.
+  AlphaBeta reduce_scatter, all_gather;
   double SendRecv(double bytes) const;
   double AllReduce(double bytes, int ranks) const;
   double ReduceScatter(double bytes, int ranks) const;
   double AllGather(double bytes, int ranks) const;
-  // "12.5 GB/s, 3.0 us", and ", handover 250 us" where it has one.
+  // "12.5 GB/s, 3.0 us", ", handover 250 us" where it has one, and the reduce-scatter's and
+  // all-gather's own pairs where they have them ("; reduce-scatter 3.1 GB/s, 40 us").
   std::string ToString() const;
 };
 
@@ -72,9 +86,11 @@ struct LinkSample {
 // squares of the relative error; an error where the fit is not physical (a bandwidth that is
 // not positive).
 absl::StatusOr<LinkModel> FitLink(const std::vector<LinkSample>& samples);
-// The link under ring all-reduces of `bytes` over `ranks` timed as `samples`: each is
-// 2(ranks-1) messages of bytes/ranks, so the fit is FitLink's over those messages.
-absl::StatusOr<LinkModel> FitLinkToAllReduce(const std::vector<LinkSample>& samples, int ranks);
+// The link under ring collectives of `bytes` over `ranks` timed as `samples`, each `steps`
+// messages of bytes/ranks (an all-reduce 2(ranks-1), a reduce-scatter or all-gather
+// ranks-1): FitLink's over those messages.
+absl::StatusOr<LinkModel> FitLinkToRing(const std::vector<LinkSample>& samples, int ranks,
+                                        int steps);
 
 // Per-block times of one model on one kind of device, and the optimizer's seconds per
 // parameter; written by a measurement (MeasureBlockProfile) or by hand for hardware not here,

@@ -104,15 +104,36 @@ TEST(PlannerTest, FitLinkRecoversKnownParameters) {
   EXPECT_NEAR(l.bytes_per_s / bandwidth, 1.0, 0.02);
 }
 
-TEST(PlannerTest, FitLinkToAllReduceRecoversTheLink) {
-  const LinkModel truth{2e-6, 20e9};
+TEST(PlannerTest, FitLinkToRingRecoversTheLink) {
+  // alpha 2 us, 20 GB/s; a collective of n bytes over p ranks in `steps` ring steps of n/p.
+  const double alpha = 2e-6, bandwidth = 20e9;
   for (int ranks : {2, 4, 8}) {
-    std::vector<LinkSample> samples;
-    for (double n = 65536; n <= 16 << 20; n *= 2) samples.push_back({n, truth.AllReduce(n, ranks)});
-    const LinkModel l = *FitLinkToAllReduce(samples, ranks);
-    EXPECT_NEAR(l.latency_s, truth.latency_s, 1e-12) << ranks;
-    EXPECT_NEAR(l.bytes_per_s / truth.bytes_per_s, 1.0, 1e-9) << ranks;
+    for (int steps : {2 * (ranks - 1), ranks - 1}) {
+      std::vector<LinkSample> samples;
+      for (double n = 65536; n <= 16 << 20; n *= 2) {
+        samples.push_back({n, steps * (alpha + n / ranks / bandwidth)});
+      }
+      const LinkModel l = *FitLinkToRing(samples, ranks, steps);
+      EXPECT_NEAR(l.latency_s, alpha, 1e-12) << ranks << " " << steps;
+      EXPECT_NEAR(l.bytes_per_s / bandwidth, 1.0, 1e-9) << ranks << " " << steps;
+    }
   }
+  EXPECT_FALSE(FitLinkToRing({{1024, 1e-5}, {2048, 2e-5}}, 1, 1).ok());
+}
+
+TEST(PlannerTest, ReduceScatterAndAllGatherTakeTheirOwnPairs) {
+  LinkModel l{3e-6, 450e9};
+  l.reduce_scatter = {10e-6, 100e9};
+  const double n = 1 << 30;
+  // p-1 = 7 steps of n/8 at the reduce-scatter's own pair; the all-gather without one, at the
+  // link's; the all-reduce always at the link's.
+  EXPECT_DOUBLE_EQ(l.ReduceScatter(n, 8), 7 * (10e-6 + n / 8 / 100e9));
+  EXPECT_DOUBLE_EQ(l.AllGather(n, 8), 7 * (3e-6 + n / 8 / 450e9));
+  EXPECT_DOUBLE_EQ(l.AllReduce(n, 8), 14 * (3e-6 + n / 8 / 450e9));
+  EXPECT_EQ(l.ReduceScatter(n, 1), 0);
+  l.all_gather = {1e-6, 200e9};
+  EXPECT_DOUBLE_EQ(l.AllGather(n, 8), 7 * (1e-6 + n / 8 / 200e9));
+  EXPECT_EQ(l.ToString(), "450 GB/s, 3 us; reduce-scatter 100 GB/s, 10 us; all-gather 200 GB/s, 1 us");
 }
 
 TEST(PlannerTest, FitLinkRefusesWhatFitsNoLink) {

@@ -603,21 +603,32 @@ absl::StatusOr<std::vector<Json>> RunBenchLines(const char* argv0, int ranks,
   return lines;
 }
 
-// The link between `ranks` CPU workers of this host: fitted (FitLinkToAllReduce) to Tandem's
-// all-reduce from 64 KB to 16 MB as //comm:allreduce_bench times it, and its handover, what a
-// 1F1B pipeline over the ranks measures (`strategy_bench handover`) less SendRecv's time for
-// the activation it carried.
+// The link between `ranks` CPU workers of this host: fitted (FitLinkToRing) to Tandem's
+// all-reduce from 64 KB to 16 MB as //comm:allreduce_bench times it, with the reduce-scatter's
+// and the all-gather's own pairs fitted alike to theirs, and its handover, what a 1F1B pipeline
+// over the ranks measures (`strategy_bench handover`) less SendRecv's time for the activation
+// it carried.
 absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
-  ASSIGN_OR_RETURN(std::vector<Json> timed,
-                   RunBenchLines(argv0, ranks, "comm/allreduce_bench_bin",
-                                 {"--json", "--min_bytes=65536", "--max_bytes=16777216",
-                                  "--reps=3", "--target_ms=20"},
-                                 "the link's all-reduces"));
-  std::vector<LinkSample> samples;
-  for (const Json& j : timed) {
-    samples.push_back({NumberOr(j, "bytes", 0), NumberOr(j, "waited_s", 0)});
+  // The collective's pair, from its timings (its "bytes" are the whole buffer's).
+  auto fit = [&](const char* collective, int steps) -> absl::StatusOr<LinkModel> {
+    ASSIGN_OR_RETURN(
+        std::vector<Json> timed,
+        RunBenchLines(argv0, ranks, "comm/allreduce_bench_bin",
+                      {absl::StrCat("--collective=", collective), "--json", "--min_bytes=65536",
+                       "--max_bytes=16777216", "--reps=3", "--target_ms=20"},
+                      absl::StrCat("the link's ", collective, "s").c_str()));
+    std::vector<LinkSample> samples;
+    for (const Json& j : timed) {
+      samples.push_back({NumberOr(j, "bytes", 0), NumberOr(j, "waited_s", 0)});
+    }
+    return FitLinkToRing(samples, ranks, steps);
+  };
+  ASSIGN_OR_RETURN(LinkModel link, fit("all_reduce", 2 * (ranks - 1)));
+  for (auto [collective, pair] : {std::pair{"reduce_scatter", &link.reduce_scatter},
+                                  std::pair{"all_gather", &link.all_gather}}) {
+    ASSIGN_OR_RETURN(LinkModel own, fit(collective, ranks - 1));
+    *pair = {own.latency_s, own.bytes_per_s};
   }
-  ASSIGN_OR_RETURN(LinkModel link, FitLinkToAllReduce(samples, ranks));
   ASSIGN_OR_RETURN(std::vector<Json> handed,
                    RunBenchLines(argv0, ranks, "parallel/strategy_bench", {"handover"},
                                  "a pipeline's handover"));

@@ -320,8 +320,9 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
       absl::StrFormat("Block times: %s (%s, %s, %s rows a micro-batch; step overhead %s).",
                       r.profile.source, r.profile.device, r.profile.dtype, ProfileRows(r.profile),
                       Seconds(r.profile.step_overhead)),
-      absl::StrFormat("Link: %s (alpha-beta; ring all-reduce, reduce-scatter, all-gather).",
-                      r.link.ToString())};
+      absl::StrFormat("Link: %s (alpha-beta; ring all-reduce, reduce-scatter, all-gather%s).",
+                      r.link.ToString(),
+                      r.link.reduce_scatter.bytes_per_s > 0 ? ", each timed on its own" : "")};
   if (r.profile.finish_spread > 0) {
     notes.push_back(absl::StrFormat(
         "Finish spread: the last of %d threads computing alike ends %.1f%% after the cores, "
@@ -458,6 +459,13 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
   j["link"] = {{"bytes_per_second", JsonNumber(r.link.bytes_per_s)},
                {"latency_seconds", JsonNumber(r.link.latency_s)},
                {"handover_seconds", JsonNumber(r.link.handover_s)}};
+  for (auto [name, pair] : {std::pair{"reduce_scatter", &r.link.reduce_scatter},
+                            std::pair{"all_gather", &r.link.all_gather}}) {
+    if (pair->bytes_per_s > 0) {
+      j["link"][name] = {{"bytes_per_second", JsonNumber(pair->bytes_per_s)},
+                         {"latency_seconds", JsonNumber(pair->latency_s)}};
+    }
+  }
   auto prediction = [](const Prediction& p) {
     return Json{{"layout", p.layout.Name()},
                 {"flags", absl::StrJoin(p.layout.LauncherFlags(), " ")},

@@ -71,8 +71,12 @@ grep -Eq "handover between 2 workers: [0-9.]+ ms \([1-9][0-9]* receives\)" "$tmp
 python3 - "$tmp/run/plan.json" <<'PY' || fail "plan.json's checks"
 import json, sys
 plan = json.load(open(sys.argv[1]))
-# The link timed here: its alpha-beta fit and the handover a pipeline's steps measured.
-assert plan["link"]["bytes_per_second"] > 0 and plan["link"]["handover_seconds"] >= 0, plan["link"]
+# The link timed here: its alpha-beta fit, the reduce-scatter's and all-gather's own, and the
+# handover a pipeline's steps measured.
+link = plan["link"]
+assert link["bytes_per_second"] > 0 and link["handover_seconds"] >= 0, link
+for own in ("reduce_scatter", "all_gather"):
+  assert link[own]["bytes_per_second"] > 0 and link[own]["latency_seconds"] >= 0, link
 checks = plan["checks"]
 assert 3 <= len(checks) <= 4, len(checks)
 for c in checks:
@@ -105,5 +109,7 @@ cat "$tmp/again.txt"
 grep -q "4, 8, 2, 1 rows a micro-batch" "$tmp/again/plan.md" || fail "the row counts were not read"
 # --link's third figure: the handover, in us.
 grep -q "handover 250 us" "$tmp/again/plan.md" || fail "plan.md has not the handover given"
-python3 -c 'import json, sys; h = json.load(open(sys.argv[1]))["link"]["handover_seconds"]
-assert abs(h - 250e-6) < 1e-12, h' "$tmp/again/plan.json" || fail "plan.json's handover"
+# A --link is one pair for every collective: no reduce-scatter or all-gather of their own.
+python3 -c 'import json, sys; l = json.load(open(sys.argv[1]))["link"]
+assert abs(l["handover_seconds"] - 250e-6) < 1e-12 and "reduce_scatter" not in l, l' \
+  "$tmp/again/plan.json" || fail "plan.json's link"

@@ -47,8 +47,8 @@ namespace {
 // p-1 ring steps of bytes/p, each a message of `own` where it was timed, else of `link`.
 double RingHalf(const LinkModel& link, const AlphaBeta& own, double bytes, int ranks) {
   if (ranks <= 1) return 0;
-  const AlphaBeta& ab = own.bytes_per_s > 0 ? own : AlphaBeta{link.latency_s, link.bytes_per_s};
-  return (ranks - 1) * ab.Message(bytes / ranks);
+  const double piece = bytes / ranks;
+  return (ranks - 1) * (own.bytes_per_s > 0 ? own.Message(piece) : link.SendRecv(piece));
 }
 
 std::string PairString(const AlphaBeta& ab) {

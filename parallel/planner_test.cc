@@ -133,7 +133,8 @@ TEST(PlannerTest, ReduceScatterAndAllGatherTakeTheirOwnPairs) {
   EXPECT_EQ(l.ReduceScatter(n, 1), 0);
   l.all_gather = {1e-6, 200e9};
   EXPECT_DOUBLE_EQ(l.AllGather(n, 8), 7 * (1e-6 + n / 8 / 200e9));
-  EXPECT_EQ(l.ToString(), "450 GB/s, 3 us; reduce-scatter 100 GB/s, 10 us; all-gather 200 GB/s, 1 us");
+  EXPECT_EQ(l.ToString(),
+            "450 GB/s, 3 us; reduce-scatter 100 GB/s, 10 us; all-gather 200 GB/s, 1 us");
 }
 
 TEST(PlannerTest, FitLinkRefusesWhatFitsNoLink) {

@@ -372,38 +372,6 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     own = Stream::CreateCpu(CpuStreamMode::kImmediate);
   }
   Stream& timed_on = peers > 0 ? *own : *s;
-  // Rounds over the row counts, each part's median kept. Not the fastest: a run's step is
-  // its mean, and this host's speed varies by tens of percent from second to second, so the
-  // fastest timings are from its fast moments, which a run's mean is not (the fastest
-  // predicted every layout's step 15-35% short). Rounds spread each row count's timings
-  // over the measurement, so a slow spell weighs on every row count alike.
-  // Beside peers, the blocks at rows[0] are timed alone too: the step overhead is a step's
-  // time outside them, and that step runs alone.
-  constexpr int kRounds = 5;
-  std::map<int, std::vector<std::vector<BlockTime>>> at;
-  std::vector<std::vector<BlockTime>> alone;
-  for (int round = 0; round < kRounds; ++round) {
-    for (int r : rows) {
-      absl::StatusOr<std::vector<BlockTime>> times;
-      {
-        ASSIGN_OR_RETURN(std::unique_ptr<BlockLoad> load,
-                         BlockLoad::Start(model, device, compute, r, seed, peers));
-        times = MeasureBlockTimes(model, device, compute, r, seed, timed_on);
-        RETURN_IF_ERROR(load->Stop());
-      }
-      RETURN_IF_ERROR(times.status());
-      at[r].push_back(*std::move(times));
-    }
-    if (peers > 0) {
-      ASSIGN_OR_RETURN(std::vector<BlockTime> times,
-                       MeasureBlockTimes(model, device, compute, rows[0], seed, *own));
-      alone.push_back(std::move(times));
-    }
-  }
-  p.blocks = MedianTimes(at[rows[0]]);
-  for (int r : rows) {
-    if (r != rows[0]) p.more_rows[r] = MedianTimes(at[r]);
-  }
   // Before the trainer below, so that the crowd's copies of the model and it are not held at
   // once.
   if (crowd > 0) {
@@ -428,7 +396,11 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     if (r > 0) runs.push_back(phases.at(0).seconds);
   }
   p.optimizer_per_param = Median(runs) / n;
-  // The step overhead: a whole one-worker step against its parts.
+  // The step overhead: a one-worker step (Trainer, one micro-batch of rows[0]) against its
+  // blocks and optimizer, two steps in each round right after the blocks at rows[0] are timed
+  // alone, the median of the rounds' differences: a difference of two timings, so each round
+  // pairs them in time (nine steps timed after all the rounds took 25 ms over the blocks in
+  // one of three profiles of gpt-tiny on 2 workers here, 0 in the others).
   TrainConfig tc;
   tc.model = model;
   tc.optimizer.kind = std::string(optimizer);
@@ -438,15 +410,47 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   tc.seed = seed;
   tc.synthetic_data = true;
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(tc));
-  std::vector<double> steps;
-  for (int i = 0; i < 11; ++i) {  // the first two warm up
-    ASSIGN_OR_RETURN(StepReport report, trainer->Step());
-    if (i >= 2) steps.push_back(report.seconds);
+  for (int i = 0; i < 2; ++i) RETURN_IF_ERROR(trainer->Step().status());  // warm-up
+  // Rounds over the row counts, each part's median kept. Not the fastest: a run's step is
+  // its mean, and this host's speed varies by tens of percent from second to second, so the
+  // fastest timings are from its fast moments, which a run's mean is not (the fastest
+  // predicted every layout's step 15-35% short). Rounds spread each row count's timings
+  // over the measurement, so a slow spell weighs on every row count alike.
+  // Beside peers, the blocks at rows[0] are timed alone too: the step overhead is a step's
+  // time outside them, and that step runs alone.
+  constexpr int kRounds = 5;
+  std::map<int, std::vector<std::vector<BlockTime>>> at;
+  std::vector<double> overheads;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int r : rows) {
+      absl::StatusOr<std::vector<BlockTime>> times;
+      {
+        ASSIGN_OR_RETURN(std::unique_ptr<BlockLoad> load,
+                         BlockLoad::Start(model, device, compute, r, seed, peers));
+        times = MeasureBlockTimes(model, device, compute, r, seed, timed_on);
+        RETURN_IF_ERROR(load->Stop());
+      }
+      RETURN_IF_ERROR(times.status());
+      at[r].push_back(*std::move(times));
+    }
+    std::vector<BlockTime> alone = at[rows[0]].back();
+    if (peers > 0) {
+      ASSIGN_OR_RETURN(alone, MeasureBlockTimes(model, device, compute, rows[0], seed, *own));
+    }
+    double step = 0;
+    for (int i = 0; i < 2; ++i) {
+      ASSIGN_OR_RETURN(StepReport report, trainer->Step());
+      step += report.seconds / 2;
+    }
+    double parts = p.optimizer_per_param * n;
+    for (const BlockTime& t : alone) parts += t.total();
+    overheads.push_back(step - parts);
   }
-  double parts = p.optimizer_per_param * n;
-  for (const BlockTime& t : peers > 0 ? MedianTimes(alone) : p.blocks) parts += t.total();
-  // Medians, as the blocks': the step and its parts at the same typical speed.
-  p.step_overhead = std::max(0.0, Median(steps) - parts);
+  p.blocks = MedianTimes(at[rows[0]]);
+  for (int r : rows) {
+    if (r != rows[0]) p.more_rows[r] = MedianTimes(at[r]);
+  }
+  p.step_overhead = std::max(0.0, Median(overheads));
   p.source = absl::StrFormat("measured on %s at %s rows a micro-batch", p.device,
                              absl::StrJoin(rows, ", "));
   if (peers > 0) absl::StrAppend(&p.source, ", beside ", peers, " threads computing the same");

@@ -150,9 +150,10 @@ std::vector<int> MicroBatchRows(int batch, int gpus);
 // more_rows), in five rounds over them, each part's median, while `peers` threads (CPU only)
 // compute the same blocks at the same rows beside it, each on its own thread as a worker; one
 // optimizer step over the whole model's parameters, timed alike but alone, and the step
-// overhead: the median of 9 one-worker training steps (Trainer, one micro-batch of rows[0],
-// synthetic data) less its blocks' (timed alone too) and optimizer's time, at least 0. With
-// `crowd` >= 2 (CPU only), the finish spread of that many threads at rows[0] too.
+// overhead: in each round, two one-worker training steps (Trainer, one micro-batch of rows[0],
+// synthetic data) right after the blocks at rows[0] are timed alone, less those blocks' and
+// the optimizer's time; the median of the rounds', at least 0. With `crowd` >= 2 (CPU only),
+// the finish spread of that many threads at rows[0] too.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
                                                  absl::string_view optimizer, uint64_t seed,

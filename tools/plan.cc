@@ -53,9 +53,10 @@ ABSL_FLAG(bool, run, true,
           "run the top 3 layouts and the best pure strategy and report predicted against "
           "measured (--no-run: predict only)");
 ABSL_FLAG(int, steps, 20, "steps of each checking run");
-ABSL_FLAG(int, repeats, 3,
+ABSL_FLAG(int, repeats, 5,
           "runs of each checked layout, the layouts taken in turns; the measured step is the "
-          "fastest run's (a CPU host's other work slows a whole run at times)");
+          "fastest run's (a CPU host's other work slows a whole run at times; 5 as Python's "
+          "timeit repeats)");
 ABSL_FLAG(int, top, 10, "layouts in the ranked table");
 ABSL_FLAG(std::string, bucket_mb, "25",
           "gradient bucket sizes to consider, in MB, comma-separated (e.g. 1,4,25)");

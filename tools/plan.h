@@ -22,7 +22,7 @@ struct PlanOptions {
   std::string link;          // --link as given; "" to measure
   bool run = true;           // run the top layouts and check the predictions
   int steps = 20;            // of each run
-  int repeats = 3;           // runs of each checked layout, the layouts taken in turns
+  int repeats = 5;           // runs of each checked layout, the layouts taken in turns
   int top = 10;
   std::string out_dir;       // as given; "" for reports/plan-<time>
   std::vector<std::string> model_flags;  // the launcher flags that name the model and batch

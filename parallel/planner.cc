@@ -277,11 +277,11 @@ double FinishBehindSharing(const std::vector<double>& wall, const std::vector<do
 namespace {
 
 // `threads` threads computing one pass of the blocks each (BlockPasses at `rows`, each on an
-// immediate CPU stream of its own, as BlockLoad's), all started at once, in kRounds rounds
-// after a warm-up pass: the median over the rounds of how far the slowest pass ends behind the
-// end of perfect sharing, as a share of it. Perfect sharing ends when the threads' CPU time,
-// spread evenly over the host's cores, has run (and no sooner than the longest thread's
-// own): what a step with a core each and the cores shared evenly (SharedCoresStep) takes.
+// immediate CPU stream of its own, as BlockLoad's), all started at once: each Round() how far
+// the slowest pass ends behind the end of perfect sharing, as a share of it (Create runs a
+// warm-up round). Perfect sharing ends when the threads' CPU time, spread evenly over the
+// host's cores, has run (and no sooner than the longest thread's own): what a step with a
+// core each and the cores shared evenly (SharedCoresStep) takes.
 // Workers that compute alike on shared cores finish apart, and a step waits for the last of
 // them at its collectives. Each thread's time runs from its own start (its pass's
 // timeline): timed from the round's common start instead, which adds how late the scheduler
@@ -293,25 +293,26 @@ namespace {
 // on 4 threads over 2 cores; against perfect sharing those rounds count what they cost. The
 // threads run one BLAS thread each (as CPU workers do): a BLAS helper thread's CPU time
 // would not be counted.
-absl::StatusOr<double> MeasureFinishSpread(const ModelConfig& model, Device device,
-                                           DType compute, int rows, uint64_t seed,
-                                           int threads) {
-  constexpr int kRounds = 7;
-  const int cores = std::max(1, std::min(threads, HostCpus()));
-  std::vector<std::unique_ptr<BlockPasses>> passes(threads);
-  std::vector<std::unique_ptr<Stream>> streams(threads);
-  for (int i = 0; i < threads; ++i) {
-    ASSIGN_OR_RETURN(passes[i], BlockPasses::Create(model, device, compute, rows, seed + 1 + i));
-    streams[i] = Stream::CreateCpu(CpuStreamMode::kImmediate);
+class FinishSpread {
+ public:
+  static absl::StatusOr<std::unique_ptr<FinishSpread>> Create(const ModelConfig& model,
+                                                              Device device, DType compute,
+                                                              int rows, uint64_t seed,
+                                                              int threads) {
+    std::unique_ptr<FinishSpread> f(new FinishSpread);
+    f->cores_ = std::max(1, std::min(threads, HostCpus()));
+    for (int i = 0; i < threads; ++i) {
+      ASSIGN_OR_RETURN(std::unique_ptr<BlockPasses> p,
+                       BlockPasses::Create(model, device, compute, rows, seed + 1 + i));
+      f->passes_.push_back(std::move(p));
+      f->streams_.push_back(Stream::CreateCpu(CpuStreamMode::kImmediate));
+    }
+    RETURN_IF_ERROR(f->Round().status());
+    return f;
   }
-  // This thread's CPU time, in seconds.
-  auto cpu_now = [] {
-    timespec t{};
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0.0;
-    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-  };
-  std::vector<double> spreads;
-  for (int round = 0; round <= kRounds; ++round) {  // round 0 warms up
+
+  absl::StatusOr<double> Round() {
+    const int threads = static_cast<int>(passes_.size());
     std::vector<double> seconds(threads, 0), cpu(threads, 0);
     std::vector<absl::Status> status(threads);
     absl::Notification go;
@@ -319,12 +320,12 @@ absl::StatusOr<double> MeasureFinishSpread(const ModelConfig& model, Device devi
     for (int i = 0; i < threads; ++i) {
       workers.emplace_back([&, i] {
         go.WaitForNotification();
-        const double cpu_start = cpu_now();
-        absl::StatusOr<StreamTimeline> timeline = StreamTimeline::Start(*streams[i]);
+        const double cpu_start = CpuNow();
+        absl::StatusOr<StreamTimeline> timeline = StreamTimeline::Start(*streams_[i]);
         status[i] = timeline.status();
         if (!status[i].ok()) return;
-        status[i] = passes[i]->Run(*streams[i], &*timeline);
-        cpu[i] = cpu_now() - cpu_start;  // the pass ran on this thread (an immediate stream)
+        status[i] = passes_[i]->Run(*streams_[i], &*timeline);
+        cpu[i] = CpuNow() - cpu_start;  // the pass ran on this thread (an immediate stream)
         if (!status[i].ok()) return;
         absl::StatusOr<float> ms = timeline->end().ElapsedMsSince(timeline->start());
         status[i] = ms.status();
@@ -334,10 +335,21 @@ absl::StatusOr<double> MeasureFinishSpread(const ModelConfig& model, Device devi
     go.Notify();
     for (std::thread& w : workers) w.join();
     for (const absl::Status& st : status) RETURN_IF_ERROR(st);
-    if (round > 0) spreads.push_back(FinishBehindSharing(seconds, cpu, cores));
+    return FinishBehindSharing(seconds, cpu, cores_);
   }
-  return spreads.empty() ? 0.0 : Median(spreads);
-}
+
+ private:
+  FinishSpread() = default;
+  // This thread's CPU time, in seconds.
+  static double CpuNow() {
+    timespec t{};
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0.0;
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  int cores_ = 1;
+  std::vector<std::unique_ptr<BlockPasses>> passes_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
 
 }  // namespace
 
@@ -372,13 +384,6 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     own = Stream::CreateCpu(CpuStreamMode::kImmediate);
   }
   Stream& timed_on = peers > 0 ? *own : *s;
-  // Before the trainer below, so that the crowd's copies of the model and it are not held at
-  // once.
-  if (crowd > 0) {
-    ASSIGN_OR_RETURN(p.finish_spread,
-                     MeasureFinishSpread(model, device, compute, rows[0], seed, crowd));
-    p.spread_threads = crowd;
-  }
   // One optimizer step over the whole model's parameters, timed as the blocks are.
   const int64_t n = model.num_params();
   OptimizerConfig oc;
@@ -418,9 +423,18 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
   // over the measurement, so a slow spell weighs on every row count alike.
   // Beside peers, the blocks at rows[0] are timed alone too: the step overhead is a step's
   // time outside them, and that step runs alone.
+  // With a crowd, four rounds of its finish spread end each round, the first warming up
+  // again, the median of the rest kept: spread over the profile as the blocks' timings are
+  // (seven rounds at once, under a second, gave 0.2% to 6.7% for 2 threads in nine profiles
+  // here, 1.3% to 9.4% for 4 in four; without the warm-up after the round's other work, four
+  // profiles gave 0.2% to 4.4%, and four with it 0.3% to 2.6%).
   constexpr int kRounds = 5;
   std::map<int, std::vector<std::vector<BlockTime>>> at;
-  std::vector<double> overheads;
+  std::vector<double> overheads, spreads;
+  std::unique_ptr<FinishSpread> spread;
+  if (crowd > 0) {
+    ASSIGN_OR_RETURN(spread, FinishSpread::Create(model, device, compute, rows[0], seed, crowd));
+  }
   for (int round = 0; round < kRounds; ++round) {
     for (int r : rows) {
       absl::StatusOr<std::vector<BlockTime>> times;
@@ -445,6 +459,14 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     double parts = p.optimizer_per_param * n;
     for (const BlockTime& t : alone) parts += t.total();
     overheads.push_back(step - parts);
+    for (int i = 0; spread && i < 4; ++i) {  // the first warms up again
+      ASSIGN_OR_RETURN(double behind, spread->Round());
+      if (i > 0) spreads.push_back(behind);
+    }
+  }
+  if (spread) {
+    p.finish_spread = Median(spreads);
+    p.spread_threads = crowd;
   }
   p.blocks = MedianTimes(at[rows[0]]);
   for (int r : rows) {

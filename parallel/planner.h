@@ -153,7 +153,8 @@ std::vector<int> MicroBatchRows(int batch, int gpus);
 // overhead: in each round, two one-worker training steps (Trainer, one micro-batch of rows[0],
 // synthetic data) right after the blocks at rows[0] are timed alone, less those blocks' and
 // the optimizer's time; the median of the rounds', at least 0. With `crowd` >= 2 (CPU only),
-// the finish spread of that many threads at rows[0] too.
+// the finish spread of that many threads at rows[0] too, three rounds of it after each of the
+// five (after one more that warms up), the median of the fifteen.
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
                                                  DType compute, const std::vector<int>& rows,
                                                  absl::string_view optimizer, uint64_t seed,

@@ -253,10 +253,11 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
                     absl::StrCat("--optimizer=", t.optimizer.kind),
                     absl::StrCat("--seed=", t.seed),
                     absl::StrCat("--steps=", o->steps)};
-  for (const auto& [name, v] : {std::pair<const char*, int>{"n-layer", absl::GetFlag(FLAGS_n_layer)},
-                                {"d-model", absl::GetFlag(FLAGS_d_model)},
-                                {"n-head", absl::GetFlag(FLAGS_n_head)},
-                                {"seq-len", absl::GetFlag(FLAGS_seq_len)}}) {
+  for (const auto& [name, v] :
+       {std::pair<const char*, int>{"n-layer", absl::GetFlag(FLAGS_n_layer)},
+        {"d-model", absl::GetFlag(FLAGS_d_model)},
+        {"n-head", absl::GetFlag(FLAGS_n_head)},
+        {"seq-len", absl::GetFlag(FLAGS_seq_len)}}) {
     if (v != 0) o->model_flags.push_back(absl::StrFormat("--%s=%d", name, v));
   }
   return std::nullopt;

@@ -278,10 +278,10 @@ namespace {
 
 // `threads` threads computing one pass of the blocks each (BlockPasses at `rows`, each on an
 // immediate CPU stream of its own, as BlockLoad's), all started at once: each Round() how far
-// the slowest pass ends behind the end of perfect sharing, as a share of it (Create runs a
-// warm-up round). Perfect sharing ends when the threads' CPU time, spread evenly over the
-// host's cores, has run (and no sooner than the longest thread's own): what a step with a
-// core each and the cores shared evenly (SharedCoresStep) takes.
+// the slowest pass ends behind the end of perfect sharing, as a share of it (the caller
+// discards the rounds that warm up). Perfect sharing ends when the threads' CPU time, spread
+// evenly over the host's cores, has run (and no sooner than the longest thread's own): what a
+// step with a core each and the cores shared evenly (SharedCoresStep) takes.
 // Workers that compute alike on shared cores finish apart, and a step waits for the last of
 // them at its collectives. Each thread's time runs from its own start (its pass's
 // timeline): timed from the round's common start instead, which adds how late the scheduler
@@ -307,7 +307,6 @@ class FinishSpread {
       f->passes_.push_back(std::move(p));
       f->streams_.push_back(Stream::CreateCpu(CpuStreamMode::kImmediate));
     }
-    RETURN_IF_ERROR(f->Round().status());
     return f;
   }
 
@@ -451,7 +450,7 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
       RETURN_IF_ERROR(times.status());
       at[r].push_back(*std::move(times));
     }
-    std::vector<BlockTime> alone = at[rows[0]].back();
+    std::vector<BlockTime> alone;
     if (peers > 0) {
       ASSIGN_OR_RETURN(alone, MeasureBlockTimes(model, device, compute, rows[0], seed, *own));
     }
@@ -461,9 +460,9 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
       step += report.seconds / 2;
     }
     double parts = p.optimizer_per_param * n;
-    for (const BlockTime& t : alone) parts += t.total();
+    for (const BlockTime& t : peers > 0 ? alone : at[rows[0]].back()) parts += t.total();
     overheads.push_back(step - parts);
-    for (int i = 0; spread && i < 4; ++i) {  // the first warms up again
+    for (int i = 0; spread && i < 4; ++i) {  // the first warms up (again)
       ASSIGN_OR_RETURN(double behind, spread->Round());
       if (i > 0) spreads.push_back(behind);
     }

@@ -704,16 +704,21 @@ std::vector<double> Buckets(double bytes, double bucket) {
 
 namespace {
 
-// Processor sharing: `n` ranks computing at once on `cores` cores progress at this rate each.
-double ShareRate(int n, double cores) { return n <= cores ? 1.0 : cores / n; }
+// Processor sharing: `n` ranks computing at once on `cores` cores, beside `waiting` ranks
+// that each take `waiting_share` of a computing one's turn, progress at this rate each.
+double ShareRate(int n, double cores, int waiting = 0, double waiting_share = 0) {
+  const double load = n + waiting * waiting_share;
+  return load <= cores ? 1.0 : cores / load;
+}
 
 // Processor sharing from `t`: the ranks marked `active` work through what they have `left`
-// at ShareRate(how many, cores) each until the first of them is done or `horizon` comes,
-// which is returned (infinity: none active and no horizon); `left` is what remains then.
+// at ShareRate(how many, cores, waiting, waiting_share) each until the first of them is done
+// or `horizon` comes, which is returned (infinity: none active and no horizon); `left` is
+// what remains then.
 double ShareUntil(std::vector<double>& left, const std::vector<bool>& active, double cores,
-                  double t, double horizon) {
+                  double t, double horizon, int waiting = 0, double waiting_share = 0) {
   const int n = static_cast<int>(std::count(active.begin(), active.end(), true));
-  const double rate = ShareRate(n, cores);
+  const double rate = ShareRate(n, cores, waiting, waiting_share);
   double next = horizon;
   for (size_t i = 0; i < left.size(); ++i) {
     if (active[i]) next = std::min(next, t + left[i] / rate);
@@ -727,7 +732,8 @@ double ShareUntil(std::vector<double>& left, const std::vector<bool>& active, do
 
 }  // namespace
 
-double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores) {
+double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores,
+                       double waiting_share) {
   const int S = s.stages, M = s.micro_batches, V = s.chunks;
   constexpr double kNotYet = -1;
   // A transfer by (is gradient, micro-batch, sending global stage): when its send and its
@@ -792,14 +798,16 @@ double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, do
     // The next moment something changes: a compute action ends or a transfer arrives.
     std::vector<bool> computing(S);
     double arrival = std::numeric_limits<double>::infinity();
+    int waiting = 0;
     for (int st = 0; st < S; ++st) {
       computing[st] = left[st] >= 0;
       if (!computing[st] && pc[st] < s.actions[st].size()) {
+        ++waiting;
         const double at = ready(st, s.actions[st][pc[st]]);
         if (at > t) arrival = std::min(arrival, at);
       }
     }
-    const double next = ShareUntil(left, computing, cores, t, arrival);
+    const double next = ShareUntil(left, computing, cores, t, arrival, waiting, waiting_share);
     if (std::isinf(next)) break;  // all done (a validated schedule never stalls)
     for (int st = 0; st < S; ++st) {
       if (!computing[st] || left[st] > 1e-12 * next) continue;
@@ -959,7 +967,7 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   if (r.host_cores > 0 && r.gpus > r.host_cores) {
     const double cores = double(r.host_cores) / D;
     const double computed = K == 1 ? sim.makespan / ShareRate(1, cores)
-                                   : SharedCoresStep(*schedule, d, cores);
+                                   : SharedCoresStep(*schedule, d, cores, r.waiting_share);
     std::vector<double> release(K);
     for (int s = 0; s < K; ++s) release[s] = computed + exposed[s];
     p.sharing_s = std::max(0.0, SharedCoresEnd(release, end_work, end_wait, cores) - p.step_s);
@@ -1147,6 +1155,42 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
         plan.considered, why));
   }
   return plan;
+}
+
+std::optional<Layout> WaitingShareProbe(const Plan& plan) {
+  std::optional<Layout> best;
+  auto distance = [](const Layout& l) { return std::abs(l.micro_batches - 2 * l.stages); };
+  for (const Prediction& p : plan.ranked) {
+    const Layout& l = p.layout;
+    if (l.strategy != StrategyKind::kPipeline || l.schedule != "1f1b" || l.zero ||
+        l.recompute) {
+      continue;
+    }
+    if (!best || l.stages > best->stages ||
+        (l.stages == best->stages && distance(l) < distance(*best))) {
+      best = l;
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<double> FitWaitingShare(PlanRequest r, const Layout& probe, double measured_s) {
+  auto step = [&](double w) -> absl::StatusOr<double> {
+    r.waiting_share = w;
+    ASSIGN_OR_RETURN(Prediction p, Predict(r, probe));
+    return p.step_s;
+  };
+  double lo = 0, hi = 1;
+  ASSIGN_OR_RETURN(double at_lo, step(lo));
+  if (at_lo >= measured_s) return lo;
+  ASSIGN_OR_RETURN(double at_hi, step(hi));
+  if (at_hi <= measured_s) return hi;
+  while (hi - lo > 1e-4) {
+    const double mid = (lo + hi) / 2;
+    ASSIGN_OR_RETURN(double at, step(mid));
+    (at < measured_s ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
 }
 
 }  // namespace tandem

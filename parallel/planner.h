@@ -21,12 +21,15 @@
 //   sharing   CPU workers: blocks timed beside as many threads computing the same as the
 //             run has workers on the host's cores; where more workers run than the host has
 //             cores, the step simulated with the ranks that compute at each moment sharing
-//             the cores (SharedCoresStep), its compute and its end alike.
+//             the cores (SharedCoresStep), its compute and its end alike, each pipeline
+//             rank waiting on its neighbour keeping a share of a core from them
+//             (waiting_share, fitted on the host to a measured pipeline step).
 #ifndef TANDEM_PARALLEL_PLANNER_H_
 #define TANDEM_PARALLEL_PLANNER_H_
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,11 +137,14 @@ double FinishBehindSharing(const std::vector<double>& wall, const std::vector<do
 
 // One step of the validated schedule `s` with durations `d` (per_stage, transfer, handover)
 // where its stages share `cores` cores: at each moment every stage that computes progresses
-// at `cores` / (stages computing), at most 1; a stage waiting on a transfer holds no core.
+// at `cores` / (stages computing + `waiting_share` x stages waiting), at most 1, where a
+// stage waiting on a transfer (not one done with the step) takes `waiting_share` of a
+// computing stage's turn on the cores (PlanRequest::waiting_share).
 // Each transfer takes d.transfer and d.handover from when both its ends are posted (no queue
 // of exchange groups, as SimulateSchedule has: CPU workers' transfers are small beside their
 // compute). Returns when the last compute action or transfer ends.
-double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores);
+double SharedCoresStep(const PipelineSchedule& s, const ScheduleDurations& d, double cores,
+                       double waiting_share = 0);
 
 // The micro-batch row counts MakePlan's layouts of r.gpus ranks run, batch / gpus first, then
 // the others from the largest down (among them a model-parallel replica's whole batch in one
@@ -214,6 +220,11 @@ struct PlanRequest {
   ParallelConfig base;       // the model, global batch, dtype, device, optimizer, seed
   int gpus = 1;              // N
   int host_cores = 0;        // CPU workers: the cores they share (0: each has its own)
+  // CPU workers on fewer cores than workers: the share of a computing rank's turn on the
+  // cores that a pipeline rank waiting on its neighbour takes (SharedCoresStep), fitted on
+  // this host to a measured pipeline step; 0: a waiting rank takes none.
+  double waiting_share = 0;
+  std::string waiting_share_source;  // how it was had ("fitted to ...", "--waiting-share")
   int64_t device_memory = -1;  // bytes per device; -1: not checked
   BlockProfile profile;
   LinkModel link;
@@ -244,6 +255,17 @@ absl::StatusOr<Prediction> Predict(const PlanRequest& r, const Layout& layout);
 // where D >= 2; each bucket size where D >= 2. An error for a request nothing can satisfy
 // (no layout fits, or the profile is not for the request's model), in one line.
 absl::StatusOr<Plan> MakePlan(const PlanRequest& r);
+
+// The layout to fit PlanRequest::waiting_share to where CPU workers outnumber the host's
+// cores: of `plan`'s, the 1F1B pipeline over the most stages, its micro-batches nearest 2K
+// (strategy_bench handover's shape), without ZeRO-1 or recomputation: the layout whose
+// ranks wait on their neighbours the most at once. None where the plan has no pipeline.
+std::optional<Layout> WaitingShareProbe(const Plan& plan);
+
+// The waiting share from 0 to 1 at which r's prediction of `probe` takes `measured_s`, by
+// bisection (the predicted step grows with the share): 0 where even 0 predicts a longer
+// step, 1 where even 1 predicts a shorter one; an error where the probe cannot be predicted.
+absl::StatusOr<double> FitWaitingShare(PlanRequest r, const Layout& probe, double measured_s);
 
 }  // namespace tandem
 

@@ -474,6 +474,47 @@ TEST(PlannerTest, HandoversOnSharedCoresByHand) {
   EXPECT_NEAR(SharedCoresStep(s, d, 1), 10, 1e-9);
 }
 
+// A stage waiting on its neighbour takes its waiting share of a computing stage's turn
+// (TwoStageGpipe's schedule, one core, share 0.5): F0 alone beside the waiting stage 1 at
+// 1 / 1.5 [0, 1.5]; F1 and stage 1's F0 at 1/2 [1.5, 3.5]; stage 1's F1 [3.5, 5] and B1
+// [5, 6.5] beside stage 0 waiting; stage 1's B0 and stage 0's B1 at 1/2 [6.5, 8.5]; stage 1
+// done (no longer waiting), B0 alone [8.5, 9.5]. With share 1 the waits cost as much as
+// compute: F0 [0, 2], both [2, 4], F1 [4, 6], B1 [6, 8], both [8, 10], B0 [10, 11].
+TEST(PlannerTest, WaitingStagesTakeTheirShareByHand) {
+  const PipelineSchedule s = *MakeSchedule("gpipe", 2, 2);
+  const ScheduleDurations d = ScheduleDurations::Uniform(2, 1, {1, 1, 0});
+  EXPECT_NEAR(SharedCoresStep(s, d, 1, 0), 8, 1e-9);
+  EXPECT_NEAR(SharedCoresStep(s, d, 1, 0.5), 9.5, 1e-9);
+  EXPECT_NEAR(SharedCoresStep(s, d, 1, 1), 11, 1e-9);
+  // A core each: a waiting stage never crowds the one computing.
+  EXPECT_NEAR(SharedCoresStep(s, d, 2, 1), 6, 1e-9);
+}
+
+// The fit recovers a waiting share the step was predicted with, and keeps to 0 and 1.
+TEST(PlannerTest, FitWaitingShareRecoversAKnownShare) {
+  Layout l;
+  PlanRequest r = TwoStageGpipe(2, 1, &l);
+  for (double w : {0.1, 0.37, 0.8}) {
+    r.waiting_share = w;
+    const double step = Predict(r, l)->step_s;
+    r.waiting_share = 0;
+    EXPECT_NEAR(*FitWaitingShare(r, l, step), w, 1e-3) << w;
+  }
+  EXPECT_EQ(*FitWaitingShare(r, l, 1), 0);    // faster than even no share predicts
+  EXPECT_EQ(*FitWaitingShare(r, l, 100), 1);  // slower than even a whole turn
+  r.waiting_share = 0.5;
+  EXPECT_NEAR(Predict(r, l)->step_s, 9.5, 1e-9);  // WaitingStagesTakeTheirShareByHand's
+}
+
+// The layout the share is fitted to: 1F1B over the most stages, M nearest 2K, neither ZeRO-1
+// nor recomputation; none where nothing is a pipeline.
+TEST(PlannerTest, WaitingShareProbeWaitsTheMost) {
+  const std::optional<Layout> probe = WaitingShareProbe(*MakePlan(Request(4, 16)));
+  ASSERT_TRUE(probe.has_value());
+  EXPECT_EQ(probe->Name(), "d1k4 1f1b M=8");
+  EXPECT_FALSE(WaitingShareProbe(*MakePlan(Request(1, 16))).has_value());
+}
+
 TEST(PlannerTest, PlanKeepsToTheMemoryLimit) {
   PlanRequest r = Request(4, 16);
   const Plan all = *MakePlan(r);

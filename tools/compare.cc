@@ -646,6 +646,56 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
   return link;
 }
 
+// CPU workers that outnumber the cores: fits r->waiting_share to the fastest of `repeats`
+// runs of the plan's WaitingShareProbe (the checked layouts' measure) and plans again with
+// it (none: the plan as it is, saying so).
+std::optional<int> FitWaitingShareHere(Comparison* c, int repeats, PlanRequest* r, Plan* plan) {
+  const std::optional<tandem::Layout> probe = WaitingShareProbe(*plan);
+  if (!probe) {
+    r->waiting_share_source = "no pipeline to fit it to: 0";
+    return std::nullopt;
+  }
+  std::vector<std::string> flags = probe->LauncherFlags();
+  flags.push_back(absl::StrCat("--gpus=", r->gpus));
+  c->runs.clear();
+  for (int rep = 1; rep <= repeats; ++rep) {
+    c->runs.push_back({absl::StrCat("waiting-", rep),
+                       absl::StrFormat("%s (fit, run %d of %d)", probe->Name(), rep, repeats),
+                       flags});
+  }
+  std::printf("compare --plan: fitting the waiting share to %s ...\n", probe->Name().c_str());
+  std::fflush(stdout);
+  c->refused.assign(c->runs.size(), "");
+  std::vector<Entry> entries;
+  if (std::optional<int> stop = RunAll(*c, &entries)) return stop;
+  double fastest = 0;  // 0: no run completed
+  for (const Entry& e : entries) {
+    const double s = ComputeFigures(e, nullptr).step_seconds;
+    if (s > 0 && (fastest == 0 || s < fastest)) fastest = s;
+  }
+  if (fastest == 0) {
+    std::fprintf(stderr, "compare --plan: no run of %s completed (%s/runs); give "
+                 "--waiting-share=SHARE instead\n", probe->Name().c_str(), c->out_dir.c_str());
+    return 1;
+  }
+  absl::StatusOr<double> w = FitWaitingShare(*r, *probe, fastest);
+  if (w.ok()) {
+    r->waiting_share = *w;
+    r->waiting_share_source =
+        absl::StrFormat("fitted to %s: %.1f ms a step, the fastest of %d runs", probe->Name(),
+                        fastest * 1e3, repeats);
+  }
+  absl::StatusOr<Plan> again = w.ok() ? MakePlan(*r) : absl::StatusOr<Plan>(w.status());
+  if (!again.ok()) {
+    std::fprintf(stderr, "compare --plan: %s\n", std::string(again.status().message()).c_str());
+    return 2;
+  }
+  *plan = *std::move(again);
+  std::printf("compare --plan: a waiting worker takes %.2f of a computing one's turn (%s)\n",
+              r->waiting_share, r->waiting_share_source.c_str());
+  return std::nullopt;
+}
+
 // compare --plan: predicts every layout (tools/plan.h), then, unless --no-run, runs the ones it
 // checks itself on through the launcher, as the comparison runs its strategies.
 int PlanMain(int argc, char** argv, absl::Time now) {
@@ -678,7 +728,7 @@ int PlanMain(int argc, char** argv, absl::Time now) {
     std::fprintf(stderr, "compare --plan: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  const absl::StatusOr<Plan> plan = MakePlan(o.request);
+  absl::StatusOr<Plan> plan = MakePlan(o.request);
   if (!plan.ok()) {
     std::fprintf(stderr, "compare --plan: %s\n", std::string(plan.status().message()).c_str());
     return 2;
@@ -689,6 +739,11 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   c.options.args = o.args;
   c.options.pass = o.model_flags;
   if (std::optional<int> stop = Prepare(argv[0], now, &c)) return *stop;
+  if (o.waiting_share < 0 && o.request.host_cores > 0 &&
+      o.request.gpus > o.request.host_cores) {
+    std::optional<int> stop = FitWaitingShareHere(&c, o.repeats, &o.request, &*plan);
+    if (stop) return *stop;
+  }
   for (const std::string& n : PlanNotes(*plan, o.request)) std::printf("%s\n", n.c_str());
   std::printf("\n%s\n", PlanTable(*plan, o.top).c_str());
   std::fflush(stdout);

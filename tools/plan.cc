@@ -49,6 +49,11 @@ ABSL_FLAG(std::string, link, "",
           "(NVLink) or 50,5 (InfiniBand); handover_us: what a pipeline's transfer on its "
           "critical path takes beyond its alpha-beta time (default 0); default: measured here "
           "with as many CPU workers as --gpus (2 to 8)");
+ABSL_FLAG(double, waiting_share, -1,
+          "CPU workers on fewer cores than workers: the share of a computing worker's turn on "
+          "the cores that a pipeline worker waiting on its neighbour takes, 0 to 1 (default: "
+          "fitted here to a measured pipeline step where the plan's workers outnumber the "
+          "cores (the fastest of --repeats runs of a pipeline, --no-run too), 0 otherwise)");
 ABSL_FLAG(bool, run, true,
           "run the top 3 layouts and the best pure strategy and report predicted against "
           "measured (--no-run: predict only)");
@@ -71,7 +76,7 @@ const launcher::FlagSet& PlanFlags() {
       "tools/plan.cc",
       {"plan", "gpus", "model", "n_layer", "d_model", "n_head", "seq_len", "batch", "dtype",
        "device", "optimizer", "seed", "device_memory", "block_times", "derive_block_times",
-       "write_block_times", "link",
+       "write_block_times", "link", "waiting_share",
        "run", "steps", "repeats", "top", "bucket_mb", "out"}};
   return *flags;
 }
@@ -224,6 +229,11 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
   }
   o->link = absl::GetFlag(FLAGS_link);
   if (!o->link.empty()) problem(ParseLink(o->link).status());
+  o->waiting_share = absl::GetFlag(FLAGS_waiting_share);
+  if (o->waiting_share != -1 && !(o->waiting_share >= 0 && o->waiting_share <= 1)) {
+    problems.push_back(absl::StrFormat(
+        "--waiting-share=%g: give a share from 0 to 1, e.g. 0.3", o->waiting_share));
+  }
   o->run = absl::GetFlag(FLAGS_run);
   o->steps = absl::GetFlag(FLAGS_steps);
   o->repeats = absl::GetFlag(FLAGS_repeats);
@@ -287,6 +297,10 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
   if (!o->write_block_times.empty()) {
     RETURN_IF_ERROR(WriteBlockProfile(r.profile, o->write_block_times));
   }
+  if (o->waiting_share >= 0) {
+    r.waiting_share = o->waiting_share;
+    r.waiting_share_source = "given by --waiting-share";
+  }
   if (!o->link.empty()) {
     ASSIGN_OR_RETURN(r.link, ParseLink(o->link));
   } else if (measured_link.has_value()) {
@@ -331,6 +345,12 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
         "shared evenly, would have run them all; each step waits that share of its compute "
         "for its slowest worker.",
         r.profile.spread_threads, 100 * r.profile.finish_spread));
+  }
+  if (!r.waiting_share_source.empty()) {
+    notes.push_back(absl::StrFormat(
+        "Waiting share: a pipeline worker waiting on its neighbour takes %.2f of a computing "
+        "worker's turn on the cores (%s).",
+        r.waiting_share, r.waiting_share_source));
   }
   for (const auto& [reason, n] : plan.dropped) {
     notes.push_back(absl::StrFormat("Left out %d: %s.", n, reason));
@@ -467,6 +487,10 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
       j["link"][name] = {{"bytes_per_second", JsonNumber(pair->bytes_per_s)},
                          {"latency_seconds", JsonNumber(pair->latency_s)}};
     }
+  }
+  if (!r.waiting_share_source.empty()) {
+    j["waiting_share"] = {{"share", JsonNumber(r.waiting_share)},
+                          {"source", r.waiting_share_source}};
   }
   auto prediction = [](const Prediction& p) {
     return Json{{"layout", p.layout.Name()},

@@ -20,6 +20,7 @@ struct PlanOptions {
   std::vector<double> derive;  // --derive-block-times: TFLOPS, MFU, TB/s; empty: none
   std::string write_block_times;
   std::string link;          // --link as given; "" to measure
+  double waiting_share = -1;  // --waiting-share as given; -1 to fit where it matters
   bool run = true;           // run the top layouts and check the predictions
   int steps = 20;            // of each run
   int repeats = 5;           // runs of each checked layout, the layouts taken in turns

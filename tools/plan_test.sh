@@ -16,7 +16,7 @@ h200=(--plan --gpus=64 --model=gpt2-small --batch=512 --dtype=bf16 --device=cuda
 
 check "bad flags: one line each, exit 2, nothing written"
 for bad in --link=fast --link=1,1,-5 --device-memory=lots --gpus=0 --derive-block-times=989,2,4.8 \
-  --bucket-mb=x --block-times="$tmp/none.json" --repeats=0; do
+  --bucket-mb=x --block-times="$tmp/none.json" --repeats=0 --waiting-share=2; do
   timeout 60 "$compare" --plan --gpus=2 --model=gpt-tiny --link=1,1 --no-run "$bad" \
     --out="$tmp/bad" >"$tmp/bad.txt" 2>&1
   rc=$?
@@ -102,7 +102,7 @@ assert p.get("step_overhead_seconds", 0) >= 0
 assert p["finish_spread_threads"] == 2 and p.get("finish_spread", 0) >= 0, p
 PY
 timeout 120 "$compare" "${small[@]}" --link=1,100,250 --block-times="$tmp/small.json" --no-run \
-  --out="$tmp/again" >"$tmp/again.txt" 2>&1
+  --waiting-share=0.25 --out="$tmp/again" >"$tmp/again.txt" 2>&1
 rc=$?
 cat "$tmp/again.txt"
 [ "$rc" -eq 0 ] || fail "exit $rc"
@@ -113,3 +113,8 @@ grep -q "handover 250 us" "$tmp/again/plan.md" || fail "plan.md has not the hand
 python3 -c 'import json, sys; l = json.load(open(sys.argv[1]))["link"]
 assert abs(l["handover_seconds"] - 250e-6) < 1e-12 and "reduce_scatter" not in l, l' \
   "$tmp/again/plan.json" || fail "plan.json's link"
+# A waiting share given is taken as given; 2 workers on 2 cores or more fitted none.
+python3 -c 'import json, sys; w = json.load(open(sys.argv[1]))["waiting_share"]
+assert w["share"] == 0.25 and w["source"] == "given by --waiting-share", w
+assert "waiting_share" not in json.load(open(sys.argv[2])) or int(sys.argv[3]) < 2' \
+  "$tmp/again/plan.json" "$tmp/run/plan.json" "$(nproc)" || fail "plan.json's waiting share"

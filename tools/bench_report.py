@@ -486,7 +486,9 @@ def planner_section(d):
     print("## Planner: predicted against measured (gpt-tiny, global batch 16)\n")
     print("`bazel run //tools:compare -- --plan --gpus=N --model=gpt-tiny --batch=16 --steps=20`: "
           "block times and the workers' finish spread measured here, the link timed with as many "
-          "workers as the plan has (2 to 8), every layout predicted; "
+          "workers as the plan has (2 to 8), where the workers outnumber the cores the share "
+          "of a core a waiting pipeline worker keeps fitted to a run of 1F1B, every layout "
+          "predicted; "
           "then its top 3 layouts and the best pure strategy run through the launcher. Error is "
           "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "
           f"the fastest of {repeats} runs of each layout taken in turns (each run's in the runs "
@@ -503,7 +505,13 @@ def planner_section(d):
             print(f"| {np} | did not run (see plan{np}.txt) | | | | | | | |")
             continue
         with open(path) as f:
-            checks = json.load(f)["checks"]
+            plan = json.load(f)
+        checks = plan["checks"]
+        if "waiting_share" in plan:
+            waiting = plan["waiting_share"]
+            verdicts.append(f"{np} workers: a waiting pipeline worker takes "
+                            f"{waiting['share']:.2f} of a computing one's turn on the cores "
+                            f"({waiting['source']}).")
         ran = [c for c in checks if c.get("ran")]
         for c in checks:
             if not c.get("ran"):

@@ -956,6 +956,38 @@ TEST(PlanCheckTest, FastestRunAndLargestPeak) {
   EXPECT_THAT(CheckTable(checks), HasSubstr("a run failed: rank 1 exited with code 3"));
 }
 
+// The layouts checked: the top 3 and the best pure strategy they leave out, the pipeline where
+// the top 3 are all data parallel.
+TEST(PlanCheckTest, LayoutsToCheckTakeAPipelineBesideDataParallel) {
+  auto layout = [](StrategyKind kind, int replicas, int micro_batches) {
+    Prediction p;
+    p.layout.strategy = kind;
+    p.layout.data_parallel = replicas;
+    p.layout.stages = kind == StrategyKind::kData ? 1 : 4 / replicas;
+    p.layout.schedule = kind == StrategyKind::kPipeline ? "1f1b" : "";
+    p.layout.micro_batches = micro_batches;
+    return p;
+  };
+  Plan plan;
+  plan.ranked = {layout(StrategyKind::kData, 4, 1), layout(StrategyKind::kData, 4, 2),
+                 layout(StrategyKind::kData, 4, 4), layout(StrategyKind::kPipeline, 1, 8),
+                 layout(StrategyKind::kPipeline, 2, 2)};
+  plan.best_pure = {{"data parallel", 0}, {"pipeline", 3}};
+  auto names = [](const std::vector<Prediction>& ps) {
+    std::vector<std::string> out;
+    for (const Prediction& p : ps) out.push_back(p.layout.Name());
+    return out;
+  };
+  EXPECT_THAT(names(LayoutsToCheck(plan)),
+              testing::ElementsAre("data D=4 bucket 25 MB", "data D=4 M=2 bucket 25 MB",
+                                   "data D=4 M=4 bucket 25 MB", "d1k4 1f1b M=8"));
+  // A pipeline among the top 3: the best data parallel beside them, once.
+  std::swap(plan.ranked[2], plan.ranked[4]);
+  EXPECT_THAT(names(LayoutsToCheck(plan)),
+              testing::ElementsAre("data D=4 bucket 25 MB", "data D=4 M=2 bucket 25 MB",
+                                   "d2k2 1f1b M=2 bucket 25 MB"));
+}
+
 }  // namespace
 }  // namespace tools
 }  // namespace tandem

@@ -55,8 +55,9 @@ ABSL_FLAG(double, waiting_share, -1,
           "fitted here to a measured pipeline step where the plan's workers outnumber the "
           "cores (the fastest of --repeats runs of a pipeline, --no-run too), 0 otherwise)");
 ABSL_FLAG(bool, run, true,
-          "run the top 3 layouts and the best pure strategy and report predicted against "
-          "measured (--no-run: predict only)");
+          "run the top 3 layouts and the best pure strategy they leave out and report "
+          "predicted against measured (--no-run: predict only; the waiting share is still "
+          "fitted)");
 ABSL_FLAG(int, steps, 20, "steps of each checking run");
 ABSL_FLAG(int, repeats, 5,
           "runs of each checked layout, the layouts taken in turns; the measured step is the "
@@ -88,7 +89,8 @@ constexpr char kUsage[] =
     "measured forward, B and W times, a simulation of the schedule and an alpha-beta model of\n"
     "the links; leaves out what does not fit in --device-memory; prints the ranked table and\n"
     "writes plan.md and plan.json. Without --no-run it then runs the top 3 layouts and the\n"
-    "best pure strategy through the launcher and reports predicted against measured.\n"
+    "best pure strategy they leave out through the launcher and reports predicted against\n"
+    "measured.\n"
     "  e.g. bazel run //tools:compare -- --plan --gpus=64 --model=gpt2-small --batch=512 \\\n"
     "         --dtype=bf16 --device=cuda --device-memory=141GB --link=450,3 \\\n"
     "         --block-times=examples/block_times/gpt2-small-h200.json --no-run\n";
@@ -372,9 +374,14 @@ std::vector<Prediction> LayoutsToCheck(const Plan& plan) {
     out.push_back(p);
   };
   for (size_t i = 0; i < plan.ranked.size() && i < 3; ++i) add(plan.ranked[i]);
-  if (auto it = plan.best_pure.find("data parallel"); it != plan.best_pure.end()) {
-    add(plan.ranked[it->second]);
-  } else if (auto pipe = plan.best_pure.find("pipeline"); pipe != plan.best_pure.end()) {
+  const bool all_data = std::all_of(out.begin(), out.end(), [](const Prediction& p) {
+    return p.layout.strategy == StrategyKind::kData;
+  });
+  const auto data = plan.best_pure.find("data parallel");
+  const auto pipe = plan.best_pure.find("pipeline");
+  if (data != plan.best_pure.end() && !all_data) {
+    add(plan.ranked[data->second]);
+  } else if (pipe != plan.best_pure.end()) {
     add(plan.ranked[pipe->second]);
   }
   return out;

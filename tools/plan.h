@@ -53,8 +53,9 @@ std::string PlanTable(const Plan& plan, int top);
 // What the plan considered and left out, a line each.
 std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r);
 
-// The layouts the planner checks by running them: its top 3 and the best pure strategy (data
-// parallel, or the pipeline where no data-parallel layout fits), without repeats.
+// The layouts the planner checks by running them: its top 3 and the best pure strategy they
+// leave out (data parallel; the pipeline where they are all data parallel or no
+// data-parallel layout fits), without repeats.
 std::vector<Prediction> LayoutsToCheck(const Plan& plan);
 
 // One checked layout: predicted against measured.

@@ -138,8 +138,9 @@ double FinishBehindSharing(const std::vector<double>& wall, const std::vector<do
 // One step of the validated schedule `s` with durations `d` (per_stage, transfer, handover)
 // where its stages share `cores` cores: at each moment every stage that computes progresses
 // at `cores` / (stages computing + `waiting_share` x stages waiting), at most 1, where a
-// stage waiting on a transfer (not one done with the step) takes `waiting_share` of a
-// computing stage's turn on the cores (PlanRequest::waiting_share).
+// stage waiting on a transfer takes `waiting_share` of a computing stage's turn on the cores
+// (PlanRequest::waiting_share). A stage done with its compute actions is not counted: it
+// waits on the step's collectives, which the step's end (after the last compute) models.
 // Each transfer takes d.transfer and d.handover from when both its ends are posted (no queue
 // of exchange groups, as SimulateSchedule has: CPU workers' transfers are small beside their
 // compute). Returns when the last compute action or transfer ends.
@@ -262,9 +263,11 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r);
 // ranks wait on their neighbours the most at once. None where the plan has no pipeline.
 std::optional<Layout> WaitingShareProbe(const Plan& plan);
 
-// The waiting share from 0 to 1 at which r's prediction of `probe` takes `measured_s`, by
-// bisection (the predicted step grows with the share): 0 where even 0 predicts a longer
-// step, 1 where even 1 predicts a shorter one; an error where the probe cannot be predicted.
+// A waiting share from 0 to 1 at which r's prediction of `probe` takes `measured_s`, by
+// bisection between a share predicting a shorter step and one predicting a longer one (a
+// slower stage can move work into another's idle time, so the step need not grow strictly
+// with the share): 0 where even 0 predicts a longer step, 1 where even 1 predicts a shorter
+// one; an error where the probe cannot be predicted.
 absl::StatusOr<double> FitWaitingShare(PlanRequest r, const Layout& probe, double measured_s);
 
 }  // namespace tandem

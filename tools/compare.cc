@@ -669,30 +669,34 @@ std::optional<int> FitWaitingShareHere(Comparison* c, int repeats, PlanRequest* 
   std::vector<Entry> entries;
   if (std::optional<int> stop = RunAll(*c, &entries)) return stop;
   double fastest = 0;  // 0: no run completed
+  std::string error;    // the first failed run's
   for (const Entry& e : entries) {
     const double s = ComputeFigures(e, nullptr).step_seconds;
     if (s > 0 && (fastest == 0 || s < fastest)) fastest = s;
+    if (!e.ran && error.empty()) error = e.error;
   }
   if (fastest == 0) {
-    std::fprintf(stderr, "compare --plan: no run of %s completed (%s/runs); give "
-                 "--waiting-share=SHARE instead\n", probe->Name().c_str(), c->out_dir.c_str());
+    std::fprintf(stderr, "compare --plan: no run of %s completed (%s; %s/runs); give "
+                 "--waiting-share=SHARE instead\n", probe->Name().c_str(),
+                 FirstLineOf(error).c_str(), c->out_dir.c_str());
     return 1;
   }
   absl::StatusOr<double> w = FitWaitingShare(*r, *probe, fastest);
   if (w.ok()) {
     r->waiting_share = *w;
     r->waiting_share_source =
-        absl::StrFormat("fitted to %s: %.1f ms a step, the fastest of %d runs", probe->Name(),
-                        fastest * 1e3, repeats);
+        absl::StrFormat("fitted to %s: %.1f ms a step, the fastest of %d runs%s", probe->Name(),
+                        fastest * 1e3, repeats,
+                        *w == 0   ? "; at its bound: no slower than predicted without it"
+                        : *w == 1 ? "; at its bound: slower than a whole turn predicts"
+                                  : "");
   }
   absl::StatusOr<Plan> again = w.ok() ? MakePlan(*r) : absl::StatusOr<Plan>(w.status());
   if (!again.ok()) {
     std::fprintf(stderr, "compare --plan: %s\n", std::string(again.status().message()).c_str());
     return 2;
   }
-  *plan = *std::move(again);
-  std::printf("compare --plan: a waiting worker takes %.2f of a computing one's turn (%s)\n",
-              r->waiting_share, r->waiting_share_source.c_str());
+  *plan = *std::move(again);  // PlanNotes says the share and its source
   return std::nullopt;
 }
 

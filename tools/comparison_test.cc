@@ -956,8 +956,8 @@ TEST(PlanCheckTest, FastestRunAndLargestPeak) {
   EXPECT_THAT(CheckTable(checks), HasSubstr("a run failed: rank 1 exited with code 3"));
 }
 
-// The layouts checked: the top 3 and the best pure strategy they leave out, the pipeline where
-// the top 3 are all data parallel.
+// The layouts checked: the top 3 and the best pure strategy they leave out: data parallel
+// where none of them is, else the pipeline over every rank.
 TEST(PlanCheckTest, LayoutsToCheckTakeAPipelineBesideDataParallel) {
   auto layout = [](StrategyKind kind, int replicas, int micro_batches) {
     Prediction p;
@@ -981,11 +981,18 @@ TEST(PlanCheckTest, LayoutsToCheckTakeAPipelineBesideDataParallel) {
   EXPECT_THAT(names(LayoutsToCheck(plan)),
               testing::ElementsAre("data D=4 bucket 25 MB", "data D=4 M=2 bucket 25 MB",
                                    "data D=4 M=4 bucket 25 MB", "d1k4 1f1b M=8"));
-  // A pipeline among the top 3: the best data parallel beside them, once.
+  // Data parallel and a 2 x 2 pipeline among the top 3: the pipeline over every rank beside.
   std::swap(plan.ranked[2], plan.ranked[4]);
   EXPECT_THAT(names(LayoutsToCheck(plan)),
               testing::ElementsAre("data D=4 bucket 25 MB", "data D=4 M=2 bucket 25 MB",
-                                   "d2k2 1f1b M=2 bucket 25 MB"));
+                                   "d2k2 1f1b M=2 bucket 25 MB", "d1k4 1f1b M=8"));
+  // No data parallel among them: the best data parallel beside them.
+  plan.ranked = {layout(StrategyKind::kPipeline, 1, 8), layout(StrategyKind::kPipeline, 2, 2),
+                 layout(StrategyKind::kPipeline, 2, 4), layout(StrategyKind::kData, 4, 1)};
+  plan.best_pure = {{"data parallel", 3}, {"pipeline", 0}};
+  EXPECT_THAT(names(LayoutsToCheck(plan)),
+              testing::ElementsAre("d1k4 1f1b M=8", "d2k2 1f1b M=2 bucket 25 MB",
+                                   "d2k2 1f1b M=4 bucket 25 MB", "data D=4 bucket 25 MB"));
 }
 
 }  // namespace

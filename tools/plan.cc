@@ -53,11 +53,12 @@ ABSL_FLAG(double, waiting_share, -1,
           "CPU workers on fewer cores than workers: the share of a computing worker's turn on "
           "the cores that a pipeline worker waiting on its neighbour takes, 0 to 1 (default: "
           "fitted here to a measured pipeline step where the plan's workers outnumber the "
-          "cores (the fastest of --repeats runs of a pipeline, --no-run too), 0 otherwise)");
+          "cores (the fastest of --repeats runs of a pipeline through the launcher, under "
+          "--no-run too; 0 where the plan has no pipeline), 0 otherwise)");
 ABSL_FLAG(bool, run, true,
           "run the top 3 layouts and the best pure strategy they leave out and report "
-          "predicted against measured (--no-run: predict only; the waiting share is still "
-          "fitted)");
+          "predicted against measured (--no-run: predict only, after the host's own timings: "
+          "the link and, where CPU workers outnumber the cores, the waiting share)");
 ABSL_FLAG(int, steps, 20, "steps of each checking run");
 ABSL_FLAG(int, repeats, 5,
           "runs of each checked layout, the layouts taken in turns; the measured step is the "
@@ -90,7 +91,9 @@ constexpr char kUsage[] =
     "the links; leaves out what does not fit in --device-memory; prints the ranked table and\n"
     "writes plan.md and plan.json. Without --no-run it then runs the top 3 layouts and the\n"
     "best pure strategy they leave out through the launcher and reports predicted against\n"
-    "measured.\n"
+    "measured. CPU workers that outnumber the cores: it first fits the share of a core a\n"
+    "waiting pipeline worker keeps to runs of a pipeline (--no-run too; --waiting-share\n"
+    "gives it instead).\n"
     "  e.g. bazel run //tools:compare -- --plan --gpus=64 --model=gpt2-small --batch=512 \\\n"
     "         --dtype=bf16 --device=cuda --device-memory=141GB --link=450,3 \\\n"
     "         --block-times=examples/block_times/gpt2-small-h200.json --no-run\n";
@@ -374,12 +377,12 @@ std::vector<Prediction> LayoutsToCheck(const Plan& plan) {
     out.push_back(p);
   };
   for (size_t i = 0; i < plan.ranked.size() && i < 3; ++i) add(plan.ranked[i]);
-  const bool all_data = std::all_of(out.begin(), out.end(), [](const Prediction& p) {
+  const bool has_data = std::any_of(out.begin(), out.end(), [](const Prediction& p) {
     return p.layout.strategy == StrategyKind::kData;
   });
   const auto data = plan.best_pure.find("data parallel");
   const auto pipe = plan.best_pure.find("pipeline");
-  if (data != plan.best_pure.end() && !all_data) {
+  if (data != plan.best_pure.end() && !has_data) {
     add(plan.ranked[data->second]);
   } else if (pipe != plan.best_pure.end()) {
     add(plan.ranked[pipe->second]);

@@ -54,8 +54,8 @@ std::string PlanTable(const Plan& plan, int top);
 std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r);
 
 // The layouts the planner checks by running them: its top 3 and the best pure strategy they
-// leave out (data parallel; the pipeline where they are all data parallel or no
-// data-parallel layout fits), without repeats.
+// leave out (data parallel where none of them is, else the pipeline over every rank; the
+// pipeline too where no data-parallel layout fits), without repeats.
 std::vector<Prediction> LayoutsToCheck(const Plan& plan);
 
 // One checked layout: predicted against measured.

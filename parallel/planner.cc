@@ -964,7 +964,7 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   // CPU workers on fewer cores than workers: the D replicas' stages that compute at each
   // moment share the cores (each replica's like stage computes at the same moments), in the
   // step's compute and in its end, which starts for all once the compute is done.
-  if (r.host_cores > 0 && r.gpus > r.host_cores) {
+  if (r.SharesCores()) {
     const double cores = double(r.host_cores) / D;
     const double computed = K == 1 ? sim.makespan / ShareRate(1, cores)
                                    : SharedCoresStep(*schedule, d, cores, r.waiting_share);

@@ -231,6 +231,8 @@ struct PlanRequest {
   LinkModel link;
   // The choices enumerated beside D x K and the schedules.
   std::vector<int64_t> bucket_bytes = {int64_t{25} << 20};
+  // CPU workers on fewer cores than workers: the steps are simulated sharing the cores.
+  bool SharesCores() const { return host_cores > 0 && gpus > host_cores; }
 };
 
 struct Plan {

@@ -646,6 +646,39 @@ absl::StatusOr<LinkModel> MeasureLink(const char* argv0, int ranks) {
   return link;
 }
 
+// Runs each of `layouts` on `gpus` workers `repeats` times through the launcher, the layouts
+// in turns, so that a slow spell of the host falls on one run of each rather than on every
+// run of one: runs named `prefix`-i (and -rep after the first), labelled with the layout's
+// name and, where `what` is given ("fit, ") or it runs more than once, "(<what>run 2 of 5)".
+// Each layout's runs' figures, in order, in *measured.
+std::optional<int> RunLayouts(Comparison* c, const std::vector<tandem::Layout>& layouts,
+                              int gpus, int repeats, const std::string& prefix,
+                              const std::string& what,
+                              std::vector<std::vector<Figures>>* measured) {
+  c->runs.clear();
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      std::vector<std::string> flags = layouts[i].LauncherFlags();
+      flags.push_back(absl::StrCat("--gpus=", gpus));
+      const std::string suffix = rep == 0 ? "" : absl::StrCat("-", rep + 1);
+      const std::string count =
+          repeats > 1 || !what.empty()
+              ? absl::StrFormat(" (%srun %d of %d)", what, rep + 1, repeats)
+              : "";
+      c->runs.push_back({absl::StrCat(prefix, "-", i + 1, suffix),
+                         absl::StrCat(layouts[i].Name(), count), flags});
+    }
+  }
+  c->refused.assign(c->runs.size(), "");
+  std::vector<Entry> entries;
+  if (std::optional<int> stop = RunAll(*c, &entries)) return stop;
+  measured->assign(layouts.size(), {});
+  for (size_t k = 0; k < entries.size(); ++k) {
+    (*measured)[k % layouts.size()].push_back(ComputeFigures(entries[k], nullptr));
+  }
+  return std::nullopt;
+}
+
 // CPU workers that outnumber the cores: fits r->waiting_share to the fastest of `repeats`
 // runs of the plan's WaitingShareProbe (the checked layouts' measure) and plans again with
 // it (none: the plan as it is, saying so).
@@ -655,25 +688,20 @@ std::optional<int> FitWaitingShareHere(Comparison* c, int repeats, PlanRequest* 
     r->waiting_share_source = "no pipeline to fit it to: 0";
     return std::nullopt;
   }
-  std::vector<std::string> flags = probe->LauncherFlags();
-  flags.push_back(absl::StrCat("--gpus=", r->gpus));
-  c->runs.clear();
-  for (int rep = 1; rep <= repeats; ++rep) {
-    c->runs.push_back({absl::StrCat("waiting-", rep),
-                       absl::StrFormat("%s (fit, run %d of %d)", probe->Name(), rep, repeats),
-                       flags});
-  }
   std::printf("compare --plan: fitting the waiting share to %s ...\n", probe->Name().c_str());
   std::fflush(stdout);
-  c->refused.assign(c->runs.size(), "");
-  std::vector<Entry> entries;
-  if (std::optional<int> stop = RunAll(*c, &entries)) return stop;
+  std::vector<std::vector<Figures>> measured;
+  if (std::optional<int> stop =
+          RunLayouts(c, {*probe}, r->gpus, repeats, "waiting", "fit, ", &measured)) {
+    return stop;
+  }
   double fastest = 0;  // 0: no run completed
   std::string error;    // the first failed run's
-  for (const Entry& e : entries) {
-    const double s = ComputeFigures(e, nullptr).step_seconds;
-    if (s > 0 && (fastest == 0 || s < fastest)) fastest = s;
-    if (!e.ran && error.empty()) error = e.error;
+  for (const Figures& f : measured[0]) {
+    if (f.step_seconds > 0 && (fastest == 0 || f.step_seconds < fastest)) {
+      fastest = f.step_seconds;
+    }
+    if (!f.ran && error.empty()) error = f.error;
   }
   if (fastest == 0) {
     std::fprintf(stderr, "compare --plan: no run of %s completed (%s; %s/runs); give "
@@ -743,8 +771,7 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   c.options.args = o.args;
   c.options.pass = o.model_flags;
   if (std::optional<int> stop = Prepare(argv[0], now, &c)) return *stop;
-  if (o.waiting_share < 0 && o.request.host_cores > 0 &&
-      o.request.gpus > o.request.host_cores) {
+  if (o.waiting_share < 0 && o.request.SharesCores()) {
     std::optional<int> stop = FitWaitingShareHere(&c, o.repeats, &o.request, &*plan);
     if (stop) return *stop;
   }
@@ -754,28 +781,12 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   std::vector<PlanCheck> checks;
   if (o.run) {
     const std::vector<Prediction> checked = LayoutsToCheck(*plan);
-    // Each layout o.repeats times, the layouts in turns, so that a slow spell of the host
-    // falls on one run of each rather than on every run of one.
-    c.runs.clear();
-    for (int rep = 0; rep < o.repeats; ++rep) {
-      for (size_t i = 0; i < checked.size(); ++i) {
-        std::vector<std::string> flags = checked[i].layout.LauncherFlags();
-        flags.push_back(absl::StrCat("--gpus=", o.request.gpus));
-        const std::string suffix = rep == 0 ? "" : absl::StrCat("-", rep + 1);
-        c.runs.push_back(
-            {absl::StrCat("plan-", i + 1, suffix),
-             absl::StrCat(checked[i].layout.Name(),
-                          o.repeats > 1 ? absl::StrFormat(" (run %d of %d)", rep + 1, o.repeats)
-                                        : ""),
-             flags});
-      }
-    }
-    c.refused.assign(c.runs.size(), "");
-    std::vector<Entry> entries;
-    if (std::optional<int> stop = RunAll(c, &entries)) return *stop;
-    std::vector<std::vector<Figures>> measured(checked.size());
-    for (size_t k = 0; k < entries.size(); ++k) {
-      measured[k % checked.size()].push_back(ComputeFigures(entries[k], nullptr));
+    std::vector<tandem::Layout> layouts;
+    for (const Prediction& p : checked) layouts.push_back(p.layout);
+    std::vector<std::vector<Figures>> measured;
+    if (std::optional<int> stop =
+            RunLayouts(&c, layouts, o.request.gpus, o.repeats, "plan", "", &measured)) {
+      return *stop;
     }
     checks = CheckPlan(checked, measured);
     std::printf("\n%s\n", CheckTable(checks).c_str());

@@ -1193,4 +1193,30 @@ absl::StatusOr<double> FitWaitingShare(PlanRequest r, const Layout& probe, doubl
   return (lo + hi) / 2;
 }
 
+std::string HeldOutReason(const Layout& fitted, const Layout& l) {
+  if (l.Name() == fitted.Name()) return "the waiting share was fitted on it";
+  if (l.stages < 2 || l.stages != fitted.stages || l.data_parallel != fitted.data_parallel) {
+    return "";
+  }
+  std::vector<std::string> differ;
+  if (l.strategy != fitted.strategy || l.schedule != fitted.schedule ||
+      l.virtual_stages != fitted.virtual_stages) {
+    differ.push_back("schedule");
+  }
+  if (l.micro_batches != fitted.micro_batches) differ.push_back("micro-batches");
+  if (l.recompute != fitted.recompute) differ.push_back("recomputation");
+  if (l.zero != fitted.zero) differ.push_back("ZeRO-1");
+  if (l.bucket_bytes != fitted.bucket_bytes && l.data_parallel > 1) differ.push_back("buckets");
+  if (l.balance != fitted.balance) differ.push_back("balance");
+  std::string what = differ.empty() ? "nothing the name shows" : differ.back();
+  if (differ.size() >= 2) {
+    differ.pop_back();
+    what = absl::StrCat(absl::StrJoin(differ, ", "), " and ", what);
+  }
+  return absl::StrFormat(
+      "its shape d%dk%d is the one the waiting share was fitted on (%s); it differs from it "
+      "only in %s",
+      l.data_parallel, l.stages, fitted.Name(), what);
+}
+
 }  // namespace tandem

@@ -226,6 +226,9 @@ struct PlanRequest {
   // this host to a measured pipeline step; 0: a waiting rank takes none.
   double waiting_share = 0;
   std::string waiting_share_source;  // how it was had ("fitted to ...", "--waiting-share")
+  // The layout waiting_share was fitted on (WaitingShareProbe's), where it was fitted here:
+  // a check of the plan runs no layout of its shape (HeldOutReason).
+  std::optional<Layout> waiting_share_fit;
   int64_t device_memory = -1;  // bytes per device; -1: not checked
   BlockProfile profile;
   LinkModel link;
@@ -271,6 +274,15 @@ std::optional<Layout> WaitingShareProbe(const Plan& plan);
 // with the share): 0 where even 0 predicts a longer step, 1 where even 1 predicts a shorter
 // one; an error where the probe cannot be predicted.
 absl::StatusOr<double> FitWaitingShare(PlanRequest r, const Layout& probe, double measured_s);
+
+// Why a run of `l` cannot check predictions whose waiting share was fitted on `fitted`: ""
+// where it can. The fitted layout itself ("the waiting share was fitted on it") and every
+// layout of its shape, the same D replicas of K >= 2 stages, whatever its schedule,
+// micro-batches, recomputation, ZeRO-1 or buckets ("its shape d1k4 is the one the waiting
+// share was fitted on (d1k4 1f1b M=8); it differs from it only in schedule and
+// micro-batches"): their steps wait as the fit's did, so the fit has absorbed what the model
+// leaves out of them and their error says little of the model.
+std::string HeldOutReason(const Layout& fitted, const Layout& l);
 
 }  // namespace tandem
 

@@ -515,6 +515,43 @@ TEST(PlannerTest, WaitingShareProbeWaitsTheMost) {
   EXPECT_FALSE(WaitingShareProbe(*MakePlan(Request(1, 16))).has_value());
 }
 
+// What a check may not run once the share is fitted on d1k4 1f1b M=8: the layout itself and
+// every other of its shape d1k4, each saying what it differs in; other shapes are free.
+TEST(PlannerTest, HeldOutReasonNamesTheFitsShape) {
+  Layout fitted;
+  fitted.strategy = StrategyKind::kPipeline;
+  fitted.stages = 4;
+  fitted.schedule = "1f1b";
+  fitted.micro_batches = 8;
+  EXPECT_EQ(HeldOutReason(fitted, fitted), "the waiting share was fitted on it");
+  Layout gpipe = fitted;
+  gpipe.schedule = "gpipe";
+  gpipe.micro_batches = 4;
+  EXPECT_EQ(HeldOutReason(fitted, gpipe),
+            "its shape d1k4 is the one the waiting share was fitted on (d1k4 1f1b M=8); it "
+            "differs from it only in schedule and micro-batches");
+  Layout recompute = fitted;
+  recompute.recompute = true;
+  EXPECT_EQ(HeldOutReason(fitted, recompute),
+            "its shape d1k4 is the one the waiting share was fitted on (d1k4 1f1b M=8); it "
+            "differs from it only in recomputation");
+  Layout model = fitted;
+  model.strategy = StrategyKind::kModel;
+  model.schedule = "";
+  model.micro_batches = 1;
+  model.recompute = true;
+  EXPECT_TRUE(absl::EndsWith(HeldOutReason(fitted, model),
+                             "only in schedule, micro-batches and recomputation"))
+      << HeldOutReason(fitted, model);
+  Layout hybrid = fitted;
+  hybrid.data_parallel = 2;
+  hybrid.stages = 2;
+  EXPECT_EQ(HeldOutReason(fitted, hybrid), "");
+  Layout data;
+  data.data_parallel = 4;
+  EXPECT_EQ(HeldOutReason(fitted, data), "");
+}
+
 TEST(PlannerTest, PlanKeepsToTheMemoryLimit) {
   PlanRequest r = Request(4, 16);
   const Plan all = *MakePlan(r);

@@ -712,6 +712,7 @@ std::optional<int> FitWaitingShareHere(Comparison* c, int repeats, PlanRequest* 
   absl::StatusOr<double> w = FitWaitingShare(*r, *probe, fastest);
   if (w.ok()) {
     r->waiting_share = *w;
+    r->waiting_share_fit = *probe;
     r->waiting_share_source =
         absl::StrFormat("fitted to %s: %.1f ms a step, the fastest of %d runs%s", probe->Name(),
                         fastest * 1e3, repeats,
@@ -779,8 +780,15 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   std::printf("\n%s\n", PlanTable(*plan, o.top).c_str());
   std::fflush(stdout);
   std::vector<PlanCheck> checks;
+  std::vector<std::string> held_out;  // the layouts of the waiting share's fit's shape
   if (o.run) {
-    const std::vector<Prediction> checked = LayoutsToCheck(*plan);
+    const CheckSelection selection = LayoutsToCheck(*plan, o.request.waiting_share_fit);
+    held_out = selection.held_out;
+    for (const std::string& h : held_out) {
+      std::printf("compare --plan: held out of the check: %s\n", h.c_str());
+    }
+    std::fflush(stdout);
+    const std::vector<Prediction>& checked = selection.checked;
     std::vector<tandem::Layout> layouts;
     for (const Prediction& p : checked) layouts.push_back(p.layout);
     std::vector<std::vector<Figures>> measured;
@@ -790,10 +798,10 @@ int PlanMain(int argc, char** argv, absl::Time now) {
     }
     checks = CheckPlan(checked, measured);
     std::printf("\n%s\n", CheckTable(checks).c_str());
-    for (const std::string& v : CheckVerdict(checks)) std::printf("%s\n", v.c_str());
+    for (const std::string& v : CheckVerdict(checks, held_out)) std::printf("%s\n", v.c_str());
   }
   const std::string date = absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone());
-  if (absl::Status s = WritePlanReport(c.out_dir, o, *plan, checks, date); !s.ok()) {
+  if (absl::Status s = WritePlanReport(c.out_dir, o, *plan, checks, held_out, date); !s.ok()) {
     std::fprintf(stderr, "compare --plan: %s\n", std::string(s.message()).c_str());
     return 1;
   }

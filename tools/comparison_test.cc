@@ -949,11 +949,30 @@ TEST(PlanCheckTest, FastestRunAndLargestPeak) {
   EXPECT_DOUBLE_EQ(checks[0].measured.step_seconds, 0.0802);
   EXPECT_EQ(checks[0].step_runs, (std::vector<double>{0.1332, 0.0802}));
   EXPECT_NEAR(checks[0].step_error, -0.01746, 1e-5);  // 78.8 ms against 80.2
+  // Two runs: the median their mean, 106.7 ms; 78.8 ms against it -26.1%; the runs 53.0 ms
+  // apart, 49.7% of it.
+  EXPECT_NEAR(checks[0].median_step, 0.1067, 1e-12);
+  EXPECT_NEAR(checks[0].median_error, -0.26148, 1e-5);
+  EXPECT_NEAR(checks[0].spread, 0.49672, 1e-5);
   EXPECT_EQ(checks[0].measured.peak_bytes, 1100);     // the slower run's, the larger
   EXPECT_NEAR(checks[0].memory_error, -0.09091, 1e-5);
   EXPECT_FALSE(checks[1].measured.ran);
   EXPECT_EQ(checks[1].measured.error, "rank 1 exited with code 3");
   EXPECT_THAT(CheckTable(checks), HasSubstr("a run failed: rank 1 exited with code 3"));
+  EXPECT_THAT(CheckTable(checks), HasSubstr("| 78.8 ms | 80.2 ms | 106.7 ms | 49.7% |"));
+  EXPECT_THAT(CheckVerdict(checks)[0],
+              HasSubstr("1.7% against the fastest run (target 15%): met; 26.1% against the "
+                        "median run: missed; the runs of a layout spread up to 49.7%"));
+
+  // Three runs: the median the middle one, 90 ms; 78.8 ms against it -12.4%, the runs
+  // (110 - 80) / 90 = 33.3% apart.
+  const std::vector<PlanCheck> three =
+      CheckPlan({p}, {{run(0.110, 1000), run(0.080, 1000), run(0.090, 1000)}});
+  ASSERT_EQ(three.size(), 1u);
+  EXPECT_DOUBLE_EQ(three[0].median_step, 0.090);
+  EXPECT_NEAR(three[0].median_error, -0.12444, 1e-5);
+  EXPECT_NEAR(three[0].spread, 0.33333, 1e-5);
+  EXPECT_NEAR(three[0].step_error, -0.015, 1e-12);
 }
 
 // The layouts checked: the top 3 and the best pure strategy they leave out: data parallel
@@ -978,20 +997,79 @@ TEST(PlanCheckTest, LayoutsToCheckTakeAPipelineBesideDataParallel) {
     for (const Prediction& p : ps) out.push_back(p.layout.Name());
     return out;
   };
-  EXPECT_THAT(names(LayoutsToCheck(plan)),
+  EXPECT_THAT(names(LayoutsToCheck(plan, std::nullopt).checked),
               testing::ElementsAre("data D=4 bucket 25 MB", "data D=4 M=2 bucket 25 MB",
                                    "data D=4 M=4 bucket 25 MB", "d1k4 1f1b M=8"));
   // Data parallel and a 2 x 2 pipeline among the top 3: the pipeline over every rank beside.
   std::swap(plan.ranked[2], plan.ranked[4]);
-  EXPECT_THAT(names(LayoutsToCheck(plan)),
+  EXPECT_THAT(names(LayoutsToCheck(plan, std::nullopt).checked),
               testing::ElementsAre("data D=4 bucket 25 MB", "data D=4 M=2 bucket 25 MB",
                                    "d2k2 1f1b M=2 bucket 25 MB", "d1k4 1f1b M=8"));
   // No data parallel among them: the best data parallel beside them.
   plan.ranked = {layout(StrategyKind::kPipeline, 1, 8), layout(StrategyKind::kPipeline, 2, 2),
                  layout(StrategyKind::kPipeline, 2, 4), layout(StrategyKind::kData, 4, 1)};
   plan.best_pure = {{"data parallel", 3}, {"pipeline", 0}};
-  EXPECT_THAT(names(LayoutsToCheck(plan)),
+  EXPECT_THAT(names(LayoutsToCheck(plan, std::nullopt).checked),
               testing::ElementsAre("d1k4 1f1b M=8", "d2k2 1f1b M=2 bucket 25 MB",
+                                   "d2k2 1f1b M=4 bucket 25 MB", "data D=4 bucket 25 MB"));
+}
+
+// The waiting share fitted on d1k4 1f1b M=8: no layout of its shape d1k4 is checked, whatever
+// its schedule or micro-batches; the check takes the best of the others, and names the ones
+// it held out and why.
+TEST(PlanCheckTest, LayoutsToCheckHoldOutTheWaitingSharesFit) {
+  auto layout = [](StrategyKind kind, int replicas, const std::string& schedule,
+                   int micro_batches) {
+    Prediction p;
+    p.layout.strategy = kind;
+    p.layout.data_parallel = replicas;
+    p.layout.stages = kind == StrategyKind::kData ? 1 : 4 / replicas;
+    p.layout.schedule = schedule;
+    p.layout.micro_batches = micro_batches;
+    return p;
+  };
+  Plan plan;
+  plan.ranked = {layout(StrategyKind::kPipeline, 1, "1f1b", 8),
+                 layout(StrategyKind::kPipeline, 1, "gpipe", 4),
+                 layout(StrategyKind::kData, 4, "", 1),
+                 layout(StrategyKind::kPipeline, 2, "1f1b", 2),
+                 layout(StrategyKind::kPipeline, 1, "zb-h1", 8),
+                 layout(StrategyKind::kData, 4, "", 2)};
+  plan.best_pure = {{"pipeline", 0}, {"data parallel", 2}};
+  auto names = [](const std::vector<Prediction>& ps) {
+    std::vector<std::string> out;
+    for (const Prediction& p : ps) out.push_back(p.layout.Name());
+    return out;
+  };
+  // Nothing fitted: the top 3 (data parallel among them) and the pipeline over every rank.
+  const CheckSelection all = LayoutsToCheck(plan, std::nullopt);
+  EXPECT_THAT(names(all.checked),
+              testing::ElementsAre("d1k4 1f1b M=8", "d1k4 gpipe M=4", "data D=4 bucket 25 MB"));
+  EXPECT_TRUE(all.held_out.empty());
+
+  const CheckSelection held = LayoutsToCheck(plan, plan.ranked[0].layout);
+  EXPECT_THAT(names(held.checked),
+              testing::ElementsAre("data D=4 bucket 25 MB", "d2k2 1f1b M=2 bucket 25 MB",
+                                   "data D=4 M=2 bucket 25 MB"));
+  EXPECT_THAT(held.held_out,
+              testing::ElementsAre(
+                  "d1k4 1f1b M=8 (ranked 1): the waiting share was fitted on it",
+                  "d1k4 gpipe M=4 (ranked 2): its shape d1k4 is the one the waiting share was "
+                  "fitted on (d1k4 1f1b M=8); it differs from it only in schedule and "
+                  "micro-batches"));
+  const std::vector<std::string> verdict = CheckVerdict({}, held.held_out);
+  EXPECT_THAT(verdict, testing::Contains(HasSubstr(
+                           "Held out of the check: d1k4 1f1b M=8 (ranked 1): the waiting share")));
+
+  // Without data parallel in the top 3 of the others, its best beside them.
+  plan.ranked = {layout(StrategyKind::kPipeline, 1, "1f1b", 8),
+                 layout(StrategyKind::kPipeline, 2, "1f1b", 2),
+                 layout(StrategyKind::kPipeline, 2, "gpipe", 4),
+                 layout(StrategyKind::kPipeline, 1, "1f1b", 4),
+                 layout(StrategyKind::kPipeline, 2, "1f1b", 4),
+                 layout(StrategyKind::kData, 4, "", 1)};
+  EXPECT_THAT(names(LayoutsToCheck(plan, plan.ranked[0].layout).checked),
+              testing::ElementsAre("d2k2 1f1b M=2 bucket 25 MB", "d2k2 gpipe M=4 bucket 25 MB",
                                    "d2k2 1f1b M=4 bucket 25 MB", "data D=4 bucket 25 MB"));
 }
 

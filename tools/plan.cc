@@ -56,8 +56,9 @@ ABSL_FLAG(double, waiting_share, -1,
           "cores (the fastest of --repeats runs of a pipeline through the launcher, under "
           "--no-run too; 0 where the plan has no pipeline), 0 otherwise)");
 ABSL_FLAG(bool, run, true,
-          "run the top 3 layouts and the best pure strategy they leave out and report "
-          "predicted against measured (--no-run: predict only, after the host's own timings: "
+          "run the top 3 layouts and the best pure strategy they leave out, none of the "
+          "shape the waiting share was fitted on, and report predicted against measured, "
+          "against the fastest and the median of --repeats runs (--no-run: predict only, after the host's own timings: "
           "the link and, where CPU workers outnumber the cores, the waiting share)");
 ABSL_FLAG(int, steps, 20, "steps of each checking run");
 ABSL_FLAG(int, repeats, 5,
@@ -93,7 +94,8 @@ constexpr char kUsage[] =
     "best pure strategy they leave out through the launcher and reports predicted against\n"
     "measured. CPU workers that outnumber the cores: it first fits the share of a core a\n"
     "waiting pipeline worker keeps to runs of a pipeline (--no-run too; --waiting-share\n"
-    "gives it instead).\n"
+    "gives it instead), and then checks no layout of that pipeline's shape (D x K), saying\n"
+    "which it held out.\n"
     "  e.g. bazel run //tools:compare -- --plan --gpus=64 --model=gpt2-small --batch=512 \\\n"
     "         --dtype=bf16 --device=cuda --device-memory=141GB --link=450,3 \\\n"
     "         --block-times=examples/block_times/gpt2-small-h200.json --no-run\n";
@@ -368,27 +370,88 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
   return notes;
 }
 
-std::vector<Prediction> LayoutsToCheck(const Plan& plan) {
-  std::vector<Prediction> out;
-  auto add = [&](const Prediction& p) {
-    for (const Prediction& q : out) {
-      if (q.layout.Name() == p.layout.Name()) return;
+namespace {
+
+// The indices in plan.ranked that the check runs, of those `eligible`: LayoutsToCheck's choice.
+std::vector<size_t> ChooseChecks(const Plan& plan, const std::vector<bool>& eligible) {
+  std::vector<size_t> out;
+  auto add = [&](size_t i) {
+    for (size_t j : out) {
+      if (plan.ranked[j].layout.Name() == plan.ranked[i].layout.Name()) return;
     }
-    out.push_back(p);
+    out.push_back(i);
   };
-  for (size_t i = 0; i < plan.ranked.size() && i < 3; ++i) add(plan.ranked[i]);
-  const bool has_data = std::any_of(out.begin(), out.end(), [](const Prediction& p) {
-    return p.layout.strategy == StrategyKind::kData;
+  auto best = [&](auto&& wanted) -> std::optional<size_t> {
+    for (size_t i = 0; i < plan.ranked.size(); ++i) {
+      if (eligible[i] && wanted(plan.ranked[i].layout)) return i;
+    }
+    return std::nullopt;
+  };
+  for (size_t i = 0; i < plan.ranked.size() && out.size() < 3; ++i) {
+    if (eligible[i]) add(i);
+  }
+  auto is_data = [](const tandem::Layout& l) { return l.strategy == StrategyKind::kData; };
+  const bool has_data = std::any_of(out.begin(), out.end(),
+                                    [&](size_t i) { return is_data(plan.ranked[i].layout); });
+  const std::optional<size_t> data = best(is_data);
+  if (data && !has_data) {
+    add(*data);
+    return out;
+  }
+  const bool any_pipeline = std::any_of(
+      plan.ranked.begin(), plan.ranked.end(), [](const Prediction& p) {
+        return p.layout.strategy == StrategyKind::kPipeline && p.layout.data_parallel == 1;
+      });
+  if (!any_pipeline) return out;
+  const std::optional<size_t> pipe = best([](const tandem::Layout& l) {
+    return l.strategy == StrategyKind::kPipeline && l.data_parallel == 1;
   });
-  const auto data = plan.best_pure.find("data parallel");
-  const auto pipe = plan.best_pure.find("pipeline");
-  if (data != plan.best_pure.end() && !has_data) {
-    add(plan.ranked[data->second]);
-  } else if (pipe != plan.best_pure.end()) {
-    add(plan.ranked[pipe->second]);
+  if (pipe) {
+    add(*pipe);
+    return out;
+  }
+  // The pipeline over every rank held out: the best of a shape the others have not.
+  const std::optional<size_t> other = best([&](const tandem::Layout& l) {
+    return std::none_of(out.begin(), out.end(), [&](size_t j) {
+      const tandem::Layout& k = plan.ranked[j].layout;
+      return k.data_parallel == l.data_parallel && k.stages == l.stages;
+    });
+  });
+  if (other) add(*other);
+  return out;
+}
+
+}  // namespace
+
+CheckSelection LayoutsToCheck(const Plan& plan, const std::optional<tandem::Layout>& fitted) {
+  std::vector<std::string> reasons(plan.ranked.size());
+  std::vector<bool> eligible(plan.ranked.size(), true);
+  if (fitted) {
+    for (size_t i = 0; i < plan.ranked.size(); ++i) {
+      reasons[i] = HeldOutReason(*fitted, plan.ranked[i].layout);
+      eligible[i] = reasons[i].empty();
+    }
+  }
+  CheckSelection out;
+  for (size_t i : ChooseChecks(plan, eligible)) out.checked.push_back(plan.ranked[i]);
+  for (size_t i : ChooseChecks(plan, std::vector<bool>(plan.ranked.size(), true))) {
+    if (!eligible[i]) {
+      out.held_out.push_back(absl::StrFormat("%s (ranked %d): %s", plan.ranked[i].layout.Name(),
+                                             i + 1, reasons[i]));
+    }
   }
   return out;
 }
+
+namespace {
+
+double MedianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
 
 std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
                                  const std::vector<std::vector<Figures>>& measured) {
@@ -405,7 +468,13 @@ std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
       c.measured.peak_bytes = std::max(c.measured.peak_bytes, f.peak_bytes);
     }
     if (c.measured.ran) {
-      c.measured.step_seconds = *std::min_element(c.step_runs.begin(), c.step_runs.end());
+      const auto [lo, hi] = std::minmax_element(c.step_runs.begin(), c.step_runs.end());
+      c.measured.step_seconds = *lo;
+      c.median_step = MedianOf(c.step_runs);
+      if (c.median_step > 0) {
+        c.median_error = (c.predicted.step_s - c.median_step) / c.median_step;
+        c.spread = (*hi - *lo) / c.median_step;
+      }
     }
     if (c.measured.ran && c.measured.step_seconds > 0) {
       c.step_error = (c.predicted.step_s - c.measured.step_seconds) / c.measured.step_seconds;
@@ -421,54 +490,69 @@ std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
 
 std::string CheckTable(const std::vector<PlanCheck>& checks) {
   std::string out =
-      "| layout | predicted step | measured step | each run | error | predicted memory | "
-      "measured peak | error |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      "| layout | predicted step | fastest run | median run | spread of the runs | each run | "
+      "error against the fastest | against the median | predicted memory | measured peak | "
+      "error |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const PlanCheck& c : checks) {
     if (!c.measured.ran) {
       absl::StrAppend(&out, "| ", c.predicted.layout.Name(), " | ", Seconds(c.predicted.step_s),
-                      " | a run failed: ", c.measured.error, " | | | | | |\n");
+                      " | a run failed: ", c.measured.error, " | | | | | | | | |\n");
       continue;
     }
     std::vector<std::string> runs;
     for (double s : c.step_runs) runs.push_back(Seconds(s));
     absl::StrAppend(
-        &out, absl::StrFormat("| %s | %s | %s | %s | %+.1f%% | %s | %s | %+.1f%% |\n",
-                              c.predicted.layout.Name(), Seconds(c.predicted.step_s),
-                              Seconds(c.measured.step_seconds), absl::StrJoin(runs, ", "),
-                              100 * c.step_error, FormatBytes(c.predicted.memory_bytes),
-                              FormatBytes(c.measured.peak_bytes), 100 * c.memory_error));
+        &out, absl::StrFormat(
+                  "| %s | %s | %s | %s | %.1f%% | %s | %+.1f%% | %+.1f%% | %s | %s | %+.1f%% |\n",
+                  c.predicted.layout.Name(), Seconds(c.predicted.step_s),
+                  Seconds(c.measured.step_seconds), Seconds(c.median_step), 100 * c.spread,
+                  absl::StrJoin(runs, ", "), 100 * c.step_error, 100 * c.median_error,
+                  FormatBytes(c.predicted.memory_bytes), FormatBytes(c.measured.peak_bytes),
+                  100 * c.memory_error));
   }
   return out;
 }
 
-std::vector<std::string> CheckVerdict(const std::vector<PlanCheck>& checks) {
+std::vector<std::string> CheckVerdict(const std::vector<PlanCheck>& checks,
+                                      const std::vector<std::string>& held_out) {
   std::vector<std::string> out;
-  double worst_step = 0, worst_memory = 0, fastest = 0;
+  double worst_step = 0, worst_median = 0, worst_spread = 0, worst_memory = 0, fastest = 0;
   int ran = 0;
   for (const PlanCheck& c : checks) {
     if (!c.measured.ran) continue;
     ++ran;
     worst_step = std::max(worst_step, std::abs(c.step_error));
+    worst_median = std::max(worst_median, std::abs(c.median_error));
+    worst_spread = std::max(worst_spread, c.spread);
     worst_memory = std::max(worst_memory, std::abs(c.memory_error));
     if (fastest == 0 || c.measured.step_seconds < fastest) fastest = c.measured.step_seconds;
   }
-  if (ran == 0) return {"No checking run completed."};
-  out.push_back(absl::StrFormat("Largest step-time error %.1f%% (target 15%%): %s.",
-                                100 * worst_step, worst_step <= 0.15 ? "met" : "missed"));
-  out.push_back(absl::StrFormat("Largest memory error %.1f%% (target 10%%): %s.",
-                                100 * worst_memory, worst_memory <= 0.10 ? "met" : "missed"));
-  if (checks[0].measured.ran) {
-    const double behind = checks[0].measured.step_seconds / fastest - 1;
+  if (ran == 0) {
+    out.push_back("No checking run completed.");
+  } else {
     out.push_back(absl::StrFormat(
-        "The layout ranked first, %s, measured %.1f%% behind the fastest measured (target "
-        "5%%): %s.",
-        checks[0].predicted.layout.Name(), 100 * behind, behind <= 0.05 ? "met" : "missed"));
+        "Largest step-time error %.1f%% against the fastest run (target 15%%): %s; %.1f%% "
+        "against the median run: %s; the runs of a layout spread up to %.1f%% of their "
+        "median.",
+        100 * worst_step, worst_step <= 0.15 ? "met" : "missed", 100 * worst_median,
+        worst_median <= 0.15 ? "met" : "missed", 100 * worst_spread));
+    out.push_back(absl::StrFormat("Largest memory error %.1f%% (target 10%%): %s.",
+                                  100 * worst_memory, worst_memory <= 0.10 ? "met" : "missed"));
+    if (checks[0].measured.ran) {
+      const double behind = checks[0].measured.step_seconds / fastest - 1;
+      out.push_back(absl::StrFormat(
+          "The layout ranked first of those checked, %s, measured %.1f%% behind the fastest "
+          "measured (target 5%%): %s.",
+          checks[0].predicted.layout.Name(), 100 * behind, behind <= 0.05 ? "met" : "missed"));
+    }
   }
+  for (const std::string& h : held_out) out.push_back(absl::StrCat("Held out of the check: ", h, "."));
   return out;
 }
 
 absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const Plan& plan,
-                             const std::vector<PlanCheck>& checks, const std::string& date) {
+                             const std::vector<PlanCheck>& checks,
+                             const std::vector<std::string>& held_out, const std::string& date) {
   const PlanRequest& r = o.request;
   std::string command = "bazel run //tools:compare --";
   for (const std::string& a : o.args) absl::StrAppend(&command, " ", a);
@@ -478,7 +562,9 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
   absl::StrAppend(&md, "\n## Ranked layouts\n\n", PlanTable(plan, o.top));
   if (!checks.empty()) {
     absl::StrAppend(&md, "\n## Predicted against measured\n\n", CheckTable(checks), "\n");
-    for (const std::string& v : CheckVerdict(checks)) absl::StrAppend(&md, "- ", v, "\n");
+    for (const std::string& v : CheckVerdict(checks, held_out)) {
+      absl::StrAppend(&md, "- ", v, "\n");
+    }
   }
   Json j;
   j["command"] = command;
@@ -501,7 +587,10 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
   if (!r.waiting_share_source.empty()) {
     j["waiting_share"] = {{"share", JsonNumber(r.waiting_share)},
                           {"source", r.waiting_share_source}};
+    if (r.waiting_share_fit) j["waiting_share"]["fitted_on"] = r.waiting_share_fit->Name();
   }
+  j["held_out"] = Json::array();
+  for (const std::string& h : held_out) j["held_out"].push_back(h);
   auto prediction = [](const Prediction& p) {
     return Json{{"layout", p.layout.Name()},
                 {"flags", absl::StrJoin(p.layout.LauncherFlags(), " ")},
@@ -527,8 +616,11 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
       k["measured_step_seconds"] = JsonNumber(c.measured.step_seconds);
       k["measured_step_runs_seconds"] = Json::array();
       for (double s : c.step_runs) k["measured_step_runs_seconds"].push_back(JsonNumber(s));
+      k["measured_median_step_seconds"] = JsonNumber(c.median_step);
+      k["measured_step_spread"] = JsonNumber(c.spread);
       k["measured_peak_bytes"] = c.measured.peak_bytes;
       k["step_error"] = JsonNumber(c.step_error);
+      k["median_step_error"] = JsonNumber(c.median_error);
       k["memory_error"] = JsonNumber(c.memory_error);
     } else {
       k["error"] = c.measured.error;

@@ -53,10 +53,20 @@ std::string PlanTable(const Plan& plan, int top);
 // What the plan considered and left out, a line each.
 std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r);
 
-// The layouts the planner checks by running them: its top 3 and the best pure strategy they
-// leave out (data parallel where none of them is, else the pipeline over every rank; the
-// pipeline too where no data-parallel layout fits), without repeats.
-std::vector<Prediction> LayoutsToCheck(const Plan& plan);
+// The layouts the planner checks by running them, and those it holds out of the check.
+struct CheckSelection {
+  std::vector<Prediction> checked;
+  // A line for each layout the check would have run but holds out, and why (HeldOutReason):
+  // "d1k4 1f1b M=8 (ranked 2): the waiting share was fitted on it".
+  std::vector<std::string> held_out;
+};
+// Of the layouts not held out by `fitted` (the layout the waiting share was fitted on, where
+// it was; HeldOutReason): the top 3 and the best pure strategy they leave out (data parallel
+// where none of them is, else the pipeline over every rank; the pipeline too where no
+// data-parallel layout fits), where that pure strategy is held out the best layout of a shape
+// none of them has, without repeats. held_out names the layouts that the same choice over
+// every layout would have run and that are held out.
+CheckSelection LayoutsToCheck(const Plan& plan, const std::optional<tandem::Layout>& fitted);
 
 // One checked layout: predicted against measured.
 struct PlanCheck {
@@ -66,20 +76,26 @@ struct PlanCheck {
   // false where a run did not complete (measured.error says why).
   Figures measured;
   std::vector<double> step_runs;  // each run's step
-  double step_error = 0;     // (predicted - measured) / measured
+  double step_error = 0;     // (predicted - measured) / measured, against the fastest run
+  double median_step = 0;    // the median run's step (of an even count, the mean of the two)
+  double median_error = 0;   // (predicted - median_step) / median_step
+  double spread = 0;         // (slowest - fastest) / median_step of its runs
   double memory_error = 0;
 };
 // measured[i]: each run of checked[i].
 std::vector<PlanCheck> CheckPlan(const std::vector<Prediction>& checked,
                                  const std::vector<std::vector<Figures>>& measured);
 // The check's table and verdict lines: every error against its target (step 15%, memory
-// 10%), and whether the layout ranked first is within 5% of the fastest measured.
+// 10%), against the fastest run and against the median, and whether the layout ranked first
+// is within 5% of the fastest measured; `held_out`'s lines after them.
 std::string CheckTable(const std::vector<PlanCheck>& checks);
-std::vector<std::string> CheckVerdict(const std::vector<PlanCheck>& checks);
+std::vector<std::string> CheckVerdict(const std::vector<PlanCheck>& checks,
+                                      const std::vector<std::string>& held_out = {});
 
 // plan.md and plan.json in `dir`.
 absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const Plan& plan,
-                             const std::vector<PlanCheck>& checks, const std::string& date);
+                             const std::vector<PlanCheck>& checks,
+                             const std::vector<std::string>& held_out, const std::string& date);
 
 }  // namespace tools
 }  // namespace tandem

@@ -86,6 +86,17 @@ for c in checks:
   runs = c["measured_step_runs_seconds"]  # --repeats=2, the step the fastest's
   assert len(runs) == 2 and min(runs) > 0, c
   assert abs(c["measured_step_seconds"] - min(runs)) < 1e-12, c
+  # Beside the fastest: the median run (of two, their mean) and the runs' spread about it.
+  median = sum(runs) / 2
+  assert abs(c["measured_median_step_seconds"] - median) < 1e-9, c
+  assert abs(c["median_step_error"] - (c["step_seconds"] / median - 1)) < 1e-6, c
+  assert abs(c["measured_step_spread"] - (max(runs) - min(runs)) / median) < 1e-6, c
+# Nothing held out where no waiting share was fitted; each one held out names its reason.
+fit = plan.get("waiting_share", {}).get("fitted_on")
+assert bool(plan["held_out"]) == bool(fit), (plan["held_out"], fit)
+for h in plan["held_out"]:
+  assert "waiting share was fitted on" in h, h
+  assert not any(c["layout"].split(" ")[0] == fit.split(" ")[0] for c in checks), checks
 PY
 grep -q "^## Predicted against measured" "$tmp/run/plan.md" || fail "plan.md has no check"
 

@@ -34,6 +34,14 @@ expect "$s" "the allocator's peak was 2.9 GB."
 expect "$s" "LinearBackward                  147       60.00"
 expect "$s" "tokens/s over the GPU's peak (989 TFLOP/s, the dense bf16 peak of the H200 SXM)"
 expect "$s" "with the faster Tandem run (Tandem, flash attention): MFU 19.2% (not met), 1.07x PyTorch (met)."
+# Each binary's counts; the first losses; f16's row (215579 / 240000 = 0.898) and its skipped
+# steps, and f16 not taken as the faster run though it is faster than standard attention.
+expect "$s" "- cuda_ops_test: 1 passed, 1 failed, 0 skipped (41s)"
+expect "$s" "- Tandem, standard attention: first losses 10.9402, 10.8215, 10.5133, 10.1120, 9.7015 (steps 1-5; CPU step 1 10.9266, ln(50304) 10.8258)."
+expect "$s" "- Tandem, flash attention: first losses 10.9398, 10.8211"
+expect "$s" "| Tandem, f16 with loss scaling, standard attention | 38.00 | 215,579 | - | - | 0.90 |"
+expect "$s" "- Tandem, f16 with loss scaling, standard attention: the loss scaler skipped 2 of 30 steps."
+[ "$(grep -c '^- failed: ' "$s")" -eq 1 ] || fail "not one failure in the section"
 
 # In place: the GPU section between two others replaced, the rest byte for byte.
 check "--into replaces the GPU section in place, the rest byte for byte"

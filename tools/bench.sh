@@ -5,8 +5,10 @@
 # sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
 # bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, ZeRO-1's optimizer state per
 # rank, CPU streams (asynchronous against immediate), MPI doorbells (on against off), the
-# planner's predictions against runs,
-# and PyTorch on the same model where it is installed. Takes about 20 minutes on 2 cores.
+# planner's predictions against runs (the development configuration and two held out from
+# it), and PyTorch on the same model where it is installed. Takes about 25 minutes on 2 cores.
+# It refuses to start on a tree with uncommitted changes (the report names the commit the
+# binaries were built from) unless TANDEM_BENCH_DIRTY=1, which stamps the report dirty.
 set -euo pipefail
 
 runfiles="${RUNFILES_DIR:-$0.runfiles}/tandem"
@@ -17,6 +19,25 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 mpi=(mpirun --oversubscribe --bind-to none --mca btl self,vader)
 
 step() { echo "bench: $*" >&2; }
+
+# The commit the binaries were built from, read now (not after the run, when the tree may
+# have moved on), and the machine's cores: run.json, which the report takes its facts from.
+tree="${BUILD_WORKSPACE_DIRECTORY:-$(pwd)}"
+commit="$(git -C "$tree" rev-parse HEAD 2>/dev/null || true)"
+if [ -z "$commit" ]; then
+  echo "bench: $tree is not a git checkout: the report could not name its commit" >&2
+  exit 1
+fi
+dirty=false
+if [ -n "$(git -C "$tree" status --porcelain 2>/dev/null)" ]; then
+  dirty=true
+  if [ "${TANDEM_BENCH_DIRTY:-}" != 1 ]; then
+    echo "bench: the tree at ${commit:0:7} has uncommitted changes; commit them, or set" \
+      "TANDEM_BENCH_DIRTY=1 to stamp the report dirty" >&2
+    exit 1
+  fi
+fi
+echo "{\"commit\": \"$commit\", \"dirty\": $dirty, \"cores\": $(nproc)}" >"$out_dir/run.json"
 
 step "all-reduce, all-gather, reduce-scatter: Tandem's MPI communicator against raw MPI (2 ranks)"
 for collective in all_reduce all_gather reduce_scatter; do
@@ -76,6 +97,12 @@ for np in 2 4; do
   "$runfiles/tools/compare" --plan --gpus=$np --model=gpt-tiny --batch=16 --steps=20 \
     --out="$out_dir/plan$np" >"$out_dir/plan$np.txt" 2>&1 || true
 done
+step "planner held out: a GPT of 6 layers, d_model 192 on 4 workers and an MLP on 2, never tuned on"
+"$runfiles/tools/compare" --plan --gpus=4 --model=gpt --n-layer=6 --d-model=192 --n-head=6 \
+  --seq-len=128 --batch=24 --steps=10 --repeats=3 --out="$out_dir/heldout-gpt4" \
+  >"$out_dir/heldout-gpt4.txt" 2>&1 || true
+"$runfiles/tools/compare" --plan --gpus=2 --model=mlp --batch=32 --steps=10 --repeats=3 \
+  --out="$out_dir/heldout-mlp2" >"$out_dir/heldout-mlp2.txt" 2>&1 || true
 start=$(date +%s%N)
 "$runfiles/tools/compare" --plan --gpus=64 --model=gpt2-small --batch=512 --dtype=bf16 \
   --device=cuda --device-memory=141GB --link=50,5 \

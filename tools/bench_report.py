@@ -5,7 +5,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 
 
@@ -14,7 +13,25 @@ def lines(path):
         return [json.loads(l) for l in f if l.strip().startswith("{")]
 
 
-def machine():
+def run_record(d):
+    """What tools/bench.sh recorded as it started (run.json): the commit the binaries were
+    built from, whether the tree had uncommitted changes, the machine's cores (nproc)."""
+    path = os.path.join(d, "run.json")
+    if not os.path.exists(path):
+        sys.exit(f"bench_report: no {path}: tools/bench.sh writes it as the bench starts")
+    with open(path) as f:
+        return json.load(f)
+
+
+def cores_phrase(workers, cores):
+    """'The 4 workers share 2 cores here' or 'each of the 4 workers has a core of its own
+    here (8 cores)'."""
+    if workers > cores:
+        return f"the {workers} workers share {cores} core{'s' if cores != 1 else ''} here"
+    return f"each of the {workers} workers has a core of its own here ({cores} cores)"
+
+
+def machine(cores):
     cpu = "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
@@ -24,7 +41,7 @@ def machine():
                     break
     except OSError:
         pass
-    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}"
+    return f"{cores} cores, {cpu}, {platform.system()} {platform.release()}"
 
 
 def ops_tables(data):
@@ -89,8 +106,8 @@ def performance_work(variant, op_gain, train_text, yields):
           "same run.\n")
     print("1. The CPU ops are compiled for the base instruction set, AVX2 and AVX-512 in one "
           "binary, and the widest one the CPU runs is chosen at start, as ATen's CPU "
-          "capability dispatch does (the profile named GELU, softmax and layernorm loops "
-          "compiled 4 lanes wide). The variants give the same bits (no multiply-add "
+          "capability dispatch does (when the change was made, a profile named GELU, softmax "
+          "and layernorm loops compiled 4 lanes wide; the commit log has it). The variants give the same bits (no multiply-add "
           "contraction, reductions in fixed lanes; `//runtime:cpu_isa_test` compares every "
           "op's bytes), so the base variant stays in the binary as a baseline any run can "
           "measure.")
@@ -102,7 +119,8 @@ def performance_work(variant, op_gain, train_text, yields):
     print("2. The launcher starts CPU data-parallel workers with Open MPI's "
           "`mpi_yield_when_idle` (a value the user set stands), so the communication thread, "
           "waiting inside `MPI_Allreduce`, yields its core to backward instead of polling on it "
-          "(the profile: overlapped all-reduces made the step slower than `--no-overlap`). "
+          "(when the change was made, a profile found overlapped all-reduces making the step "
+          "slower than `--no-overlap`; the commit log has it, this run's figures follow). "
           "Point-to-point transfers (the pipeline's) never busy-poll: the communication thread "
           "sleeps between polls on its process's doorbell, which the peer rings "
           "(docs/DESIGN.md, section 3).")
@@ -305,7 +323,7 @@ def zero_section(d):
     print()
 
 
-def hybrid_section(d):
+def hybrid_section(d, cores):
     """Tokens/s of hybrid layouts on 4 workers against data parallel on the same 4, each case's
     ratio the median over rounds of its ratio to data parallel in the same round
     (parallel/strategy_bench hybrid)."""
@@ -323,8 +341,9 @@ def hybrid_section(d):
           "(`--data-parallel=2`), every pipeline in micro-batches of 4 rows; "
           "`parallel/strategy_bench hybrid` runs each case in turn, in rounds, in one job. "
           "`vs data parallel` is the median over rounds of the case's tokens/s over data "
-          "parallel's in the same round. The 4 workers share 2 cores here, so the absolute "
-          "figures say little, and every case's collectives run with Open MPI's busy polling "
+          f"parallel's in the same round. {cores_phrase(4, cores).capitalize()}"
+          + (", so the absolute figures say little" if cores < 4 else "") +
+          ", and every case's collectives run with Open MPI's busy polling "
           "(the launcher yields the core only under plain data parallelism; the pipelines' "
           "point-to-point transfers never busy-poll).\n")
     print("| layout | schedule | micro-batches | ZeRO-1 | rounds | tokens/s (median) | "
@@ -339,7 +358,49 @@ def hybrid_section(d):
     print()
 
 
-def pipeline_section(rows, base):
+def pipeline_facts(rows, cores):
+    """The pipeline section's sentences that depend on the run: which rows the replay with
+    handovers overshoots, whether the steps were traced, GPipe at M = 16's rounds, and where
+    the stages outnumber the cores."""
+    name = lambda s: f"{s['schedule']} K={s['stages']} M={s['micro_batches']}"
+    below = [s for s in rows if s.get("bubble_ratio_with_handovers", 1) < 1]
+    crowded = sorted({s["stages"] for s in rows if s["stages"] > cores})
+    out = []
+    if below:
+        out.append(
+            "Below 1 (here " + ", ".join(name(s) for s in below) + "), the replay with the "
+            "handover waits longer than the steps did: the handover's median was longer than "
+            "most of the waits it stands for" +
+            (f"; with {crowded[-1]} stages on {cores} cores a stream's wait for a receive also "
+             "covers earlier groups held up by time-slicing, so the replay overshoots. "
+             if any(s["stages"] > cores for s in below) else ". "))
+    traced = [s.get("traced") for s in rows if "traced" in s]
+    out.append("GPipe's waits include each receive's issue: its communication thread, woken as "
+               "the stream passes the previous compute action (the receive's buffer is ready "
+               "only in the stream's order), runs on the stream's core, so even a receive whose "
+               "data came long before waits for that wake-up, which the model has no place for "
+               "(docs/DESIGN.md, section 5); this run does not time those waits apart. ")
+    if traced:
+        out.append("This run's pipeline steps were " +
+                   ("traced (`STRATEGY_BENCH_TRACE`), which adds to every wait. " if all(traced)
+                    else "not traced (tracing, `STRATEGY_BENCH_TRACE`, adds to every wait). "))
+    g16 = next((s for s in rows if s["schedule"] == "gpipe" and s["micro_batches"] == 16), None)
+    if g16 and g16.get("bubble_ratio_with_handovers_rounds"):
+        r = g16["bubble_ratio_with_handovers_rounds"]
+        out.append(f"GPipe at M = 16 on {g16['stages']} stages measured "
+                   + ", ".join(f"{x:.2f}" for x in r)
+                   + f" with handovers in its {len(r)} round{'s' if len(r) != 1 else ''} here. ")
+    if crowded:
+        k = ", ".join(str(c) for c in crowded)
+        out.append(f"With {k} stages on {cores} cores the workers share cores, so waiting "
+                   f"includes time-slicing; the rows of at most {cores} stages are the clean "
+                   "ones. ")
+    elif rows:
+        out.append(f"Every stage has a core of its own here ({cores} cores). ")
+    return "".join(out)
+
+
+def pipeline_section(rows, base, cores):
     rounds = max((s.get("rounds", 1) for s in rows), default=1)
     print("## Pipeline (gpt-tiny, global batch 32)\n")
     print("Measured bubble: the time a stage waits on another (for an activation or gradient, "
@@ -347,7 +408,7 @@ def pipeline_section(rows, base):
           "step's time but the optimizer's, averaged over stages. Expected: the same figure "
           "for the schedule simulated (`SimulateSchedule`) replaying each measured step with "
           "every forward (with its input wait), B and W taking its own measured time and "
-          "transfers taking no time, the median over the steps; measured / expected is the "
+          "transfers taking no time, the median over the steps; measured / without handovers is the "
           "median over the steps of each step's measured bubble over its own replay (so a "
           "step slowed by the rest of the machine is set against itself), and near 1 it "
           "says the runtime adds little waiting of its own. From medians: one simulation with "
@@ -370,16 +431,7 @@ def pipeline_section(rows, base):
           "micro-batch's transfers on the critical path (on 2 stages, stage 1 needs the next "
           "activation right after each backward), so their bubbles carry a handover per "
           "micro-batch that the replay without them leaves out; with them, the remaining "
-          "ratio is what the runtime waits beyond its transfers. Below 1, the handover's "
-          "median was longer than most: with 4 stages on 2 cores a stream's wait for a "
-          "receive also covers earlier groups held up by time-slicing, so the replay "
-          "overshoots. GPipe's waits include "
-          "each receive's issue: its communication thread, woken as the stream passes the "
-          "previous compute action (the receive's buffer is ready only in the stream's "
-          "order), runs on the stream's core, so even a receive whose data came long before "
-          "waits 0.1-0.27 ms, which the model has no place for (docs/DESIGN.md, section 5); "
-          "tracing adds to it (GPipe at M = 16 measured 1.17-1.26 with handovers in 3 traced "
-          "rounds, 1.08-1.12 in 3 untraced ones). "
+          "ratio is what the runtime waits beyond its transfers. " + pipeline_facts(rows, cores) +
           "The MPI communication "
           "thread waits for its transfers asleep on its process's doorbell, which the peer "
           "rings when it posts or finishes a transfer, rather than busy-polling, and runs on "
@@ -391,21 +443,22 @@ def pipeline_section(rows, base):
           "model chunks a stage (K-1)/(vM+K-1) (Narayanan et al.; here v = 2, with M a "
           "multiple of K), ZB-H1's (K-1)/(3M+K-1) (Qi et "
           "al., from M = K on). Interleaving cuts the bubble for twice the transfers, each on "
-          "the critical path, so on CPU workers its measured bubble gains least. With 4 "
-          "stages on 2 cores the "
-          "workers share cores, so waiting includes time-slicing; the 2-stage rows are the "
-          "clean ones. Throughput is against one worker (data table above). Activation "
+          "the critical path, so on CPU workers its measured bubble gains least. The handover "
+          "is taken from the same steps the replay replays, so measured / with handovers is "
+          "near 1 partly by construction: beside it stand the measured bubble over the replay "
+          "without handovers and over the textbook formula. Throughput is against one worker (data table above). Activation "
           "peak: each stage's peak of the allocator's requested bytes above its model state "
           "during a step (the requests, not the cached blocks that served them, so that a "
           "case does not depend on the cases before it), stage 0 first; under ZB-H1 it "
           "includes what the deferred Ws keep, so its later stages hold more than 1F1B's, and "
           "Qi et al.'s claim is that no stage holds more than 1F1B's largest (docs/DESIGN.md, "
           "section 5).\n")
-    print("| schedule | stages K | micro-batches M | measured bubble | expected | measured / expected "
-          "| from medians | handover ms (count) | expected with handovers "
-          "| measured / with handovers | textbook | tokens/s vs 1 worker "
-          "| activation peak per stage MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| schedule | stages K | micro-batches M | measured bubble | expected | from medians "
+          "| handover ms (count), from the same steps | expected with handovers "
+          "| measured / with handovers (handover from the same steps) "
+          "| measured / without handovers | measured / textbook | textbook "
+          "| tokens/s vs 1 worker | activation peak per stage MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in rows:
         rel = s["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
         expected = s.get("bubble_expected")
@@ -420,15 +473,21 @@ def pipeline_section(rows, base):
         textbook = f"{textbook:.3f}" if textbook is not None else "-"
         handover = (f"{s['handover_ms']:.2f} ({s['handovers']})" if "handover_ms" in s
                     else "-")
+        if s.get("bubble_ratio_textbook") is not None:
+            by_textbook = f"{s['bubble_ratio_textbook']:.2f}"
+        elif s.get("bubble_textbook"):
+            by_textbook = f"{s['bubble_measured'] / s['bubble_textbook']:.2f}"
+        else:
+            by_textbook = "-"
         with_handovers = opt('bubble_ratio_with_handovers', '.2f')
         if len(s.get("bubble_ratio_with_handovers_rounds", [])) > 1:
             with_handovers += " (" + ", ".join(
                 f"{r:.2f}" for r in s["bubble_ratio_with_handovers_rounds"]) + ")"
         print(f"| {name} | {s['stages']} | {s['micro_batches']} | "
-              f"{s['bubble_measured']:.3f} | {opt('bubble_expected', '.3f')} | {ratio} | "
+              f"{s['bubble_measured']:.3f} | {opt('bubble_expected', '.3f')} | "
               f"{opt('bubble_expected_medians', '.3f')} | {handover} | "
               f"{opt('bubble_expected_with_handovers', '.3f')} | "
-              f"{with_handovers} | {textbook} | {rel:.2f} | {peaks} |")
+              f"{with_handovers} | {ratio} | {by_textbook} | {textbook} | {rel:.2f} | {peaks} |")
     print()
     # Qi et al.'s bubble times from ZB-H1's measured F, B (input gradient) and W, each the
     # mean over the stages that ran it (B and W: the stages that split their backward).
@@ -474,55 +533,84 @@ def pipeline_section(rows, base):
         print()
 
 
+# compare --plan's runs in tools/bench.sh: (folder, what it is). gpt-tiny at batch 16 on 2 and 4
+# workers is the configuration every term of the model was developed on; the other two were
+# written into the bench once, as an evaluation held out from that development, and their
+# errors are shown as they come.
+PLAN_RUNS = (("plan2", "development"), ("plan4", "development"),
+             ("heldout-gpt4", "held out"), ("heldout-mlp2", "held out"))
+
+
 def planner_section(d):
-    """compare --plan's predictions against the runs it checks itself on (plan.json), and how
-    long planning 64 H200s took."""
-    runs = [(np, os.path.join(d, f"plan{np}", "plan.json")) for np in (2, 4)]
-    if not any(os.path.exists(p) for _, p in runs):
+    """compare --plan's predictions against the runs it checks itself on (plan.json): the
+    development configuration and the held-out ones, and how long planning 64 H200s took."""
+    runs = [(name, kind, os.path.join(d, name, "plan.json")) for name, kind in PLAN_RUNS]
+    if not any(os.path.exists(p) for _, _, p in runs):
         return
-    repeats = max((len(c.get("measured_step_runs_seconds", []))
-                   for _, p in runs if os.path.exists(p)
-                   for c in json.load(open(p))["checks"]), default=1)
-    print("## Planner: predicted against measured (gpt-tiny, global batch 16)\n")
-    print("`bazel run //tools:compare -- --plan --gpus=N --model=gpt-tiny --batch=16 --steps=20`: "
-          "block times and the workers' finish spread measured here, the link timed with as many "
-          "workers as the plan has (2 to 8), where the workers outnumber the cores the share "
-          "of a core a waiting pipeline worker keeps fitted to the fastest of --repeats runs of "
-          "1F1B, every layout "
-          "predicted; "
-          "then its top 3 layouts and the best pure strategy they leave out (data parallel "
-          "where none of them is, else the pipeline over every rank) run through the launcher. "
-          "Error is "
-          "(predicted - measured) / measured; the step is the slowest rank's mean after warm-up, "
-          f"the fastest of {repeats} runs of each layout taken in turns (each run's in the runs "
-          "column; a slower run met the host's other work), "
-          "the memory the largest rank's allocator peak against the launcher's estimate. "
-          "Targets: step 15%, memory 10%, the layout ranked first within 5% of the fastest "
-          "measured.\n")
-    print("| workers | layout | predicted step ms | measured step ms | runs ms | step error | "
-          "predicted memory MB | measured peak MB | memory error |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    plans = {}
+    for name, _, path in runs:
+        if os.path.exists(path):
+            with open(path) as f:
+                plans[name] = json.load(f)
+    repeats = sorted({len(c.get("measured_step_runs_seconds", []))
+                      for p in plans.values() for c in p["checks"] if c.get("ran")})
+    print("## Planner: predicted against measured\n")
+    print("`bazel run //tools:compare -- --plan ...` (each configuration's command below): "
+          "block times and the workers' finish spread measured here, the link timed with as "
+          "many workers as the plan has (2 to 8), where the workers outnumber the cores the "
+          "share of a core a waiting pipeline worker keeps fitted to the fastest of --repeats "
+          "runs of 1F1B over every rank, every layout predicted; then its top 3 layouts and the "
+          "best pure strategy they leave out run through the launcher, none of the shape the "
+          "waiting share was fitted on (the lines below name those held out). The development "
+          "configuration (gpt-tiny, global batch 16, on 2 and 4 workers) is the one every term "
+          "of the model was added on after a miss; the held-out configurations were written "
+          "into the bench once and never tuned against, and their errors stand as they come. "
+          "Error is (predicted - measured) / measured, against the fastest run (a slower run "
+          "met the host's other work) and against the median run; spread is (slowest - "
+          "fastest) / median of a layout's runs ("
+          + (" or ".join(str(r) for r in repeats) if repeats else "no")
+          + " runs of each, the layouts taken in turns); the step is the slowest rank's mean "
+          "after warm-up, the memory the largest rank's allocator peak against the launcher's "
+          "estimate. Targets: step 15%, memory 10%, the layout ranked first within 5% of the "
+          "fastest measured.\n")
+    print("| configuration | model, batch, workers | layout | predicted step ms | fastest run ms "
+          "| median run ms | spread | runs ms | error against fastest | against median "
+          "| predicted memory MB | measured peak MB | memory error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     verdicts = []
-    for np, path in runs:
-        if not os.path.exists(path):
-            print(f"| {np} | did not run (see plan{np}.txt) | | | | | | | |")
+    for name, kind, _ in runs:
+        plan = plans.get(name)
+        if plan is None:
+            print(f"| {kind} | did not run (see {name}.txt) | | | | | | | | | | | |")
             continue
-        with open(path) as f:
-            plan = json.load(f)
+        batch = re.search(r"--batch=(\d+)", plan.get("command", ""))
+        what = (f"{plan['model']}; batch {batch.group(1) if batch else '?'}, "
+                f"{plan['gpus']} workers")
+        label = f"{kind}: {what}"
         checks = plan["checks"]
         if "waiting_share" in plan:
             waiting = plan["waiting_share"]
-            verdicts.append(f"{np} workers: a waiting pipeline worker takes "
+            verdicts.append(f"{label}: a waiting pipeline worker takes "
                             f"{waiting['share']:.2f} of a computing one's turn on the cores "
                             f"({waiting['source']}).")
+        for h in plan.get("held_out", []):
+            verdicts.append(f"{label}: held out of the check: {h}.")
         ran = [c for c in checks if c.get("ran")]
         for c in checks:
             if not c.get("ran"):
-                print(f"| {np} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | did not run | | | | | |")
+                print(f"| {kind} | {what} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | "
+                      "did not run | | | | | | | | |")
                 continue
             each = ", ".join(f"{1e3 * s:.1f}" for s in c.get("measured_step_runs_seconds", []))
-            print(f"| {np} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | "
-                  f"{1e3 * c['measured_step_seconds']:.1f} | {each} | {100 * c['step_error']:+.1f}% | "
+            median = c.get("measured_median_step_seconds")
+            median_error = c.get("median_step_error")
+            spread = c.get("measured_step_spread")
+            print(f"| {kind} | {what} | {c['layout']} | {1e3 * c['step_seconds']:.1f} | "
+                  f"{1e3 * c['measured_step_seconds']:.1f} | "
+                  f"{f'{1e3 * median:.1f}' if median is not None else '-'} | "
+                  f"{f'{100 * spread:.1f}%' if spread is not None else '-'} | {each} | "
+                  f"{100 * c['step_error']:+.1f}% | "
+                  f"{f'{100 * median_error:+.1f}%' if median_error is not None else '-'} | "
                   f"{c['memory_bytes'] / 2**20:.1f} | {c['measured_peak_bytes'] / 2**20:.1f} | "
                   f"{100 * c['memory_error']:+.1f}% |")
         if ran:
@@ -530,16 +618,22 @@ def planner_section(d):
             first = checks[0]
             behind = (first["measured_step_seconds"] / fastest - 1) if first.get("ran") else float("nan")
             worst_step = max(abs(c["step_error"]) for c in ran)
+            worst_median = max(abs(c.get("median_step_error", float("nan"))) for c in ran)
             worst_mem = max(abs(c["memory_error"]) for c in ran)
             verdicts.append(
-                f"{np} workers: largest step error {100 * worst_step:.1f}% "
-                f"({'within' if worst_step <= 0.15 else 'over'} 15%), largest memory error "
-                f"{100 * worst_mem:.1f}% ({'within' if worst_mem <= 0.10 else 'over'} 10%), the "
-                f"layout ranked first {100 * behind:.1f}% behind the fastest measured "
+                f"{label}: largest step error {100 * worst_step:.1f}% against the fastest run "
+                f"({'within' if worst_step <= 0.15 else 'over'} 15%), {100 * worst_median:.1f}% "
+                f"against the median ({'within' if worst_median <= 0.15 else 'over'} 15%); "
+                f"largest memory error {100 * worst_mem:.1f}% "
+                f"({'within' if worst_mem <= 0.10 else 'over'} 10%); the layout ranked first "
+                f"of those checked {100 * behind:.1f}% behind the fastest measured "
                 f"({'within' if behind <= 0.05 else 'over'} 5%).")
     print()
     for v in verdicts:
         print(f"- {v}")
+    commands = [(kind, plans[name]["command"]) for name, kind, _ in runs if name in plans]
+    for kind, command in commands:
+        print(f"- {kind}: `{command}`")
     timing = os.path.join(d, "plan64.json")
     if os.path.exists(timing):
         with open(timing) as f:
@@ -552,12 +646,21 @@ def planner_section(d):
 def main():
     d = sys.argv[1]
     now = datetime.date.today().isoformat()
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, cwd=os.environ.get("BUILD_WORKSPACE_DIRECTORY", ".")).stdout.strip()
+    record = run_record(d)
+    cores = int(record["cores"])
+    rev = record.get("commit", "")[:7]
+    if not rev:
+        sys.exit("bench_report: run.json names no commit: the bench ran outside a git checkout")
+    stamp = f"commit {rev}"
+    if record.get("dirty"):
+        if os.environ.get("TANDEM_BENCH_DIRTY") != "1":
+            sys.exit(f"bench_report: the tree at {rev} had uncommitted changes when the bench "
+                     "started; commit them, or set TANDEM_BENCH_DIRTY=1 to stamp it dirty")
+        stamp += " with uncommitted changes (dirty; TANDEM_BENCH_DIRTY=1)"
     strat = lines(os.path.join(d, "strategy.jsonl"))
     torch = lines(os.path.join(d, "pytorch.jsonl"))
     print("# Benchmarks\n")
-    print(f"Measured {now} on {machine()}, commit {rev or 'unknown'}, with "
+    print(f"Measured {now} on {machine(cores)}, {stamp} (read as the bench started), with "
           "`bazel run //tools:bench` (it rewrites this file). CPU workers, one BLAS thread "
           "each. These machines are noisy: compare the ratios, each measured against its "
           "baseline in the same run, rather than absolute figures.\n")
@@ -591,6 +694,10 @@ def main():
         print(f"| {s['workers']} | {s['case']} | {s['bucket_mb']:g} | "
               f"{s['tokens_per_second']:.0f} | {sp:.2f} | {sp / s['workers']:.2f} |")
     two = {(s["case"], s["bucket_mb"]): s for s in data if s["workers"] == 2}
+    zero_path = os.path.join(d, "zero.jsonl")
+    params = next((r["params"] for r in (lines(zero_path) if os.path.exists(zero_path) else [])),
+                  0)
+    gradient_mb = 4 * params / 2**20
     ov, no = two.get(("13 buckets, overlap", 0.5)), two.get(("13 buckets, no-overlap", 0.5))
     if ov and no:
         hidden = lambda s: max(0.0, 1 - s["exposed_comm_seconds"] / s["comm_seconds"]) if s["comm_seconds"] else 0
@@ -607,12 +714,16 @@ def main():
               f"communicator's busy time, exposed is the time the step waited for it. On CPU "
               f"workers with one core each, the communication thread that hides the all-reduce "
               f"runs on the same cores as backward, so hiding it cannot make the step much "
-              f"shorter here (and, polling busily, it made it longer: performance work below); "
-              f"on GPUs the all-reduce runs on the device beside the compute stream. At "
-              f"the default 25 MB, gpt-tiny's 6.6 MB of gradients are one bucket, all-reduced "
-              f"after backward.\n")
-    pipeline_section([s for s in strat if s["bench"] == "pipeline"], base)
-    hybrid_section(d)
+              f"shorter here (and, polling busily, it made it longer when the launcher's "
+              f"yielding was added: performance work below has this run's figures); "
+              f"on GPUs the all-reduce runs on the device beside the compute stream. "
+              + (f"At the default 25 MB, gpt-tiny's {gradient_mb:.1f} MB of gradients (f32, from "
+                 f"the ZeRO-1 runs' parameter count) are "
+                 + ("one bucket, all-reduced after backward." if gradient_mb <= 25 else
+                    f"{-(-gradient_mb // 25):.0f} buckets.") if gradient_mb else "")
+              + "\n")
+    pipeline_section([s for s in strat if s["bench"] == "pipeline"], base, cores)
+    hybrid_section(d, cores)
     zero_section(d)
     planner_section(d)
     print("## Against PyTorch on the same model\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The closing line of continuous integration, "N passed, N failed, N skipped", counted per
-# test target from Bazel's summary (bazel test --test_summary=short: one line per target,
+# The closing line of continuous integration, "N passed, N failed, N skipped; cases: N passed,
+# N failed, N skipped", counted per test target and per test case from Bazel's summary (bazel test --test_summary=short: one line per target,
 # "//pkg:name  (cached) PASSED in 1.2s", or FAILED, TIMEOUT, FLAKY, NO STATUS, FAILED TO
 # BUILD, ...) and each target's test.xml under bazel-testlogs: GoogleTest's (a skipped case has
 # result="skipped") or a shell test's own (tools/junit.sh: <skipped message="..."/>).
@@ -9,7 +9,10 @@
 #   - a PASSED target whose every test case was skipped (or not run) is skipped; one with a
 #     failed case failed; otherwise (a case ran, or no XML says anything) it passed;
 #   - a nonzero BAZEL_EXIT with no target failed is one failure: the build failed before any
-#     test ran.
+#     test ran;
+#   - the cases are those of every target that ran (not SKIPPED, NO STATUS or FAILED TO
+#     BUILD), so that a target that passed with some cases skipped shows them; a target with no
+#     XML counts as one case, passed or failed as the target.
 # Needs bash, sed and awk only. Exits 1 if anything failed.
 # Usage: count_tests.sh SUMMARY_LOG TESTLOGS_DIR [BAZEL_EXIT]
 set -uo pipefail
@@ -48,10 +51,11 @@ count_cases() {
 passed=0
 failed=0
 skipped=0
+cases=(0 0 0)  # passed, failed, skipped
 shopt -s nullglob
-while read -r target status; do
+while IFS='|' read -r target status; do
   case "$status" in
-    PASSED) ;;
+    PASSED | FAILED | TIMEOUT | FLAKY) ;;  # ran: its cases count
     SKIPPED) skipped=$((skipped + 1)); continue ;;
     *) failed=$((failed + 1)); continue ;;
   esac
@@ -65,17 +69,28 @@ while read -r target status; do
     [ -f "$f" ] && xmls+=("$f")
   done
   read -r run skip fail < <(if [ ${#xmls[@]} -gt 0 ]; then count_cases "${xmls[@]}"; else echo 0 0 0; fi)
-  if [ "$fail" -gt 0 ]; then
+  if [ $((run + skip + fail)) -eq 0 ]; then
+    if [ "$status" = PASSED ]; then run=1; else fail=1; fi
+  elif [ "$status" != PASSED ] && [ "$fail" -eq 0 ]; then
+    fail=1  # a timeout or a crash after the cases its XML names
+  fi
+  cases[0]=$((cases[0] + run))
+  cases[1]=$((cases[1] + fail))
+  cases[2]=$((cases[2] + skip))
+  if [ "$status" != PASSED ]; then
+    failed=$((failed + 1))
+  elif [ "$fail" -gt 0 ]; then
     failed=$((failed + 1))
   elif [ "$run" -eq 0 ] && [ "$skip" -gt 0 ]; then
     skipped=$((skipped + 1))
   else
     passed=$((passed + 1))
   fi
-done < <(sed -nE 's/^(\/\/[^ ]+) +(\(cached\) +)?([A-Z]+).*/\1 \3/p' "$summary" | sort -u)
+done < <(sed -nE 's/^(\/\/[^ ]+) +(\(cached\) +)?([A-Z]+( TO BUILD| STATUS)?).*/\1|\3/p' "$summary" |
+  sort -u)
 
 if [ "$bazel_exit" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed before any test ran
 fi
-echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+echo "${passed} passed, ${failed} failed, ${skipped} skipped; cases: ${cases[0]} passed, ${cases[1]} failed, ${cases[2]} skipped"
 [ "$failed" -eq 0 ]

@@ -110,8 +110,12 @@ start=$(date +%s%N)
   --out="$out_dir/plan64" >"$out_dir/plan64.txt" 2>&1 || true
 echo "{\"milliseconds\": $((($(date +%s%N) - start) / 1000000))}" >"$out_dir/plan64.json"
 step "PyTorch on the same model (1 process, 2-process DDP over Gloo)"
+# PyTorch's python: $TANDEM_PYTHON, else the virtual environment CI installs (.ci/venv.sh),
+# else python3.
+torch_python="${TANDEM_PYTHON:-${TANDEM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/venv}/bin/python}"
+[ -x "$torch_python" ] || torch_python=python3
 for procs in 1 2; do
-  python3 "$runfiles/tools/bench_pytorch.py" --procs "$procs" --steps 12 \
+  "$torch_python" "$runfiles/tools/bench_pytorch.py" --procs "$procs" --steps 12 \
     >>"$out_dir/pytorch.jsonl" 2>/dev/null || echo '{"skipped": "bench_pytorch.py failed"}' \
     >>"$out_dir/pytorch.jsonl"
 done

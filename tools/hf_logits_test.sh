@@ -2,8 +2,9 @@
 # Tandem's GPT against Hugging Face transformers on the same weights, both ways: a model
 # Tandem trained, exported (//tools:export) and loaded by GPT2LMHeadModel.from_pretrained;
 # and a GPT2LMHeadModel transformers made and saved, loaded by Tandem. On a fixed batch the
-# logits agree within 1e-4 relative (tools/hf_logits_check.py). Skips, saying so, where
-# torch and transformers are not installed (pip install torch transformers). And the
+# logits agree within 1e-4 relative (tools/hf_logits_check.py). Python is $TANDEM_PYTHON
+# (.ci/run passes the virtual environment of .ci/venv.sh through --test_env), else python3;
+# skips, saying so, where it cannot import torch and transformers. And the
 # transformers-made file through --init-from (its 250-token vocabulary padded to 256, its tied
 # head taken from wte) and exported again: every tensor transformers wrote, bit for bit.
 # Usage: hf_logits_test.sh EXPORT TRAIN CHECK_SCRIPT
@@ -12,9 +13,10 @@ set -u
 export_bin="$1"
 train="$2"
 script="$3"
-command -v python3 >/dev/null 2>&1 || skip "python3 is not installed"
-python3 -c "import torch, transformers" >/dev/null 2>&1 ||
-  skip "torch and transformers are not installed (pip install torch transformers)"
+python="${TANDEM_PYTHON:-python3}"
+command -v "$python" >/dev/null 2>&1 || skip "$python is not installed"
+"$python" -c "import torch, transformers" >/dev/null 2>&1 ||
+  skip "$python cannot import torch and transformers (.ci/venv.sh installs them)"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # nothing is downloaded
 
@@ -32,14 +34,14 @@ check "a model Tandem trained, in transformers: the same logits"
   fail "export failed"
 "$export_bin" --logits-of="$tmp/ours/model.safetensors" --tokens="$tmp/tokens.txt" \
   --out="$tmp/ours.logits.safetensors" || fail "Tandem's logits failed"
-python3 "$script" compare "$tmp/ours" "$tmp/tokens.txt" "$tmp/ours.logits.safetensors" ||
+"$python" "$script" compare "$tmp/ours" "$tmp/tokens.txt" "$tmp/ours.logits.safetensors" ||
   fail "the logits differ"
 
 check "a model transformers made, in Tandem: the same logits"
-python3 "$script" make "$tmp/theirs" || fail "transformers could not make its model"
+"$python" "$script" make "$tmp/theirs" || fail "transformers could not make its model"
 "$export_bin" --logits-of="$tmp/theirs/model.safetensors" --tokens="$tmp/tokens.txt" \
   --out="$tmp/theirs.logits.safetensors" || fail "Tandem's logits failed"
-python3 "$script" compare "$tmp/theirs" "$tmp/tokens.txt" "$tmp/theirs.logits.safetensors" ||
+"$python" "$script" compare "$tmp/theirs" "$tmp/tokens.txt" "$tmp/theirs.logits.safetensors" ||
   fail "the logits differ"
 
 check "a model transformers made, through --init-from and export: its tensors bit for bit"
@@ -49,5 +51,5 @@ check "a model transformers made, through --init-from and export: its tensors bi
 "$export_bin" --checkpoint="$tmp/from-theirs/checkpoints/step-0" --out="$tmp/again/model.safetensors" ||
   fail "export failed"
 grep -qF '"vocab_size": 250' "$tmp/again/config.json" || fail "config.json's vocab_size is not 250"
-python3 "$script" same "$tmp/theirs/model.safetensors" "$tmp/again/model.safetensors" ||
+"$python" "$script" same "$tmp/theirs/model.safetensors" "$tmp/again/model.safetensors" ||
   fail "the tensors differ"

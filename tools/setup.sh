@@ -16,6 +16,7 @@ PACKAGES=(
   nlohmann-json3-dev       # JSON: run.json, the metrics lines, Chrome traces (header-only)
   iproute2                 # network namespaces for the multi-host test
   chromium                 # renders the comparison report in its test (tools:render_report_test)
+  python3-venv             # .ci/venv.sh: torch and transformers for tools:hf_logits_test
 )
 
 missing=()

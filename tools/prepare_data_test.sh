@@ -3,17 +3,17 @@
 # shard in llm.c's format (header, then the text's bytes as uint16); examples/train trains on
 # the train shards through a glob, with finite losses that fall; a truncated shard and one with
 # a wrong magic are refused with one line each before training starts; --train-bpe's tokens
-# decode back to the text with the merges it wrote. Usage: prepare_data_test.sh PREPARE TRAIN
+# decode back to the text with the merges it wrote; and a tokenizer.json through Hugging
+# Face's tokenizers, where $TANDEM_PYTHON (else python3) imports it (.ci/run's environment,
+# .ci/venv.sh, has it with transformers), else that case is skipped, saying so.
+# Usage: prepare_data_test.sh PREPARE TRAIN
 set -u
+. "$(dirname "$0")/junit.sh"  # check, fail, skip_check; the checks as JUnit XML
 prepare="$1"
 train="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
-fail() {
-  echo "FAILED: $*" >&2
-  exit 1
-}
-
+check "a text as byte-token shards"
 # 40000 bytes of English: the GPL texts every Debian system has (as the default corpus).
 text="$tmp/corpus.txt"
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/GPL-2 | head -c 40000 >"$text"
@@ -37,6 +37,7 @@ for name, want in (("train", text[:36000]), ("val", text[36000:])):
     assert list(struct.unpack(f"<{len(want)}H", data[1024:])) == list(want), name
 EOF
 
+check "training on the shards, through a glob"
 small=(--model=gpt --n-layer=1 --d-model=32 --n-head=2 --seq-len=16 --batch=8 --lr=1e-2
   --warmup=0)
 "$train" "${small[@]}" --steps=40 --data="$shards/corpus_train_*.bin" >"$tmp/run.txt" 2>&1 ||
@@ -55,6 +56,7 @@ last = sum(losses[-5:]) / 5
 assert losses[0] > 5.0 and last < losses[0] - 1.5, (losses[0], last)
 EOF
 
+check "a truncated shard and a wrong magic refused"
 # Bad shards: one line each, before any step.
 refused() {  # refused NAME WANT: training on $tmp/NAME is refused with WANT in one line
   "$train" "${small[@]}" --steps=1 --data="$tmp/$1" >"$tmp/$1.out" 2>"$tmp/$1.err"
@@ -76,6 +78,7 @@ open(sys.argv[2], "wb").write(data)
 EOF
 refused magic.bin "magic.bin is not an llm.c token shard: wrong magic 20240521 (want 20240520)"
 
+check "--train-bpe: its tokens decode to the text"
 # --train-bpe: a vocabulary of 300 learned from the text; its tokens decode to the text.
 python3 "$prepare" "$text" --out "$tmp/bpe" --train-bpe=300 >"$tmp/bpe.txt" 2>&1 ||
   { cat "$tmp/bpe.txt"; fail "prepare_data.py --train-bpe failed"; }
@@ -103,10 +106,11 @@ EOF
 "$train" "${small[@]}" --steps=2 --data="$tmp/bpe/corpus_train_*.bin" >"$tmp/bpe_run.txt" 2>&1 ||
   { cat "$tmp/bpe_run.txt"; fail "training on the BPE shards failed"; }
 grep -q "vocab 320" "$tmp/bpe_run.txt" || { cat "$tmp/bpe_run.txt"; fail "not vocab 320"; }
-# A tokenizer.json through Hugging Face's tokenizers, where it is installed (by hand; not in CI):
-# one trained on the text, whose ids decode back to it.
-if python3 -c "import tokenizers" 2>/dev/null; then
-  python3 - "$text" "$tmp/tokenizer.json" <<'EOF' || fail "no tokenizer.json made"
+check "a tokenizer.json through Hugging Face's tokenizers"
+# One trained on the text, whose ids decode back to it.
+python="${TANDEM_PYTHON:-python3}"
+if "$python" -c "import tokenizers" 2>/dev/null; then
+  "$python" - "$text" "$tmp/tokenizer.json" <<'EOF' || fail "no tokenizer.json made"
 import sys
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 tok = Tokenizer(models.BPE())
@@ -116,9 +120,9 @@ tok.train([sys.argv[1]], trainers.BpeTrainer(
     vocab_size=500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 tok.save(sys.argv[2])
 EOF
-  python3 "$prepare" "$text" --out "$tmp/hf" --tokenizer="$tmp/tokenizer.json" >"$tmp/hf.txt" 2>&1 ||
+  "$python" "$prepare" "$text" --out "$tmp/hf" --tokenizer="$tmp/tokenizer.json" >"$tmp/hf.txt" 2>&1 ||
     { cat "$tmp/hf.txt"; fail "prepare_data.py --tokenizer failed"; }
-  python3 - "$text" "$tmp/hf" "$tmp/tokenizer.json" <<'EOF' || fail "the tokenizer.json shards"
+  "$python" - "$text" "$tmp/hf" "$tmp/tokenizer.json" <<'EOF' || fail "the tokenizer.json shards"
 import struct, sys
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file(sys.argv[3])
@@ -131,6 +135,6 @@ for name in ("train", "val"):
 assert tok.decode(ids) == open(sys.argv[1]).read()
 EOF
 else
-  echo "skipped the tokenizer.json case: Hugging Face's tokenizers is not installed"
+  skip_check "$python cannot import Hugging Face's tokenizers (.ci/venv.sh installs it)"
 fi
 echo "PASSED"

@@ -22,7 +22,7 @@ namespace {
 Communicator* comm = nullptr;
 constexpr int kSteps = 20;
 constexpr int kTiedSteps = 10;
-constexpr double kTiedWeightTolerance = 1e-4;  // absolute, as the issue asks
+constexpr double kTiedWeightTolerance = 1e-4;  // absolute
 
 TrainConfig Base(ModelKind kind, int micro_batches, const std::string& optimizer) {
   return ParityConfig(kind, micro_batches, optimizer, kSteps);
@@ -350,13 +350,22 @@ TEST(ParityTest, PipelineActionTimes) {
   EXPECT_EQ(checked, 2 * 4 * (K - 1));
 }
 
+// ZeroBubbleH1Peak's tolerance. Measured on 2, 3 and 4 ranks (the same bytes in each of 5
+// runs): the allocator's peak is the estimate -1.2% to +4.9% on every stage of 100 KB or more,
+// and at most 8 KiB over it on any stage (+14% on a 31 KB one, +11% on a 9 KB one). Within
+// 6% + 4 KiB, then: less than what the pending Ws add to the estimate on every stage that
+// keeps them (23 KB and more here), so a ZB-H1 peak without their stash fails.
+constexpr double kPeakRelativeTolerance = 0.06;
+constexpr int64_t kPeakSlackBytes = 4096;
+
 // ZB-H1 against 1F1B on the same K ranks and M = 2K micro-batches: the micro-batches whose
 // activations a stage holds at once (the trainer's peak in flight) are no more than 1F1B's,
 // as its Bs free them where 1F1B's backwards do. What the pending Ws keep comes on top on
 // every stage after the first (stage s has up to s + 1 pending), so those stages hold more
 // than under 1F1B (not a stage of the head alone, which keeps nothing for its W): the memory
-// check counts it, and the peak of the allocator's requested bytes over a step is printed per
-// stage for both schedules. (Whether no stage holds more
+// check counts it, and the peak of the allocator's requested bytes over a step is the memory
+// check's estimate (activations and workspace) for both schedules, within the tolerance below.
+// (Whether no stage holds more
 // than 1F1B's largest, as Qi et al. have it for stages that hold alike, depends on the
 // model's split: not on this one, whose later stages hold most; see BENCHMARKS.md for
 // gpt-tiny, ScheduleTest.ZeroBubbleH1HoldsNoMoreMicroBatchesThanOneFOneBsFirstStage and
@@ -382,6 +391,12 @@ TEST(ParityTest, ZeroBubbleH1Peak) {
               held("1f1b"), seen["zb-h1"].first, static_cast<long long>(seen["zb-h1"].second),
               held("zb-h1"), need["zb-h1"].pending_weights);
   std::fflush(stdout);
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    const double estimate = static_cast<double>(held(schedule));
+    EXPECT_NEAR(static_cast<double>(seen[schedule].second), estimate,
+                kPeakRelativeTolerance * estimate + kPeakSlackBytes)
+        << schedule << ", stage " << stage << ": the allocator's peak against the estimate";
+  }
   EXPECT_EQ(seen["1f1b"].first, K - stage) << "stage " << stage;
   EXPECT_LE(seen["zb-h1"].first, seen["1f1b"].first) << "stage " << stage;
   EXPECT_EQ(need["zb-h1"].in_flight, need["1f1b"].in_flight) << "stage " << stage;

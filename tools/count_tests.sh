@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The closing line of continuous integration, "N passed, N failed, N skipped; cases: N passed,
-# N failed, N skipped", counted per test target and per test case from Bazel's summary (bazel test --test_summary=short: one line per target,
+# The closing lines of continuous integration, "cases: N passed, N failed, N skipped" and then,
+# last and alone, "N passed, N failed, N skipped", counted per test case and per test target
+# from Bazel's summary (bazel test --test_summary=short: one line per target,
 # "//pkg:name  (cached) PASSED in 1.2s", or FAILED, TIMEOUT, FLAKY, NO STATUS, FAILED TO
 # BUILD, ...) and each target's test.xml under bazel-testlogs: GoogleTest's (a skipped case has
 # result="skipped") or a shell test's own (tools/junit.sh: <skipped message="..."/>).
@@ -92,5 +93,6 @@ done < <(sed -nE 's/^(\/\/[^ ]+) +(\(cached\) +)?([A-Z]+( TO BUILD| STATUS)?).*/
 if [ "$bazel_exit" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed before any test ran
 fi
-echo "${passed} passed, ${failed} failed, ${skipped} skipped; cases: ${cases[0]} passed, ${cases[1]} failed, ${cases[2]} skipped"
+echo "cases: ${cases[0]} passed, ${cases[1]} failed, ${cases[2]} skipped"
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 [ "$failed" -eq 0 ]

@@ -127,20 +127,20 @@ expect() {
 # (timeout) + 1 (passed_with_failed_case) + 1 (no_xml: the target) + 1 (default_xml) + 2
 # (shell_check_skipped); failed: failed, timeout (its XML named no failure), passed_with_failed_case,
 # flaky (no XML); skipped: 1 (one_skipped) + 2 (all_skipped) + 1 + 1 (the shell tests) + 1 (top).
-expect "every kind of target" "$tmp/summary.txt" "$logs" 3 "5 passed, 6 failed, 4 skipped; cases: 11 passed, 4 failed, 6 skipped" 1
+expect "every kind of target" "$tmp/summary.txt" "$logs" 3 $'cases: 11 passed, 4 failed, 6 skipped\n5 passed, 6 failed, 4 skipped' 1
 
 grep -E 'all_passed|one_skipped|all_skipped|shell_skipped|//:top' "$tmp/summary.txt" >"$tmp/good.txt"
-expect "nothing failed" "$tmp/good.txt" "$logs" 0 "2 passed, 0 failed, 3 skipped; cases: 4 passed, 0 failed, 5 skipped" 0
+expect "nothing failed" "$tmp/good.txt" "$logs" 0 $'cases: 4 passed, 0 failed, 5 skipped\n2 passed, 0 failed, 3 skipped' 0
 
 cat >"$tmp/sharded.txt" <<'EOF'
 //sharded:sharded                                                        PASSED in 0.3s
 EOF
 gtest_xml sharded/sharded/shard_1_of_2 skipped
 gtest_xml sharded/sharded/shard_2_of_2 completed
-expect "one shard skipped, one passed" "$tmp/sharded.txt" "$logs" 0 "1 passed, 0 failed, 0 skipped; cases: 1 passed, 0 failed, 1 skipped" 0
+expect "one shard skipped, one passed" "$tmp/sharded.txt" "$logs" 0 $'cases: 1 passed, 0 failed, 1 skipped\n1 passed, 0 failed, 0 skipped' 0
 gtest_xml sharded/sharded/shard_2_of_2 skipped
-expect "every shard skipped" "$tmp/sharded.txt" "$logs" 0 "0 passed, 0 failed, 1 skipped; cases: 0 passed, 0 failed, 2 skipped" 0
+expect "every shard skipped" "$tmp/sharded.txt" "$logs" 0 $'cases: 0 passed, 0 failed, 2 skipped\n0 passed, 0 failed, 1 skipped' 0
 
 printf 'ERROR: /src/tandem/runtime/BUILD.bazel:3:8: Compiling runtime/a.cc failed\n' >"$tmp/broken.txt"
-expect "the build failed before any test" "$tmp/broken.txt" "$logs" 1 "0 passed, 1 failed, 0 skipped; cases: 0 passed, 0 failed, 0 skipped" 1
+expect "the build failed before any test" "$tmp/broken.txt" "$logs" 1 $'cases: 0 passed, 0 failed, 0 skipped\n0 passed, 1 failed, 0 skipped' 1
 echo "PASSED: count_tests.sh"

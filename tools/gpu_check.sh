@@ -159,7 +159,7 @@ reference_loss() {
 # it) exceed $limit_mib.
 check_size() {
   local out="$1" listing
-  listing="$(find "$out" -type f -printf '%s %p\n')"
+  listing="$(find "$out" -type f -printf '%s %p\n' | sed "s# $root/# #")"
   if git -C "$root" rev-parse --show-toplevel >/dev/null 2>&1 &&
      [ "$(git -C "$root" rev-parse --show-toplevel)" = "$root" ]; then
     listing="$listing
@@ -330,7 +330,7 @@ runnable() {  # PATH -> the path of an executable copy ("" when it is missing)
 # Ours first, then CUDA's, then the CUDA libraries of an installed PyTorch (NCCL lives there).
 lib_path="$here/lib:$work/lib"
 [ -d /usr/local/cuda/lib64 ] && lib_path="$lib_path:/usr/local/cuda/lib64"
-torch_libs="$(python3 -c '
+torch_libs="$(timeout 60 python3 -c '
 import glob, os
 try:
     import nvidia
@@ -492,6 +492,11 @@ done
 # tools/gpu_check.sh) within 0.1, and flash against standard attention within 0.02.
 train_bin=""
 declare -A first_loss
+# near A B TOL: true when A and B are numbers (not nan or inf) within TOL of each other.
+near() {
+  [[ "$1" =~ ^-?[0-9]+(\.[0-9]+)?$ && "$2" =~ ^-?[0-9]+(\.[0-9]+)?$ ]] &&
+    awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN {d = a - b; exit !(d <= t && d >= -t)}'
+}
 # train LABEL KEEP_PCT FLAGS...: a Tandem run, keeping KEEP_PCT of the training time for the
 # runs after it.
 train() {
@@ -538,8 +543,7 @@ train() {
   elif [ -z "$loss1" ]; then
     fail_lines "FAIL training $label (no step-1 loss printed)"
     failed=$((failed + 1))
-  elif [ -n "$reference" ] &&
-       awk -v a="$loss1" -v b="$reference" 'BEGIN {d = a - b; exit !(d > 0.1 || d < -0.1 || a != a)}'; then
+  elif ! near "$loss1" "$reference" 0.1; then
     fail_lines "FAIL training $label (step 1's loss $loss1 is not within 0.1 of the CPU's $reference on the same random tokens; ln($vocab) = $ln_v)"
     failed=$((failed + 1))
   fi
@@ -599,15 +603,15 @@ if [ "${GPU_CHECK_TRAIN:-1}" = 1 ]; then
     failures_told=0  # the training runs' first failures quoted too, after the tests' 5
     train_left="$(left)"
     have_torch=0
-    python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
+    timeout 60 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null &&
+      have_torch=1
     [ "$have_torch" = 1 ] && ceilings "$(allow $((train_left * 15 / 100)) $((train_left * 80 / 100)))"
     train_left="$(left)"
     say "# training gpt2-small, batch 8 x 1024 tokens, $steps steps; $(left)s left"
     train TANDEM 70 --dtype=bf16 --attention=standard
     train TANDEM_FLASH 45 --dtype=bf16 --attention=flash
     if [ -n "${first_loss[TANDEM]:-}" ] && [ -n "${first_loss[TANDEM_FLASH]:-}" ]; then
-      if awk -v a="${first_loss[TANDEM]}" -v b="${first_loss[TANDEM_FLASH]}" \
-          'BEGIN {d = a - b; exit !(d > 0.02 || d < -0.02 || a != a || b != b)}'; then
+      if ! near "${first_loss[TANDEM]}" "${first_loss[TANDEM_FLASH]}" 0.02; then
         fail_lines "FAIL training TANDEM_FLASH (step 1's loss ${first_loss[TANDEM_FLASH]} differs from standard attention's ${first_loss[TANDEM]} by more than 0.02: same seed, same data)"
         failed=$((failed + 1))
       else

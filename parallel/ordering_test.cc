@@ -1,5 +1,6 @@
-// The orderings the GPU depends on, proved on CPU workers (run under mpirun with 3 ranks by
-// ordering_test.sh): with asynchronous CPU streams the host queues a step's work and
+// The orderings the GPU depends on, proved on CPU workers (run under mpirun by
+// ordering_test.sh: OrderingTest on 3 ranks, OrderingOnTwoRanksTest on 2 and
+// OrderingOnFourRanksTest on 4): with asynchronous CPU streams the host queues a step's work and
 // returns, each rank's streams and communication thread run it in the order events impose,
 // and TANDEM_CPU_STREAM_JITTER_US delays every item of work by a random time. A missing event
 // (the communication thread not waiting for the compute stream, a forward not waiting for
@@ -20,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "model/sharded_checkpoint.h"
 #include "parallel/distributed.h"
+#include "parallel/parity_testing.h"
 #include "runtime/files.h"
 #include "runtime/host_sync.h"
 
@@ -116,11 +118,17 @@ TEST(OrderingTest, DataParallelWithThirteenBuckets) {
   Record("data parallel, 13 buckets", losses);
 }
 
-void PipelineCase(const std::string& schedule, bool recompute) {
+// A pipeline over every rank under `schedule`, in `micro_batches` micro-batches.
+ParallelConfig Pipeline(const std::string& schedule, int micro_batches) {
   ParallelConfig pc;
-  pc.train = Base(6);
+  pc.train = Base(micro_batches);
   pc.strategy = StrategyKind::kPipeline;
   pc.schedule = schedule;
+  return pc;
+}
+
+void PipelineCase(const std::string& schedule, bool recompute) {
+  ParallelConfig pc = Pipeline(schedule, 6);
   pc.recompute = recompute;
   auto t = *DistributedTrainer::Create(pc, comm);
   const std::vector<float> losses = Train(*t, pc.train.steps);
@@ -140,13 +148,109 @@ TEST(OrderingTest, Recompute) {
   PipelineCase("1f1b", true);
 }
 
+// Skips a case unless the run has `world` ranks.
+#define REQUIRE_WORLD(world)                                                            \
+  if (comm->world_size() != (world)) {                                                  \
+    GTEST_SKIP() << "takes " << (world) << " ranks, not " << comm->world_size();        \
+  }
+
+TEST(OrderingTest, ZeroBubbleH1) {
+  REQUIRE_WORLD(3);
+  // B and W apart: each deferred W reads the activations and output gradient B left.
+  PipelineCase("zb-h1", false);
+}
+
+// The trainer of `pc` for 6 steps read every third (the host two steps ahead of the
+// device), against one worker; its losses recorded as `name`. Returns the trained stage.
+Trained ShortCase(ParallelConfig pc, const std::string& name) {
+  pc.train.steps = pc.train.optimizer.total_steps = 6;
+  auto t = DistributedTrainer::Create(pc, comm);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return {};
+  const std::vector<float> losses = Train(**t, pc.train.steps, 3);
+  ExpectNearOneWorker(OneWorker(pc.train), losses, name);
+  Record(name, losses);
+  return Collect((*t)->stage(), losses);
+}
+
+// Validation between steps, issued behind steps not read yet: its forward must wait for
+// those steps' updates, and the next step's for its forward. Its losses (and the training's,
+// which evaluating leaves alone) against one worker, both recorded.
+void EvaluationCase(ParallelConfig pc, const std::string& name) {
+  pc.train.steps = pc.train.optimizer.total_steps = 6;
+  pc.train.val_fraction = 0.25;
+  pc.train.eval_every = 2;
+  pc.train.eval_batches = 2;
+  const Validated one = TrainOneWorkerValidated(pc.train);
+  auto t = DistributedTrainer::Create(pc, comm);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<float> losses, val;
+  while ((*t)->step() < pc.train.steps) {
+    ASSERT_TRUE((*t)->Issue().ok());
+    if (pc.train.EvalDue((*t)->step())) {
+      auto v = (*t)->Evaluate();
+      ASSERT_TRUE(v.ok()) << v.status();
+      val.push_back(*v);
+    }
+    if ((*t)->step() % 3 != 0) continue;
+    auto done = (*t)->Read();
+    ASSERT_TRUE(done.ok()) << done.status();
+    for (const CompletedStep& c : *done) losses.push_back(c.report.loss);
+  }
+  ExpectNearOneWorker(one.losses, losses, name);
+  std::vector<float> want;
+  for (const auto& [steps, loss] : one.val) want.push_back(loss);
+  ExpectNearOneWorker(want, val, name + " validation");
+  Record(name, losses);
+  Record(name + ", validation", val);
+}
+
+TEST(OrderingTest, EvaluationBetweenSteps) {
+  REQUIRE_WORLD(3);
+  EvaluationCase(Pipeline("1f1b", 6), "1f1b, 3 stages, evaluated every 2 steps");
+  ParallelConfig data;
+  data.train = Base(2);
+  data.strategy = StrategyKind::kData;
+  data.bucket_bytes = 2048;
+  EvaluationCase(data, "data parallel, evaluated every 2 steps");
+}
+
+// Interleaved 1F1B: K=2 stages of v=2 chunks each, M=4; each activation goes around the ring
+// of stages twice.
+TEST(OrderingOnTwoRanksTest, Interleaved) {
+  REQUIRE_WORLD(2);
+  ParallelConfig pc = Pipeline("interleaved", 4);
+  pc.virtual_stages = 2;
+  ShortCase(pc, "interleaved, 2 stages x 2 chunks, 4 micro-batches");
+}
+
+// Tied embeddings over a 2-stage pipeline: the first and last stage sum the table's
+// gradients before either updates it, and their copies stay the same bits.
+TEST(OrderingOnTwoRanksTest, TiedEmbeddings) {
+  REQUIRE_WORLD(2);
+  ParallelConfig pc = Pipeline("1f1b", 4);
+  pc.train.model.tie_embeddings = true;
+  const Trained got = ShortCase(pc, "1f1b tied embeddings, 2 stages, 4 micro-batches");
+  ExpectTiedCopiesEqual(pc, comm, got);
+}
+
+// D=2 replicas of a K=2 pipeline under ZeRO-1: each stage's gradients reduced over its
+// replicas in buckets, each replica updating its shard and gathering the other's.
+TEST(OrderingOnFourRanksTest, ZeroOneOnReplicasOfAPipeline) {
+  REQUIRE_WORLD(4);
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    ParallelConfig pc = Pipeline(schedule, 4);
+    pc.data_parallel = 2;
+    pc.zero = 1;
+    pc.bucket_bytes = 2048;  // several buckets per stage
+    ShortCase(pc, absl::StrFormat("%s ZeRO-1, D=2 x K=2, 4 micro-batches", schedule));
+  }
+}
+
 // A run stopped at step 5 and resumed from its checkpoint gives the losses of a run never
 // stopped, bit for bit.
 TEST(OrderingTest, Resume) {
-  ParallelConfig pc;
-  pc.train = Base(6);
-  pc.strategy = StrategyKind::kPipeline;
-  pc.schedule = "1f1b";
+  const ParallelConfig pc = Pipeline("1f1b", 6);
   std::vector<float> whole, resumed;
   {
     auto t = *DistributedTrainer::Create(pc, comm);

@@ -33,7 +33,7 @@ compress_above_bytes=$((1 << 20))
 limit_mib="${GPU_CHECK_LIMIT_MIB:-56}"
 
 usage() {
-  sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -220,7 +220,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out_dir="${2:?--out needs a folder}"; shift 2 ;;
     --out=*) out_dir="${1#--out=}"; shift ;;
-    -h | --help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (usage: run.sh [--out DIR])" >&2; exit 2 ;;
   esac
 done

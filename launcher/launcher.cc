@@ -120,6 +120,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const std::string& notice : plan->notices) std::fprintf(stderr, "launcher: %s\n", notice.c_str());
+  if (options.explain) {
+    std::fputs(plan->explanation.c_str(), stdout);
+    std::fflush(stdout);
+  }
 
   if (options.check) {
     // Everything a run checks before it starts has passed; nothing is started or written.

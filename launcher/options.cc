@@ -31,6 +31,7 @@
 #include "model/hf_gpt2.h"
 #include "model/sharded_checkpoint.h"
 #include "model/trainer.h"
+#include "parallel/layout.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/files.h"
@@ -150,6 +151,10 @@ ABSL_FLAG(bool, prepare, false,
 ABSL_FLAG(bool, check, false,
           "validate every flag and the memory fit, say what the run would be, and exit: "
           "nothing is started or written (exit 0: it would start, 2: it would not)");
+ABSL_FLAG(bool, explain, false,
+          "print what runs on each rank before anything starts: its (replica, stage), its "
+          "blocks, its gradient buckets, its memory need and its row of the schedule (with "
+          "--check: then exit)");
 ABSL_FLAG(bool, profile, false,
           "record a trace of every step and each rank's op table (time, GFLOP/s and GB/s per op)");
 ABSL_FLAG(int, log_every, 1,
@@ -204,10 +209,10 @@ std::string WhyNotCreatable(const std::string& path) {
 // together must fit in what it has available; rank r's stage must fit in GPU r's whole
 // memory. (Each worker checks again, against what its device has free, before it allocates.)
 // Returns the notice of what they need against what there is ("" where that is unknown).
-absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, const StageBounds& bounds,
+absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, const JobLayout& layout,
                                              int workers, const HostInfo& host) {
   const bool gpus = pc.train.device.is_cuda();
-  ASSIGN_OR_RETURN(std::vector<MemoryNeed> needs, RankMemoryNeeds(pc, bounds, workers));
+  const std::vector<MemoryNeed>& needs = layout.memory;
   MemoryNeed all, most;
   int most_rank = 0;
   int64_t optimizer = 0;
@@ -222,7 +227,7 @@ absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, const Sta
     }
   }
   // The optimizer state each rank keeps (ZeRO-1: its shard).
-  const ProcessGrid grid = *GridOf(pc, workers);
+  const ProcessGrid& grid = layout.grid;
   const std::string state = absl::StrFormat(
       "optimizer state %s%s per rank%s", grid.stages > 1 ? "up to " : "", FormatBytes(optimizer),
       pc.zero == 1 && grid.replicas > 1
@@ -274,7 +279,7 @@ const std::vector<std::string>& FlagNames() {
       "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "val_data",
       "val_fraction", "eval_every", "eval_batches", "run_dir",
       "checkpoint_every", "resume", "init_from", "max_restarts", "hostfile", "coordinator_address",
-      "mpirun_args", "prepare", "check", "profile", "log_every", "debug_syncs", "bucket_mb",
+      "mpirun_args", "prepare", "check", "explain", "profile", "log_every", "debug_syncs", "bucket_mb",
       "overlap", "recompute", "heartbeat_timeout"};
   // clang-format on
   return *names;
@@ -351,6 +356,7 @@ Options OptionsFromFlags() {
   o.mpirun_args = absl::GetFlag(FLAGS_mpirun_args);
   o.prepare = absl::GetFlag(FLAGS_prepare);
   o.check = absl::GetFlag(FLAGS_check);
+  o.explain = absl::GetFlag(FLAGS_explain);
   o.job.profile = absl::GetFlag(FLAGS_profile);
   o.job.log_every = absl::GetFlag(FLAGS_log_every);
   o.job.debug_syncs = absl::GetFlag(FLAGS_debug_syncs);
@@ -624,32 +630,37 @@ struct Validation {
         fit_status = CheckBlockTiming(*pc, host);
         if (!fit_status.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
       }
-      if (fit_status.ok() && pc->balance == "time" && pc->strategy != StrategyKind::kData) {
-        const absl::StatusOr<std::vector<double>> seconds =
-            host.time_blocks ? host.time_blocks(fit) : TimeBlocks(*pc);
-        absl::StatusOr<std::string> sizes =
-            seconds.ok() ? BalancedSizes(*seconds, o.job.workers) : seconds.status();
-        fit_status = sizes.status();
-        if (!seconds.ok()) fit_status = ExplainOutOfMemory(fit_status, '-');
-        if (sizes.ok()) {
-          pc->balance = job.balance = *sizes;
-          std::vector<std::string> ms;
-          for (double s : *seconds) ms.push_back(absl::StrFormat("%.3g", 1e3 * s));
-          plan.notices.push_back(absl::StrFormat(
-              "--balance=time: stages of %s blocks, from each block's forward and backward on %s "
-              "(ms: %s)",
-              *sizes, pc->train.device.ToString(), absl::StrJoin(ms, " ")));
-        }
+      const bool timed = pc.ok() && pc->balance == "time" && pc->strategy != StrategyKind::kData;
+      absl::StatusOr<std::vector<double>> seconds = std::vector<double>();
+      if (fit_status.ok() && timed) {
+        seconds = host.time_blocks ? host.time_blocks(fit) : TimeBlocks(*pc);
+        if (!seconds.ok()) fit_status = ExplainOutOfMemory(seconds.status(), '-');
       }
-      StageBounds bounds;
-      if (fit_status.ok()) {
-        absl::StatusOr<StageBounds> b = PlanStages(*pc, o.job.workers);
-        fit_status = b.status();
-        if (b.ok()) bounds = *b;
+      LayoutInputs in;
+      if (timed && seconds.ok()) in.block_seconds = &*seconds;
+      const absl::StatusOr<JobLayout> layout =
+          fit_status.ok() ? ResolveLayout(*pc, o.job.workers, in)
+                          : absl::StatusOr<JobLayout>(fit_status);
+      fit_status = layout.status();
+      if (fit_status.ok() && o.explain) {
+        ParallelConfig shown = *pc;  // the run's buckets, not the fit's stand-in
+        if (job.bucket_mb > 0) shown.bucket_bytes = static_cast<int64_t>(job.bucket_mb * (1 << 20));
+        plan.explanation = ExplainLayout(shown, *layout);
+      }
+      if (fit_status.ok() && timed) {
+        // The workers get the sizes, so every rank splits the model the same way.
+        pc->balance = job.balance = layout->StageSizes();
+        std::vector<std::string> ms;
+        for (double s : *seconds) ms.push_back(absl::StrFormat("%.3g", 1e3 * s));
+        plan.notices.push_back(absl::StrFormat(
+            "--balance=time: stages of %s blocks, from each block's forward and backward on %s "
+            "(ms: %s)",
+            job.balance, pc->train.device.ToString(), absl::StrJoin(ms, " ")));
       }
       if (!fit_status.ok()) problem(std::string(fit_status.message()));
       if (fit_status.ok() && !multi_host && dtype_ok) {
-        const absl::StatusOr<std::string> fits = CheckLocalMemory(*pc, bounds, o.job.workers, host);
+        const absl::StatusOr<std::string> fits =
+            CheckLocalMemory(*pc, *layout, o.job.workers, host);
         if (!fits.ok()) {
           problem(std::string(ExplainOutOfMemory(fits.status(), '-').message()));
         } else if (!fits->empty()) {

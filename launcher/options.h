@@ -32,6 +32,7 @@ struct Options {
   std::string mpirun_args;
   bool prepare = false;
   bool check = false;  // validate, say what would run, start and write nothing
+  bool explain = false;  // print what runs on each rank (ExplainLayout) before starting
 };
 
 // The launcher's flags, and the command line parsed into them (flags.h): ParseFlags sets
@@ -76,6 +77,7 @@ struct LaunchPlan {
   std::vector<std::string> mpirun_args;  // --mpirun-args, split at spaces
   int max_restarts = 0;
   std::vector<std::string> notices;  // lines to show before starting (e.g. the CPU fallback)
+  std::string explanation;  // --explain: what runs on each rank (ExplainLayout)
 };
 
 // Checks everything before any worker starts; creates nothing. An error's message holds one

@@ -368,7 +368,7 @@ TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {
   JobConfig j = o.job;
   j.device = "cpu";
   const ParallelConfig pc = *j.ToParallelConfig(Device::Cpu());
-  const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, 2), 2);
+  const std::vector<MemoryNeed> needs = ResolveLayout(pc, 2)->memory;
   EXPECT_EQ(needs[1].total(), needs[0].total());  // replicas
   // Both workers' model state, activations and temporaries: each keeps its own.
   const int64_t both = 2 * needs[0].total();
@@ -413,7 +413,7 @@ TEST(Validate, ZeroShardsTheOptimizerStatePerRank) {
   JobConfig j = o.job;
   j.device = "cpu";
   const ParallelConfig pc = *j.ToParallelConfig(Device::Cpu());
-  const int64_t whole = (*RankMemoryNeeds(pc, *PlanStages(pc, 4), 4))[0].optimizer;
+  const int64_t whole = ResolveLayout(pc, 4)->memory[0].optimizer;
   const int64_t params = whole / 8;
   ASSERT_EQ(whole, 8 * params);
   o.job.zero = 1;
@@ -444,7 +444,7 @@ TEST(Validate, EachGpuMustHoldItsStage) {
   JobConfig j = o.job;
   j.device = "cuda";
   const ParallelConfig pc = *j.ToParallelConfig(Device::Cuda(0));
-  const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, 2), 2);
+  const std::vector<MemoryNeed> needs = ResolveLayout(pc, 2)->memory;
   const int64_t need0 = needs[0].total(), need1 = needs[1].total();
   h.gpu_memory = {need0, need1};
   absl::StatusOr<LaunchPlan> p = Validate(o, h);

@@ -112,6 +112,15 @@ std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& bl
                                    const std::vector<int>& held,
                                    std::vector<std::vector<size_t>>* block_params = nullptr);
 
+// For each of StageParams' `params` parameters (`block_params` as it returned them), the
+// position in `held` of the block whose backward completes its gradient: backward runs the
+// blocks last to first, so a parameter two blocks share (the tied table) is complete after
+// the lower one; with `copy_first`, parameter 0 is a borrowed copy (a last stage's tied
+// table), complete only once summed with its owner's after the whole backward: the first
+// block's. Non-decreasing in the parameter's index.
+std::vector<int> ParamOwners(const std::vector<std::vector<size_t>>& block_params, size_t params,
+                             bool copy_first);
+
 }  // namespace tandem
 
 #endif  // TANDEM_MODEL_BLOCK_H_

@@ -467,4 +467,14 @@ std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config) {
   return blocks;
 }
 
+std::vector<int> ParamOwners(const std::vector<std::vector<size_t>>& block_params, size_t params,
+                             bool copy_first) {
+  std::vector<int> owner(params, 0);
+  for (int b = static_cast<int>(block_params.size()) - 1; b >= 0; --b) {
+    for (size_t i : block_params[b]) owner[i] = b;
+  }
+  if (copy_first && params > 0) owner[0] = 0;
+  return owner;
+}
+
 }  // namespace tandem

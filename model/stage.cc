@@ -211,14 +211,7 @@ absl::Status Stage::RunBackward(Stream& s, int chunk, int id, const MicroBatch& 
 }
 
 std::vector<int> Stage::ParamBlocks() const {
-  // Backward runs the blocks last to first: a parameter two blocks share (the tied table) is
-  // complete after the lower one; a copy only once summed, after the whole backward.
-  std::vector<int> owner(layout_->entries().size(), 0);
-  for (int b = static_cast<int>(block_params_.size()) - 1; b >= 0; --b) {
-    for (size_t i : block_params_[b]) owner[i] = b;
-  }
-  if (embedding_copy_numel_ > 0) owner[0] = 0;
-  return owner;
+  return ParamOwners(block_params_, layout_->entries().size(), embedding_copy_numel_ > 0);
 }
 
 absl::Status Stage::ZeroGrads(Stream& s) { return ZeroFill(grads_.flat(), s); }

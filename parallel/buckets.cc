@@ -1,5 +1,7 @@
 #include "parallel/buckets.h"
 
+#include <algorithm>
+
 namespace tandem {
 
 std::vector<Bucket> PlanBuckets(const ParamLayout& layout, const std::vector<int>& param_block,
@@ -24,6 +26,13 @@ std::vector<Bucket> PlanBuckets(const ParamLayout& layout, const std::vector<int
     }
   }
   return buckets;
+}
+
+std::vector<int64_t> EvenShards(int64_t n, int parts) {
+  const int64_t size = (n + parts - 1) / parts;
+  std::vector<int64_t> offsets;
+  for (int r = 0; r <= parts; ++r) offsets.push_back(std::min(n, r * size));
+  return offsets;
 }
 
 }  // namespace tandem

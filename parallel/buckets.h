@@ -28,6 +28,11 @@ struct Bucket {
 std::vector<Bucket> PlanBuckets(const ParamLayout& layout, const std::vector<int>& param_block,
                                 int64_t bucket_bytes, int alone = -1);
 
+// ZeRO-1's shards of a flat buffer of `n` elements over `parts` data-parallel ranks: parts of
+// ceil(n / parts) elements (the last ones shorter, or empty); part r is
+// [offsets[r], offsets[r + 1]).
+std::vector<int64_t> EvenShards(int64_t n, int parts);
+
 }  // namespace tandem
 
 #endif  // TANDEM_PARALLEL_BUCKETS_H_

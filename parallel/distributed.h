@@ -37,40 +37,14 @@
 #include "model/trainer.h"
 #include "parallel/buckets.h"
 #include "parallel/grid.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/layout.h"
+#include "parallel/process_groups.h"
 #include "parallel/partition.h"
 #include "parallel/schedule.h"
 #include "runtime/timeline.h"
 
 namespace tandem {
-
-enum class StrategyKind { kData, kModel, kPipeline };
-absl::StatusOr<StrategyKind> ParseStrategy(absl::string_view name);
-const char* StrategyName(StrategyKind k);
-
-struct ParallelConfig {
-  TrainConfig train;
-  StrategyKind strategy = StrategyKind::kData;
-  std::string schedule = "gpipe";    // pipeline: gpipe, 1f1b, zb-h1 or interleaved
-  int virtual_stages = 1;            // interleaved: model chunks v per stage (v x K in all)
-  std::string balance = "params";    // pipeline: params, or explicit sizes "3,3,2"
-  int data_parallel = 1;             // pipeline and model: replicas D (D x stages = world)
-  int zero = 0;                      // 1: ZeRO-1, optimizer state sharded over the replicas
-  int64_t bucket_bytes = 25 << 20;   // data parallel
-  bool overlap = true;               // data parallel: all-reduce during backward
-  bool recompute = false;            // keep only stage inputs; recompute forward in backward
-  absl::Duration timeout = absl::Minutes(5);  // any one wait for communication
-};
-
-// The grid a job runs on: data parallel is `world` replicas of one stage; a pipeline (or
-// model parallelism) is c.data_parallel replicas of world / D stages.
-absl::StatusOr<ProcessGrid> GridOf(const ParallelConfig& c, int world);
-
-// Checks that the strategy fits the model and world size (batch divisible, stages <= blocks,
-// schedule valid), before any worker starts. Returns the bounds of the grid's stages
-// (pipeline / model) or {0, num_blocks} (data parallel). `schedule`, where given, is the
-// pipeline's, already made and validated by the caller (the planner makes each once).
-absl::StatusOr<StageBounds> PlanStages(const ParallelConfig& c, int world_size,
-                                       const PipelineSchedule* schedule = nullptr);
 
 // Seconds one block takes for a micro-batch: its forward, its backward's input gradient (B,
 // Stage::BackwardInput) and its weight gradient (W, Stage::BackwardWeights); B + W is the
@@ -111,22 +85,9 @@ class BlockPasses {
 absl::StatusOr<std::vector<double>> MeasureBlockSeconds(const ModelConfig& model, Device device,
                                                         DType compute, int rows, uint64_t seed);
 // MeasureBlockSeconds for the job `c` describes (its model, device and dtype, one
-// micro-batch), the memory it took returned to the device afterwards.
+// micro-batch), the memory it took returned to the device afterwards: what --balance=time
+// balances (LayoutInputs::block_seconds).
 absl::StatusOr<std::vector<double>> TimeBlocks(const ParallelConfig& c);
-// Explicit stage sizes ("3,3,2") that balance the per-block `seconds` over `world_size` stages.
-absl::StatusOr<std::string> BalancedSizes(const std::vector<double>& seconds, int world_size);
-// The --balance a job hands its workers: "time" is measured here, once, and turned into
-// explicit stage sizes so every rank gets the same split; other values as given.
-absl::StatusOr<std::string> ResolveBalance(const ParallelConfig& c, int world_size);
-
-// What each of `world_size` ranks must hold during a step (model/memory.h), given the stage
-// bounds PlanStages returned: its stage's model state (under ZeRO-1 its shard of the optimizer
-// state), the activations of as many micro-batches as its schedule holds at once, and what
-// as many deferred Ws as it keeps pending at once hold (zb-h1). `schedule` as PlanStages'.
-absl::StatusOr<std::vector<MemoryNeed>> RankMemoryNeeds(
-    const ParallelConfig& c, const StageBounds& bounds, int world_size,
-    const PipelineSchedule* schedule = nullptr);
-
 // Per-step measurements of one rank. The times are the compute stream's, measured by events
 // recorded on it between the step's phases (runtime/timeline.h), never by host clocks: on a
 // GPU they are the device's time, whatever the host was doing.
@@ -211,7 +172,7 @@ class DistributedTrainer {
   // Steps issued so far (the next step's 0-based index).
   int step() const { return step_; }
   const Stage& stage() const { return *stage_; }
-  // What this rank was checked to need before it allocated anything (RankMemoryNeeds).
+  // What this rank was checked to need before it allocated anything (JobLayout::memory).
   const MemoryCheck& memory() const { return memory_; }
   // Bytes of the optimizer state tensors this rank holds (AdamW: m and v), under ZeRO-1 those
   // of its shard only.
@@ -247,6 +208,20 @@ class DistributedTrainer {
     // Its operations on each of Comms() are (first_sequences[i], last_sequences[i]].
     std::vector<uint64_t> first_sequences, last_sequences;
   };
+  // The step's four numbers on the device (Issue): the summed token losses, the squared
+  // gradient norm, the stop flag (the first three reduced over the job in one all-reduce),
+  // and the gradients' factor.
+  struct StepValues {
+    Tensor loss_sum, sumsq, stop, scale;
+  };
+  // Issue's parts, in order: the step's bookkeeping and numbers zeroed; the squared gradient
+  // norm of what this rank holds (the tied table's copy not counted); the reduction of the
+  // step's numbers; the update (under ZeRO-1 the shard's, then the gathers) and the numbers'
+  // copy to the host.
+  absl::Status BeginStep(Stream& s, Pending* p, StepValues* v);
+  absl::Status GradientNorm(Stream& s, const Tensor& sumsq);
+  absl::Status ReduceStepValues(Stream& s, Pending* p);
+  absl::Status StepEnd(Stream& s, const StepValues& v, Pending* p);
   absl::StatusOr<MicroBatch> LoadMicroBatch(int64_t row_begin, int64_t rows);
   // Reads the pending steps into read_ (one synchronization).
   absl::Status ReadPending();
@@ -259,11 +234,6 @@ class DistributedTrainer {
   absl::Status ConnectNeighbours();
   absl::Status DataParallelPass(Stream& s, Tensor* loss_sum, Pending* p);
   absl::Status PipelinePass(Stream& s, Tensor* loss_sum, Pending* p);
-  // The gradient buckets' reduction among this stage's data-parallel ranks (all-reduce, or
-  // under ZeRO-1 reduce-scatter to the shards): bucket `i` once backward has issued its last
-  // gradient; those whose last block is `block` or later after `block`'s backward.
-  absl::Status IssueBucket(size_t i, Pending* p);
-  absl::Status IssueBucketsReadyAt(int block, Pending* p);
   // Tied embeddings across stages: sums the first stage's table gradient and the last
   // stage's copy's over the embedding group (both then hold the sum, so their updates stay
   // equal), before the table's data-parallel bucket; the stream waits for it. A no-op on
@@ -271,32 +241,22 @@ class DistributedTrainer {
   absl::Status ReduceEmbeddingGrads(Stream& s, Pending* p);
   // The stream waits for every bucket's reduction (exposed communication).
   absl::Status WaitForBuckets(Stream& s, Pending* p);
-  // The end of a ZeRO-1 step: the shard updated bucket by bucket, each bucket's parameters
-  // all-gathered as soon as its part is updated, the gradients zeroed, and the stream waiting
-  // for the gathers.
-  absl::Status ZeroStepEnd(Stream& s, const Tensor& grad_sumsq, const Tensor& scale,
-                           Pending* p);
+  // The stream `s` waits, as WaitOn: for the executor and the gradient synchronization.
+  GradientSync::StreamWait StreamWaiter(Stream& s) {
+    return [this, &s](Work& w, const char* what) { return WaitOn(w, s, what); };
+  }
   // "rank 3", or in a hybrid grid "rank 3 (replica 1, stage 1)", for messages.
   std::string Where() const;
   // The job's communicator and the groups split from it.
   std::vector<Communicator*> Comms() const;
-  // Each data-parallel rank's part of bucket `i` (offsets relative to the bucket) and of the
-  // whole flat buffer (ZeRO-1's shards).
-  std::vector<int64_t> BucketParts(size_t i) const;
-  std::vector<int64_t> ShardOffsets() const;
   // ZeRO-1 with more than one replica to shard over (with one it is the plain update).
-  bool zero() const { return c_.zero == 1 && replicated(); }
-  bool replicated() const { return dp_ != nullptr && dp_->world_size() > 1; }
+  bool zero() const { return sync_.zero(); }
+  bool replicated() const { return sync_.replicated(); }
   // The host waits up to c_.timeout, or up to `timeout` (set-up and checkpoints only).
   absl::Status Wait(Work& w, const char* what) { return Wait(w, what, c_.timeout); }
   absl::Status Wait(Work& w, const char* what, absl::Duration timeout);
   // The stream `s` waits for `w`, up to c_.timeout; the host goes on.
   absl::Status WaitOn(Work& w, Stream& s, const char* what);
-  // The model blocks stage `stage` holds, [begin, end): all of them under data parallelism;
-  // with model chunks, from the first chunk's first block to the last chunk's end.
-  std::pair<int, int> BlockRange(int stage) const;
-  // Each of its model chunks' blocks, [begin, end) (one, but for interleaved schedules).
-  std::vector<std::pair<int, int>> ChunkRanges(int stage) const;
   // Stage `stage`'s shard file under checkpoint `prefix` (data parallel: the one file).
   std::string ShardName(const std::string& prefix, int stage) const;
   // The optimizer's state for the whole stage: its own, or under ZeRO-1 gathered from the
@@ -305,29 +265,16 @@ class DistributedTrainer {
 
   ParallelConfig c_;
   Communicator* comm_;  // the job's
-  ProcessGrid grid_;
+  JobLayout layout_;
   int replica_ = 0, stage_index_ = 0;  // this rank's place in the grid
-  // The data-parallel group of this stage (the job's communicator under data parallelism;
-  // null without replicas) and the pipeline of this replica (the job's without replicas).
-  std::unique_ptr<Communicator> dp_owned_, pp_owned_;
-  Communicator* dp_ = nullptr;
-  Communicator* pp_ = nullptr;
-  // Tied embeddings in a pipeline, on its first and last stage: those two of this replica.
-  std::unique_ptr<Communicator> embed_;
-  int64_t shard_begin_ = 0, shard_end_ = 0;  // ZeRO-1: this rank's part of the flat buffer
-  // The step being issued: its bucket reductions and the next bucket to issue.
-  std::vector<std::unique_ptr<Work>> bucket_works_;
-  size_t next_bucket_ = 0;
+  ProcessGroups groups_;  // the groups split from comm_ (parallel/process_groups.h)
   TokenDataset data_;
   DataOrder order_;
   std::optional<ValidationSet> val_;
   std::unique_ptr<Stage> stage_;
   Optimizer optimizer_;
   LossScaler scaler_;
-  StageBounds bounds_;
-  std::vector<Bucket> buckets_;
-  PipelineSchedule schedule_;
-  std::vector<std::vector<int>> exchange_groups_;  // this stage's (ExchangeGroups)
+  GradientSync sync_;  // buckets, overlap and ZeRO-1 (parallel/gradient_sync.h)
   MemoryCheck memory_;
   int step_ = 0;
   bool stop_agreed_ = false;

@@ -111,7 +111,7 @@ TEST(JobTest, ToParallelConfig) {
   EXPECT_EQ(p->strategy, StrategyKind::kModel);
   EXPECT_EQ(p->train.optimizer.total_steps, 7);
   EXPECT_EQ(p->bucket_bytes, 1 << 20);
-  EXPECT_TRUE(PlanStages(*p, 2).ok());
+  EXPECT_TRUE(ResolveLayout(*p, 2).ok());
   c.strategy = "tensor";
   EXPECT_FALSE(c.ToParallelConfig(Device::Cpu()).ok());
 }
@@ -178,12 +178,16 @@ TEST(JobTest, BalanceByTime) {
   ASSERT_TRUE(seconds.ok()) << seconds.status();
   ASSERT_EQ(seconds->size(), 5u);
   for (double s : *seconds) EXPECT_GT(s, 0);
-  auto sizes = ResolveBalance(*p, 2);
+  auto sizes = BalancedSizes(*seconds, 2);
   ASSERT_TRUE(sizes.ok()) << sizes.status();
   EXPECT_TRUE(ExplicitPartition(*sizes, 5, 2).ok()) << *sizes;
-  EXPECT_TRUE(PlanStages(*p, 2).ok());
+  LayoutInputs in;
+  in.block_seconds = &*seconds;
+  EXPECT_TRUE(ResolveLayout(*p, 2, in).ok());
+  // Without the times, --balance=time is refused: nothing is timed inside.
+  EXPECT_FALSE(ResolveLayout(*p, 2).ok());
   p->balance = "2,2,1";
-  auto bad = PlanStages(*p, 2);
+  auto bad = ResolveLayout(*p, 2);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("gives 3 stages but the job has 2"), std::string::npos);
 }

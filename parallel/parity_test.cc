@@ -259,7 +259,7 @@ TEST(ParityTest, OneFOneBHoldsFewerActivations) {
   EXPECT_EQ(seen["1f1b"].first, std::min(K - stage, 8)) << "stage " << stage;
   EXPECT_LT(seen["1f1b"].second, seen["gpipe"].second) << "stage " << stage;
   const ParallelConfig pc = Pipeline("1f1b", 8);
-  const StageBounds bounds = *PlanStages(pc, K);
+  const StageBounds bounds = ResolveLayout(pc, K)->bounds;
   const MemoryNeed one = EstimateStageMemory(pc.train.model, bounds[stage], bounds[stage + 1],
                                              pc.train.batch / 8, /*in_flight=*/1, false,
                                              DType::kF32, "adamw", Device::Cpu());
@@ -380,7 +380,7 @@ TEST(ParityTest, ZeroBubbleH1Peak) {
   for (const char* schedule : {"1f1b", "zb-h1"}) {
     ASSERT_NO_FATAL_FAILURE(seen[schedule] = PeakOfASecondStep(schedule, M));
     const ParallelConfig pc = Pipeline(schedule, M);
-    need[schedule] = (*RankMemoryNeeds(pc, *PlanStages(pc, K), K))[stage];
+    need[schedule] = ResolveLayout(pc, K)->memory[stage];
   }
   auto held = [&](const char* schedule) {
     return static_cast<long long>(need[schedule].activations + need[schedule].workspace);
@@ -403,7 +403,7 @@ TEST(ParityTest, ZeroBubbleH1Peak) {
   EXPECT_EQ(need["zb-h1"].pending_weights, stage == 0 ? 0 : stage + 1) << "stage " << stage;
   // A stage of the head alone (K = 4 here) keeps no stash: the head's B computes its dW.
   const ParallelConfig zb = Pipeline("zb-h1", M);
-  const StageBounds bounds = *PlanStages(zb, K);
+  const StageBounds bounds = ResolveLayout(zb, K)->bounds;
   const bool head_alone = bounds[stage] == bounds[stage + 1] - 1 &&
                           bounds[stage + 1] == zb.train.model.num_blocks();
   if (head_alone) {

@@ -194,7 +194,7 @@ void CheckResume(const ParallelConfig& first, const ParallelConfig& second,
 }
 
 void ExpectTiedCopiesEqual(const ParallelConfig& pc, Communicator* comm, const Trained& got) {
-  const ProcessGrid grid = *GridOf(pc, comm->world_size());
+  const ProcessGrid grid = ResolveLayout(pc, comm->world_size())->grid;
   if (!pc.train.model.tie_embeddings || grid.stages == 1) return;
   const int rank = comm->rank(), replica = grid.ReplicaOf(rank), stage = grid.StageOf(rank);
   if (stage != 0 && stage != grid.stages - 1) return;

@@ -881,12 +881,14 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   c.zero = layout.zero;
   c.bucket_bytes = layout.bucket_bytes;
   c.balance = layout.balance;
-  ASSIGN_OR_RETURN(StageBounds bounds, PlanStages(c, r.gpus, schedule));
-  ASSIGN_OR_RETURN(ProcessGrid grid, GridOf(c, r.gpus));
-  ASSIGN_OR_RETURN(std::vector<MemoryNeed> needs, RankMemoryNeeds(c, bounds, r.gpus, schedule));
+  LayoutInputs in;
+  in.schedule = schedule;
+  ASSIGN_OR_RETURN(const JobLayout resolved, ResolveLayout(c, r.gpus, in));
+  const StageBounds& bounds = resolved.bounds;
+  const ProcessGrid& grid = resolved.grid;
   Prediction p;
   p.layout = layout;
-  for (const MemoryNeed& n : needs) p.memory_bytes = std::max(p.memory_bytes, n.total());
+  for (const MemoryNeed& n : resolved.memory) p.memory_bytes = std::max(p.memory_bytes, n.total());
 
   const int K = grid.stages, D = grid.replicas, M = layout.micro_batches;
   const double rows = double(c.train.batch) / D / M;

@@ -17,7 +17,7 @@
 //   step end  each rank's parameters (under ZeRO-1 its shard) times the optimizer's measured
 //             seconds per parameter, and the step overhead (what a measured one-worker step
 //             takes beyond its blocks and optimizer), a stage's share by its parameters;
-//   memory    the launcher's estimator (RankMemoryNeeds), the most of any rank;
+//   memory    the launcher's estimator (JobLayout::memory), the most of any rank;
 //   sharing   CPU workers: blocks timed beside as many threads computing the same as the
 //             run has workers on the host's cores; where more workers run than the host has
 //             cores, the step simulated with the ranks that compute at each moment sharing

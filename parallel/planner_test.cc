@@ -30,8 +30,9 @@ TEST(PlannerTest, ZeroBubbleMemoryWalkedByHand) {
   pc.train.micro_batches = 4;
   pc.strategy = StrategyKind::kPipeline;
   pc.schedule = "zb-h1";
-  const StageBounds bounds = *PlanStages(pc, 2);
-  const std::vector<MemoryNeed> need = *RankMemoryNeeds(pc, bounds, 2);
+  const JobLayout layout = *ResolveLayout(pc, 2);
+  const StageBounds& bounds = layout.bounds;
+  const std::vector<MemoryNeed>& need = layout.memory;
   const TrainConfig& t = pc.train;
   const int64_t rows = 2;
   auto estimate = [&](int in_flight, int pending) {
@@ -76,7 +77,7 @@ TEST(PlannerTest, ZeroBubbleH1NeedsNoMoreThanOneFOneBsLargestStage) {
         pc.train.micro_batches = M;
         pc.strategy = StrategyKind::kPipeline;
         pc.schedule = schedule;
-        const std::vector<MemoryNeed> needs = *RankMemoryNeeds(pc, *PlanStages(pc, K), K);
+        const std::vector<MemoryNeed> needs = ResolveLayout(pc, K)->memory;
         int64_t most = 0;
         for (const MemoryNeed& n : needs) most = std::max(most, n.activations + n.workspace);
         return most;

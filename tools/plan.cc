@@ -68,7 +68,7 @@ ABSL_FLAG(int, repeats, 5,
 ABSL_FLAG(int, top, 10, "layouts in the ranked table");
 ABSL_FLAG(std::string, bucket_mb, "25",
           "gradient bucket sizes to consider, in MB, comma-separated (e.g. 1,4,25)");
-ABSL_FLAG(std::string, out, "", "output folder (default reports/plan-<time>)");
+ABSL_FLAG(std::string, out, "", "output folder (default reports/<time> in the current directory)");
 
 namespace tandem {
 namespace tools {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "parallel/stage_replay.h"
 
 namespace tandem {
 namespace {
@@ -458,15 +459,21 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
   return SimulateSchedule(s, ScheduleDurations{}).status();
 }
 
-absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
-                                               const ScheduleDurations& d) {
-  auto fail = [&](const std::string& why, const std::vector<int>& marks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid pipeline schedule: ", why, "\n", ScheduleGrid(s, marks)));
-  };
-  const int S = s.stages, M = s.micro_batches, V = s.chunks;
-  if (static_cast<int>(s.actions.size()) != S) return fail("wrong number of stages", {});
-  if (V < 1) return fail(absl::StrFormat("%d chunks per stage: at least 1", V), {});
+namespace {
+
+// An invalid schedule's error: why, and the grid with each stage's mark.
+absl::Status Invalid(const PipelineSchedule& s, const std::string& why,
+                     const std::vector<int>& marks) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid pipeline schedule: ", why, "\n", ScheduleGrid(s, marks)));
+}
+
+// The durations fit the schedule: [stages][chunks] (or none), per-action rows no longer than
+// their stage's actions, nothing negative; and several chunks only on 2 stages or more.
+absl::Status CheckShape(const PipelineSchedule& s, const ScheduleDurations& d) {
+  const int S = s.stages, V = s.chunks;
+  if (static_cast<int>(s.actions.size()) != S) return Invalid(s, "wrong number of stages", {});
+  if (V < 1) return Invalid(s, absl::StrFormat("%d chunks per stage: at least 1", V), {});
   bool durations_ok = d.transfer >= 0 && d.handover >= 0 &&
                       (d.per_stage.empty() || static_cast<int>(d.per_stage.size()) == S);
   for (const auto& chunks : d.per_stage) {
@@ -492,15 +499,24 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
         S, S));
   }
   if (V > 1 && S < 2) {
-    return fail("several chunks need at least 2 stages (one stage would send to itself)", {});
+    return Invalid(s, "several chunks need at least 2 stages (one stage would send to itself)",
+                   {});
   }
-  // "micro-batch 3", and with several chunks "micro-batch 3 on chunk 1".
-  auto what = [&](int m, int c) {
-    return V == 1 ? absl::StrCat("micro-batch ", m)
-                  : absl::StrCat("micro-batch ", m, " on chunk ", c);
-  };
-  // Static checks: counts, order of forward, backward and weight gradient, the optimizer step
-  // last. Per stage, indexed by chunk * M + micro-batch.
+  return absl::OkStatus();
+}
+
+// "micro-batch 3", and with several chunks "micro-batch 3 on chunk 1".
+std::string MicroBatchText(const PipelineSchedule& s, int m, int c) {
+  return s.chunks == 1 ? absl::StrCat("micro-batch ", m)
+                       : absl::StrCat("micro-batch ", m, " on chunk ", c);
+}
+
+// Each stage's counts and order: one forward and one backward per micro-batch and chunk, at
+// most one weight gradient, after its backward; micro-batches and chunks in range; no
+// transfer to a neighbour a global stage does not have; the optimizer step once, last.
+absl::Status CheckCounts(const PipelineSchedule& s) {
+  const int S = s.stages, M = s.micro_batches, V = s.chunks;
+  // Per stage, indexed by chunk * M + micro-batch.
   for (int st = 0; st < S; ++st) {
     std::vector<int> fwd(V * M, -1), bwd(V * M, -1), wgt(V * M, -1);
     const auto& a = s.actions[st];
@@ -511,17 +527,17 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
       const int at = static_cast<int>(i);
       if (x.type == ActionType::kOptimizerStep) {
         if (i + 1 != a.size()) {
-          return fail(absl::StrFormat("stage %d: the optimizer step is not last", st), mark);
+          return Invalid(s, absl::StrFormat("stage %d: the optimizer step is not last", st), mark);
         }
         continue;
       }
       if (x.micro_batch < 0 || x.micro_batch >= M) {
-        return fail(absl::StrFormat("stage %d: micro-batch %d out of range [0, %d)", st,
+        return Invalid(s, absl::StrFormat("stage %d: micro-batch %d out of range [0, %d)", st,
                                     x.micro_batch, M),
                     mark);
       }
       if (x.chunk < 0 || x.chunk >= V) {
-        return fail(absl::StrFormat("stage %d: chunk %d out of range [0, %d) in %s", st, x.chunk,
+        return Invalid(s, absl::StrFormat("stage %d: chunk %d out of range [0, %d) in %s", st, x.chunk,
                                     V, ActionText(st, x)),
                     mark);
       }
@@ -529,41 +545,47 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
       const bool first = g == 0, last = g == S * V - 1;
       if ((first && x.type == ActionType::kRecvActivation) || (last && x.type == ActionType::kSendActivation) ||
           (last && x.type == ActionType::kRecvGradient) || (first && x.type == ActionType::kSendGradient)) {
-        return fail(absl::StrFormat("stage %d has no neighbour for %s", st, ActionText(st, x)), mark);
+        return Invalid(s, absl::StrFormat("stage %d has no neighbour for %s", st, ActionText(st, x)), mark);
       }
       const int k = x.chunk * M + x.micro_batch;
-      const std::string mb = what(x.micro_batch, x.chunk);
+      const std::string mb = MicroBatchText(s, x.micro_batch, x.chunk);
       if (x.type == ActionType::kForward) {
-        if (fwd[k] >= 0) return fail(absl::StrFormat("stage %d: forward of %s twice", st, mb), mark);
+        if (fwd[k] >= 0) return Invalid(s, absl::StrFormat("stage %d: forward of %s twice", st, mb), mark);
         fwd[k] = at;
       }
       if (x.type == ActionType::kBackward) {
-        if (fwd[k] < 0) return fail(absl::StrFormat("stage %d: backward of %s before its forward", st, mb), mark);
-        if (bwd[k] >= 0) return fail(absl::StrFormat("stage %d: backward of %s twice", st, mb), mark);
+        if (fwd[k] < 0) return Invalid(s, absl::StrFormat("stage %d: backward of %s before its forward", st, mb), mark);
+        if (bwd[k] >= 0) return Invalid(s, absl::StrFormat("stage %d: backward of %s twice", st, mb), mark);
         bwd[k] = at;
       }
       if (x.type == ActionType::kWeightGradient) {
         if (bwd[k] < 0) {
-          return fail(absl::StrFormat("stage %d: weight gradient of %s before its backward", st, mb), mark);
+          return Invalid(s, absl::StrFormat("stage %d: weight gradient of %s before its backward", st, mb), mark);
         }
-        if (wgt[k] >= 0) return fail(absl::StrFormat("stage %d: weight gradient of %s twice", st, mb), mark);
+        if (wgt[k] >= 0) return Invalid(s, absl::StrFormat("stage %d: weight gradient of %s twice", st, mb), mark);
         wgt[k] = at;
       }
     }
     for (int k = 0; k < V * M; ++k) {
       if (fwd[k] < 0 || bwd[k] < 0) {
-        return fail(absl::StrFormat("stage %d never runs the %s of %s", st,
-                                    fwd[k] < 0 ? "forward" : "backward", what(k % M, k / M)),
+        return Invalid(s, absl::StrFormat("stage %d never runs the %s of %s", st,
+                                    fwd[k] < 0 ? "forward" : "backward", MicroBatchText(s, k % M, k / M)),
                     {});
       }
     }
     if (a.empty() || a.back().type != ActionType::kOptimizerStep) {
-      return fail(absl::StrFormat("stage %d has no optimizer step", st), {});
+      return Invalid(s, absl::StrFormat("stage %d has no optimizer step", st), {});
     }
   }
-  // Both ends of each pair of stages post the transfers from one to the other in the same
-  // order: per (from stage, to stage), each transfer as (is gradient, micro-batch, sending
-  // global stage).
+  return absl::OkStatus();
+}
+
+// Both ends of each pair of stages post the transfers from one to the other in the same
+// order (the k-th send matches the k-th receive).
+absl::Status CheckPairing(const PipelineSchedule& s) {
+  const int S = s.stages, V = s.chunks;
+  // Per (from stage, to stage), each transfer as (is gradient, micro-batch, sending global
+  // stage).
   using Transfer = std::tuple<bool, int, int>;
   std::map<std::pair<int, int>, std::pair<std::vector<Transfer>, std::vector<Transfer>>> order;
   for (int st = 0; st < S; ++st) {
@@ -592,7 +614,7 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
                         PlaceStage(from, S).chunk);
       });
     };
-    return fail(
+    return Invalid(s, 
         absl::StrFormat("the %s from stage %d to stage %d are sent in %sorder %s and received "
                         "in order %s (transfers on a link match in order)",
                         mixed ? "transfers" : gradients ? "gradients" : "activations",
@@ -600,148 +622,196 @@ absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
                         list(sides.first), list(sides.second)),
         {});
   }
-  // Simulation over the exchange groups. split[st][k]: a W follows the B of k on stage st.
-  std::vector<std::vector<bool>> split(S);
-  for (int st = 0; st < S; ++st) split[st] = DeferredWeights(s, st);
-  const std::vector<std::vector<std::vector<int>>> groups = ExchangeGroups(s);
-  std::vector<std::vector<int>> group_of(S);  // action index -> group, per stage
-  for (int st = 0; st < S; ++st) group_of[st] = GroupOfActions(groups[st], s.actions[st].size());
-  // The clock: each stage's time where it stands, when each of its posted groups was posted,
-  // and when its last group completed (a stage's groups run one after the other).
-  const auto seconds = [&](int st, size_t i) {
-    const Action& x = s.actions[st][i];
-    if (!d.per_action.empty() && i < d.per_action[st].size() && d.per_action[st][i] >= 0) {
-      return d.per_action[st][i];
-    }
-    if (d.per_stage.empty()) return 0.0;
-    return d.per_stage[st][x.chunk].Of(x, split[st][x.chunk * M + x.micro_batch]);
-  };
-  std::vector<double> now(S, 0), queue_free(S, 0);
-  SimulatedStep out;
-  out.busy.assign(S, 0);
-  std::vector<size_t> pc(S, 0);
-  std::vector<std::deque<int>> posted(S);
-  std::vector<std::vector<double>> posted_at(S);
-  for (int st = 0; st < S; ++st) posted_at[st].assign(groups[st].size(), 0);
-  // Per stage, indexed by chunk * M + micro-batch: when the activation or gradient arrived
-  // and the forward or backward ended; kNotYet until then.
-  constexpr double kNotYet = -1;
+  return absl::OkStatus();
+}
+
+// The step timed over every stage's replay (stage_replay.h): a stage posts its groups as its
+// replay reaches them; each stage's posted groups run one after the other; a transfer
+// completes once the groups holding its two ends are each the first unfinished group of its
+// stage, and a group once all its transfers have, plus its transfer time and the handover.
+// Where the replay has the stream wait for a group, the stage waits until it is done; a
+// compute action then takes its duration, once what it needs has arrived.
+class TimedReplay {
+ public:
+  TimedReplay(const PipelineSchedule& s, const ScheduleDurations& d);
+  absl::StatusOr<SimulatedStep> Run();
+
+ private:
+  static constexpr double kNotYet = -1;
   using Times = std::vector<std::vector<double>>;
-  Times act_at(S, std::vector<double>(V * M, kNotYet)), grad_at = act_at, fwd_end = act_at,
-      bwd_end = act_at;
-  // Per stage and action index: when a transfer's two ends met; kNotYet until then.
-  Times transferred(S);
-  for (int st = 0; st < S; ++st) transferred[st].assign(s.actions[st].size(), kNotYet);
+  double Seconds(int st, size_t i) const;
+  // Stage st's replay as far as it can go now; whether it moved.
+  bool Advance(int st);
+  // Stage st's first posted group's transfers met where their other ends are first too, and
+  // the group completed once all have; whether anything moved.
+  absl::StatusOr<bool> CompleteFront(int st);
+  absl::Status Deadlock() const;
+
+  const PipelineSchedule& s_;
+  const ScheduleDurations& d_;
+  const int S_, M_, V_;
+  std::vector<std::vector<bool>> split_;
+  std::vector<std::vector<std::vector<int>>> groups_;
+  std::vector<std::vector<int>> group_of_;
+  std::vector<std::vector<ReplayEvent>> replay_;
+  // The clock: each stage's time where it stands, when each of its groups was posted and
+  // completed (kNotYet until then), and when its last group completed.
+  std::vector<double> now_, queue_free_;
+  std::vector<size_t> at_;  // the next event of each stage's replay
+  std::vector<std::deque<int>> posted_;
+  Times posted_at_, done_at_, transferred_;
+  // Per stage, by chunk * M + micro-batch: when the activation or gradient arrived.
+  Times act_at_, grad_at_;
+  SimulatedStep out_;
+};
+
+TimedReplay::TimedReplay(const PipelineSchedule& s, const ScheduleDurations& d)
+    : s_(s), d_(d), S_(s.stages), M_(s.micro_batches), V_(s.chunks) {
+  groups_ = ExchangeGroups(s);
+  for (int st = 0; st < S_; ++st) {
+    split_.push_back(DeferredWeights(s, st));
+    group_of_.push_back(GroupOfActions(groups_[st], s.actions[st].size()));
+    replay_.push_back(ReplayStage(s, groups_[st], st));
+    posted_at_.emplace_back(groups_[st].size(), 0);
+    done_at_.emplace_back(groups_[st].size(), kNotYet);
+    transferred_.emplace_back(s.actions[st].size(), kNotYet);
+  }
+  now_.assign(S_, 0);
+  queue_free_.assign(S_, 0);
+  at_.assign(S_, 0);
+  posted_.resize(S_);
+  act_at_.assign(S_, std::vector<double>(V_ * M_, kNotYet));
+  grad_at_ = act_at_;
+  out_.busy.assign(S_, 0);
+}
+
+double TimedReplay::Seconds(int st, size_t i) const {
+  const Action& x = s_.actions[st][i];
+  if (!d_.per_action.empty() && i < d_.per_action[st].size() && d_.per_action[st][i] >= 0) {
+    return d_.per_action[st][i];
+  }
+  if (d_.per_stage.empty()) return 0.0;
+  return d_.per_stage[st][x.chunk].Of(x, split_[st][x.chunk * M_ + x.micro_batch]);
+}
+
+bool TimedReplay::Advance(int st) {
+  bool moved = false;
+  for (; at_[st] < replay_[st].size(); ++at_[st], moved = true) {
+    const ReplayEvent& e = replay_[st][at_[st]];
+    if (e.kind == ReplayKind::kGroupPosted) {
+      posted_[st].push_back(e.group);
+      posted_at_[st][e.group] = now_[st];
+    } else if (e.kind == ReplayKind::kGroupDone) {
+      if (done_at_[st][e.group] < 0) break;
+      now_[st] = std::max(now_[st], done_at_[st][e.group]);
+    } else if (e.kind == ReplayKind::kActionStart) {
+      // What the action needs from another stage must have arrived (a schedule that never
+      // receives it stalls here).
+      const Action& x = s_.actions[st][e.action];
+      const int k = x.chunk * M_ + x.micro_batch, g = GlobalStage(st, x.chunk, S_);
+      const double needs = x.type == ActionType::kForward && g > 0 ? act_at_[st][k]
+                           : x.type == ActionType::kBackward && g < S_ * V_ - 1
+                               ? grad_at_[st][k]
+                               : 0;
+      if (needs < 0) break;
+      const double took = Seconds(st, e.action);
+      now_[st] = std::max(now_[st], needs) + took;
+      out_.busy[st] += took;
+    }
+  }
+  return moved;
+}
+
+absl::StatusOr<bool> TimedReplay::CompleteFront(int st) {
+  if (posted_[st].empty()) return false;
+  const int g = posted_[st].front();
+  const double active = std::max(posted_at_[st][g], queue_free_[st]);
+  bool moved = false, all = true;
+  for (int i : groups_[st][g]) {
+    if (transferred_[st][i] >= 0) continue;
+    const int peer = PeerOf(s_, st, s_.actions[st][i]);
+    const int j = Counterpart(s_, st, i);
+    if (j < 0) {
+      std::vector<int> mark(S_, -1);
+      mark[st] = i;
+      return Invalid(s_,
+                     absl::StrFormat("%s has no counterpart on the neighbouring stage",
+                                     ActionText(st, s_.actions[st][i])),
+                     mark);
+    }
+    const int h = group_of_[peer][j];
+    if (posted_[peer].empty() || posted_[peer].front() != h) {
+      all = false;
+      continue;
+    }
+    const double met = std::max(active, std::max(posted_at_[peer][h], queue_free_[peer]));
+    transferred_[st][i] = transferred_[peer][j] = met;
+    moved = true;
+  }
+  if (!all) return moved;
+  double end = active;
+  for (int i : groups_[st][g]) end = std::max(end, transferred_[st][i]);
+  end += d_.transfer * static_cast<double>(groups_[st][g].size()) + d_.handover;
+  for (int i : groups_[st][g]) {
+    const Action& y = s_.actions[st][i];
+    const int k = y.chunk * M_ + y.micro_batch;
+    if (y.type == ActionType::kRecvActivation) act_at_[st][k] = end;
+    if (y.type == ActionType::kRecvGradient) grad_at_[st][k] = end;
+  }
+  done_at_[st][g] = queue_free_[st] = end;
+  posted_[st].pop_front();
+  return true;
+}
+
+absl::Status TimedReplay::Deadlock() const {
+  std::vector<int> mark(S_, -1);
+  for (int st = 0; st < S_; ++st) {
+    if (!posted_[st].empty()) {
+      mark[st] = groups_[st][posted_[st].front()].front();
+    } else if (at_[st] < replay_[st].size()) {
+      mark[st] = replay_[st][at_[st]].action;
+    }
+  }
+  return Invalid(s_, "deadlock: no stage can make progress", mark);
+}
+
+absl::StatusOr<SimulatedStep> TimedReplay::Run() {
   for (;;) {
     bool progress = false, done = true;
-    for (int st = 0; st < S; ++st) {
-      const auto& a = s.actions[st];
-      if (pc[st] < a.size() || !posted[st].empty()) done = false;
-      if (pc[st] >= a.size()) continue;
-      const Action& x = a[pc[st]];
-      if (x.is_communication()) {
-        // Post every group of this run, then go on.
-        const int first = group_of[st][static_cast<int>(pc[st])];
-        size_t e = pc[st];
-        while (e < a.size() && a[e].is_communication()) ++e;
-        const int last = group_of[st][static_cast<int>(e - 1)];
-        for (int g = first; g <= last; ++g) {
-          posted[st].push_back(g);
-          posted_at[st][g] = now[st];
-        }
-        pc[st] = e;
-        progress = true;
-        continue;
-      }
-      if (x.type == ActionType::kOptimizerStep) {  // not timed: the step's end
-        ++pc[st];
-        progress = true;
-        continue;
-      }
-      const int k = x.chunk * M + x.micro_batch;
-      const int g = GlobalStage(st, x.chunk, S);
-      // When what the action needs is there; kNotYet if it is not yet.
-      double needs = 0;
-      if (x.type == ActionType::kForward && g > 0) needs = act_at[st][k];
-      if (x.type == ActionType::kBackward) {
-        needs = fwd_end[st][k];
-        if (g < S * V - 1) needs = needs < 0 || grad_at[st][k] < 0 ? kNotYet : std::max(needs, grad_at[st][k]);
-      }
-      if (x.type == ActionType::kWeightGradient) needs = bwd_end[st][k];
-      if (needs < 0) continue;
-      const double took = seconds(st, pc[st]);
-      now[st] = std::max(now[st], needs) + took;
-      out.busy[st] += took;
-      if (x.type == ActionType::kForward) fwd_end[st][k] = now[st];
-      if (x.type == ActionType::kBackward) bwd_end[st][k] = now[st];
-      ++pc[st];
-      progress = true;
+    for (int st = 0; st < S_; ++st) {
+      progress = Advance(st) || progress;
+      if (at_[st] < replay_[st].size() || !posted_[st].empty()) done = false;
     }
-    // A transfer completes once the groups holding its two ends are both first in their
-    // stages' queues (posted, and every earlier group of both stages done); a group completes
-    // once all its transfers have, the transfer time of each and one handover after the later
-    // of the two.
-    for (int st = 0; st < S; ++st) {
-      if (posted[st].empty()) continue;
-      const int g = posted[st].front();
-      const double active = std::max(posted_at[st][g], queue_free[st]);
-      bool all = true;
-      for (int i : groups[st][g]) {
-        if (transferred[st][i] >= 0) continue;
-        const int peer = PeerOf(s, st, s.actions[st][i]);
-        const int j = Counterpart(s, st, i);
-        if (j < 0) {
-          std::vector<int> mark(S, -1);
-          mark[st] = i;
-          return fail(absl::StrFormat("%s has no counterpart on the neighbouring stage",
-                                      ActionText(st, s.actions[st][i])),
-                      mark);
-        }
-        const int h = group_of[peer][j];
-        if (posted[peer].empty() || posted[peer].front() != h) {
-          all = false;
-          continue;
-        }
-        const double at = std::max(active, std::max(posted_at[peer][h], queue_free[peer]));
-        transferred[st][i] = transferred[peer][j] = at;
-        progress = true;
-      }
-      if (!all) continue;
-      double at = active;
-      for (int i : groups[st][g]) at = std::max(at, transferred[st][i]);
-      at += d.transfer * static_cast<double>(groups[st][g].size()) + d.handover;
-      for (int i : groups[st][g]) {
-        const Action& y = s.actions[st][i];
-        const int k = y.chunk * M + y.micro_batch;
-        if (y.type == ActionType::kRecvActivation) act_at[st][k] = at;
-        if (y.type == ActionType::kRecvGradient) grad_at[st][k] = at;
-      }
-      queue_free[st] = at;
-      posted[st].pop_front();
-      progress = true;
+    for (int st = 0; st < S_; ++st) {
+      const absl::StatusOr<bool> moved = CompleteFront(st);
+      if (!moved.ok()) return moved.status();
+      progress = progress || *moved;
     }
     if (done) {
       // A stage's step ends once its last compute action and its last transfer have; all
       // stages end together (the step's end is a reduction over every rank), and what a stage
       // did not spend computing until then it waited.
-      for (int st = 0; st < S; ++st) out.makespan = std::max({out.makespan, now[st], queue_free[st]});
-      for (int st = 0; st < S; ++st) {
-        out.bubble_fraction += out.makespan > 0 ? (1 - out.busy[st] / out.makespan) / S : 0;
+      for (int st = 0; st < S_; ++st) {
+        out_.makespan = std::max({out_.makespan, now_[st], queue_free_[st]});
       }
-      return out;
-    }
-    if (!progress) {
-      std::vector<int> mark(S, -1);
-      for (int st = 0; st < S; ++st) {
-        if (!posted[st].empty()) {
-          mark[st] = groups[st][posted[st].front()].front();
-        } else if (pc[st] < s.actions[st].size()) {
-          mark[st] = static_cast<int>(pc[st]);
-        }
+      for (int st = 0; st < S_; ++st) {
+        out_.bubble_fraction += out_.makespan > 0 ? (1 - out_.busy[st] / out_.makespan) / S_ : 0;
       }
-      return fail("deadlock: no stage can make progress", mark);
+      return out_;
     }
+    if (!progress) return Deadlock();
   }
+}
+}  // namespace
+
+absl::StatusOr<SimulatedStep> SimulateSchedule(const PipelineSchedule& s,
+                                               const ScheduleDurations& d) {
+  // The static checks first, each only once the one before holds.
+  absl::Status checked = CheckShape(s, d);
+  if (checked.ok()) checked = CheckCounts(s);
+  if (checked.ok()) checked = CheckPairing(s);
+  if (!checked.ok()) return checked;
+  return TimedReplay(s, d).Run();
 }
 
 PipelineSchedule HoistReceives(const PipelineSchedule& s) {

@@ -196,12 +196,14 @@ struct SimulatedStep {
   double bubble_fraction = 0;
 };
 
-// ValidateSchedule's simulation with time: each compute action starts once the stage is
-// free and what it needs is there (the receive it waits for, or for a W its B) and takes its
-// duration; a transfer's two ends meet once the groups holding them are both posted and both
-// stages' earlier groups done, and a group completes once all its transfers' ends have met,
-// plus its transfer time (n transfers: n times the transfer) and the handover; a stage's
-// step ends once its last compute action and its last transfer have. The step ends when the
+// ValidateSchedule's simulation with time, over each stage's replay (parallel/stage_replay.h:
+// the groups a stage posts and the waits its stream makes, as the executor runs them): each
+// compute action starts once the stage is free and what it needs is there (the receive it
+// waits for, or for a W its B) and takes its duration; a transfer's two ends meet once the
+// groups holding them are both posted and both stages' earlier groups done, and a group
+// completes once all its transfers' ends have met, plus its transfer time (n transfers: n
+// times the transfer) and the handover; a stage's step ends once its last compute action
+// and its last transfer have. The step ends when the
 // last stage's does: a stage's time until then that it does not compute is its bubble. An
 // invalid schedule, or durations not shaped [stages][chunks], is the error ValidateSchedule
 // gives.

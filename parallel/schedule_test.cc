@@ -546,5 +546,32 @@ TEST(SimulateScheduleTest, BadDurationsAndSchedulesAreRefused) {
   EXPECT_NE(v.message().find("deadlock"), std::string::npos) << v.message();
 }
 
+// A run of transfers whose last belongs to an earlier exchange group than one before it: GPipe
+// on 3 stages with stage 1's send of gradient 4 moved before the backward that makes it, so
+// that stage 1's run reads SG5 RG3 SG4, grouped {SG5, SG4} (to stage 0) and {RG3} (from stage
+// 2). The executor posts both groups when it reaches the run; the simulation does too, and
+// finds no deadlock.
+TEST(SimulateScheduleTest, EveryGroupOfARunIsPosted) {
+  PipelineSchedule s = *MakeSchedule("gpipe", 3, 6);
+  std::vector<Action>& row = s.actions[1];
+  auto find = [&](const char* text) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (ActionText(1, row[i]) == text) return i;
+    }
+    return row.size();
+  };
+  const size_t send = find("1SG4"), backward = find("1B4");
+  ASSERT_EQ(send, backward + 1) << ScheduleGrid(s);
+  std::swap(row[send], row[backward]);  // now SG4 at `backward`, B4 after it
+  ASSERT_EQ(ActionText(1, row[backward - 2]), "1SG5") << ScheduleGrid(s);
+  ASSERT_EQ(ActionText(1, row[backward - 1]), "1RG3") << ScheduleGrid(s);
+  const auto groups = ExchangeGroups(s)[1];
+  const std::vector<int> group_of = GroupOfActions(groups, row.size());
+  EXPECT_EQ(group_of[backward - 2], group_of[backward]);      // {SG5, SG4}
+  EXPECT_EQ(group_of[backward - 1], group_of[backward] + 1);  // then {RG3}
+  const absl::Status v = ValidateSchedule(s);
+  EXPECT_TRUE(v.ok()) << v.message();
+}
+
 }  // namespace
 }  // namespace tandem

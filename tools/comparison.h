@@ -1,6 +1,7 @@
 // The strategy comparison report: run directories (run.json, per-rank metrics, traces) read
-// into plain structs, the figures per strategy against the one-worker baseline, rule-based
-// recommendations, timelines of one measured step, and the markdown, JSON and HTML writers.
+// into plain structs (comparison_runs.cc), the figures per strategy against the one-worker
+// baseline, rule-based recommendations and timelines of one measured step
+// (comparison_figures.cc), and the markdown, JSON and HTML writers (comparison_writers.cc).
 #ifndef TANDEM_TOOLS_COMPARISON_H_
 #define TANDEM_TOOLS_COMPARISON_H_
 

@@ -360,6 +360,55 @@ TEST(Validate, BalanceByTimeReachesTheWorkersAsSizes) {
   EXPECT_EQ(total, 4);
 }
 
+// With replicas (4 workers, D = 2) and model chunks, the sizes are for the K x v stages the
+// layout splits the model into, not one per worker.
+TEST(Validate, BalanceByTimeSizesTheStagesOfAReplica) {
+  Options o = Small();
+  o.job.workers = 4;
+  o.job.n_layer = 6;  // 8 blocks
+  o.job.strategy = "pipeline";
+  o.job.data_parallel = 2;
+  o.job.balance = "time";
+  absl::StatusOr<LaunchPlan> p = Validate(o, CpuHost(FreshTestPath("user")));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(p->job.balance, ',')).size(), 2u)
+      << p->job.balance;
+  o.job.data_parallel = 1;
+  o.job.schedule = "interleaved";
+  o.job.virtual_stages = 2;
+  o.job.micro_batches = 4;
+  p = Validate(o, CpuHost(FreshTestPath("user")));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(p->job.balance, ',')).size(), 8u)
+      << p->job.balance;
+}
+
+// --explain: what runs on each rank, from the layout the workers resolve, with the run's own
+// bucket size (not the 25 MB the fit check stands in); nothing without it.
+TEST(Validate, ExplainSaysWhatEachRankRuns) {
+  Options o = Small();
+  o.job.workers = 4;
+  o.job.strategy = "pipeline";
+  o.job.data_parallel = 2;
+  o.job.micro_batches = 2;
+  o.job.bucket_mb = 0.01;
+  HostInfo h = CpuHost(FreshTestPath("user"));
+  absl::StatusOr<LaunchPlan> quiet = Validate(o, h);
+  ASSERT_TRUE(quiet.ok()) << quiet.status();
+  EXPECT_EQ(quiet->explanation, "");
+  o.explain = true;
+  absl::StatusOr<LaunchPlan> p = Validate(o, h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  for (const char* place : {"rank 0 (replica 0, stage 0): ", "rank 1 (replica 1, stage 0): ",
+                            "rank 2 (replica 0, stage 1): ", "rank 3 (replica 1, stage 1): "}) {
+    EXPECT_THAT(p->explanation, HasSubstr(place)) << p->explanation;
+  }
+  EXPECT_THAT(p->explanation,
+              HasSubstr(absl::StrCat("gradient buckets of about ", FormatBytes(int64_t{10485}))))
+      << p->explanation;
+  EXPECT_THAT(p->explanation, HasSubstr("schedule: 0F0")) << p->explanation;
+}
+
 // CPU workers on this host share its memory: the job is refused before it starts when what
 // they keep together cannot fit.
 TEST(Validate, WorkersOnThisHostMustFitInItsMemory) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "launcher/flags.h"
+#include "launcher/job_flags.h"
 #include "launcher/paths.h"
 #include "launcher/run_report.h"
 #include "model/trainer.h"
@@ -28,54 +29,12 @@
 #include "runtime/files.h"
 #include "runtime/profiler.h"
 
-ABSL_FLAG(std::string, model, "gpt-tiny",
-          "gpt-tiny, gpt2-small (GPT-2 124M, tied: 124,475,904 parameters), gpt or mlp");
-ABSL_FLAG(int, n_layer, 0, "layers (0: the preset's)");
-ABSL_FLAG(int, d_model, 0, "channels / MLP width (0: the preset's)");
-ABSL_FLAG(int, n_head, 0, "attention heads (0: the preset's)");
-ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the preset's)");
-ABSL_FLAG(std::string, attention, "standard",
-          "GPT attention: standard (keeps the T x T probabilities) or flash (keeps each row's "
-          "log-sum-exp and recomputes them in backward)");
-ABSL_FLAG(bool, tie_embeddings, false,
-          "the output head's weight is the token embedding's table, as GPT-2's (on a pipeline the "
-          "first and last stage each hold it and sum its gradients every step); gpt2-small, "
-          "GPT-2 124M (124,475,904 parameters with its vocabulary padded to 50304; GPT-2's "
-          "124,439,808 at 50257), is always tied");
-ABSL_FLAG(int, steps, 300, "optimizer steps");
-ABSL_FLAG(int, batch, 16, "samples per step");
+// The job's model and training flags are launcher/job_flags.cc's, the launcher's too (here
+// --steps defaults to 300). These are this program's own: where the launcher has a flag of
+// the same name, it means something else there (--micro-batches=0, --device=auto, --run-dir's
+// default, --resume=auto, and --init-from with it, are the launcher's only).
 ABSL_FLAG(int, micro_batches, 1, "gradient accumulation: micro-batches per step");
-ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
-ABSL_FLAG(int, warmup, 20, "linear warmup steps");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(double, weight_decay, 0.0,
-          "decoupled weight decay (AdamW) / L2 (SGD), on the 2-D weight matrices and the token "
-          "embedding only, as nanoGPT, Megatron and Hugging Face (--decay-all: every parameter)");
-ABSL_FLAG(bool, decay_all, false, "apply --weight-decay to every parameter (the old behaviour)");
-ABSL_FLAG(double, clip_norm, 1.0, "clip gradients to this global L2 norm; 0: off");
-ABSL_FLAG(uint64_t, seed, 1234, "seed of initialization and data order");
-ABSL_FLAG(std::string, data, "",
-          "text file (bytes) or token shards, a file or a glob (llm.c's format, "
-          "tools/prepare_data.py writes it) (default: /usr/share/common-licenses)");
-ABSL_FLAG(std::string, data_format, "auto",
-          "auto (llm.c's magic or a *.bin name: an llm.c shard; else text), text, llmc, uint16 "
-          "or uint32 (raw token arrays such as nanoGPT's train.bin)");
-ABSL_FLAG(int, vocab, 0,
-          "the data's vocabulary, padded to a multiple of 64 for the model (0: an llm.c "
-          "shard's kind, else the model's)");
-ABSL_FLAG(bool, synthetic, false, "random tokens instead of text (for benchmarks)");
-ABSL_FLAG(std::string, val_data, "",
-          "validation data, a file or glob in --data's formats; its loss is evaluated forward "
-          "only, never trained on");
-ABSL_FLAG(double, val_fraction, 0,
-          "hold out the last F (0 < F < 1) of the training samples as validation data");
-ABSL_FLAG(int, eval_every, -1,
-          "steps between validation losses, and after the last step (0: none; default: 100 "
-          "with --val-data or --val-fraction, else none)");
-ABSL_FLAG(int, eval_batches, 4,
-          "global batches each validation evaluates: the validation data's first ones, in order");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
-ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 (bf16, f16 on CUDA)");
 ABSL_FLAG(std::string, run_dir, "",
           "write run.json, metrics/rank-0.jsonl and the checkpoints into this directory, as "
           "the launcher does (made if missing); auto: runs/<time>-train, the launcher's naming; "
@@ -83,9 +42,6 @@ ABSL_FLAG(std::string, run_dir, "",
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "directory the checkpoints go to (made if missing; default with --run-dir: "
           "<run_dir>/checkpoints)");
-ABSL_FLAG(int, checkpoint_every, 0,
-          "steps between checkpoints, and one at the end; a run from its start also keeps its "
-          "initial weights, as step 0 (0: none)");
 ABSL_FLAG(std::string, resume, "", "checkpoint file (.ckpt) to resume from");
 ABSL_FLAG(std::string, init_from, "",
           "start from the weights of a safetensors file in Hugging Face GPT-2's layout "
@@ -124,34 +80,10 @@ absl::StatusOr<Setup> SetupFromFlags() {
   JobConfig& job = setup.job;
   job.strategy = "data";
   job.workers = 1;
-  job.model = absl::GetFlag(FLAGS_model);
-  job.n_layer = absl::GetFlag(FLAGS_n_layer);
-  job.d_model = absl::GetFlag(FLAGS_d_model);
-  job.n_head = absl::GetFlag(FLAGS_n_head);
-  job.seq_len = absl::GetFlag(FLAGS_seq_len);
-  job.attention = absl::GetFlag(FLAGS_attention);
-  job.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
-  job.dtype = absl::GetFlag(FLAGS_dtype);
-  job.steps = absl::GetFlag(FLAGS_steps);
-  job.batch = absl::GetFlag(FLAGS_batch);
+  launcher::JobFlagsInto(&job);
   job.micro_batches = absl::GetFlag(FLAGS_micro_batches);
-  job.lr = absl::GetFlag(FLAGS_lr);
-  job.warmup = absl::GetFlag(FLAGS_warmup);
-  job.optimizer = absl::GetFlag(FLAGS_optimizer);
-  job.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  job.decay_all = absl::GetFlag(FLAGS_decay_all);
-  job.clip_norm = absl::GetFlag(FLAGS_clip_norm);
-  job.seed = absl::GetFlag(FLAGS_seed);
-  job.data = users(absl::GetFlag(FLAGS_data));
-  job.data_format = absl::GetFlag(FLAGS_data_format);
-  job.vocab = absl::GetFlag(FLAGS_vocab);
-  job.synthetic = absl::GetFlag(FLAGS_synthetic);
-  job.val_data = users(absl::GetFlag(FLAGS_val_data));
-  job.val_fraction = absl::GetFlag(FLAGS_val_fraction);
-  job.eval_every = absl::GetFlag(FLAGS_eval_every);
-  job.ResolveEvalEvery();
-  job.eval_batches = absl::GetFlag(FLAGS_eval_batches);
-  job.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  job.data = users(job.data);
+  job.val_data = users(job.val_data);
   job.resume = users(absl::GetFlag(FLAGS_resume));
   job.init_from = users(absl::GetFlag(FLAGS_init_from));
   job.profile = absl::GetFlag(FLAGS_profile_steps) > 0;
@@ -350,20 +282,23 @@ int Main() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  const tandem::launcher::FlagSet flags{"examples/train.cc",
-                                        {"model",          "n_layer",        "d_model",
-                                         "n_head",         "seq_len",        "attention",
-                                         "tie_embeddings",
-                                         "steps",          "batch",          "micro_batches",
-                                         "lr",             "warmup",         "optimizer",
-                                         "weight_decay",   "decay_all",      "clip_norm",
-                                         "seed",           "data",           "data_format",
-                                         "vocab",          "synthetic",      "val_data",
-                                         "val_fraction",   "eval_every",     "eval_batches",
-                                         "device",
-                                         "dtype",          "run_dir",        "checkpoint_dir",
-                                         "checkpoint_every", "resume",       "init_from",
-                                         "profile_steps"}};
+  const tandem::launcher::FlagSet flags{
+      "examples/train.cc",
+      {"model",          "n_layer",        "d_model",
+       "n_head",         "seq_len",        "attention",
+       "tie_embeddings",
+       "steps",          "batch",          "micro_batches",
+       "lr",             "warmup",         "optimizer",
+       "weight_decay",   "decay_all",      "clip_norm",
+       "seed",           "data",           "data_format",
+       "vocab",          "synthetic",      "val_data",
+       "val_fraction",   "eval_every",     "eval_batches",
+       "device",
+       "dtype",          "run_dir",        "checkpoint_dir",
+       "checkpoint_every", "resume",       "init_from",
+       "profile_steps"},
+      {tandem::launcher::kJobFlagsFile},
+      {{"steps", "300"}}};
   const int rc = tandem::launcher::ParseCommandLine(
       flags, argc, argv, "train",
       "Usage: bazel run //examples:train -- [flags]\n"

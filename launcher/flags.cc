@@ -1,5 +1,6 @@
 #include "launcher/flags.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 
@@ -70,6 +71,14 @@ bool TakesNextWord(const FlagSet& flags, const FlagWord& w) {
   return f != nullptr && !f->IsOfType<bool>();
 }
 
+// The flag's default in this program: FlagSet::defaults', else its definition's.
+std::string DefaultOf(const FlagSet& flags, const absl::CommandLineFlag& f) {
+  for (const auto& [name, value] : flags.defaults) {
+    if (name == f.Name()) return value;
+  }
+  return f.DefaultValue();
+}
+
 std::string TypeWord(const absl::CommandLineFlag& f) {
   if (f.IsOfType<int>()) return "an integer";
   if (f.IsOfType<uint64_t>()) return "a non-negative integer";
@@ -82,7 +91,14 @@ std::string TypeWord(const absl::CommandLineFlag& f) {
 
 absl::CommandLineFlag* FlagSet::Find(absl::string_view name) const {
   absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
-  return f != nullptr && absl::EndsWith(f->Filename(), defined_in) ? f : nullptr;
+  if (f == nullptr) return nullptr;
+  if (absl::EndsWith(f->Filename(), defined_in)) return f;
+  for (const std::string& file : shared_from) {
+    if (absl::EndsWith(f->Filename(), file)) {
+      return std::find(names.begin(), names.end(), name) != names.end() ? f : nullptr;
+    }
+  }
+  return nullptr;
 }
 
 std::string RewriteFlagName(absl::string_view arg) {
@@ -113,8 +129,17 @@ std::vector<std::string> RewriteArgs(const FlagSet& flags, const std::vector<std
 absl::Status ParseFlags(const FlagSet& flags, const std::vector<std::string>& raw_args,
                         bool* help) {
   *help = false;
-  const std::vector<std::string> args = RewriteArgs(flags, raw_args);
   std::vector<std::string> problems;
+  for (const auto& [name, value] : flags.defaults) {
+    absl::CommandLineFlag* f = flags.Find(name);
+    std::string error;
+    if (f == nullptr || !f->ParseFrom(value, &error)) {
+      problems.push_back(absl::StrFormat(
+          "the default --%s=%s is not a valid value of one of the program's flags",
+          Hyphenated(name), value));
+    }
+  }
+  const std::vector<std::string> args = RewriteArgs(flags, raw_args);
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
@@ -197,7 +222,7 @@ std::string HelpText(const FlagSet& flags, const std::string& usage) {
     const absl::CommandLineFlag* f = flags.Find(name);
     if (f == nullptr) continue;
     std::string shown = "--" + Hyphenated(name);
-    std::string def = f->DefaultValue();
+    std::string def = DefaultOf(flags, *f);
     if (f->IsOfType<bool>()) {
       shown = "--[no-]" + Hyphenated(name);
     } else if (f->IsOfType<std::string>()) {

@@ -5,6 +5,7 @@
 #define TANDEM_LAUNCHER_FLAGS_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
@@ -14,10 +15,17 @@
 namespace tandem {
 namespace launcher {
 
-// A program's flags: the ABSL_FLAGs one source file defines.
+// A program's flags: the ABSL_FLAGs its own source file defines, and those of files of
+// flags several programs share (launcher/job_flags.h) that it takes.
 struct FlagSet {
-  std::string defined_in;          // that file's path from the workspace root
-  std::vector<std::string> names;  // underscored, as defined, in --help order
+  std::string defined_in;          // the program's file, its path from the workspace root
+  std::vector<std::string> names;  // underscored, as defined, in --help order (shared ones too)
+  // Files of shared flags (paths from the workspace root): of their flags, the program takes
+  // those in `names`.
+  std::vector<std::string> shared_from = {};
+  // (name, value): the program's default for a shared flag where it is not the definition's.
+  // ParseFlags sets these before reading the command line; HelpText shows them.
+  std::vector<std::pair<std::string, std::string>> defaults = {};
   // The flag `name` (underscored) when it is one of these; else nullptr.
   absl::CommandLineFlag* Find(absl::string_view name) const;
 };

@@ -14,25 +14,20 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launcher/flags.h"
+#include "launcher/job_flags.h"
 #include "runtime/files.h"
 #include "runtime/format.h"
 #include "runtime/json.h"
 #include "runtime/status.h"
 
+// The model, --batch, --dtype, --optimizer, --seed and --steps are the launcher's flags
+// (launcher/job_flags.cc; here --steps defaults to 20: steps of each checking run). These are
+// the planner's own: --gpus, --device and --bucket-mb mean something else for the launcher.
 ABSL_FLAG(bool, plan, false, "predict every layout instead of running the strategies");
 ABSL_FLAG(int, gpus, 4, "devices (workers) to plan for");
-ABSL_FLAG(std::string, model, "gpt-tiny", "gpt-tiny, gpt2-small, gpt or mlp, as the launcher's");
-ABSL_FLAG(int, n_layer, 0, "layers (0: the model's default)");
-ABSL_FLAG(int, d_model, 0, "channels (0: the model's default)");
-ABSL_FLAG(int, n_head, 0, "attention heads (0: the model's default)");
-ABSL_FLAG(int, seq_len, 0, "tokens per sample (0: the model's default)");
-ABSL_FLAG(int, batch, 16, "global batch in samples");
-ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32, bf16 or f16");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu or cuda: the device kind the memory estimate is for, and where block times are "
           "measured without --block-times");
-ABSL_FLAG(std::string, optimizer, "adamw", "adamw or sgd");
-ABSL_FLAG(uint64_t, seed, 1234, "seed of the runs and of the block timing");
 ABSL_FLAG(std::string, device_memory, "",
           "memory per device, e.g. 80GB or 141GB (GB = 2^30 bytes, as Tandem prints sizes); "
           "layouts that need more are left out (default: not checked)");
@@ -60,7 +55,6 @@ ABSL_FLAG(bool, run, true,
           "shape the waiting share was fitted on, and report predicted against measured, "
           "against the fastest and the median of --repeats runs (--no-run: predict only, after the host's own timings: "
           "the link and, where CPU workers outnumber the cores, the waiting share)");
-ABSL_FLAG(int, steps, 20, "steps of each checking run");
 ABSL_FLAG(int, repeats, 5,
           "runs of each checked layout, the layouts taken in turns; the measured step is the "
           "fastest run's (a CPU host's other work slows a whole run at times; 5 as Python's "
@@ -80,7 +74,9 @@ const launcher::FlagSet& PlanFlags() {
       {"plan", "gpus", "model", "n_layer", "d_model", "n_head", "seq_len", "batch", "dtype",
        "device", "optimizer", "seed", "device_memory", "block_times", "derive_block_times",
        "write_block_times", "link", "waiting_share",
-       "run", "steps", "repeats", "top", "bucket_mb", "out"}};
+       "run", "steps", "repeats", "top", "bucket_mb", "out"},
+      {launcher::kJobFlagsFile},
+      {{"steps", "20"}}};
   return *flags;
 }
 
@@ -172,22 +168,22 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
     if (!s.ok()) problems.push_back(std::string(s.message()));
   };
   PlanRequest& r = o->request;
+  JobConfig job;  // the launcher's flags the plan takes
+  launcher::JobFlagsInto(&job);
   r.gpus = absl::GetFlag(FLAGS_gpus);
   if (r.gpus < 1) problems.push_back("--gpus: plan for at least 1 device");
   TrainConfig& t = r.base.train;
   absl::StatusOr<ModelConfig> model =
-      ModelPreset(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_n_layer),
-                  absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_n_head),
-                  absl::GetFlag(FLAGS_seq_len), "standard");
+      ModelPreset(job.model, job.n_layer, job.d_model, job.n_head, job.seq_len, "standard");
   if (model.ok()) {
     t.model = *model;
     problem(t.model.Validate());
   } else {
     problem(model.status());
   }
-  t.batch = absl::GetFlag(FLAGS_batch);
+  t.batch = job.batch;
   if (t.batch < 1) problems.push_back("--batch: give at least 1 sample");
-  if (absl::StatusOr<DType> d = ParseDType(absl::GetFlag(FLAGS_dtype)); d.ok()) {
+  if (absl::StatusOr<DType> d = ParseDType(job.dtype); d.ok()) {
     t.dtype = *d;
   } else {
     problem(d.status());
@@ -198,11 +194,11 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
   } else {
     problems.push_back(absl::StrFormat("--device=%s: use cpu or cuda", device));
   }
-  t.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
+  t.optimizer.kind = job.optimizer;
   if (t.optimizer.kind != "adamw" && t.optimizer.kind != "sgd") {
     problems.push_back(absl::StrFormat("--optimizer=%s: use adamw or sgd", t.optimizer.kind));
   }
-  t.seed = absl::GetFlag(FLAGS_seed);
+  t.seed = job.seed;
   if (const std::string m = absl::GetFlag(FLAGS_device_memory); !m.empty()) {
     absl::StatusOr<int64_t> bytes = ParseMemory(m);
     if (bytes.ok()) r.device_memory = *bytes;
@@ -242,7 +238,7 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
         "--waiting-share=%g: give a share from 0 to 1, e.g. 0.3", o->waiting_share));
   }
   o->run = absl::GetFlag(FLAGS_run);
-  o->steps = absl::GetFlag(FLAGS_steps);
+  o->steps = job.steps;
   o->repeats = absl::GetFlag(FLAGS_repeats);
   o->top = absl::GetFlag(FLAGS_top);
   o->out_dir = absl::GetFlag(FLAGS_out);
@@ -263,7 +259,7 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
     for (const std::string& p : problems) std::fprintf(stderr, "compare --plan: %s\n", p.c_str());
     return 2;
   }
-  o->model_flags = {absl::StrCat("--model=", absl::GetFlag(FLAGS_model)),
+  o->model_flags = {absl::StrCat("--model=", job.model),
                     absl::StrCat("--batch=", t.batch),
                     absl::StrCat("--dtype=", DTypeName(t.dtype)),
                     absl::StrCat("--device=", device),
@@ -271,10 +267,10 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
                     absl::StrCat("--seed=", t.seed),
                     absl::StrCat("--steps=", o->steps)};
   for (const auto& [name, v] :
-       {std::pair<const char*, int>{"n-layer", absl::GetFlag(FLAGS_n_layer)},
-        {"d-model", absl::GetFlag(FLAGS_d_model)},
-        {"n-head", absl::GetFlag(FLAGS_n_head)},
-        {"seq-len", absl::GetFlag(FLAGS_seq_len)}}) {
+       {std::pair<const char*, int>{"n-layer", job.n_layer},
+        {"d-model", job.d_model},
+        {"n-head", job.n_head},
+        {"seq-len", job.seq_len}}) {
     if (v != 0) o->model_flags.push_back(absl::StrFormat("--%s=%d", name, v));
   }
   return std::nullopt;

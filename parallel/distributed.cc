@@ -1,6 +1,5 @@
 #include "parallel/distributed.h"
 
-#include <cmath>
 #include <algorithm>
 #include <map>
 #include <set>
@@ -9,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "model/block.h"
 #include "model/hf_gpt2.h"
 #include "model/sharded_checkpoint.h"
@@ -419,7 +417,7 @@ absl::Status DistributedTrainer::ReduceStepValues(Stream& s, Pending* p) {
 absl::Status DistributedTrainer::StepEnd(Stream& s, const StepValues& v, Pending* p) {
   const TrainConfig& tc = c_.train;
   if (zero()) {
-    RETURN_IF_ERROR(sync_.ZeroStepEnd(s, *stage_, optimizer_, tc.optimizer, scaler_.scale(),
+    RETURN_IF_ERROR(sync_.ZeroStepEnd(s, optimizer_, tc.optimizer, scaler_.scale(),
                                       step_, v.sumsq, v.scale, StreamWaiter(s), *p->timeline,
                                       &p->timing.comm_bytes));
   } else {

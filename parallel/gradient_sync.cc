@@ -9,7 +9,7 @@
 
 namespace tandem {
 
-GradientSync::GradientSync(const Stage& stage, Communicator* dp, int64_t bucket_bytes, bool zero,
+GradientSync::GradientSync(Stage& stage, Communicator* dp, int64_t bucket_bytes, bool zero,
                            bool tied_table)
     : dp_(dp), stage_(&stage), zero_(zero), tied_table_(tied_table) {
   const int64_t numel = stage.layout().numel();
@@ -75,11 +75,12 @@ absl::Status GradientSync::WaitAll(const StreamWait& wait_on, int64_t* comm_byte
   return absl::OkStatus();
 }
 
-absl::Status GradientSync::ZeroStepEnd(Stream& s, Stage& stage, Optimizer& optimizer,
+absl::Status GradientSync::ZeroStepEnd(Stream& s, Optimizer& optimizer,
                                        const OptimizerConfig& config, float loss_scale,
                                        int step, const Tensor& grad_sumsq, const Tensor& scale,
                                        const StreamWait& wait_on, StreamTimeline& timeline,
                                        int64_t* comm_bytes) {
+  Stage& stage = *stage_;
   RETURN_IF_ERROR(ops::GradScale(s, scale, grad_sumsq, 1.0f / loss_scale, config.clip_norm));
   const Tensor& params = stage.params().flat();
   const Tensor& grads = stage.grads().flat();

@@ -39,7 +39,7 @@ class GradientSync {
   // `dp`: the stage's data-parallel group (null or of one rank: nothing to synchronize);
   // `zero`: ZeRO-1; `tied_table`: the stage holds the tied table or its copy, which the
   // embedding group sums first. Plans the buckets of `stage` of about `bucket_bytes`.
-  GradientSync(const Stage& stage, Communicator* dp, int64_t bucket_bytes, bool zero,
+  GradientSync(Stage& stage, Communicator* dp, int64_t bucket_bytes, bool zero,
                bool tied_table);
 
   // Whether there are replicas to synchronize with, and whether the optimizer state is
@@ -61,10 +61,10 @@ class GradientSync {
   // Issues the buckets not issued yet, then the stream waits for every one.
   absl::Status WaitAll(const StreamWait& wait_on, int64_t* comm_bytes);
   // ZeRO-1's step end on stream `s`: the gradients' factor `scale` computed from their squared
-  // norm (unscaling by `loss_scale`, clipping), this rank's part of each bucket updated, each
-  // bucket all-gathered as soon as its part is, the gradients zeroed, and the stream waiting
-  // for the gathers; the timeline marks the optimizer and the gather.
-  absl::Status ZeroStepEnd(Stream& s, Stage& stage, Optimizer& optimizer,
+  // norm (unscaling by `loss_scale`, clipping), this rank's part of each bucket updated by
+  // `optimizer`, each bucket all-gathered as soon as its part is, the gradients zeroed, and
+  // the stream waiting for the gathers; the timeline marks the optimizer and the gather.
+  absl::Status ZeroStepEnd(Stream& s, Optimizer& optimizer,
                            const OptimizerConfig& config, float loss_scale, int step,
                            const Tensor& grad_sumsq, const Tensor& scale,
                            const StreamWait& wait_on, StreamTimeline& timeline,
@@ -76,7 +76,7 @@ class GradientSync {
   absl::Status Issue(size_t i, int64_t* comm_bytes);
 
   Communicator* dp_ = nullptr;
-  const Stage* stage_ = nullptr;
+  Stage* stage_ = nullptr;
   bool zero_ = false, tied_table_ = false;
   int replica_ = 0;
   std::vector<int64_t> shards_;

@@ -55,6 +55,12 @@ absl::Status CheckPipeline(const ParallelConfig& c, const ProcessGrid& grid) {
         t.batch, grid.replicas, t.micro_batches, t.micro_batches == 1 ? "" : "es",
         grid.replicas, grid.replicas * t.micro_batches));
   }
+  if (grid.stages == 1 && grid.replicas > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--strategy=%s with --data-parallel=%d on %d workers leaves one stage: every replica "
+        "would hold the whole model; use --strategy=data, or --data-parallel=D with D < %d",
+        StrategyName(c.strategy), grid.replicas, grid.ranks(), grid.ranks()));
+  }
   if (c.zero == 1 && grid.replicas < 2) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--zero=1 with --strategy=%s and --data-parallel=1: ZeRO-1 shards the optimizer "
@@ -228,43 +234,51 @@ std::string DescribeBlocks(const std::vector<std::unique_ptr<Block>>& blocks,
                       absl::StrJoin(parts, " and "));
 }
 
-// The gradient buckets of the stage holding `chunks`, one line each, as the trainer plans
-// them (Stage::ParamBlocks, PlanBuckets): under ZeRO-1 with the rank's shard.
+// The gradient buckets of rank `rank`'s stage, one line each, as the trainer plans and issues
+// them (Stage::ParamBlocks, PlanBuckets, GradientSync): under ZeRO-1 with the rank's shard.
 std::vector<std::string> DescribeBuckets(const ParallelConfig& c, const JobLayout& l,
                                          const std::vector<std::unique_ptr<Block>>& blocks,
                                          int rank) {
   const int stage = l.grid.StageOf(rank);
   const std::vector<std::pair<int, int>> chunks = l.ChunkRanges(stage);
-  std::vector<int> held;
+  std::vector<int> held_blocks;
   for (const auto& [begin, end] : chunks) {
-    for (int b = begin; b < end; ++b) held.push_back(b);
+    for (int b = begin; b < end; ++b) held_blocks.push_back(b);
   }
   std::vector<std::vector<size_t>> block_params;
-  const ParamLayout params(StageParams(blocks, held, &block_params));
+  const ParamLayout params(StageParams(blocks, held_blocks, &block_params));
   const int num_blocks = static_cast<int>(blocks.size());
   const bool tied = c.train.model.tie_embeddings && l.grid.stages > 1;
-  const bool first = held.front() == 0, last = held.back() == num_blocks - 1;
+  const bool first = held_blocks.front() == 0, last = held_blocks.back() == num_blocks - 1;
   const std::vector<int> owners =
       ParamOwners(block_params, params.entries().size(), tied && !first && last);
   const std::vector<Bucket> buckets =
       PlanBuckets(params, owners, c.bucket_bytes, tied && (first || last) ? 0 : -1);
   const bool zero = c.zero == 1;
+  const bool table = tied && (first || last);  // the last bucket, held for the embedding group
   std::vector<std::string> lines;
   lines.push_back(absl::StrFormat(
-      "%d gradient bucket%s of about %s, %s among %s during backward%s", buckets.size(),
+      "%d gradient bucket%s of about %s, %s among %s %s%s", buckets.size(),
       buckets.size() == 1 ? "" : "s", FormatBytes(c.bucket_bytes),
       zero ? "reduce-scattered" : "all-reduced",
       l.pipelined() ? absl::StrFormat("the stage's %d replicas", l.grid.replicas)
                     : absl::StrFormat("the %d data-parallel ranks", l.grid.replicas),
+      !c.overlap                          ? "after the pass (--no-overlap)"
+      : l.pipelined()                     ? "during the last action writing the gradients"
+      : c.train.micro_batches > 1         ? "during the last micro-batch's backward"
+                                          : "during backward",
       zero ? ", then its shard updated and all-gathered" : ""));
   const auto& e = params.entries();
   for (size_t i = 0; i < buckets.size(); ++i) {
     const Bucket& b = buckets[i];
-    lines.push_back(absl::StrFormat("  bucket %d: %s, %s .. %s (%d parameters), after %s's backward",
-                                    i, FormatBytes(4 * (b.end - b.begin)),
-                                    e[b.last_param].spec.name, e[b.first_param].spec.name,
-                                    b.last_param - b.first_param + 1,
-                                    blocks[held[b.ready_block]]->name()));
+    const bool held = table && i + 1 == buckets.size();
+    lines.push_back(absl::StrFormat(
+        "  bucket %d: %s, %s .. %s (%d parameter%s), %s", i, FormatBytes(4 * (b.end - b.begin)),
+        e[b.last_param].spec.name, e[b.first_param].spec.name, b.last_param - b.first_param + 1,
+        b.last_param == b.first_param ? "" : "s",
+        held ? absl::StrCat("after the pass, once the embedding group summed the tied table",
+                            zero ? " (all-reduced, so both copies stay equal)" : "")
+             : absl::StrCat("after ", blocks[held_blocks[b.ready_block]]->name(), "'s backward")));
   }
   if (zero) {
     const std::vector<int64_t> shards = EvenShards(params.numel(), l.grid.replicas);
@@ -276,7 +290,7 @@ std::vector<std::string> DescribeBuckets(const ParallelConfig& c, const JobLayou
   return lines;
 }
 
-// What `n` holds: "31.2 MiB: parameters 4 MiB, gradients 4 MiB, ...".
+// What `n` holds: "at least 31.2 MB: parameters 4 MB, gradients 4 MB, ...".
 std::string DescribeMemory(const MemoryNeed& n, bool pipelined) {
   std::string s = absl::StrFormat(
       "at least %s: parameters %s, gradients %s, optimizer state %s, activations %s, "
@@ -286,7 +300,10 @@ std::string DescribeMemory(const MemoryNeed& n, bool pipelined) {
   if (pipelined) {
     absl::StrAppendFormat(&s, " (%d micro-batch%s held at once", n.in_flight,
                           n.in_flight == 1 ? "" : "es");
-    if (n.pending_weights > 0) absl::StrAppendFormat(&s, ", %d deferred Ws", n.pending_weights);
+    if (n.pending_weights > 0) {
+      absl::StrAppendFormat(&s, ", %d deferred W%s", n.pending_weights,
+                            n.pending_weights == 1 ? "" : "s");
+    }
     s += ")";
   }
   return s;
@@ -313,12 +330,13 @@ std::string ExplainLayout(const ParallelConfig& c, const JobLayout& l) {
   if (l.pipelined()) {
     absl::StrAppendFormat(
         &out,
-        "layout: %d rank%s, %d replica%s x %d stage%s; schedule %s, %d micro-batches of %d "
+        "layout: %d rank%s, %d replica%s x %d stage%s; schedule %s, %d micro-batch%s of %d "
         "rows%s\n",
         world, world == 1 ? "" : "s", l.grid.replicas, l.grid.replicas == 1 ? "" : "s",
         l.grid.stages, l.grid.stages == 1 ? "" : "s",
         c.strategy == StrategyKind::kModel ? "gpipe (model parallel)" : c.schedule,
-        t.micro_batches, t.batch / l.grid.replicas / t.micro_batches,
+        t.micro_batches, t.micro_batches == 1 ? "" : "es",
+        t.batch / l.grid.replicas / t.micro_batches,
         l.schedule.chunks > 1 ? absl::StrFormat(", %d model chunks a stage", l.schedule.chunks)
                               : "");
   } else {
@@ -404,7 +422,16 @@ absl::StatusOr<JobLayout> ResolveLayout(const ParallelConfig& c, int world,
     const int v = c.strategy == StrategyKind::kModel ? 1 : c.virtual_stages;
     ASSIGN_OR_RETURN(l.bounds, SplitStages(c, l.grid.stages * v, in));
     if (in.schedule != nullptr) {
-      l.schedule = *in.schedule;
+      const PipelineSchedule& given = *in.schedule;
+      if (given.stages != l.grid.stages || given.micro_batches != c.train.micro_batches ||
+          given.chunks != v) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "a schedule of %d stages, %d micro-batches and %d chunks for a layout of %d, %d "
+            "and %d",
+            given.stages, given.micro_batches, given.chunks, l.grid.stages,
+            c.train.micro_batches, v));
+      }
+      l.schedule = given;
     } else {
       ASSIGN_OR_RETURN(l.schedule, StrategySchedule(c, l.grid.stages));
       RETURN_IF_ERROR(ValidateSchedule(l.schedule));

@@ -105,6 +105,10 @@ TEST(LayoutTest, RefusesWhatDoesNotFitInOneLine) {
   c = SmallPipeline(1, "1f1b");
   c.zero = 1;  // nothing to shard over
   EXPECT_TRUE(absl::StrContains(ResolveLayout(c, 2).status().message(), "--zero=1"));
+  // Replicas of a one-stage "pipeline": data parallelism, which says so.
+  c = SmallPipeline(2, "1f1b");
+  EXPECT_TRUE(absl::StrContains(ResolveLayout(c, 2).status().message(), "use --strategy=data"))
+      << ResolveLayout(c, 2).status();
 }
 
 // The explanation's buckets are the trainer's: a real Stage of each rank's blocks, planned as

@@ -129,13 +129,21 @@ absl::Status PipelineExecutor::IssueGroup(size_t g) {
     const int m = key(actions_[k]);
     switch (actions_[k].type) {
       case ActionType::kSendActivation:
-        group.push_back(PeerTransfer::Send(outputs_[m], next_));
-        outputs_.erase(m);
+      case ActionType::kSendGradient: {
+        // What the forward (an activation) or backward (an input gradient) made; a validated
+        // schedule sends only after it.
+        const bool activation = actions_[k].type == ActionType::kSendActivation;
+        std::map<int, Tensor>& made = activation ? outputs_ : input_grads_;
+        const auto it = made.find(m);
+        if (it == made.end()) {
+          return absl::InternalError(absl::StrCat(
+              "stage ", stage_index_, " sends ", ActionText(stage_index_, actions_[k]),
+              " before the action that makes it"));
+        }
+        group.push_back(PeerTransfer::Send(it->second, activation ? next_ : prev_));
+        made.erase(it);
         break;
-      case ActionType::kSendGradient:
-        group.push_back(PeerTransfer::Send(input_grads_[m], prev_));
-        input_grads_.erase(m);
-        break;
+      }
       case ActionType::kRecvActivation: {
         ASSIGN_OR_RETURN(act_in_[m], Tensor::Empty(boundary, dtype, device));
         group.push_back(PeerTransfer::Recv(act_in_[m], prev_));

@@ -549,21 +549,32 @@ absl::Status CheckCounts(const PipelineSchedule& s) {
       }
       const int k = x.chunk * M + x.micro_batch;
       const std::string mb = MicroBatchText(s, x.micro_batch, x.chunk);
+      auto refuse = [&](const std::string& why) {
+        return Invalid(s, absl::StrFormat("stage %d: %s", st, why), mark);
+      };
       if (x.type == ActionType::kForward) {
-        if (fwd[k] >= 0) return Invalid(s, absl::StrFormat("stage %d: forward of %s twice", st, mb), mark);
+        if (fwd[k] >= 0) return refuse(absl::StrCat("forward of ", mb, " twice"));
         fwd[k] = at;
       }
       if (x.type == ActionType::kBackward) {
-        if (fwd[k] < 0) return Invalid(s, absl::StrFormat("stage %d: backward of %s before its forward", st, mb), mark);
-        if (bwd[k] >= 0) return Invalid(s, absl::StrFormat("stage %d: backward of %s twice", st, mb), mark);
+        if (fwd[k] < 0) return refuse(absl::StrCat("backward of ", mb, " before its forward"));
+        if (bwd[k] >= 0) return refuse(absl::StrCat("backward of ", mb, " twice"));
         bwd[k] = at;
       }
       if (x.type == ActionType::kWeightGradient) {
         if (bwd[k] < 0) {
-          return Invalid(s, absl::StrFormat("stage %d: weight gradient of %s before its backward", st, mb), mark);
+          return refuse(absl::StrCat("weight gradient of ", mb, " before its backward"));
         }
-        if (wgt[k] >= 0) return Invalid(s, absl::StrFormat("stage %d: weight gradient of %s twice", st, mb), mark);
+        if (wgt[k] >= 0) return refuse(absl::StrCat("weight gradient of ", mb, " twice"));
         wgt[k] = at;
+      }
+      // A send carries what a compute action made: the activation its forward made, the
+      // input gradient its backward (or B) made.
+      if (x.type == ActionType::kSendActivation && fwd[k] < 0) {
+        return refuse(absl::StrCat("activation of ", mb, " sent before its forward"));
+      }
+      if (x.type == ActionType::kSendGradient && bwd[k] < 0) {
+        return refuse(absl::StrCat("gradient of ", mb, " sent before its backward"));
       }
     }
     for (int k = 0; k < V * M; ++k) {

@@ -547,30 +547,42 @@ TEST(SimulateScheduleTest, BadDurationsAndSchedulesAreRefused) {
 }
 
 // A run of transfers whose last belongs to an earlier exchange group than one before it: GPipe
-// on 3 stages with stage 1's send of gradient 4 moved before the backward that makes it, so
-// that stage 1's run reads SG5 RG3 SG4, grouped {SG5, SG4} (to stage 0) and {RG3} (from stage
-// 2). The executor posts both groups when it reaches the run; the simulation does too, and
-// finds no deadlock.
+// on 3 stages with stage 1's backward of micro-batch 4 moved up beside that of 5, so that its
+// run after them reads SG5 RG3 SG4, grouped {SG5, SG4} (to stage 0) and {RG3} (from stage 2).
+// The executor posts both groups when it reaches the run; the simulation does too, and finds
+// no deadlock. Sending gradient 4 before the backward that makes it is refused.
 TEST(SimulateScheduleTest, EveryGroupOfARunIsPosted) {
-  PipelineSchedule s = *MakeSchedule("gpipe", 3, 6);
-  std::vector<Action>& row = s.actions[1];
-  auto find = [&](const char* text) {
+  const PipelineSchedule gpipe = *MakeSchedule("gpipe", 3, 6);
+  auto find = [](const std::vector<Action>& row, const char* text) {
     for (size_t i = 0; i < row.size(); ++i) {
       if (ActionText(1, row[i]) == text) return i;
     }
     return row.size();
   };
-  const size_t send = find("1SG4"), backward = find("1B4");
-  ASSERT_EQ(send, backward + 1) << ScheduleGrid(s);
-  std::swap(row[send], row[backward]);  // now SG4 at `backward`, B4 after it
-  ASSERT_EQ(ActionText(1, row[backward - 2]), "1SG5") << ScheduleGrid(s);
-  ASSERT_EQ(ActionText(1, row[backward - 1]), "1RG3") << ScheduleGrid(s);
-  const auto groups = ExchangeGroups(s)[1];
-  const std::vector<int> group_of = GroupOfActions(groups, row.size());
-  EXPECT_EQ(group_of[backward - 2], group_of[backward]);      // {SG5, SG4}
-  EXPECT_EQ(group_of[backward - 1], group_of[backward] + 1);  // then {RG3}
+  PipelineSchedule s = gpipe;
+  std::vector<Action>& row = s.actions[1];
+  const size_t b4 = find(row, "1B4"), b5 = find(row, "1B5");
+  ASSERT_LT(b5, b4) << ScheduleGrid(s);
+  const Action moved = row[b4];
+  row.erase(row.begin() + b4);
+  row.insert(row.begin() + b5 + 1, moved);
+  const size_t sg4 = find(row, "1SG4");
+  ASSERT_EQ(ActionText(1, row[sg4 - 2]), "1SG5") << ScheduleGrid(s);
+  ASSERT_EQ(ActionText(1, row[sg4 - 1]), "1RG3") << ScheduleGrid(s);
+  const std::vector<int> group_of = GroupOfActions(ExchangeGroups(s)[1], row.size());
+  EXPECT_EQ(group_of[sg4 - 2], group_of[sg4]);      // {SG5, SG4}
+  EXPECT_EQ(group_of[sg4 - 1], group_of[sg4] + 1);  // then {RG3}
   const absl::Status v = ValidateSchedule(s);
   EXPECT_TRUE(v.ok()) << v.message();
+
+  PipelineSchedule early = gpipe;
+  std::vector<Action>& r = early.actions[1];
+  std::swap(r[find(r, "1B4")], r[find(r, "1SG4")]);
+  const absl::Status refused = ValidateSchedule(early);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("stage 1: gradient of micro-batch 4 sent before its backward"),
+            std::string::npos)
+      << refused.message();
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // What one stage's row of a pipeline schedule does with its buffers during a step, replayed
 // from the schedule alone: the one statement of when each receive's tensor, each sent tensor,
 // each micro-batch's activations and each deferred W's stash is taken and given back. The
-// executor (parallel/pipeline_executor.h) runs it and, given a log, records the same events
-// as it goes; the memory estimate (parallel/layout.h) walks it for the moment the stage holds
-// most. A test runs both on every schedule generator and compares them event for event.
+// executor (parallel/pipeline_executor.h) follows the same rules and, given a log, records
+// the same events as it goes; the memory estimate (parallel/layout.h) walks the replay for
+// the moment the stage holds most, and SimulateSchedule times it. A test runs the executor
+// on every schedule generator and compares its log with the replay, event for event.
 //
 // The rules, which are the executor's:
 //   - a run of transfers posts its exchange groups in order (ExchangeGroups); each group takes

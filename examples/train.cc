@@ -131,6 +131,73 @@ absl::StatusOr<Setup> SetupFromFlags() {
   return setup;
 }
 
+// The run directory (its metrics from `first_step` on written again, as the launcher does)
+// and the checkpoint directory; false, having said why, where one cannot be made.
+bool MakeOutputDirs(const Setup& setup, int first_step) {
+  const TrainConfig& c = setup.train;
+  if (!setup.run_dir.empty()) {
+    absl::Status made = launcher::CreateRunDirectory(setup.run_dir);
+    if (made.ok()) made = launcher::TruncateRunMetrics(setup.run_dir, first_step);
+    if (!made.ok()) {
+      std::fprintf(stderr, "train: --run-dir=%s: %s\n", setup.run_dir.c_str(),
+                   std::string(made.message()).c_str());
+      return false;
+    }
+  }
+  if (c.checkpoint_every > 0) {
+    if (absl::Status made = MakeDirs(c.checkpoint_dir); !made.ok()) {
+      std::fprintf(stderr, "train: --checkpoint-dir=%s: %s\n", c.checkpoint_dir.c_str(),
+                   std::string(made.message()).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// run.json as the launcher writes it, of every step recorded in the run directory; `outcome`
+// is the training's.
+absl::Status WriteRunRecord(const Setup& setup, int first_step, absl::Duration wall,
+                            const absl::Status& outcome) {
+  launcher::RunRecord rec;
+  rec.job = setup.job;
+  rec.seq_len = setup.train.model.seq_len;
+  rec.wall_seconds = absl::ToDoubleSeconds(wall);
+  rec.first_step = first_step;
+  rec.ranks = launcher::ReadRunMetrics(setup.run_dir, 1);
+  if (!outcome.ok()) {
+    rec.exit = "rank 0 failed";
+    rec.failed_rank = 0;
+    rec.failure = std::string(outcome.message());
+  }
+  return launcher::WriteRunJson(rec);
+}
+
+// The steady steps' median time, tokens/s, host synchronizations and, on a GPU, MFU.
+void PrintSteadySteps(const TrainConfig& c, std::vector<double> step_seconds,
+                      std::vector<int64_t> step_syncs) {
+  if (step_seconds.empty()) return;
+  // The median step, as tools/bench_pytorch.py reports PyTorch's: a stray slow step (another
+  // process, a page fault) does not move it.
+  std::sort(step_seconds.begin(), step_seconds.end());
+  const double median = step_seconds[step_seconds.size() / 2];
+  const double tokens_per_second = c.batch * c.model.seq_len / median;
+  std::printf("median step %.2f ms, %.0f tokens/s over %zu steps\n", 1e3 * median,
+              tokens_per_second, step_seconds.size());
+  // Step times are the device's (events on the compute stream); the host waits once a
+  // step, to read the loss printed above.
+  std::sort(step_syncs.begin(), step_syncs.end());
+  std::printf("host syncs per step %lld (median; the step's loss read)\n",
+              static_cast<long long>(step_syncs[step_syncs.size() / 2]));
+  std::string gpu;
+  int major = 0, minor = 0;
+  if (c.device.is_cuda() && CudaDeviceIdentity(c.device.index(), &gpu, &major, &minor)) {
+    // Against this GPU's dense peak in the run's dtype (docs/DESIGN.md, "Measured, always").
+    std::printf("%s\n", DescribeMfu(static_cast<double>(c.model.num_matmul_params()),
+                                    tokens_per_second, c.dtype, gpu, major, minor)
+                             .c_str());
+  }
+}
+
 int Main() {
   auto setup = SetupFromFlags();
   if (!setup.ok()) {
@@ -157,23 +224,7 @@ int Main() {
                  c.resume.c_str(), first_step, c.steps);
     return 2;
   }
-  if (!run_dir.empty()) {
-    // As the launcher: the steps from the one this run starts at are written again.
-    absl::Status made = launcher::CreateRunDirectory(run_dir);
-    if (made.ok()) made = launcher::TruncateRunMetrics(run_dir, first_step);
-    if (!made.ok()) {
-      std::fprintf(stderr, "train: --run-dir=%s: %s\n", run_dir.c_str(),
-                   std::string(made.message()).c_str());
-      return 2;
-    }
-  }
-  if (c.checkpoint_every > 0) {
-    if (absl::Status made = MakeDirs(c.checkpoint_dir); !made.ok()) {
-      std::fprintf(stderr, "train: --checkpoint-dir=%s: %s\n", c.checkpoint_dir.c_str(),
-                   std::string(made.message()).c_str());
-      return 2;
-    }
-  }
+  if (!MakeOutputDirs(*setup, first_step)) return 2;
   std::printf("model  %s\ndata   %s (%lld tokens, %lld samples)\ndevice %s, batch %d x %d tokens\n",
               c.model.ToString().c_str(), (*trainer)->data().source().c_str(),
               static_cast<long long>((*trainer)->data().num_tokens()),
@@ -228,47 +279,15 @@ int Main() {
   });
   if (s.ok()) s = written;
   if (!run_dir.empty()) {
-    // run.json as the launcher writes it, of every step recorded in this directory.
-    launcher::RunRecord rec;
-    rec.job = setup->job;
-    rec.seq_len = c.model.seq_len;
-    rec.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    rec.first_step = first_step;
-    rec.ranks = launcher::ReadRunMetrics(run_dir, 1);
-    if (!s.ok()) {
-      rec.exit = "rank 0 failed";
-      rec.failed_rank = 0;
-      rec.failure = std::string(s.message());
-    }
-    if (absl::Status w = launcher::WriteRunJson(rec); !w.ok() && s.ok()) s = w;
+    absl::Status w = WriteRunRecord(*setup, first_step, absl::Now() - start, s);
+    if (!w.ok() && s.ok()) s = w;
   }
   if (!s.ok()) {
     s = ExplainOutOfMemory(s, '-');
     std::fprintf(stderr, "train: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  if (!step_seconds.empty()) {
-    // The median step, as tools/bench_pytorch.py reports PyTorch's: a stray slow step (another
-    // process, a page fault) does not move it.
-    std::sort(step_seconds.begin(), step_seconds.end());
-    const double median = step_seconds[step_seconds.size() / 2];
-    const double tokens_per_second = c.batch * c.model.seq_len / median;
-    std::printf("median step %.2f ms, %.0f tokens/s over %zu steps\n", 1e3 * median,
-                tokens_per_second, step_seconds.size());
-    // Step times are the device's (events on the compute stream); the host waits once a
-    // step, to read the loss printed above.
-    std::sort(step_syncs.begin(), step_syncs.end());
-    std::printf("host syncs per step %lld (median; the step's loss read)\n",
-                static_cast<long long>(step_syncs[step_syncs.size() / 2]));
-    std::string gpu;
-    int major = 0, minor = 0;
-    if (c.device.is_cuda() && CudaDeviceIdentity(c.device.index(), &gpu, &major, &minor)) {
-      // Against this GPU's dense peak in the run's dtype (docs/DESIGN.md, "Measured, always").
-      std::printf("%s\n", DescribeMfu(static_cast<double>(c.model.num_matmul_params()),
-                                      tokens_per_second, c.dtype, gpu, major, minor)
-                               .c_str());
-    }
-  }
+  PrintSteadySteps(c, std::move(step_seconds), std::move(step_syncs));
   if (profile_steps > 0) {
     Profiler::Enable(false);
     std::printf("op table, last %d steps:\n%s", profile_steps,

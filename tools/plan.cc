@@ -150,6 +150,61 @@ bool WantsPlan(const std::vector<std::string>& args) {
   return std::find(args.begin(), args.end(), "--plan") != args.end();
 }
 
+namespace {
+
+// The flags that say how the blocks and the link are timed and the waiting share: into *o,
+// each problem into *problems.
+void ReadTimingFlags(PlanOptions* o, std::vector<std::string>* problems) {
+  o->block_times = absl::GetFlag(FLAGS_block_times);
+  o->write_block_times = absl::GetFlag(FLAGS_write_block_times);
+  if (const std::string d = absl::GetFlag(FLAGS_derive_block_times); !d.empty()) {
+    const std::vector<std::string> v = absl::StrSplit(d, ',');
+    o->derive.resize(3);
+    if (v.size() != 3 || !absl::SimpleAtod(v[0], &o->derive[0]) ||
+        !absl::SimpleAtod(v[1], &o->derive[1]) || !absl::SimpleAtod(v[2], &o->derive[2]) ||
+        !(o->derive[0] > 0) || !(o->derive[1] > 0 && o->derive[1] <= 1) || !(o->derive[2] > 0)) {
+      problems->push_back(absl::StrFormat(
+          "--derive-block-times=%s: give TFLOPS,MFU,TBps, e.g. 989,0.4,4.8 (MFU in (0, 1])", d));
+    }
+    if (!o->block_times.empty()) {
+      problems->push_back("--derive-block-times and --block-times: give one of them");
+    }
+  }
+  o->link = absl::GetFlag(FLAGS_link);
+  if (!o->link.empty()) {
+    if (absl::Status s = ParseLink(o->link).status(); !s.ok()) {
+      problems->push_back(std::string(s.message()));
+    }
+  }
+  o->waiting_share = absl::GetFlag(FLAGS_waiting_share);
+  if (o->waiting_share != -1 && !(o->waiting_share >= 0 && o->waiting_share <= 1)) {
+    problems->push_back(absl::StrFormat(
+        "--waiting-share=%g: give a share from 0 to 1, e.g. 0.3", o->waiting_share));
+  }
+}
+
+// The model and training flags each checking run passes the launcher.
+std::vector<std::string> ModelFlags(const JobConfig& job, const TrainConfig& t,
+                                    const std::string& device, int steps) {
+  std::vector<std::string> flags = {absl::StrCat("--model=", job.model),
+                                    absl::StrCat("--batch=", t.batch),
+                                    absl::StrCat("--dtype=", DTypeName(t.dtype)),
+                                    absl::StrCat("--device=", device),
+                                    absl::StrCat("--optimizer=", t.optimizer.kind),
+                                    absl::StrCat("--seed=", t.seed),
+                                    absl::StrCat("--steps=", steps)};
+  for (const auto& [name, v] :
+       {std::pair<const char*, int>{"n-layer", job.n_layer},
+        {"d-model", job.d_model},
+        {"n-head", job.n_head},
+        {"seq-len", job.seq_len}}) {
+    if (v != 0) flags.push_back(absl::StrFormat("--%s=%d", name, v));
+  }
+  return flags;
+}
+
+}  // namespace
+
 std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptions* o) {
   o->args = args;
   bool help = false;
@@ -215,28 +270,7 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
     }
     r.bucket_bytes.push_back(static_cast<int64_t>(v * (1 << 20)));
   }
-  o->block_times = absl::GetFlag(FLAGS_block_times);
-  o->write_block_times = absl::GetFlag(FLAGS_write_block_times);
-  if (const std::string d = absl::GetFlag(FLAGS_derive_block_times); !d.empty()) {
-    const std::vector<std::string> v = absl::StrSplit(d, ',');
-    o->derive.resize(3);
-    if (v.size() != 3 || !absl::SimpleAtod(v[0], &o->derive[0]) ||
-        !absl::SimpleAtod(v[1], &o->derive[1]) || !absl::SimpleAtod(v[2], &o->derive[2]) ||
-        !(o->derive[0] > 0) || !(o->derive[1] > 0 && o->derive[1] <= 1) || !(o->derive[2] > 0)) {
-      problems.push_back(absl::StrFormat(
-          "--derive-block-times=%s: give TFLOPS,MFU,TBps, e.g. 989,0.4,4.8 (MFU in (0, 1])", d));
-    }
-    if (!o->block_times.empty()) {
-      problems.push_back("--derive-block-times and --block-times: give one of them");
-    }
-  }
-  o->link = absl::GetFlag(FLAGS_link);
-  if (!o->link.empty()) problem(ParseLink(o->link).status());
-  o->waiting_share = absl::GetFlag(FLAGS_waiting_share);
-  if (o->waiting_share != -1 && !(o->waiting_share >= 0 && o->waiting_share <= 1)) {
-    problems.push_back(absl::StrFormat(
-        "--waiting-share=%g: give a share from 0 to 1, e.g. 0.3", o->waiting_share));
-  }
+  ReadTimingFlags(o, &problems);
   o->run = absl::GetFlag(FLAGS_run);
   o->steps = job.steps;
   o->repeats = absl::GetFlag(FLAGS_repeats);
@@ -259,20 +293,7 @@ std::optional<int> ParsePlanArgs(const std::vector<std::string>& args, PlanOptio
     for (const std::string& p : problems) std::fprintf(stderr, "compare --plan: %s\n", p.c_str());
     return 2;
   }
-  o->model_flags = {absl::StrCat("--model=", job.model),
-                    absl::StrCat("--batch=", t.batch),
-                    absl::StrCat("--dtype=", DTypeName(t.dtype)),
-                    absl::StrCat("--device=", device),
-                    absl::StrCat("--optimizer=", t.optimizer.kind),
-                    absl::StrCat("--seed=", t.seed),
-                    absl::StrCat("--steps=", o->steps)};
-  for (const auto& [name, v] :
-       {std::pair<const char*, int>{"n-layer", job.n_layer},
-        {"d-model", job.d_model},
-        {"n-head", job.n_head},
-        {"seq-len", job.seq_len}}) {
-    if (v != 0) o->model_flags.push_back(absl::StrFormat("--%s=%d", name, v));
-  }
+  o->model_flags = ModelFlags(job, t, device, o->steps);
   return std::nullopt;
 }
 

@@ -19,7 +19,7 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 # Open MPI's session files stay inside the test's directory.
 export TMPDIR="$tmp"
 # The launcher finds the worker in the runfiles tree it starts in (as under bazel run).
-worker="$(pwd -P)/parallel/worker"
+worker="$(pwd -P)/worker/worker"
 small=(--model=gpt --n-layer=2 --d-model=32 --n-head=2 --seq-len=16 --batch=8)
 
 fail() {

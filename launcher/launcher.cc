@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
 
   if (options.prepare) {
     // Workers started by srun: the job description every task reads; rank 0 hosts the
-    // coordinator (parallel/worker.cc, examples/slurm/train.sbatch).
+    // coordinator (worker/worker.cc, examples/slurm/train.sbatch).
     absl::Status s = CreateRunDirectory(plan->job.run_dir);
     if (s.ok()) s = WriteJobConfig(plan->job);
     if (!s.ok()) {

@@ -185,7 +185,7 @@ absl::StatusOr<std::string> FindRunfile(const std::string& rel, const std::strin
 
 absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0,
                                              const std::string& startup_dir) {
-  return FindRunfile("parallel/worker", argv0, startup_dir,
+  return FindRunfile("worker/worker", argv0, startup_dir,
                      "Start the launcher with `bazel run //launcher -- ...`");
 }
 

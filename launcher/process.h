@@ -58,7 +58,7 @@ std::vector<std::string> MpirunEnvironment(const std::vector<std::string>& base,
 // The cores Open MPI counts as slots on this host (physical cores this process may use).
 int SlotsOnThisHost();
 
-// An executable of this workspace (`rel`, e.g. "parallel/worker") in the running binary's
+// An executable of this workspace (`rel`, e.g. "worker/worker") in the running binary's
 // runfiles: relative to the startup directory (bazel run starts there),
 // `<argv0>.runfiles/tandem/`, `$RUNFILES_DIR/tandem/`, `/proc/self/exe.runfiles/tandem/`, or
 // beside the binary's own package. NotFound lists every place looked at, then `hint`.
@@ -66,7 +66,7 @@ absl::StatusOr<std::string> FindRunfile(const std::string& rel, const std::strin
                                         const std::string& startup_dir,
                                         const std::string& hint);
 
-// The worker binary (parallel/worker) in the launcher's runfiles (FindRunfile).
+// The worker binary (worker/worker) in the launcher's runfiles (FindRunfile).
 absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0,
                                              const std::string& startup_dir);
 

@@ -30,12 +30,12 @@ TEST(MpirunArgv, LocalCpuJob) {
   MpirunSpec s;
   s.workers = 2;
   s.cores = 2;
-  s.worker = "/x/parallel/worker";
+  s.worker = "/x/worker/worker";
   s.cpu = true;
   const std::vector<std::string> a = MpirunArgv(s);
   EXPECT_THAT(a, ElementsAre("mpirun", "-np", "2", "--bind-to", "none", "-x", "TANDEM_COORDINATOR",
                              "-x", "TANDEM_JOB_TOKEN", "-x", "OPENBLAS_NUM_THREADS=1", "-x",
-                             "OMP_NUM_THREADS=1", "/x/parallel/worker"));
+                             "OMP_NUM_THREADS=1", "/x/worker/worker"));
 }
 
 TEST(MpirunArgv, OversubscribesBeyondTheCores) {
@@ -383,21 +383,21 @@ TEST(Process, OrphansAreFoundThroughTheSession) {
 }
 
 TEST(FindWorkerBinary, StartupDirectoryFirst) {
-  // bazel run starts the launcher in its runfiles tree: parallel/worker is right there.
+  // bazel run starts the launcher in its runfiles tree: worker/worker is right there.
   const std::string root = FreshTestPath("runfiles");
-  ASSERT_EQ(std::system(("mkdir -p " + root + "/parallel").c_str()), 0);
+  ASSERT_EQ(std::system(("mkdir -p " + root + "/worker").c_str()), 0);
   {
-    std::ofstream(root + "/parallel/worker") << "#!/bin/sh\n";
+    std::ofstream(root + "/worker/worker") << "#!/bin/sh\n";
   }
-  ASSERT_EQ(::chmod((root + "/parallel/worker").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root + "/worker/worker").c_str(), 0755), 0);
   absl::StatusOr<std::string> w = FindWorkerBinary("launcher/launcher", root);
   ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ(*w, root + "/parallel/worker");
+  EXPECT_EQ(*w, root + "/worker/worker");
   // A file that is not executable is passed over.
-  ASSERT_EQ(::chmod((root + "/parallel/worker").c_str(), 0644), 0);
+  ASSERT_EQ(::chmod((root + "/worker/worker").c_str(), 0644), 0);
   w = FindWorkerBinary("launcher/launcher", root);
   if (w.ok()) {
-    EXPECT_NE(*w, root + "/parallel/worker");
+    EXPECT_NE(*w, root + "/worker/worker");
   }
 }
 

@@ -397,7 +397,7 @@ std::optional<int> Prepare(const char* argv0, absl::Time now, Comparison* c) {
   const bool have_runfiles_env =
       std::any_of(c->env.begin(), c->env.end(),
                   [](const std::string& e) { return absl::StartsWith(e, "RUNFILES_DIR="); });
-  if (!have_runfiles_env && launcher::IsExecutable(runfiles + "/tandem/parallel/worker")) {
+  if (!have_runfiles_env && launcher::IsExecutable(runfiles + "/tandem/worker/worker")) {
     c->env.push_back("RUNFILES_DIR=" + runfiles);
   }
   c->runs = Runs(c->options.gpus);
@@ -735,7 +735,7 @@ int PlanMain(int argc, char** argv, absl::Time now) {
   PlanOptions o;
   if (std::optional<int> stop = ParsePlanArgs({argv + 1, argv + argc}, &o)) return *stop;
   o.request.host_cores = o.request.base.train.device.is_cuda() ? 0 : HostCpus();
-  // CPU blocks are timed as a CPU worker runs them: on one BLAS thread (parallel/worker.cc).
+  // CPU blocks are timed as a CPU worker runs them: on one BLAS thread (worker/worker.cc).
   if (o.request.host_cores > 0) openblas_set_num_threads(1);
   // Files named relative to where the user ran bazel run.
   const std::string bwd = launcher::BuildWorkingDirectory();

@@ -20,7 +20,7 @@
 namespace tandem {
 namespace tools {
 
-// One rank's line for one step (parallel/worker.cc writes them).
+// One rank's line for one step (worker/worker.cc writes them).
 using StepMetrics = StepRecord;
 
 // A run directory as the launcher leaves it.

@@ -1,5 +1,5 @@
 // `bazel run //tools:compare -- --plan ...`: the planner's command line, its ranked table and
-// report, and the check of its predictions against runs (parallel/planner.h predicts).
+// report, and the check of its predictions against runs (planner/planner.h predicts).
 #ifndef TANDEM_TOOLS_PLAN_H_
 #define TANDEM_TOOLS_PLAN_H_
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "parallel/planner.h"
+#include "planner/planner.h"
 #include "tools/comparison.h"
 
 namespace tandem {

@@ -1,4 +1,4 @@
-#include "parallel/planner.h"
+#include "planner/planner.h"
 
 #include <algorithm>
 #include <cmath>

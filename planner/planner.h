@@ -24,8 +24,10 @@
 //             the cores (SharedCoresStep), its compute and its end alike, each pipeline
 //             rank waiting on its neighbour keeping a share of a core from them
 //             (waiting_share, fitted on the host to a measured pipeline step).
-#ifndef TANDEM_PARALLEL_PLANNER_H_
-#define TANDEM_PARALLEL_PLANNER_H_
+// The parts: link_model.cc (LinkModel), block_profile.cc (BlockProfile), shared_cores.cc
+// (SharedCoresStep and the waiting share's fit) and planner.cc (Predict, MakePlan).
+#ifndef TANDEM_PLANNER_PLANNER_H_
+#define TANDEM_PLANNER_PLANNER_H_
 
 #include <cstdint>
 #include <map>
@@ -286,4 +288,4 @@ std::string HeldOutReason(const Layout& fitted, const Layout& l);
 
 }  // namespace tandem
 
-#endif  // TANDEM_PARALLEL_PLANNER_H_
+#endif  // TANDEM_PLANNER_PLANNER_H_

@@ -251,6 +251,27 @@ class FinishSpread {
   std::vector<std::unique_ptr<Stream>> streams_;
 };
 
+// One optimizer step over `n` parameters on stream `s`, timed as the blocks are (the median
+// of three after a warm-up; its state freed before it returns), per parameter.
+absl::StatusOr<double> OptimizerSecondsPerParam(int64_t n, absl::string_view optimizer,
+                                                Device device, Stream& s) {
+  OptimizerConfig oc;
+  oc.kind = std::string(optimizer);
+  ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(oc, n, device));
+  ASSIGN_OR_RETURN(Tensor params, Tensor::FromVector(std::vector<float>(n, 0.5f), {n}, device));
+  ASSIGN_OR_RETURN(Tensor grads, Tensor::FromVector(std::vector<float>(n, 1e-3f), {n}, device));
+  std::vector<double> runs;
+  for (int r = 0; r < 4; ++r) {  // the first is a warm-up
+    ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(s));
+    RETURN_IF_ERROR(opt.Step(s, params, grads, r, 1.0f));
+    RETURN_IF_ERROR(timeline.Mark(0, "optimizer"));
+    RETURN_IF_ERROR(s.Synchronize());
+    ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, timeline.Phases());
+    if (r > 0) runs.push_back(phases.at(0).seconds);
+  }
+  return Median(runs) / n;
+}
+
 }  // namespace
 
 absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Device device,
@@ -284,27 +305,8 @@ absl::StatusOr<BlockProfile> MeasureBlockProfile(const ModelConfig& model, Devic
     own = Stream::CreateCpu(CpuStreamMode::kImmediate);
   }
   Stream& timed_on = peers > 0 ? *own : *s;
-  // One optimizer step over the whole model's parameters, timed as the blocks are (its state
-  // freed before the rounds).
   const int64_t n = model.num_params();
-  {
-    OptimizerConfig oc;
-    oc.kind = std::string(optimizer);
-    ASSIGN_OR_RETURN(Optimizer opt, Optimizer::Create(oc, n, device));
-    ASSIGN_OR_RETURN(Tensor params,
-                     Tensor::FromVector(std::vector<float>(n, 0.5f), {n}, device));
-    ASSIGN_OR_RETURN(Tensor grads, Tensor::FromVector(std::vector<float>(n, 1e-3f), {n}, device));
-    std::vector<double> runs;
-    for (int r = 0; r < 4; ++r) {  // the first is a warm-up
-      ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(*s));
-      RETURN_IF_ERROR(opt.Step(*s, params, grads, r, 1.0f));
-      RETURN_IF_ERROR(timeline.Mark(0, "optimizer"));
-      RETURN_IF_ERROR(s->Synchronize());
-      ASSIGN_OR_RETURN(std::vector<StreamTimeline::Phase> phases, timeline.Phases());
-      if (r > 0) runs.push_back(phases.at(0).seconds);
-    }
-    p.optimizer_per_param = Median(runs) / n;
-  }
+  ASSIGN_OR_RETURN(p.optimizer_per_param, OptimizerSecondsPerParam(n, optimizer, device, *s));
   // The step overhead: a one-worker step (Trainer, one micro-batch of rows[0]) against its
   // blocks and optimizer, two steps in each round right after the blocks at rows[0] are timed
   // alone, the median of the rounds' differences: a difference of two timings, so each round

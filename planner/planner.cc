@@ -270,6 +270,42 @@ const char* PureKind(const Layout& l) {
 
 }  // namespace
 
+namespace {
+
+// The order of the ranking: the shorter step; at equal steps (to rounding; workers sharing
+// cores are bound by their total work) the one faster with a core each, then fewer
+// micro-batches (each has a cost the linear times leave out), then less memory.
+bool RanksBefore(const Prediction& a, const Prediction& b) {
+  auto differ = [](double x, double y) {
+    return std::abs(x - y) > 1e-9 * std::max(std::abs(x), std::abs(y));
+  };
+  if (differ(a.step_s, b.step_s)) return a.step_s < b.step_s;
+  // (the spread is a share of the compute with the sharing)
+  auto alone = [](const Prediction& p) {
+    const double with = p.compute_s + p.sharing_s;
+    return p.step_s - p.sharing_s - (with > 0 ? p.spread_s * p.sharing_s / with : 0);
+  };
+  const double ua = alone(a), ub = alone(b);
+  if (differ(ua, ub)) return ua < ub;
+  return std::make_pair(a.layout.micro_batches, a.memory_bytes) <
+         std::make_pair(b.layout.micro_batches, b.memory_bytes);
+}
+
+// The micro-batch counts a replica's batch of `replica_batch` is planned in: its divisors;
+// one for model parallelism; for a pipeline of K stages, 2 to 8 K.
+std::vector<int> MicroBatchChoices(StrategyKind strategy, int replica_batch, int K) {
+  std::vector<int> ms;
+  for (int m = 1; m <= replica_batch; ++m) {
+    if (replica_batch % m != 0) continue;
+    if (strategy == StrategyKind::kModel && m != 1) continue;
+    if (strategy == StrategyKind::kPipeline && (m < 2 || m > 8 * K)) continue;
+    ms.push_back(m);
+  }
+  return ms;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
   const ModelConfig& model = r.base.train.model;
   if (r.profile.model != model.ToString()) {
@@ -336,14 +372,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
                {StrategyKind::kPipeline, "interleaved"}};
     }
     for (const auto& [strategy, schedule] : kinds) {
-      std::vector<int> ms;
-      const int replica_batch = batch / D;
-      for (int m = 1; m <= replica_batch; ++m) {
-        if (replica_batch % m != 0) continue;
-        if (strategy == StrategyKind::kModel && m != 1) continue;
-        if (strategy == StrategyKind::kPipeline && (m < 2 || m > 8 * K)) continue;
-        ms.push_back(m);
-      }
+      const std::vector<int> ms = MicroBatchChoices(strategy, batch / D, K);
       // Interleaved: 2 model chunks a stage or more, while each chunk has a block, on
       // micro-batches in multiples of K.
       std::vector<int> vs = {1};
@@ -379,27 +408,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
       }
     }
   }
-  std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
-                   [](const Prediction& a, const Prediction& b) {
-                     // Equal steps (to rounding; workers sharing cores are bound by their
-                     // total work): the one faster with a core each, then fewer
-                     // micro-batches (each has a cost the linear times leave out), then less
-                     // memory.
-                     auto differ = [](double x, double y) {
-                       return std::abs(x - y) > 1e-9 * std::max(std::abs(x), std::abs(y));
-                     };
-                     if (differ(a.step_s, b.step_s)) return a.step_s < b.step_s;
-                     // (the spread is a share of the compute with the sharing)
-                     auto alone = [](const Prediction& p) {
-                       const double with = p.compute_s + p.sharing_s;
-                       return p.step_s - p.sharing_s -
-                              (with > 0 ? p.spread_s * p.sharing_s / with : 0);
-                     };
-                     const double ua = alone(a), ub = alone(b);
-                     if (differ(ua, ub)) return ua < ub;
-                     return std::make_pair(a.layout.micro_batches, a.memory_bytes) <
-                            std::make_pair(b.layout.micro_batches, b.memory_bytes);
-                   });
+  std::stable_sort(plan.ranked.begin(), plan.ranked.end(), RanksBefore);
   for (size_t i = 0; i < plan.ranked.size(); ++i) {
     const char* kind = PureKind(plan.ranked[i].layout);
     if (kind != nullptr) plan.best_pure.emplace(kind, i);  // the first is the fastest

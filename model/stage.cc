@@ -9,6 +9,21 @@
 
 namespace tandem {
 
+StageParamPlan PlanStageParams(const ModelConfig& config,
+                               const std::vector<std::unique_ptr<Block>>& blocks,
+                               const std::vector<std::pair<int, int>>& chunks) {
+  StageParamPlan p;
+  for (const auto& [begin, end] : chunks) {
+    for (int b = begin; b < end; ++b) p.held.push_back(b);
+  }
+  p.specs = StageParams(blocks, p.held, &p.block_params);
+  // A last stage without the embedding holds a copy of the tied table, first (StageParams).
+  const bool first = p.held.front() == 0, last = p.held.back() == config.num_blocks() - 1;
+  p.embedding_copy = config.tie_embeddings && !first && last;
+  p.owners = ParamOwners(p.block_params, p.specs.size(), p.embedding_copy);
+  return p;
+}
+
 absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, int begin,
                                                      int end, Device device, uint64_t seed,
                                                      DType compute) {
@@ -32,19 +47,15 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   if (chunks.empty()) return absl::InvalidArgumentError("a stage needs at least one chunk");
   std::unique_ptr<Stage> st(new Stage(config, chunks, device));
   std::vector<std::unique_ptr<Block>> all = BuildBlocks(config);
-  std::vector<int> held;
+  StageParamPlan plan = PlanStageParams(config, all, chunks);
   for (const auto& [begin, end] : chunks) {
-    st->chunk_start_.push_back(static_cast<int>(held.size()));
-    for (int b = begin; b < end; ++b) held.push_back(b);
+    st->chunk_start_.push_back(static_cast<int>(st->blocks_.size()));
+    for (int b = begin; b < end; ++b) st->blocks_.push_back(std::move(all[b]));
   }
-  st->chunk_start_.push_back(static_cast<int>(held.size()));
-  std::vector<ParamSpec> specs = StageParams(all, held, &st->block_params_);
-  for (int b : held) st->blocks_.push_back(std::move(all[b]));
-  // A last stage without the embedding holds a copy of the tied table, first (StageParams).
-  if (config.tie_embeddings && !st->is_first() && st->is_last()) {
-    st->embedding_copy_numel_ = specs.front().shape.numel();
-  }
-  st->layout_ = std::make_unique<ParamLayout>(std::move(specs));
+  st->chunk_start_.push_back(static_cast<int>(st->blocks_.size()));
+  st->block_params_ = std::move(plan.block_params);
+  if (plan.embedding_copy) st->embedding_copy_numel_ = plan.specs.front().shape.numel();
+  st->layout_ = std::make_unique<ParamLayout>(std::move(plan.specs));
   ASSIGN_OR_RETURN(st->params_, FlatBuffer::Create(*st->layout_, DType::kF32, device));
   ASSIGN_OR_RETURN(st->grads_, FlatBuffer::Create(*st->layout_, DType::kF32, device));
   RETURN_IF_ERROR(InitializeParams(*st->layout_, st->params_, seed));

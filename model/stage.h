@@ -22,6 +22,23 @@
 
 namespace tandem {
 
+// What a stage holding the blocks `chunks` (ranges [begin, end), ascending) of `blocks`
+// lays out, without allocating anything: the blocks it holds in order, its parameters in the
+// order of its flat buffer (StageParams) with each held block's parameter indices, whether
+// parameter 0 is a copy of the tied table (a last stage without the embedding), and for each
+// parameter the held block whose backward completes its gradient (ParamOwners). What
+// Stage::Create builds, and what gradient buckets are planned from.
+struct StageParamPlan {
+  std::vector<int> held;
+  std::vector<ParamSpec> specs;
+  std::vector<std::vector<size_t>> block_params;
+  bool embedding_copy = false;
+  std::vector<int> owners;
+};
+StageParamPlan PlanStageParams(const ModelConfig& config,
+                               const std::vector<std::unique_ptr<Block>>& blocks,
+                               const std::vector<std::pair<int, int>>& chunks);
+
 class Stage {
  public:
   // Blocks [begin, end) of the model; parameters initialized from `seed` (the same values

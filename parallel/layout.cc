@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "model/block.h"
+#include "model/stage.h"
 #include "parallel/buckets.h"
 #include "parallel/stage_replay.h"
 #include "runtime/format.h"
@@ -240,20 +241,16 @@ std::vector<std::string> DescribeBuckets(const ParallelConfig& c, const JobLayou
                                          const std::vector<std::unique_ptr<Block>>& blocks,
                                          int rank) {
   const int stage = l.grid.StageOf(rank);
-  const std::vector<std::pair<int, int>> chunks = l.ChunkRanges(stage);
-  std::vector<int> held_blocks;
-  for (const auto& [begin, end] : chunks) {
-    for (int b = begin; b < end; ++b) held_blocks.push_back(b);
-  }
-  std::vector<std::vector<size_t>> block_params;
-  const ParamLayout params(StageParams(blocks, held_blocks, &block_params));
-  const int num_blocks = static_cast<int>(blocks.size());
+  const StageParamPlan plan = PlanStageParams(c.train.model, blocks, l.ChunkRanges(stage));
+  const std::vector<int>& held_blocks = plan.held;
+  const ParamLayout params(plan.specs);
+  // The trainer's embedding group: the tied table's end stages, which hold it (or its copy)
+  // in a bucket of its own.
   const bool tied = c.train.model.tie_embeddings && l.grid.stages > 1;
-  const bool first = held_blocks.front() == 0, last = held_blocks.back() == num_blocks - 1;
-  const std::vector<int> owners =
-      ParamOwners(block_params, params.entries().size(), tied && !first && last);
+  const bool first = held_blocks.front() == 0;
+  const bool last = held_blocks.back() == static_cast<int>(blocks.size()) - 1;
   const std::vector<Bucket> buckets =
-      PlanBuckets(params, owners, c.bucket_bytes, tied && (first || last) ? 0 : -1);
+      PlanBuckets(params, plan.owners, c.bucket_bytes, tied && (first || last) ? 0 : -1);
   const bool zero = c.zero == 1;
   const bool table = tied && (first || last);  // the last bucket, held for the embedding group
   std::vector<std::string> lines;
@@ -394,13 +391,7 @@ std::pair<int, int> JobLayout::BlockRange(int stage) const {
   return {chunks.front().first, chunks.back().second};
 }
 
-std::string JobLayout::StageSizes() const {
-  std::string sizes;
-  for (size_t g = 0; g + 1 < bounds.size(); ++g) {
-    absl::StrAppend(&sizes, g ? "," : "", bounds[g + 1] - bounds[g]);
-  }
-  return sizes;
-}
+std::string JobLayout::StageSizes() const { return PartitionSizes(bounds); }
 
 absl::StatusOr<JobLayout> ResolveLayout(const ParallelConfig& c, int world,
                                         const LayoutInputs& in) {
@@ -444,9 +435,7 @@ absl::StatusOr<JobLayout> ResolveLayout(const ParallelConfig& c, int world,
 
 absl::StatusOr<std::string> BalancedSizes(const std::vector<double>& seconds, int stages) {
   ASSIGN_OR_RETURN(StageBounds b, BalancedPartition(seconds, stages));
-  std::string sizes;
-  for (int s = 0; s < stages; ++s) absl::StrAppend(&sizes, s ? "," : "", b[s + 1] - b[s]);
-  return sizes;
+  return PartitionSizes(b);
 }
 
 }  // namespace tandem

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
@@ -67,6 +68,14 @@ absl::StatusOr<StageBounds> ExplicitPartition(absl::string_view sizes, int num_b
         sizes, b.back(), num_blocks));
   }
   return b;
+}
+
+std::string PartitionSizes(const StageBounds& bounds) {
+  std::string sizes;
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    absl::StrAppend(&sizes, s ? "," : "", bounds[s + 1] - bounds[s]);
+  }
+  return sizes;
 }
 
 }  // namespace tandem

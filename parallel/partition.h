@@ -4,6 +4,7 @@
 #define TANDEM_PARALLEL_PARTITION_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,8 @@ absl::StatusOr<StageBounds> BalancedPartition(const std::vector<double>& cost, i
 // to `num_blocks`.
 absl::StatusOr<StageBounds> ExplicitPartition(absl::string_view sizes, int num_blocks,
                                               int stages);
+// The sizes "3,3,2" of `bounds`: what ExplicitPartition turns back into them.
+std::string PartitionSizes(const StageBounds& bounds);
 
 }  // namespace tandem
 

@@ -170,6 +170,15 @@ absl::Status PipelineExecutor::IssueGroup(size_t g) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<MicroBatch*> PipelineExecutor::Start(size_t i, std::map<int, size_t>& ready,
+                                                    const char* what, int* received) {
+  ASSIGN_OR_RETURN(*received, WaitFor(ready, actions_[i], what));
+  Log(ReplayKind::kActionStart, ReplayBuffer::kNone, static_cast<int>(i), -1);
+  ASSIGN_OR_RETURN(MicroBatch * mb, Batch(actions_[i].micro_batch));
+  RETURN_IF_ERROR(PrefetchAfter(i));
+  return mb;
+}
+
 absl::Status PipelineExecutor::Forward(size_t i) {
   const Action& a = actions_[i];
   const int m = a.micro_batch, c = a.chunk, k = key(a);
@@ -177,11 +186,9 @@ absl::Status PipelineExecutor::Forward(size_t i) {
   Stage& st = *io_.stage;
   Stream& s = *io_.stream;
   const std::string on = On(a, schedule_.chunks);
-  ASSIGN_OR_RETURN(const int received,
-                   WaitFor(act_ready_, a, "an activation from the previous stage"));
-  Log(ReplayKind::kActionStart, ReplayBuffer::kNone, at, -1);
-  ASSIGN_OR_RETURN(MicroBatch * mb, Batch(m));
-  RETURN_IF_ERROR(PrefetchAfter(i));
+  int received = -1;
+  ASSIGN_OR_RETURN(MicroBatch * mb,
+                   Start(i, act_ready_, "an activation from the previous stage", &received));
   RETURN_IF_ERROR(InputPrefetcher::WaitFor(s, *mb));
   RETURN_IF_ERROR(io_.timeline->Mark(kInput, absl::StrCat("input ", on), m));
   Tensor y;
@@ -204,11 +211,9 @@ absl::Status PipelineExecutor::Backward(size_t i) {
   const int at = static_cast<int>(i);
   Stage& st = *io_.stage;
   Stream& s = *io_.stream;
-  ASSIGN_OR_RETURN(const int received,
-                   WaitFor(grad_ready_, a, "a gradient from the next stage"));
-  Log(ReplayKind::kActionStart, ReplayBuffer::kNone, at, -1);
-  ASSIGN_OR_RETURN(MicroBatch * mb, Batch(m));
-  RETURN_IF_ERROR(PrefetchAfter(i));
+  int received = -1;
+  ASSIGN_OR_RETURN(MicroBatch * mb,
+                   Start(i, grad_ready_, "a gradient from the next stage", &received));
   Tensor dx;
   if (split_[k]) {
     // The input gradient (and the LayerNorms' and head's gradients); what the W reads stays

@@ -77,6 +77,11 @@ class PipelineExecutor {
   absl::Status WaitThrough(size_t end, const char* what);
   // Records an event where a log was given.
   void Log(ReplayKind kind, ReplayBuffer buffer, int action, int group) const;
+  // A forward's or backward's start: the stream waits for what it receives from `ready`
+  // (*received: that receive's group, or -1), the start is logged, and its micro-batch is
+  // loaded, the next compute action's prefetched.
+  absl::StatusOr<MicroBatch*> Start(size_t i, std::map<int, size_t>& ready, const char* what,
+                                    int* received);
   // Micro-batch m's tokens, loaded on first use; and the next compute action's after i.
   absl::StatusOr<MicroBatch*> Batch(int m);
   absl::Status PrefetchAfter(size_t i);

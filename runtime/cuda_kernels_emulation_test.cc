@@ -285,6 +285,63 @@ TEST(KernelEmulationTest, CrossEntropyBadTargetIsNan) {
   for (int c = 0; c < V; ++c) EXPECT_EQ(d[c], 0.0f) << c;
 }
 
+// One rank's slice of vocabulary-parallel logits, Vl columns of which `columns` are real,
+// holding tokens from `vocab_begin`: each of the three kernels against the CPU op given the
+// same inputs (the max and partials as the group's reductions would leave them: here the
+// slice's own, which the kernels cannot tell apart).
+template <typename T, int P>
+void VocabParallelCase(int Vl, int columns, int vocab_begin) {
+  SCOPED_TRACE(::testing::Message() << "Vl=" << Vl << " columns=" << columns << " from "
+                                    << vocab_begin << " P=" << P);
+  const int N = 5;
+  const std::vector<float> logits = Rounded<T>(Random(N * Vl, 14, 3.0f));
+  // In the slice, before it, past it, ignored, in the slice again.
+  const std::vector<int32_t> targets = {vocab_begin, std::max(0, vocab_begin - 1),
+                                        vocab_begin + Vl, -1, vocab_begin + columns - 1};
+  const std::vector<T> x = Stored<T>(logits);
+  const int threads = RowThreads((Vl + P - 1) / P);
+  std::vector<float> max(N, NAN), partials(2 * N, NAN), losses(N, NAN);
+  LaunchAndCheck(N, threads, 0, [&] {
+    classifier::CrossEntropyRowMaxKernel<T, P>(max.data(), x.data(), Vl, columns);
+  });
+  Tensor want_max = F32(std::vector<float>(N), {N});
+  ASSERT_OK(CrossEntropyRowMax(Cpu(), want_max, F32(logits, {N, Vl}), columns));
+  EXPECT_EQ(max, Values(want_max));
+  LaunchAndCheck(N, threads, 0, [&] {
+    classifier::CrossEntropyPartialsKernel<T, P>(partials.data(), x.data(), max.data(),
+                                                 targets.data(), N, Vl, columns, vocab_begin);
+  });
+  Tensor want_partials = F32(std::vector<float>(2 * N), {2, N});
+  ASSERT_OK(CrossEntropyPartials(Cpu(), want_partials, F32(logits, {N, Vl}), want_max,
+                                 I32(targets, {N}), vocab_begin, columns));
+  EXPECT_TRUE(Close("partials", partials, Values(want_partials), 1e-5));
+  std::vector<T> d(N * Vl, FromF32<T>(NAN));
+  LaunchAndCheck(N, threads, 0, [&] {
+    classifier::VocabParallelCrossEntropyKernel<T, P>(losses.data(), d.data(), x.data(),
+                                                      max.data(), partials.data(),
+                                                      targets.data(), N, Vl, columns,
+                                                      vocab_begin, 0.25f);
+  });
+  Tensor want_losses = F32(std::vector<float>(N), {N});
+  Tensor want_d = F32(std::vector<float>(N * Vl), {N, Vl});
+  ASSERT_OK(VocabParallelCrossEntropy(Cpu(), want_losses, want_d, F32(logits, {N, Vl}),
+                                      want_max, F32(partials, {2, N}), I32(targets, {N}), 0.25f,
+                                      vocab_begin, columns));
+  // A slice of padding alone has no loss of its own (its sum is 0); only the group's has.
+  if (columns > 0) EXPECT_TRUE(Close("losses", losses, Values(want_losses), 1e-5));
+  EXPECT_TRUE(Close("dlogits", Floats(d), Values(want_d), Tol<T>()));
+}
+
+TYPED_TEST(KernelTest, VocabParallelCrossEntropy) {
+  using T = TypeParam;
+  constexpr int P = Packed128<T>::size;
+  for (auto [Vl, columns, begin] : {std::tuple{16, 16, 0}, {16, 16, 16}, {64, 37, 128},
+                                    {3000, 3000, 3000}, {8, 0, 64}}) {
+    VocabParallelCase<T, 1>(Vl, columns, begin);
+    if (Vl % P == 0) VocabParallelCase<T, P>(Vl, columns, begin);
+  }
+}
+
 template <typename T, int P>
 void SoftmaxCase(int64_t N, int C) {
   SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C << " P=" << P);
@@ -484,24 +541,28 @@ TYPED_TEST(KernelTest, Permute) {
 
 // ---- embedding ------------------------------------------------------------------------------
 
+// The table's V rows are tokens [vocab_begin, vocab_begin + V) of a `vocab`-token vocabulary
+// (a vocabulary-parallel slice; the whole table by default).
 template <typename T, int P>
-void EmbeddingCase(int B, int seq, int C, int V) {
-  SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << seq << " C=" << C << " P=" << P);
+void EmbeddingCase(int B, int seq, int C, int V, int vocab_begin = 0, int vocab = -1) {
+  SCOPED_TRACE(::testing::Message() << "B=" << B << " T=" << seq << " C=" << C << " P=" << P
+                                    << " slice from " << vocab_begin);
+  if (vocab == -1) vocab = V;
   const int64_t rows = int64_t{B} * seq;
   const std::vector<float> wte = Rounded<T>(Random(V * C, 17));
   const std::vector<float> wpe = Rounded<T>(Random((seq + 2) * C, 18));  // maxT > T
   std::vector<int32_t> tokens(rows);
-  for (int64_t r = 0; r < rows; ++r) tokens[r] = static_cast<int32_t>((r * 7 + 3) % V);
+  for (int64_t r = 0; r < rows; ++r) tokens[r] = static_cast<int32_t>((r * 7 + 3) % vocab);
   const std::vector<T> wte_s = Stored<T>(wte), wpe_s = Stored<T>(wpe);
   std::vector<T> out(rows * C, FromF32<T>(NAN));
   const unsigned int blocks = BlocksFor(rows * C / P);
   LaunchAndCheck(blocks, kThreads, 0, [&] {
     embedding::EmbeddingForwardKernel<T, P>(out.data(), tokens.data(), wte_s.data(), wpe_s.data(),
-                                            rows, seq, C, V);
+                                            rows, seq, C, V, vocab_begin);
   });
   Tensor want = F32(std::vector<float>(rows * C), {B, seq, C});
   ASSERT_OK(EmbeddingForward(Cpu(), want, I32(tokens, {B, seq}), F32(wte, {V, C}),
-                             F32(wpe, {seq + 2, C})));
+                             F32(wpe, {seq + 2, C}), vocab_begin, vocab));
   EXPECT_TRUE(Close("out", Floats(out), Values(want), Tol<T>()));
 
   const std::vector<float> g = Rounded<T>(Random(rows * C, 19));
@@ -509,13 +570,15 @@ void EmbeddingCase(int B, int seq, int C, int V) {
   const std::vector<float> dwte0 = Random(V * C, 20), dwpe0 = Random((seq + 2) * C, 21);
   std::vector<float> dwte = dwte0, dwpe = dwpe0;
   LaunchAndCheck(2, kThreads, 0, [&] {  // two blocks: grid-stride
-    embedding::WteBackwardKernel<T, P>(dwte.data(), g_s.data(), tokens.data(), rows, C, V);
+    embedding::WteBackwardKernel<T, P>(dwte.data(), g_s.data(), tokens.data(), rows, C, V,
+                                       vocab_begin);
   });
   LaunchAndCheck(BlocksFor(int64_t{seq} * C), kThreads, 0,
                  [&] { embedding::WpeBackwardKernel<T>(dwpe.data(), g_s.data(), B, seq, C); });
   Tensor want_dwte = F32(dwte0, {V, C}), want_dwpe = F32(dwpe0, {seq + 2, C});
   ASSERT_OK(
-      EmbeddingBackward(Cpu(), want_dwte, want_dwpe, F32(g, {B, seq, C}), I32(tokens, {B, seq})));
+      EmbeddingBackward(Cpu(), want_dwte, want_dwpe, F32(g, {B, seq, C}), I32(tokens, {B, seq}),
+                        vocab_begin, vocab));
   EXPECT_TRUE(Close("dwte", dwte, Values(want_dwte), 1e-5));
   EXPECT_TRUE(Close("dwpe", dwpe, Values(want_dwpe), 1e-5));
 }
@@ -527,6 +590,8 @@ TYPED_TEST(KernelTest, Embedding) {
   EmbeddingCase<T, 1>(3, 7, 16, 5);  // tokens repeat: atomics add
   EmbeddingCase<T, V>(3, 7, 16, 5);
   EmbeddingCase<T, V>(2, 40, 64, 300);
+  EmbeddingCase<T, 1>(2, 5, 3, 4, 4, 11);   // the middle of three slices
+  EmbeddingCase<T, V>(2, 40, 64, 150, 150, 300);  // the last of two
 }
 
 // ---- elementwise ----------------------------------------------------------------------------

@@ -726,10 +726,20 @@ absl::Status CheckTokensAndPositions(const char* op, const Tensor& tokens, const
   return absl::OkStatus();
 }
 
+// A table slice [vocab_begin, vocab_begin + rows) of a `vocab`-token table (-1: rows).
+absl::Status CheckVocabSlice(const char* op, int64_t vocab_begin, int64_t* vocab, int64_t rows) {
+  if (*vocab == -1) *vocab = rows;
+  if (vocab_begin < 0 || vocab_begin + rows > *vocab) {
+    return Invalid("%s: the table's %d rows from token %d do not fit a vocabulary of %d", op,
+                   rows, vocab_begin, *vocab);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status EmbeddingForward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                              const Tensor& wpe) {
+                              const Tensor& wpe, int64_t vocab_begin, int64_t vocab) {
   constexpr const char* kOp = "EmbeddingForward";
   RETURN_IF_ERROR(
       CheckCommon(kOp, s, {{"out", out}, {"tokens", tokens}, {"wte", wte}}, {{"wpe", wpe}}));
@@ -737,14 +747,16 @@ absl::Status EmbeddingForward(Stream& s, const Tensor& out, const Tensor& tokens
   RETURN_IF_ERROR(CheckRank(kOp, "wte", wte, 2, "(V, C)"));
   RETURN_IF_ERROR(CheckTokensAndPositions(kOp, tokens, "wpe", wpe, wte.dim(1)));
   RETURN_IF_ERROR(CheckDims(kOp, "out", out, {tokens.dim(0), tokens.dim(1), wte.dim(1)}));
+  RETURN_IF_ERROR(CheckVocabSlice(kOp, vocab_begin, &vocab, wte.dim(0)));
   TANDEM_OPS_DISPATCH(
       EmbeddingForward,
       Moves(Bytes({out, tokens}) + RowBytes(wte, tokens.numel()) + RowBytes(wpe, tokens.dim(1))), s,
-      out, tokens, wte, wpe);
+      out, tokens, wte, wpe, vocab_begin, vocab);
 }
 
 absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe,
-                               const Tensor& dout, const Tensor& tokens) {
+                               const Tensor& dout, const Tensor& tokens, int64_t vocab_begin,
+                               int64_t vocab) {
   constexpr const char* kOp = "EmbeddingBackward";
   RETURN_IF_ERROR(
       CheckCommon(kOp, s, {{"dwte", dwte}, {"dout", dout}, {"tokens", tokens}}, {{"dwpe", dwpe}}));
@@ -753,10 +765,11 @@ absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe
   RETURN_IF_ERROR(CheckRank(kOp, "dwte", dwte, 2, "(V, C)"));
   RETURN_IF_ERROR(CheckTokensAndPositions(kOp, tokens, "dwpe", dwpe, dwte.dim(1)));
   RETURN_IF_ERROR(CheckDims(kOp, "dout", dout, {tokens.dim(0), tokens.dim(1), dwte.dim(1)}));
+  RETURN_IF_ERROR(CheckVocabSlice(kOp, vocab_begin, &vocab, dwte.dim(0)));
   TANDEM_OPS_DISPATCH(EmbeddingBackward,
                       Moves(Bytes({dout, tokens}) +
                             2 * (RowBytes(dwte, tokens.numel()) + RowBytes(dwpe, tokens.dim(1)))),
-                      s, dwte, dwpe, dout, tokens);
+                      s, dwte, dwpe, dout, tokens, vocab_begin, vocab);
 }
 
 absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& dlogits,
@@ -782,6 +795,73 @@ absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& 
   }
   TANDEM_OPS_DISPATCH(SoftmaxCrossEntropy, Moves(Bytes({losses, dlogits, logits, targets})), s,
                       losses, dlogits, logits, targets, dloss_scale, vocab);
+}
+
+namespace {
+
+// logits (N, Vl) with `columns` of them real; targets (N) i32; max (N) f32.
+absl::Status CheckVocabParallel(const char* op, const Tensor& logits, int64_t columns,
+                                const Tensor& max) {
+  RETURN_IF_ERROR(CheckRank(op, "logits", logits, 2, "(N, Vl)"));
+  RETURN_IF_ERROR(CheckDims(op, "max", max, {logits.dim(0)}));
+  if (columns < 0 || columns > logits.dim(1)) {
+    return Invalid("%s: columns %d is not in [0, %d] of logits %s", op, columns, logits.dim(1),
+                   logits.ToString());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CrossEntropyRowMax(Stream& s, const Tensor& max, const Tensor& logits,
+                                int64_t columns) {
+  constexpr const char* kOp = "CrossEntropyRowMax";
+  RETURN_IF_ERROR(CheckCommon(kOp, s, {{"max", max}, {"logits", logits}}));
+  RETURN_IF_ERROR(CheckFloats(kOp, s.device(), {{"logits", logits}}));
+  RETURN_IF_ERROR(CheckF32(kOp, {{"max", max}}));
+  RETURN_IF_ERROR(CheckVocabParallel(kOp, logits, columns, max));
+  TANDEM_OPS_DISPATCH(CrossEntropyRowMax, Moves(Bytes({max, logits})), s, max, logits, columns);
+}
+
+absl::Status CrossEntropyPartials(Stream& s, const Tensor& partials, const Tensor& logits,
+                                  const Tensor& max, const Tensor& targets, int64_t vocab_begin,
+                                  int64_t columns) {
+  constexpr const char* kOp = "CrossEntropyPartials";
+  RETURN_IF_ERROR(CheckCommon(
+      kOp, s, {{"partials", partials}, {"logits", logits}, {"max", max}, {"targets", targets}}));
+  RETURN_IF_ERROR(CheckFloats(kOp, s.device(), {{"logits", logits}}));
+  RETURN_IF_ERROR(CheckF32(kOp, {{"partials", partials}, {"max", max}}));
+  RETURN_IF_ERROR(CheckI32(kOp, "targets", targets));
+  RETURN_IF_ERROR(CheckVocabParallel(kOp, logits, columns, max));
+  RETURN_IF_ERROR(CheckDims(kOp, "targets", targets, {logits.dim(0)}));
+  RETURN_IF_ERROR(CheckDims(kOp, "partials", partials, {2, logits.dim(0)}));
+  if (vocab_begin < 0) return Invalid("%s: vocab_begin %d is negative", kOp, vocab_begin);
+  TANDEM_OPS_DISPATCH(CrossEntropyPartials, Moves(Bytes({partials, logits, max, targets})), s,
+                      partials, logits, max, targets, vocab_begin, columns);
+}
+
+absl::Status VocabParallelCrossEntropy(Stream& s, const Tensor& losses, const Tensor& dlogits,
+                                       const Tensor& logits, const Tensor& max,
+                                       const Tensor& partials, const Tensor& targets,
+                                       float dloss_scale, int64_t vocab_begin, int64_t columns) {
+  constexpr const char* kOp = "VocabParallelCrossEntropy";
+  RETURN_IF_ERROR(CheckCommon(kOp, s,
+                              {{"losses", losses}, {"logits", logits}, {"max", max},
+                               {"partials", partials}, {"targets", targets}},
+                              {{"dlogits", dlogits}}));
+  RETURN_IF_ERROR(CheckFloats(kOp, s.device(), {{"logits", logits}, {"dlogits", dlogits}}));
+  RETURN_IF_ERROR(CheckF32(kOp, {{"losses", losses}, {"max", max}, {"partials", partials}}));
+  RETURN_IF_ERROR(CheckI32(kOp, "targets", targets));
+  RETURN_IF_ERROR(CheckVocabParallel(kOp, logits, columns, max));
+  const int64_t n = logits.dim(0);
+  RETURN_IF_ERROR(CheckDims(kOp, "targets", targets, {n}));
+  RETURN_IF_ERROR(CheckDims(kOp, "losses", losses, {n}));
+  RETURN_IF_ERROR(CheckDims(kOp, "partials", partials, {2, n}));
+  RETURN_IF_ERROR(CheckOptionalShape(kOp, "dlogits", dlogits, logits.shape()));
+  if (vocab_begin < 0) return Invalid("%s: vocab_begin %d is negative", kOp, vocab_begin);
+  TANDEM_OPS_DISPATCH(VocabParallelCrossEntropy,
+                      Moves(Bytes({losses, dlogits, logits, max, partials, targets})), s, losses,
+                      dlogits, logits, max, partials, targets, dloss_scale, vocab_begin, columns);
 }
 
 // ---- reductions -----------------------------------------------------------------------------

@@ -165,15 +165,20 @@ AttentionScratch AttentionScratchBytes(Device device, DType dtype, int64_t B, in
 // ---- embedding and loss ---------------------------------------------------------------------
 
 // out (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T) i32, wte (V, C), wpe (maxT, C)
-// with maxT >= T (wpe may be undefined: no position embedding). Token ids out of [0, V) are
-// an error on the CPU and produce zeros on CUDA (checked on the host by the data loader).
+// with maxT >= T (wpe may be undefined: no position embedding). Token ids out of [0, vocab)
+// are an error on the CPU and produce zeros on CUDA (checked on the host by the data loader).
+// A vocabulary-parallel slice of the table (Megatron's VocabParallelEmbedding): wte's rows are
+// tokens [vocab_begin, vocab_begin + V) of a `vocab`-token table (vocab -1: V, the whole
+// table), and a token outside the slice gives wpe[t] alone (or zeros without wpe).
 absl::Status EmbeddingForward(Stream& s, const Tensor& out, const Tensor& tokens,
-                              const Tensor& wte, const Tensor& wpe);
+                              const Tensor& wte, const Tensor& wpe, int64_t vocab_begin = 0,
+                              int64_t vocab = -1);
 // dwte += scatter of dout by token; dwpe += sum over batch of dout (if defined). f32 grads.
-// dwpe (maxT, C) with maxT >= T; only its first T rows change. Token ids out of [0, V) are an
-// error on the CPU, as in the forward.
+// dwpe (maxT, C) with maxT >= T; only its first T rows change. Token ids out of [0, vocab) are
+// an error on the CPU, as in the forward; with a slice, tokens outside it add nothing to dwte.
 absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe,
-                               const Tensor& dout, const Tensor& tokens);
+                               const Tensor& dout, const Tensor& tokens, int64_t vocab_begin = 0,
+                               int64_t vocab = -1);
 
 // Softmax cross-entropy fused with its backward, one pass over the logits (after llm.c's
 // fused classifier): losses (N) f32 get -log softmax(logits)[target]; when dlogits is
@@ -189,6 +194,30 @@ absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe
 absl::Status SoftmaxCrossEntropy(Stream& s, const Tensor& losses, const Tensor& dlogits,
                                  const Tensor& logits, const Tensor& targets,
                                  float dloss_scale, int64_t vocab = -1);
+
+// Vocabulary-parallel cross-entropy (Megatron's _VocabParallelCrossEntropy): each rank of a
+// tensor-parallel group holds logits (N, Vl) for the tokens [vocab_begin, vocab_begin + Vl)
+// of the vocabulary, of which the first `columns` (0 <= columns <= Vl) are real and the rest
+// padding; the full rows are never gathered. In three steps, the caller reducing between
+// them over the group:
+//   CrossEntropyRowMax: max (N) f32 = each row's largest real logit (-inf with no column);
+//     then all-reduce max;
+//   CrossEntropyPartials: partials (2, N) f32 = [sum over real columns of exp(logit - max),
+//     the target's logit where the target is in this slice, else 0]; then all-reduce sum;
+//   VocabParallelCrossEntropy: losses (N) f32 = log(sum) + max - target's logit, and when
+//     dlogits is defined (it may be logits itself) (softmax - onehot(target)) * dloss_scale
+//     over the real columns, 0 over the padding.
+// Targets (N) i32, global token ids; -1 is ignored (loss 0, gradient 0). With one rank
+// (vocab_begin 0) the losses and gradients are SoftmaxCrossEntropy's up to rounding.
+absl::Status CrossEntropyRowMax(Stream& s, const Tensor& max, const Tensor& logits,
+                                int64_t columns);
+absl::Status CrossEntropyPartials(Stream& s, const Tensor& partials, const Tensor& logits,
+                                  const Tensor& max, const Tensor& targets, int64_t vocab_begin,
+                                  int64_t columns);
+absl::Status VocabParallelCrossEntropy(Stream& s, const Tensor& losses, const Tensor& dlogits,
+                                       const Tensor& logits, const Tensor& max,
+                                       const Tensor& partials, const Tensor& targets,
+                                       float dloss_scale, int64_t vocab_begin, int64_t columns);
 
 // ---- reductions -----------------------------------------------------------------------------
 

@@ -992,6 +992,100 @@ TEST(SoftmaxCrossEntropyTest, PaddedColumnsAreMasked) {
               {"SoftmaxCrossEntropy", "vocab 78"});
 }
 
+// The vocabulary split over `parts` ranks of a tensor-parallel group (the last slice short of
+// real columns where the padded vocabulary vp is larger than v): each slice's max and partials
+// reduced here as the group's all-reduces would, then each slice's losses and gradient. Every
+// slice's losses, and the slices' gradients side by side, are the unsplit softmax's, computed
+// in double.
+TEST(VocabParallelCrossEntropyTest, SlicesTogetherAreTheWholeSoftmax) {
+  for (auto [n, v, vp, parts] : {std::tuple{5, 13, 16, 2}, std::tuple{4, 33, 36, 3},
+                                 std::tuple{3, 10, 16, 4}, std::tuple{2, 7, 7, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " v=" << v << " vp=" << vp
+                                      << " parts=" << parts);
+    const int vl = vp / parts;
+    Vec x = Get(Rand({n, vp}, -4.0f, 4.0f));
+    for (int i = 0; i < n; i++) {
+      for (int j = v; j < vp; j++) x[i * vp + j] = 30.0f;  // padding: must take no part
+    }
+    std::vector<int32_t> tg(n);
+    for (int i = 0; i < n; i++) tg[i] = i == 1 ? -1 : static_cast<int32_t>(RandInt(0, v - 1));
+    const float scale = 0.25f;
+    Ref want_d;
+    const Ref want = RefCrossEntropy(x, n, vp, v, tg, scale, &want_d);
+    std::vector<Tensor> slices;
+    std::vector<int64_t> columns;
+    Vec max(n, -INFINITY), sums(2 * n, 0.0f);
+    for (int r = 0; r < parts; r++) {
+      Vec xs(static_cast<size_t>(n) * vl);
+      for (int i = 0; i < n; i++) {
+        for (int j = 0; j < vl; j++) xs[i * vl + j] = x[i * vp + r * vl + j];
+      }
+      slices.push_back(FromVec(xs, {n, vl}));
+      columns.push_back(std::clamp<int64_t>(v - int64_t{r} * vl, 0, vl));
+      Tensor m = Zeros({n});
+      ASSERT_OK(CrossEntropyRowMax(Cpu(), m, slices[r], columns[r]));
+      for (int i = 0; i < n; i++) max[i] = std::max(max[i], Get(m)[i]);  // all-reduce max
+    }
+    const Tensor max_t = FromVec(max, {n});
+    for (int r = 0; r < parts; r++) {
+      Tensor part = Zeros({2, n});
+      ASSERT_OK(CrossEntropyPartials(Cpu(), part, slices[r], max_t, Ints(tg, {n}),
+                                     int64_t{r} * vl, columns[r]));
+      for (int i = 0; i < 2 * n; i++) sums[i] += Get(part)[i];  // all-reduce sum
+    }
+    const Tensor sums_t = FromVec(sums, {2, n});
+    for (int r = 0; r < parts; r++) {
+      Tensor losses = Rand({n}), dl = Rand({n, vl});
+      ASSERT_OK(VocabParallelCrossEntropy(Cpu(), losses, dl, slices[r], max_t, sums_t,
+                                          Ints(tg, {n}), scale, int64_t{r} * vl, columns[r]));
+      EXPECT_TRUE(AllClose(Get(losses), want, 1e-5, 1e-5));
+      Ref want_slice(static_cast<size_t>(n) * vl);
+      for (int i = 0; i < n; i++) {
+        for (int j = 0; j < vl; j++) want_slice[i * vl + j] = want_d[i * vp + r * vl + j];
+      }
+      EXPECT_TRUE(AllClose(Get(dl), want_slice, 1e-7, 1e-5));
+      // In place, and without the gradient: the same losses.
+      Tensor inplace = FromVec(Get(slices[r]), {n, vl}), l2 = Zeros({n}), l3 = Zeros({n});
+      ASSERT_OK(VocabParallelCrossEntropy(Cpu(), l2, inplace, inplace, max_t, sums_t,
+                                          Ints(tg, {n}), scale, int64_t{r} * vl, columns[r]));
+      EXPECT_EQ(Get(inplace), Get(dl));
+      ASSERT_OK(VocabParallelCrossEntropy(Cpu(), l3, Tensor(), slices[r], max_t, sums_t,
+                                          Ints(tg, {n}), scale, int64_t{r} * vl, columns[r]));
+      EXPECT_EQ(Get(l3), Get(losses));
+    }
+  }
+  ExpectError(CrossEntropyRowMax(Cpu(), Zeros({2}), Rand({2, 4}), 5),
+              {"CrossEntropyRowMax", "columns 5"});
+}
+
+// A table split by rows over three ranks: the slices' outputs summed (the group's all-reduce,
+// with the positions on one rank only) are the whole table's; each slice's gradient is its
+// rows of the whole table's.
+TEST(EmbeddingTest, VocabularySlicesAddUpToTheWholeTable) {
+  const int64_t B = 2, T = 5, C = 3, V = 9, parts = 3, vl = V / parts;
+  const Tensor wte = Rand({V, C}), wpe = Rand({T, C}), dout = Rand({B, T, C});
+  std::vector<int32_t> ids(B * T);
+  for (int64_t i = 0; i < B * T; i++) ids[i] = static_cast<int32_t>((i * 4 + 1) % V);
+  const Tensor tokens = Ints(ids, {B, T});
+  Tensor whole = Zeros({B, T, C}), dwhole = Zeros({V, C});
+  ASSERT_OK(EmbeddingForward(Cpu(), whole, tokens, wte, wpe));
+  ASSERT_OK(EmbeddingBackward(Cpu(), dwhole, Tensor(), dout, tokens));
+  Ref sum(B * T * C, 0.0);
+  const Vec table = Get(wte), dtable = Get(dwhole);
+  for (int64_t r = 0; r < parts; r++) {
+    const Tensor slice = FromVec(Vec(table.begin() + r * vl * C, table.begin() + (r + 1) * vl * C),
+                                 {vl, C});
+    Tensor out = Zeros({B, T, C}), dslice = Zeros({vl, C});
+    ASSERT_OK(EmbeddingForward(Cpu(), out, tokens, slice, r == 0 ? wpe : Tensor(), r * vl, V));
+    for (size_t i = 0; i < sum.size(); i++) sum[i] += Get(out)[i];
+    ASSERT_OK(EmbeddingBackward(Cpu(), dslice, Tensor(), dout, tokens, r * vl, V));
+    EXPECT_EQ(Get(dslice), Vec(dtable.begin() + r * vl * C, dtable.begin() + (r + 1) * vl * C));
+  }
+  EXPECT_TRUE(AllClose(Get(whole), sum, 1e-6, 1e-6));
+  ExpectError(EmbeddingForward(Cpu(), Zeros({B, T, C}), tokens, Rand({vl, C}), Tensor(), 7, V),
+              {"EmbeddingForward", "do not fit a vocabulary of 9"});
+}
+
 // ---- reductions -----------------------------------------------------------------------------
 
 TEST(ReductionTest, SumAndSumSquares) {

@@ -32,7 +32,7 @@ Sizes SizesOf(const Tensor& tokens, const Tensor& table) {
 
 template <typename T>
 absl::Status LaunchForward(cudaStream_t stream, const Tensor& out, const Tensor& tokens,
-                           const Tensor& wte, const Tensor& wpe) {
+                           const Tensor& wte, const Tensor& wpe, int64_t vocab_begin) {
   const Sizes z = SizesOf(tokens, wte);
   if (z.rows == 0 || z.C == 0) return absl::OkStatus();
   constexpr int kVec = Packed128<T>::size;
@@ -41,14 +41,15 @@ absl::Status LaunchForward(cudaStream_t stream, const Tensor& out, const Tensor&
   const int P = vec ? kVec : 1;
   auto kernel = vec ? EmbeddingForwardKernel<T, kVec> : EmbeddingForwardKernel<T, 1>;
   kernel<<<BlocksFor(z.rows * z.C / P), kThreads, 0, stream>>>(
-      MutPtr<T>(out), Ptr<int32_t>(tokens), Ptr<T>(wte), Ptr<T>(wpe), z.rows, z.seq, z.C, z.V);
+      MutPtr<T>(out), Ptr<int32_t>(tokens), Ptr<T>(wte), Ptr<T>(wpe), z.rows, z.seq, z.C, z.V,
+      static_cast<int>(vocab_begin));
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
 template <typename T>
 absl::Status LaunchBackward(cudaStream_t stream, const Tensor& dwte, const Tensor& dwpe,
-                            const Tensor& dout, const Tensor& tokens) {
+                            const Tensor& dout, const Tensor& tokens, int64_t vocab_begin) {
   const Tensor& table = dwte.defined() ? dwte : dwpe;
   if (!table.defined()) return absl::OkStatus();
   const Sizes z = SizesOf(tokens, table);
@@ -59,7 +60,8 @@ absl::Status LaunchBackward(cudaStream_t stream, const Tensor& dwte, const Tenso
     const int P = vec ? kVec : 1;
     auto kernel = vec ? WteBackwardKernel<T, kVec> : WteBackwardKernel<T, 1>;
     kernel<<<BlocksFor(z.rows * z.C / P), kThreads, 0, stream>>>(
-        MutPtr<float>(dwte), Ptr<T>(dout), Ptr<int32_t>(tokens), z.rows, z.C, z.V);
+        MutPtr<float>(dwte), Ptr<T>(dout), Ptr<int32_t>(tokens), z.rows, z.C, z.V,
+        static_cast<int>(vocab_begin));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   if (dwpe.defined()) {
@@ -79,21 +81,23 @@ absl::Status CheckF32(const char* op, const Tensor& t) {
 }  // namespace
 
 absl::Status EmbeddingForward(Stream& s, const Tensor& out, const Tensor& tokens,
-                              const Tensor& wte, const Tensor& wpe) {
+                              const Tensor& wte, const Tensor& wpe, int64_t vocab_begin,
+                              int64_t) {
   ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
   RETURN_IF_ERROR(SameFloatDType("EmbeddingForward", out.dtype(), {&wte, &wpe}));
   return DispatchFloat("EmbeddingForward", out.dtype(), [&](auto tag) {
-    return LaunchForward<decltype(tag)>(stream, out, tokens, wte, wpe);
+    return LaunchForward<decltype(tag)>(stream, out, tokens, wte, wpe, vocab_begin);
   });
 }
 
 absl::Status EmbeddingBackward(Stream& s, const Tensor& dwte, const Tensor& dwpe,
-                               const Tensor& dout, const Tensor& tokens) {
+                               const Tensor& dout, const Tensor& tokens, int64_t vocab_begin,
+                               int64_t) {
   ASSIGN_OR_RETURN(cudaStream_t stream, Begin(s));
   RETURN_IF_ERROR(CheckF32("EmbeddingBackward", dwte));
   RETURN_IF_ERROR(CheckF32("EmbeddingBackward", dwpe));
   return DispatchFloat("EmbeddingBackward", dout.dtype(), [&](auto tag) {
-    return LaunchBackward<decltype(tag)>(stream, dwte, dwpe, dout, tokens);
+    return LaunchBackward<decltype(tag)>(stream, dwte, dwpe, dout, tokens, vocab_begin);
   });
 }
 

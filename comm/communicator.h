@@ -22,9 +22,11 @@
 
 namespace tandem {
 
-enum class ReduceOp { kSum, kAvg };
+// kMax: the element-wise largest (vocabulary-parallel cross-entropy's row maxima); all-reduce
+// only.
+enum class ReduceOp { kSum, kAvg, kMax };
 
-// "sum" or "avg".
+// "sum", "avg" or "max".
 const char* ReduceOpName(ReduceOp op);
 
 struct AllReduceOptions {

@@ -277,12 +277,13 @@ class MpiWork : public OpWork {
 absl::Status RunAllReduce(CommState& st, const Tensor& t, ReduceOp op) {
   const int64_t n = t.numel();
   const int world = st.id.world_size;
+  const MPI_Op mpi_op = op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
   if (t.dtype() == DType::kF32 || t.dtype() == DType::kI32) {
     char* base = static_cast<char*>(t.raw());
     const size_t esize = DTypeSize(t.dtype());
     RETURN_IF_ERROR(ForChunks(n, [&](int64_t off, int c) -> absl::Status {
       MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, base + off * esize, c,
-                                        MoveType(t.dtype()), MPI_SUM, st.comm));
+                                        MoveType(t.dtype()), mpi_op, st.comm));
       return absl::OkStatus();
     }));
     if (op == ReduceOp::kAvg) Divide(t.data<float>(), n, world);  // checked: floats only
@@ -292,7 +293,7 @@ absl::Status RunAllReduce(CommState& st, const Tensor& t, ReduceOp op) {
   float* f = st.scratch.data();
   ToF32(t, f);
   RETURN_IF_ERROR(ForChunks(n, [&](int64_t off, int c) -> absl::Status {
-    MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, f + off, c, MPI_FLOAT, MPI_SUM, st.comm));
+    MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, f + off, c, MPI_FLOAT, mpi_op, st.comm));
     return absl::OkStatus();
   }));
   if (op == ReduceOp::kAvg) Divide(f, n, world);

@@ -129,6 +129,26 @@ TEST_F(MpiCommunicatorTest, AllReduceAvgF32) {
   }
 }
 
+// The largest of every rank's element: an element that is largest on a different rank each
+// time (i mod world), in f32 and bf16; reduce-scatter refuses max.
+TEST_F(MpiCommunicatorTest, AllReduceMax) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {int64_t{1}, int64_t{13}, kBigBf16}) {
+      std::vector<float> v(n);
+      for (int64_t i = 0; i < n; ++i) v[i] = i % world_ == rank_ ? 3.0f + i % 5 : -1.0f - rank_;
+      Tensor t = Make(v, dtype);
+      ASSERT_TRUE(Run(comm_->AllReduce(t, {ReduceOp::kMax})).ok());
+      ExpectAll(Floats(t), n, [&](int64_t i) { return 3.0f + i % 5; }, 0.0f,
+                absl::StrCat(DTypeName(dtype), " max, count ", n));
+    }
+  }
+  Tensor in = Make(RankValues(rank_, 2 * world_)), out = Make(RankValues(rank_, 2));
+  const auto refused = comm_->ReduceScatter(out, in, {ReduceOp::kMax});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("max reduces in all-reduce only"), std::string::npos)
+      << refused.status();
+}
+
 TEST_F(MpiCommunicatorTest, AllReduceBf16AndF16) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{9}, kBigBf16}) {
     Tensor t = Make(RankValues(rank_, n), DType::kBF16);

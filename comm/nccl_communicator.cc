@@ -71,7 +71,14 @@ ncclDataType_t NcclType(DType t) {
   return ncclUint8;
 }
 
-ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
 
 // Calls call(rank, begin, count) for every rank's non-empty part, in one NCCL group.
 template <typename Call>

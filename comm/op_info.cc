@@ -196,6 +196,7 @@ absl::StatusOr<OpInfo> CheckReduceScatter(const CommIdentity& c, const Tensor& o
   absl::Status s = CheckTensor(c, info.kind, "out", out);
   if (s.ok()) s = CheckTensor(c, info.kind, "in", in);
   if (s.ok()) s = CheckReducible(c, info.kind, in, op);
+  if (s.ok() && op == ReduceOp::kMax) s = Bad(c, info.kind, "max reduces in all-reduce only");
   if (!s.ok()) return s;
   if (out.dtype() != in.dtype()) {
     return Bad(c, info.kind, absl::StrCat("out is ", DTypeName(out.dtype()), " but in is ",

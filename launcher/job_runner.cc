@@ -39,16 +39,18 @@ constexpr absl::Duration kAbortGrace = absl::Seconds(4);
 constexpr absl::Duration kTermGrace = absl::Seconds(3);
 constexpr absl::Duration kStopDeadline = absl::Seconds(6);
 
-// "data parallel", "pipeline", "2 replicas of a 2-stage pipeline, ZeRO-1".
+// "data parallel", "pipeline", "2 replicas of a 2-stage pipeline, tensor parallel over 2,
+// ZeRO-1".
 std::string StrategyWords(const JobConfig& job) {
   const ProcessGrid grid = job.Grid();
   std::string words = job.strategy == "data"    ? "data parallel"
                       : job.strategy == "model" ? "model parallel"
                                                 : "pipeline";
-  if (grid.hybrid()) {
+  if (grid.replicas > 1 && grid.stages > 1) {
     words = absl::StrFormat("%d replicas of a %d-stage %s", grid.replicas, grid.stages,
                             job.strategy == "model" ? "model-parallel split" : "pipeline");
   }
+  if (grid.tensors > 1) absl::StrAppendFormat(&words, ", tensor parallel over %d", grid.tensors);
   if (job.zero == 1 && grid.replicas > 1) absl::StrAppend(&words, ", ZeRO-1");
   return words;
 }

@@ -64,6 +64,10 @@ ABSL_FLAG(int, data_parallel, 1,
           "pipeline and model: D replicas of a pipeline of --gpus / D stages, each taking 1/D "
           "of the batch and all-reducing each stage's gradients with its peers; ranks in "
           "Megatron's order, a stage's D replicas on neighbouring ranks (1: one pipeline)");
+ABSL_FLAG(int, tensor_parallel, 1,
+          "T: each stage's blocks split over T neighbouring ranks, Megatron-style (a GPT: "
+          "attention heads and MLP columns and rows, the vocabulary of the embedding and the "
+          "head); with any strategy, T x D x stages = --gpus (1: none)");
 ABSL_FLAG(int, zero, 0,
           "1: ZeRO-1, each data-parallel replica keeps 1/D of the optimizer state and updates "
           "its shard of the parameters (data, or pipeline / model with --data-parallel >= 2); "
@@ -221,7 +225,7 @@ const std::vector<std::string>& FlagNames() {
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
       "attention", "tie_embeddings", "dtype", "steps", "batch", "micro_batches", "schedule", "virtual_stages", "balance",
-      "data_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
+      "data_parallel", "tensor_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
       "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "val_data",
       "val_fraction", "eval_every", "eval_batches", "run_dir",
       "checkpoint_every", "resume", "init_from", "max_restarts", "hostfile", "coordinator_address",
@@ -266,6 +270,7 @@ Options OptionsFromFlags() {
   if (o.job.virtual_stages == 0) o.job.virtual_stages = o.job.schedule == "interleaved" ? 2 : 1;
   o.job.balance = absl::GetFlag(FLAGS_balance);
   o.job.data_parallel = absl::GetFlag(FLAGS_data_parallel);
+  o.job.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   o.job.zero = absl::GetFlag(FLAGS_zero);
   o.job.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.job.resume = absl::GetFlag(FLAGS_resume);
@@ -491,6 +496,14 @@ struct Validation {
     if (o.job.checkpoint_every < 0) {
       problem(absl::StrFormat("--checkpoint-every=%d: must be 0 (no checkpoints) or more",
                               o.job.checkpoint_every));
+    }
+    if (o.job.tensor_parallel > 1 &&
+        (o.job.checkpoint_every > 0 || !o.job.resume.empty() || !o.job.init_from.empty())) {
+      problem(absl::StrFormat(
+          "--tensor-parallel=%d with --checkpoint-every, --resume or --init-from: tensor-"
+          "parallel runs do not write or read checkpoints yet; use --tensor-parallel=1 for a "
+          "run that checkpoints",
+          o.job.tensor_parallel));
     }
     if (o.job.log_every < 1) {
       problem(absl::StrFormat("--log-every=%d: must be 1 (every step) or more", o.job.log_every));

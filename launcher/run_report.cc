@@ -244,6 +244,7 @@ std::string RunJson(const RunRecord& r) {
       {"virtual_stages", c.virtual_stages},
       {"balance", c.balance},
       {"data_parallel", c.data_parallel},
+      {"tensor_parallel", c.tensor_parallel},
       {"zero", c.zero},
       {"lr", JsonNumber(c.lr)},
       {"warmup", c.warmup},
@@ -322,6 +323,7 @@ std::string RunJson(const RunRecord& r) {
     k["rank"] = t.rank;
     k["replica"] = grid.ReplicaOf(t.rank);
     k["stage"] = grid.StageOf(t.rank);
+    k["tensor"] = grid.TensorOf(t.rank);
     k["steps"] = t.steps;
     k["peak_memory_bytes"] = t.peak_memory_bytes;
     k["optimizer_state_bytes"] = t.optimizer_bytes;

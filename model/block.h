@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
 
@@ -95,8 +96,14 @@ class Block {
   virtual int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device device) const = 0;
 };
 
-// The blocks of a GPT or an MLP for `config`, embedding first and head last.
-std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config);
+// The blocks of a GPT or an MLP for `config`, embedding first and head last; under tensor
+// parallelism (tp.size > 1, a GPT only) this rank's parts of them (model/tensor_parallel.h),
+// whose collectives run over tp.group.
+std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config,
+                                                const TensorParallel& tp = {});
+// Whether a GPT of `config` splits over `size` tensor-parallel ranks: its heads, d_model and
+// padded vocabulary divisible by it; one line naming what does not, and the fix.
+absl::Status CheckTensorParallel(const ModelConfig& config, int size);
 
 // The parameters a stage of blocks [begin, end) of `blocks` holds, in the order of its flat
 // buffer, each once: a shared one (the tied "embed.wte") is one parameter where its owner is

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "model/block.h"
 #include "runtime/ops.h"
 #include "runtime/status.h"
@@ -27,18 +28,49 @@ absl::StatusOr<Tensor> F32(const Tensor& t, const Shape& shape) {
 
 int64_t ElemBytes(DType d) { return static_cast<int64_t>(DTypeSize(d)); }
 
-// The token table: the embedding's, and with tied embeddings the head's weight too.
-ParamSpec TokenTable(const ModelConfig& c) {
-  return {"embed.wte", {c.vocab, c.d_model}, Init::kNormal, 0.02f};
+// A parameter split along `dim` over the tensor-parallel group (its local `shape`), with
+// `groups` blocks along it split alike (the fused q, k and v).
+ParamSpec Split(ParamSpec p, const TensorParallel& tp, int dim, int groups = 1) {
+  if (!tp.enabled()) return p;
+  p.shard = {dim, tp.size, tp.rank, groups};
+  return p;
+}
+
+// The token table: the embedding's, and with tied embeddings the head's weight too; under
+// tensor parallelism each rank's slice of its rows (vocabulary-parallel).
+ParamSpec TokenTable(const ModelConfig& c, const TensorParallel& tp) {
+  return Split({"embed.wte", {c.vocab / tp.size, c.d_model}, Init::kNormal, 0.02f}, tp, 0);
+}
+
+// The first token of this rank's slice of the (padded) vocabulary, and how many of the
+// slice's tokens are real (the rest padding past the data's vocabulary).
+int64_t VocabBegin(const ModelConfig& c, const TensorParallel& tp) {
+  return c.vocab / tp.size * tp.rank;
+}
+int64_t RealColumns(const ModelConfig& c, const TensorParallel& tp) {
+  const int64_t real = c.data_vocab > 0 ? c.data_vocab : c.vocab;
+  return std::clamp<int64_t>(real - VocabBegin(c, tp), 0, c.vocab / tp.size);
+}
+
+// The tensor-parallel group's sum of t (in place), ordered on s; nothing without a group.
+absl::Status GroupSum(Stream& s, const TensorParallel& tp, const Tensor& t, const char* what) {
+  if (!tp.enabled()) return absl::OkStatus();
+  return tp.group->AllReduceSum(s, t, what);
+}
+
+// A row-parallel layer's bias: added once, by the group's first rank, before the sum.
+Tensor RowParallelBias(const TensorParallel& tp, const Tensor& bias) {
+  return tp.rank == 0 ? bias : Tensor();
 }
 
 // Token embedding plus learned positions (GPT) or token embedding only (MLP).
 class EmbeddingBlock : public Block {
  public:
-  EmbeddingBlock(const ModelConfig& c, bool positions) : c_(c), positions_(positions) {}
+  EmbeddingBlock(const ModelConfig& c, bool positions, const TensorParallel& tp)
+      : c_(c), positions_(positions), tp_(tp) {}
   std::string name() const override { return "embed"; }
   std::vector<ParamSpec> Params() const override {
-    std::vector<ParamSpec> p = {TokenTable(c_)};
+    std::vector<ParamSpec> p = {TokenTable(c_, tp_)};
     if (positions_) p.push_back({"embed.wpe", {c_.seq_len, c_.d_model}, Init::kNormal, 0.01f});
     return p;
   }
@@ -46,7 +78,13 @@ class EmbeddingBlock : public Block {
                        const Tensor&, Tensor* y, Saved*) const override {
     const int64_t B = mb.tokens.dim(0), T = mb.tokens.dim(1);
     ASSIGN_OR_RETURN(*y, Like(p[0], {B, T, c_.d_model}));
-    return ops::EmbeddingForward(s, *y, mb.tokens, p[0], positions_ ? p[1] : Tensor());
+    // Vocabulary-parallel: each rank's rows (zeros for the other ranks' tokens), the positions
+    // added by one rank, summed over the group: every rank gets the whole rows, and the same
+    // bits as one table (each sum has one addend besides zeros).
+    const Tensor positions = positions_ && tp_.rank == 0 ? p[1] : Tensor();
+    RETURN_IF_ERROR(ops::EmbeddingForward(s, *y, mb.tokens, p[0], positions,
+                                          VocabBegin(c_, tp_), c_.vocab));
+    return GroupSum(s, tp_, *y, "the sum of the embedding's vocabulary slices");
   }
   // No input gradient: B only keeps dy for the scatter-add.
   absl::Status BackwardInput(Stream&, const std::vector<Tensor>&, const std::vector<Tensor>&,
@@ -58,7 +96,8 @@ class EmbeddingBlock : public Block {
   absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>&,
                                const std::vector<Tensor>& g, const MicroBatch& mb,
                                const Saved& for_w) const override {
-    return ops::EmbeddingBackward(s, g[0], positions_ ? g[1] : Tensor(), for_w.t[0], mb.tokens);
+    return ops::EmbeddingBackward(s, g[0], positions_ ? g[1] : Tensor(), for_w.t[0], mb.tokens,
+                                  VocabBegin(c_, tp_), c_.vocab);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
     return B * T * c_.d_model * ElemBytes(compute);  // y
@@ -73,30 +112,37 @@ class EmbeddingBlock : public Block {
  private:
   ModelConfig c_;
   bool positions_;
+  TensorParallel tp_;
 };
 
-// ln1 -> attention -> +residual -> ln2 -> MLP (4C, GELU) -> +residual.
+// ln1 -> attention -> +residual -> ln2 -> MLP (4C, GELU) -> +residual. Under tensor
+// parallelism (model/tensor_parallel.h) each rank holds NH / T heads of the attention and
+// 4C / T of the MLP's width: Cl = C / T channels of q, k and v and of the attention's output,
+// Fl = 4C / T of the MLP's hidden layer.
 class TransformerBlock : public Block {
  public:
-  TransformerBlock(const ModelConfig& c, int layer) : c_(c), layer_(layer) {}
+  TransformerBlock(const ModelConfig& c, int layer, const TensorParallel& tp)
+      : c_(c), layer_(layer), tp_(tp) {}
   std::string name() const override { return absl::StrCat("h", layer_); }
   std::vector<ParamSpec> Params() const override {
-    const int64_t C = c_.d_model;
+    const int64_t C = c_.d_model, Cl = C / tp_.size, Fl = 4 * C / tp_.size;
     const std::string n = name();
     // GPT-2: residual projections scaled down by sqrt(2 * layers).
     const float proj_std = 0.02f / std::sqrt(2.0f * c_.n_layer);
     return {
         {n + ".ln1.weight", {C}, Init::kOnes},
         {n + ".ln1.bias", {C}, Init::kZeros},
-        {n + ".attn.qkv.weight", {3 * C, C}, Init::kNormal, 0.02f},
-        {n + ".attn.qkv.bias", {3 * C}, Init::kZeros},
-        {n + ".attn.proj.weight", {C, C}, Init::kNormal, proj_std},
+        // Column-parallel: this rank's rows of q, of k and of v.
+        Split({n + ".attn.qkv.weight", {3 * Cl, C}, Init::kNormal, 0.02f}, tp_, 0, 3),
+        Split({n + ".attn.qkv.bias", {3 * Cl}, Init::kZeros}, tp_, 0, 3),
+        // Row-parallel: this rank's input columns; the bias whole.
+        Split({n + ".attn.proj.weight", {C, Cl}, Init::kNormal, proj_std}, tp_, 1),
         {n + ".attn.proj.bias", {C}, Init::kZeros},
         {n + ".ln2.weight", {C}, Init::kOnes},
         {n + ".ln2.bias", {C}, Init::kZeros},
-        {n + ".mlp.fc.weight", {4 * C, C}, Init::kNormal, 0.02f},
-        {n + ".mlp.fc.bias", {4 * C}, Init::kZeros},
-        {n + ".mlp.proj.weight", {C, 4 * C}, Init::kNormal, proj_std},
+        Split({n + ".mlp.fc.weight", {Fl, C}, Init::kNormal, 0.02f}, tp_, 0),
+        Split({n + ".mlp.fc.bias", {Fl}, Init::kZeros}, tp_, 0),
+        Split({n + ".mlp.proj.weight", {C, Fl}, Init::kNormal, proj_std}, tp_, 1),
         {n + ".mlp.proj.bias", {C}, Init::kZeros},
     };
   }
@@ -106,40 +152,45 @@ class TransformerBlock : public Block {
 
   absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
                        const Tensor& x, Tensor* y, Saved* saved) const override {
-    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T, NH = c_.n_head;
+    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T;
+    const int64_t NH = heads(), Cl = C / tp_.size, Fl = 4 * C / tp_.size;
     ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
     ASSIGN_OR_RETURN(Tensor ln1, Like(x, {N, C}));
     ASSIGN_OR_RETURN(Tensor mean1, F32(x, {N}));
     ASSIGN_OR_RETURN(Tensor rstd1, F32(x, {N}));
     RETURN_IF_ERROR(ops::LayerNormForward(s, ln1, mean1, rstd1, x2, p[kLn1W], p[kLn1B]));
-    ASSIGN_OR_RETURN(Tensor qkv, Like(x, {N, 3 * C}));
+    ASSIGN_OR_RETURN(Tensor qkv, Like(x, {N, 3 * Cl}));
     RETURN_IF_ERROR(ops::LinearForward(s, qkv, ln1, p[kQkvW], p[kQkvB]));
-    ASSIGN_OR_RETURN(Tensor qkv3, qkv.Reshape({B, T, 3 * C}));
-    ASSIGN_OR_RETURN(Tensor atty, Like(x, {B, T, C}));
+    ASSIGN_OR_RETURN(Tensor qkv3, qkv.Reshape({B, T, 3 * Cl}));
+    ASSIGN_OR_RETURN(Tensor atty, Like(x, {B, T, Cl}));
     // att: the probabilities (B, NH, T, T), or with flash attention the rows' log-sum-exp
     // (B, NH, T).
     Tensor att;
     if (c_.attention == Attention::kFlash) {
       ASSIGN_OR_RETURN(att, F32(x, {B, NH, T}));
-      RETURN_IF_ERROR(ops::FlashAttentionForward(s, atty, att, qkv3, c_.n_head));
+      RETURN_IF_ERROR(ops::FlashAttentionForward(s, atty, att, qkv3, NH));
     } else {
       ASSIGN_OR_RETURN(att, F32(x, {B, NH, T, T}));
-      RETURN_IF_ERROR(ops::AttentionForward(s, atty, att, qkv3, c_.n_head));
+      RETURN_IF_ERROR(ops::AttentionForward(s, atty, att, qkv3, NH));
     }
-    ASSIGN_OR_RETURN(Tensor atty2, atty.Reshape({N, C}));
+    ASSIGN_OR_RETURN(Tensor atty2, atty.Reshape({N, Cl}));
     ASSIGN_OR_RETURN(Tensor proj, Like(x, {N, C}));
-    RETURN_IF_ERROR(ops::LinearForward(s, proj, atty2, p[kProjW], p[kProjB]));
+    RETURN_IF_ERROR(
+        ops::LinearForward(s, proj, atty2, p[kProjW], RowParallelBias(tp_, p[kProjB])));
+    RETURN_IF_ERROR(GroupSum(s, tp_, proj, "the sum of the attention projection's parts"));
     ASSIGN_OR_RETURN(Tensor res2, Like(x, {N, C}));
     ASSIGN_OR_RETURN(Tensor ln2, Like(x, {N, C}));
     ASSIGN_OR_RETURN(Tensor mean2, F32(x, {N}));
     ASSIGN_OR_RETURN(Tensor rstd2, F32(x, {N}));
     RETURN_IF_ERROR(ops::ResidualLayerNormForward(s, res2, ln2, mean2, rstd2, x2, proj,
                                                   p[kLn2W], p[kLn2B]));
-    ASSIGN_OR_RETURN(Tensor fc_pre, Like(x, {N, 4 * C}));
-    ASSIGN_OR_RETURN(Tensor fc_act, Like(x, {N, 4 * C}));
+    ASSIGN_OR_RETURN(Tensor fc_pre, Like(x, {N, Fl}));
+    ASSIGN_OR_RETURN(Tensor fc_act, Like(x, {N, Fl}));
     RETURN_IF_ERROR(ops::LinearGeluForward(s, fc_act, fc_pre, ln2, p[kFcW], p[kFcB]));
     ASSIGN_OR_RETURN(Tensor fc_out, Like(x, {N, C}));
-    RETURN_IF_ERROR(ops::LinearForward(s, fc_out, fc_act, p[kFcProjW], p[kFcProjB]));
+    RETURN_IF_ERROR(ops::LinearForward(s, fc_out, fc_act, p[kFcProjW],
+                                       RowParallelBias(tp_, p[kFcProjB])));
+    RETURN_IF_ERROR(GroupSum(s, tp_, fc_out, "the sum of the MLP projection's parts"));
     ASSIGN_OR_RETURN(*y, Like(x, {B, T, C}));
     ASSIGN_OR_RETURN(Tensor y2, y->Reshape({N, C}));
     RETURN_IF_ERROR(ops::Add(s, y2, res2, fc_out));
@@ -160,34 +211,37 @@ class TransformerBlock : public Block {
                              const Saved& saved, Tensor* dx, Saved* for_w) const override {
     const std::vector<Tensor>& v = saved.t;
     const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
+    const int64_t NH = heads(), Cl = C / tp_.size, Fl = 4 * C / tp_.size;
     const Tensor none;  // the linear layers' parameter gradients, which W computes
     ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
     // MLP branch: y = res2 + proj(gelu(fc(ln2(res2)))).
-    ASSIGN_OR_RETURN(Tensor dfc_act, Like(dy, {N, 4 * C}));
+    ASSIGN_OR_RETURN(Tensor dfc_act, Like(dy, {N, Fl}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dfc_act, none, none, dy2, v[kFcAct], p[kFcProjW]));
-    ASSIGN_OR_RETURN(Tensor dfc_pre, Like(dy, {N, 4 * C}));
+    ASSIGN_OR_RETURN(Tensor dfc_pre, Like(dy, {N, Fl}));
     RETURN_IF_ERROR(ops::GeluBackward(s, dfc_pre, v[kFcPre], dfc_act));
     ASSIGN_OR_RETURN(Tensor dln2, Like(dy, {N, C}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dln2, none, none, dfc_pre, v[kLn2], p[kFcW]));
+    // Each rank's fc saw all of ln2: its gradient is the sum of the ranks' parts.
+    RETURN_IF_ERROR(GroupSum(s, tp_, dln2, "the sum of the MLP input gradient's parts"));
     ASSIGN_OR_RETURN(Tensor dres2, Like(dy, {N, C}));
     RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, g[kLn2W], g[kLn2B], dln2, v[kRes2],
                                            p[kLn2W], v[kMean2], v[kRstd2]));
     RETURN_IF_ERROR(ops::Axpy(s, dres2, 1.0f, dy2));  // the residual path
     // Attention branch: res2 = x + proj(attention(qkv(ln1(x)))).
-    ASSIGN_OR_RETURN(Tensor datty, Like(dy, {N, C}));
+    ASSIGN_OR_RETURN(Tensor datty, Like(dy, {N, Cl}));
     RETURN_IF_ERROR(ops::LinearBackward(s, datty, none, none, dres2, v[kAttY], p[kProjW]));
-    ASSIGN_OR_RETURN(Tensor datty3, datty.Reshape({B, T, C}));
-    ASSIGN_OR_RETURN(Tensor dqkv, Like(dy, {B, T, 3 * C}));
+    ASSIGN_OR_RETURN(Tensor datty3, datty.Reshape({B, T, Cl}));
+    ASSIGN_OR_RETURN(Tensor dqkv, Like(dy, {B, T, 3 * Cl}));
     if (c_.attention == Attention::kFlash) {
-      ASSIGN_OR_RETURN(Tensor atty3, v[kAttY].Reshape({B, T, C}));
-      RETURN_IF_ERROR(
-          ops::FlashAttentionBackward(s, dqkv, datty3, v[kQkv], atty3, v[kAtt], c_.n_head));
+      ASSIGN_OR_RETURN(Tensor atty3, v[kAttY].Reshape({B, T, Cl}));
+      RETURN_IF_ERROR(ops::FlashAttentionBackward(s, dqkv, datty3, v[kQkv], atty3, v[kAtt], NH));
     } else {
-      RETURN_IF_ERROR(ops::AttentionBackward(s, dqkv, datty3, v[kQkv], v[kAtt], c_.n_head));
+      RETURN_IF_ERROR(ops::AttentionBackward(s, dqkv, datty3, v[kQkv], v[kAtt], NH));
     }
-    ASSIGN_OR_RETURN(Tensor dqkv2, dqkv.Reshape({N, 3 * C}));
+    ASSIGN_OR_RETURN(Tensor dqkv2, dqkv.Reshape({N, 3 * Cl}));
     ASSIGN_OR_RETURN(Tensor dln1, Like(dy, {N, C}));
     RETURN_IF_ERROR(ops::LinearBackward(s, dln1, none, none, dqkv2, v[kLn1], p[kQkvW]));
+    RETURN_IF_ERROR(GroupSum(s, tp_, dln1, "the sum of the attention input gradient's parts"));
     ASSIGN_OR_RETURN(*dx, Like(dy, {B, T, C}));
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
     RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[kLn1W], g[kLn1B], dln1, v[kX], p[kLn1W],
@@ -210,31 +264,37 @@ class TransformerBlock : public Block {
     return ops::LinearBackward(s, none, g[kQkvW], g[kQkvB], w[kWDqkv], w[kWLn1], p[kQkvW]);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
-    const int64_t N = B * T, C = c_.d_model, NH = c_.n_head;
-    // ln1, qkv (3C), atty, res2, ln2, fc_pre (4C), fc_act (4C) and y in the compute dtype;
-    // four f32 statistics per row; the f32 probabilities or log-sum-exps.
+    const int64_t N = B * T, C = c_.d_model, Cl = C / tp_.size, NH = heads();
+    // ln1, res2, ln2 and y (C each), qkv (3Cl), atty (Cl), fc_pre and fc_act (4Cl each) in
+    // the compute dtype; four f32 statistics per row; the f32 probabilities or log-sum-exps
+    // of this rank's heads.
     const int64_t att = c_.attention == Attention::kFlash ? B * NH * T : B * NH * T * T;
-    return N * 16 * C * ElemBytes(compute) + (4 * N + att) * 4;
+    return N * (4 * C + 12 * Cl) * ElemBytes(compute) + (4 * N + att) * 4;
   }
   int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
-    // dy, fc_act (4C), dfc_pre (4C), ln2, dres2, atty, dqkv (3C) and ln1 in the compute
-    // dtype: 16C a row, of which fc_act, ln2, atty and ln1 (7C) are activations Forward kept.
-    return B * T * 16 * c_.d_model * ElemBytes(compute);
+    // dy, ln2, dres2 and ln1 (C each), fc_act and dfc_pre (4Cl each), atty (Cl) and dqkv (3Cl)
+    // in the compute dtype, of which fc_act, ln2, atty and ln1 are activations Forward kept.
+    const int64_t C = c_.d_model, Cl = C / tp_.size;
+    return B * T * (4 * C + 12 * Cl) * ElemBytes(compute);
   }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device device) const override {
     // Backward (Forward holds 2C per row: proj and fc_out): dy in place of y, then dfc_act and
-    // dfc_pre (4C each), dln2, dres2, datty, dqkv (3C), dln1 and dx, all live until it
-    // returns; the attention's scratch comes on top of the 14C before dln1 and dx. (Its
-    // forward's scratch is smaller, at a moment that holds none of these.)
-    const int64_t row = B * T * c_.d_model * ElemBytes(compute);
+    // dfc_pre (4Cl each), dln2, dres2 (C each), datty (Cl), dqkv (3Cl), dln1 and dx (C each),
+    // all live until it returns; the attention's scratch comes on top of all but dln1 and
+    // dx. (Its forward's scratch is smaller, at a moment that holds none of these.)
+    const int64_t C = c_.d_model, Cl = C / tp_.size, e = B * T * ElemBytes(compute);
     const ops::AttentionScratch att = ops::AttentionScratchBytes(
-        device, compute, B, T, c_.d_model, c_.n_head, c_.attention == Attention::kFlash);
-    return std::max(16 * row, 14 * row + att.backward);
+        device, compute, B, T, Cl, heads(), c_.attention == Attention::kFlash);
+    const int64_t before_dln1 = (2 * C + 12 * Cl) * e;
+    return std::max(before_dln1 + 2 * C * e, before_dln1 + att.backward);
   }
 
  private:
+  // The heads this rank computes.
+  int64_t heads() const { return c_.n_head / tp_.size; }
   ModelConfig c_;
   int layer_;
+  TensorParallel tp_;
 };
 
 // One MLP hidden layer: y = x + relu(x @ W^T + b), a residual so depth trains stably.
@@ -308,9 +368,15 @@ class MlpLayerBlock : public Block {
 // more than 1F1B's largest (3 MB more of gpt-tiny at 1 micro-batch; with GPT-2's 50257-token
 // vocabulary, 100 MB a pending micro-batch of 1024 bf16 tokens). The price is the projection's
 // dW on the critical path of the last stage's B.
+//
+// Under tensor parallelism the projection is vocabulary-parallel: each rank holds its slice
+// of the vocabulary's rows and computes its slice of the logits, and the cross-entropy
+// reduces the rows' max and sum-exp over the group (ops::VocabParallelCrossEntropy); the
+// input's gradient is the sum of the ranks' parts.
 class HeadBlock : public Block {
  public:
-  HeadBlock(const ModelConfig& c, bool layernorm) : c_(c), layernorm_(layernorm) {}
+  HeadBlock(const ModelConfig& c, bool layernorm, const TensorParallel& tp)
+      : c_(c), layernorm_(layernorm), tp_(tp) {}
   std::string name() const override { return "head"; }
   std::vector<ParamSpec> Params() const override {
     const int64_t C = c_.d_model, V = c_.vocab;
@@ -320,16 +386,17 @@ class HeadBlock : public Block {
       p.push_back({"head.ln.bias", {C}, Init::kZeros});
     }
     if (c_.tie_embeddings) {
-      p.push_back(TokenTable(c_));
+      p.push_back(TokenTable(c_, tp_));
     } else {
-      p.push_back({"head.weight", {V, C}, Init::kNormal, 0.02f});
+      p.push_back(Split({"head.weight", {V / tp_.size, C}, Init::kNormal, 0.02f}, tp_, 0));
     }
     if (!layernorm_) p.push_back({"head.bias", {V}, Init::kZeros});
     return p;
   }
   absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch& mb,
                        const Tensor& x, Tensor* y, Saved* saved) const override {
-    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T, V = c_.vocab;
+    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T;
+    const int64_t V = c_.vocab / tp_.size;  // this rank's slice
     ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
     Tensor h = x2, mean, rstd;
     if (layernorm_) {
@@ -344,9 +411,13 @@ class HeadBlock : public Block {
     ASSIGN_OR_RETURN(Tensor targets, mb.targets.Reshape({N}));
     // The logits' buffer receives its own gradient in place (none in an evaluation); logits
     // past the data's vocabulary (padding) take no part in the softmax.
-    RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, saved != nullptr ? logits : Tensor(), logits,
-                                             targets, mb.dloss_scale,
-                                             c_.data_vocab > 0 ? c_.data_vocab : V));
+    const Tensor dlogits = saved != nullptr ? logits : Tensor();
+    if (tp_.enabled()) {
+      RETURN_IF_ERROR(VocabParallelLoss(s, *y, dlogits, logits, targets, mb.dloss_scale));
+    } else {
+      RETURN_IF_ERROR(ops::SoftmaxCrossEntropy(s, *y, dlogits, logits, targets, mb.dloss_scale,
+                                               RealColumns(c_, tp_)));
+    }
     if (saved == nullptr) return absl::OkStatus();  // evaluation: nothing kept
     saved->t = {x2, h, mean, rstd, logits};
     return absl::OkStatus();
@@ -361,11 +432,14 @@ class HeadBlock : public Block {
     const int64_t B = mb.targets.dim(0), T = mb.targets.dim(1);
     ASSIGN_OR_RETURN(*dx, Like(v[0], {B, T, C}));
     ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
+    const char* what = "the sum of the head input gradient's parts";
     if (!layernorm_) {
       RETURN_IF_ERROR(ops::LinearBackward(s, dx2, Tensor(), Tensor(), v[4], v[1], weight(p)));
+      RETURN_IF_ERROR(GroupSum(s, tp_, dx2, what));
     } else {
       ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
       RETURN_IF_ERROR(ops::LinearBackward(s, dh, Tensor(), Tensor(), v[4], v[1], weight(p)));
+      RETURN_IF_ERROR(GroupSum(s, tp_, dh, what));
       RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]));
     }
     return ops::LinearBackward(s, Tensor(), weight(g), bias(g), v[4], v[1], weight(p));
@@ -379,19 +453,38 @@ class HeadBlock : public Block {
     // The logits (holding their gradient) and the f32 losses; with the LayerNorm its output
     // and two f32 statistics per row.
     const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * N * 4 : 0;
-    return N * c_.vocab * ElemBytes(compute) + N * 4 + ln;
+    return N * (c_.vocab / tp_.size) * ElemBytes(compute) + N * 4 + ln;
   }
   int64_t WeightStashBytes(int64_t, int64_t, DType) const override { return 0; }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     // Backward: dx, and with the LayerNorm the gradient of its output.
-    return (layernorm_ ? 2 : 1) * B * T * c_.d_model * ElemBytes(compute);
+    // Backward: dx, and with the LayerNorm the gradient of its output; vocabulary-parallel,
+    // the forward's max and partials (3 f32 a row) too.
+    const int64_t vp = tp_.enabled() ? 3 * B * T * 4 : 0;
+    return (layernorm_ ? 2 : 1) * B * T * c_.d_model * ElemBytes(compute) + vp;
   }
 
  private:
+  // Megatron's vocabulary-parallel cross-entropy: the rows' max over the group, then their
+  // sums of exp and target logits, then each rank's losses and its slice of the gradient.
+  absl::Status VocabParallelLoss(Stream& s, const Tensor& losses, const Tensor& dlogits,
+                                 const Tensor& logits, const Tensor& targets,
+                                 float dloss_scale) const {
+    const int64_t N = logits.dim(0), begin = VocabBegin(c_, tp_), cols = RealColumns(c_, tp_);
+    ASSIGN_OR_RETURN(Tensor max, F32(logits, {N}));
+    ASSIGN_OR_RETURN(Tensor partials, F32(logits, {2, N}));
+    RETURN_IF_ERROR(ops::CrossEntropyRowMax(s, max, logits, cols));
+    RETURN_IF_ERROR(tp_.group->AllReduceMax(s, max, "the logits' row maxima"));
+    RETURN_IF_ERROR(ops::CrossEntropyPartials(s, partials, logits, max, targets, begin, cols));
+    RETURN_IF_ERROR(GroupSum(s, tp_, partials, "the sums of exp and the target logits"));
+    return ops::VocabParallelCrossEntropy(s, losses, dlogits, logits, max, partials, targets,
+                                          dloss_scale, begin, cols);
+  }
   const Tensor& weight(const std::vector<Tensor>& p) const { return p[layernorm_ ? 2 : 0]; }
   Tensor bias(const std::vector<Tensor>& p) const { return layernorm_ ? Tensor() : p[1]; }
   ModelConfig c_;
   bool layernorm_;
+  TensorParallel tp_;
 };
 
 }  // namespace
@@ -452,19 +545,44 @@ std::vector<ParamSpec> StageParams(const std::vector<std::unique_ptr<Block>>& bl
   return specs;
 }
 
-std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config) {
+std::vector<std::unique_ptr<Block>> BuildBlocks(const ModelConfig& config,
+                                                const TensorParallel& tp) {
   std::vector<std::unique_ptr<Block>> blocks;
   const bool gpt = config.kind == ModelKind::kGpt;
-  blocks.push_back(std::make_unique<EmbeddingBlock>(config, gpt));
+  blocks.push_back(std::make_unique<EmbeddingBlock>(config, gpt, tp));
   for (int l = 0; l < config.n_layer; ++l) {
     if (gpt) {
-      blocks.push_back(std::make_unique<TransformerBlock>(config, l));
+      blocks.push_back(std::make_unique<TransformerBlock>(config, l, tp));
     } else {
       blocks.push_back(std::make_unique<MlpLayerBlock>(config, l));
     }
   }
-  blocks.push_back(std::make_unique<HeadBlock>(config, gpt));
+  blocks.push_back(std::make_unique<HeadBlock>(config, gpt, tp));
   return blocks;
+}
+
+absl::Status CheckTensorParallel(const ModelConfig& c, int size) {
+  if (size < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--tensor-parallel=%d: must be at least 1 (1: no tensor parallelism)", size));
+  }
+  if (size == 1) return absl::OkStatus();
+  auto refuse = [&](const std::string& what, int64_t n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--tensor-parallel=%d does not divide %s (%d): each rank holds an equal part; use a T "
+        "that divides it",
+        size, what, n));
+  };
+  if (c.kind != ModelKind::kGpt) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--tensor-parallel=%d needs a GPT (its attention heads and MLP split over the ranks); "
+        "the MLP model has none: use --tensor-parallel=1",
+        size));
+  }
+  if (c.n_head % size != 0) return refuse("the attention heads", c.n_head);
+  if (c.d_model % size != 0) return refuse("d_model", c.d_model);
+  if (c.vocab % size != 0) return refuse("the padded vocabulary", c.vocab);
+  return absl::OkStatus();
 }
 
 std::vector<int> ParamOwners(const std::vector<std::vector<size_t>>& block_params, size_t params,

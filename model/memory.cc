@@ -28,8 +28,11 @@ MemoryNeed& MemoryNeed::operator+=(const MemoryNeed& o) {
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
                                absl::string_view optimizer, Device device,
-                               int pending_weights) {
-  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
+                               int pending_weights, int tensor_parallel) {
+  // Under tensor parallelism one rank's parts of the blocks (every rank's are the same size).
+  TensorParallel tp;
+  tp.size = tensor_parallel;
+  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model, tp);
   // What crosses a stage boundary for a micro-batch: (rows, T, C) in the compute dtype.
   const int64_t boundary =
       rows * model.seq_len * model.d_model * static_cast<int64_t>(DTypeSize(compute));

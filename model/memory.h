@@ -39,11 +39,12 @@ struct MemoryNeed {
 // at once (with `recompute`, their inputs and one micro-batch's activations), and what
 // `pending_weights` micro-batches' deferred Ws keep (Block::WeightStashBytes), added to the
 // activations (and with any, a B keeps its later blocks' stashes while it runs the earlier
-// ones, which the temporaries count). The device decides the ops' scratch.
+// ones, which the temporaries count). The device decides the ops' scratch. Under tensor
+// parallelism over `tensor_parallel` ranks, what one rank holds of it.
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
                                absl::string_view optimizer, Device device,
-                               int pending_weights = 0);
+                               int pending_weights = 0, int tensor_parallel = 1);
 
 // OK when `need` fits in `available` bytes (or available is unknown, < 0); otherwise
 // ResourceExhausted, one line: "not enough memory for <who>: at least ... is needed (...) and

@@ -1,6 +1,8 @@
 #include "model/params.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "model/rng.h"
 #include "runtime/status.h"
@@ -12,6 +14,52 @@ ParamLayout::ParamLayout(std::vector<ParamSpec> specs) {
     entries_.push_back({std::move(s), numel_});
     numel_ += entries_.back().spec.shape.numel();
   }
+}
+
+Shape ParamSpec::WholeShape() const {
+  if (!shard.split()) return shape;
+  std::vector<int64_t> dims = shape.dims();
+  dims[shard.dim] *= shard.parts;
+  return Shape(dims);
+}
+
+namespace {
+
+// Calls copy(whole_offset, part_offset, count) for each contiguous run of the part.
+template <typename Fn>
+void ForShardRuns(const ParamSpec& spec, Fn copy) {
+  const TensorShard& sh = spec.shard;
+  if (!sh.split()) {
+    copy(0, 0, spec.shape.numel());
+    return;
+  }
+  // Rows: the dimensions before `dim`; inner: each row's elements of `dim` and after.
+  int64_t rows = 1, inner = 1;
+  for (int d = 0; d < spec.shape.rank(); ++d) {
+    (d < sh.dim ? rows : inner) *= spec.shape.dim(d);
+  }
+  const int64_t group_part = inner / sh.groups;  // this rank's run in each group of a row
+  const int64_t group_whole = group_part * sh.parts;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int g = 0; g < sh.groups; ++g) {
+      copy(r * inner * sh.parts + g * group_whole + sh.index * group_part,
+           r * inner + g * group_part, group_part);
+    }
+  }
+}
+
+}  // namespace
+
+void ExtractShard(const ParamSpec& spec, const float* whole, float* part) {
+  ForShardRuns(spec, [&](int64_t w, int64_t p, int64_t n) {
+    std::copy(whole + w, whole + w + n, part + p);
+  });
+}
+
+void InsertShard(const ParamSpec& spec, const float* part, float* whole) {
+  ForShardRuns(spec, [&](int64_t w, int64_t p, int64_t n) {
+    std::copy(part + p, part + p + n, whole + w);
+  });
 }
 
 bool DecaysByDefault(const ParamSpec& spec) {
@@ -64,7 +112,13 @@ absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& param
           break;
         case Init::kNormal: {
           Rng rng(seed ^ Fnv1a64(e.spec.name));
-          for (int64_t i = 0; i < n; ++i) p[i] = e.spec.std * rng.Normal();
+          if (!e.spec.shard.split()) {
+            for (int64_t i = 0; i < n; ++i) p[i] = e.spec.std * rng.Normal();
+            break;
+          }
+          std::vector<float> whole(e.spec.WholeShape().numel());
+          for (float& w : whole) w = e.spec.std * rng.Normal();
+          ExtractShard(e.spec, whole.data(), p);
           break;
         }
       }

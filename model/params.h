@@ -15,12 +15,30 @@ namespace tandem {
 
 enum class Init { kZeros, kOnes, kNormal };
 
+// A parameter split over the ranks of a tensor-parallel group (model/tensor_parallel.h): this
+// rank holds part `index` of `parts` equal parts along dimension `dim` of the whole tensor;
+// with `groups` > 1 that dimension is `groups` equal blocks (the fused q, k and v), each split
+// the same way, and the rank holds its part of each, in order.
+struct TensorShard {
+  int dim = -1;  // -1: the whole tensor (replicated over the group)
+  int parts = 1, index = 0, groups = 1;
+  bool split() const { return dim >= 0 && parts > 1; }
+};
+
 struct ParamSpec {
   std::string name;  // globally unique: "h3.attn.qkv.weight"
-  Shape shape;
+  Shape shape;       // the part this rank holds
   Init init = Init::kZeros;
   float std = 0.0f;  // for kNormal
+  TensorShard shard;
+  // The whole tensor's shape, of which `shape` is this rank's part.
+  Shape WholeShape() const;
 };
+
+// This rank's part of a whole tensor laid out as `spec.WholeShape()`, and back: `part` holds
+// spec.shape.numel() elements, `whole` WholeShape().numel(). Copies of the elements only.
+void ExtractShard(const ParamSpec& spec, const float* whole, float* part);
+void InsertShard(const ParamSpec& spec, const float* part, float* whole);
 
 struct ParamEntry {
   ParamSpec spec;
@@ -68,7 +86,8 @@ class FlatBuffer {
 };
 
 // Fills `params` (f32) deterministically: each parameter's values depend only on `seed` and
-// its name, so any split of the model into stages gets the same initial weights.
+// its name, so any split of the model into stages gets the same initial weights, and a split
+// parameter's part is the part of the whole tensor's values (made whole, then cut).
 absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& params,
                               uint64_t seed);
 

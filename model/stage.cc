@@ -32,8 +32,12 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(const ModelConfig& config, 
 
 absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     const ModelConfig& config, const std::vector<std::pair<int, int>>& chunks, Device device,
-    uint64_t seed, DType compute) {
+    uint64_t seed, DType compute, const TensorParallel& tp) {
   RETURN_IF_ERROR(config.Validate());
+  RETURN_IF_ERROR(CheckTensorParallel(config, tp.size));
+  if (tp.enabled() && tp.group == nullptr) {
+    return absl::InvalidArgumentError("a tensor-parallel stage needs its group's communicator");
+  }
   int prev_end = 0;
   for (const auto& [begin, end] : chunks) {
     if (begin < prev_end || end > config.num_blocks() || begin >= end) {
@@ -46,7 +50,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   }
   if (chunks.empty()) return absl::InvalidArgumentError("a stage needs at least one chunk");
   std::unique_ptr<Stage> st(new Stage(config, chunks, device));
-  std::vector<std::unique_ptr<Block>> all = BuildBlocks(config);
+  st->tp_ = tp;
+  std::vector<std::unique_ptr<Block>> all = BuildBlocks(config, tp);
   StageParamPlan plan = PlanStageParams(config, all, chunks);
   for (const auto& [begin, end] : chunks) {
     st->chunk_start_.push_back(static_cast<int>(st->blocks_.size()));

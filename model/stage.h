@@ -49,10 +49,11 @@ class Stage {
                                                        int end, Device device, uint64_t seed,
                                                        DType compute = DType::kF32);
   // Several model chunks: `chunks` ranges [begin, end) of blocks, ascending, not empty, not
-  // overlapping.
+  // overlapping. Under tensor parallelism (tp.size > 1) the stage holds this rank's parts of
+  // the blocks, initialized as the parts of the whole model's values.
   static absl::StatusOr<std::unique_ptr<Stage>> Create(
       const ModelConfig& config, const std::vector<std::pair<int, int>>& chunks, Device device,
-      uint64_t seed, DType compute = DType::kF32);
+      uint64_t seed, DType compute = DType::kF32, const TensorParallel& tp = {});
 
   // Whether the stage holds the model's first block (the embedding) and its last (the head).
   bool is_first() const { return begin() == 0; }
@@ -67,6 +68,7 @@ class Stage {
   bool chunk_is_last(int c) const { return chunks_[c].second == config_.num_blocks(); }
   Device device() const { return device_; }
   const ModelConfig& config() const { return config_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   const ParamLayout& layout() const { return *layout_; }
   const FlatBuffer& params() const { return params_; }
   // The 16-bit copy the blocks compute with; undefined in f32.
@@ -144,6 +146,7 @@ class Stage {
   ModelConfig config_;
   std::vector<std::pair<int, int>> chunks_;
   Device device_;
+  TensorParallel tp_;
   std::vector<std::unique_ptr<Block>> blocks_;           // the stage's blocks only, in order
   std::vector<int> chunk_start_;                         // chunk c: blocks_[start[c], start[c+1])
   std::vector<std::vector<size_t>> block_params_;        // per block: indices into layout

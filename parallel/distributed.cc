@@ -194,10 +194,23 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   const ProcessGrid& grid = t->layout_.grid;
   t->replica_ = grid.ReplicaOf(rank);
   t->stage_index_ = grid.StageOf(rank);
+  t->tensor_ = grid.TensorOf(rank);
   ASSIGN_OR_RETURN(t->groups_, MakeProcessGroups(t->layout_, c.train.model.tie_embeddings, comm));
+  TensorParallel tp;
+  if (grid.tensors > 1) {
+    t->tensor_group_ = std::make_unique<CommTensorGroup>(t->groups_.tp.get(), c.timeout,
+                                                         t->Where());
+    tp = {grid.tensors, t->tensor_, t->tensor_group_.get()};
+  }
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, t->layout_.ChunkRanges(t->stage_index_),
-                                            c.train.device, c.train.seed, c.train.dtype));
+                                            c.train.device, c.train.seed, c.train.dtype, tp));
+  t->norm_ranges_ = NormRanges(*t->stage_);
   // --init-from: every rank takes its stage's parameters from the file, by name.
+  if (!c.train.init_from.empty() && grid.tensors > 1) {
+    return absl::InvalidArgumentError(
+        "--init-from with --tensor-parallel: tensor-parallel runs do not read a model file "
+        "yet; use --tensor-parallel=1");
+  }
   if (!c.train.init_from.empty()) {
     RETURN_IF_ERROR(InitFromSafetensors(c.train.init_from, *t->stage_));
   }
@@ -292,7 +305,7 @@ absl::Status DistributedTrainer::WaitForBuckets(Stream& s, Pending* p) {
 
 std::string DistributedTrainer::Where() const {
   const int rank = comm_->rank();
-  if (layout_.grid.replicas == 1 || layout_.grid.stages == 1) return absl::StrCat("rank ", rank);
+  if (!layout_.grid.hybrid()) return absl::StrCat("rank ", rank);
   return absl::StrCat("rank ", rank, " ", layout_.grid.Place(rank));
 }
 
@@ -385,22 +398,38 @@ absl::Status DistributedTrainer::BeginStep(Stream& s, Pending* p, StepValues* v)
   return absl::OkStatus();
 }
 
-absl::Status DistributedTrainer::GradientNorm(Stream& s, const Tensor& sumsq) {
+std::vector<ElementRange> DistributedTrainer::NormRanges(const Stage& stage) {
   // The norm counts the tied table once: the first stage's, not the last stage's copy (the
-  // first elements of its buffer).
-  const int64_t copy = stage_->embedding_copy_numel();
-  const Tensor& grads = stage_->grads().flat();
-  if (zero()) {
-    // Each rank holds the reduced gradients of its shard only; the shards' sums of squares
-    // add up to the stage's.
-    const int64_t begin = std::max(sync_.shard_begin(), copy), end = sync_.shard_end();
-    if (end <= begin) return absl::OkStatus();
-    ASSIGN_OR_RETURN(Tensor owned, grads.View(begin, {end - begin}));
-    return ops::SumSquaresAccumulate(s, sumsq, owned);
+  // first elements of its buffer); and a parameter every rank of a tensor-parallel group
+  // holds whole, once: on the group's first rank.
+  const bool first_tensor_rank = stage.tensor_parallel().rank == 0;
+  std::vector<ElementRange> ranges;
+  for (const ParamEntry& e : stage.layout().entries()) {
+    const int64_t begin = std::max(e.offset, stage.embedding_copy_numel());
+    const int64_t end = e.offset + e.spec.shape.numel();
+    if (end <= begin || (!e.spec.shard.split() && !first_tensor_rank)) continue;
+    if (!ranges.empty() && ranges.back().end == begin) {
+      ranges.back().end = end;
+    } else {
+      ranges.push_back({begin, end});
+    }
   }
-  ASSIGN_OR_RETURN(Tensor counted, grads.View(copy, {grads.numel() - copy}));
-  RETURN_IF_ERROR(ops::SumSquaresAccumulate(s, sumsq, counted));
-  if (!replicated()) return absl::OkStatus();
+  return ranges;
+}
+
+absl::Status DistributedTrainer::GradientNorm(Stream& s, const Tensor& sumsq) {
+  const Tensor& grads = stage_->grads().flat();
+  // Under ZeRO-1 each rank holds the reduced gradients of its shard only; the shards' sums of
+  // squares add up to the stage's.
+  const int64_t shard_begin = zero() ? sync_.shard_begin() : 0;
+  const int64_t shard_end = zero() ? sync_.shard_end() : grads.numel();
+  for (const ElementRange& r : norm_ranges_) {
+    const int64_t begin = std::max(r.begin, shard_begin), end = std::min(r.end, shard_end);
+    if (end <= begin) continue;
+    ASSIGN_OR_RETURN(Tensor counted, grads.View(begin, {end - begin}));
+    RETURN_IF_ERROR(ops::SumSquaresAccumulate(s, sumsq, counted));
+  }
+  if (zero() || !replicated()) return absl::OkStatus();
   // The stage's gradients are the same on each of its D ranks after the all-reduce, and so
   // is their norm; reducing it too would only add rounding. Each takes a 1/D share.
   return ops::Scale(s, sumsq, 1.0f / layout_.grid.replicas);
@@ -443,6 +472,8 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   } else {
     RETURN_IF_ERROR(DataParallelPass(*s, &v.loss_sum, &p));
   }
+  // Every rank of a tensor-parallel group computed the same losses: its first counts them.
+  if (tensor_ > 0) RETURN_IF_ERROR(ops::Fill(*s, v.loss_sum, 0.0f));
   RETURN_IF_ERROR(GradientNorm(*s, v.sumsq));
   if (stop_requested && stop_requested()) RETURN_IF_ERROR(ops::Fill(*s, v.stop, 1.0f));
   RETURN_IF_ERROR(p.timeline->Mark(kOptimizer, "gradient norm"));
@@ -450,6 +481,10 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   RETURN_IF_ERROR(StepEnd(*s, v, &p));
   for (Communicator* c : Comms()) p.last_sequences.push_back(c->last_issued_sequence());
   p.timing.last_sequence = comm_->last_issued_sequence();
+  if (tensor_group_ != nullptr) {
+    p.timing.comm_bytes += tensor_group_->bytes() - tensor_bytes_;
+    tensor_bytes_ = tensor_group_->bytes();
+  }
   p.timing.peak_in_flight = stage_->peak_in_flight();
   p.timing.host_syncs = HostSync::Count() - syncs_before;
   pending_.push_back(std::move(p));
@@ -504,7 +539,9 @@ absl::StatusOr<float> DistributedTrainer::Evaluate() {
   for (auto& w : sends) {
     RETURN_IF_ERROR(WaitOn(*w, *s, "an activation's send to the next stage (validation)"));
   }
-  // Only last stages hold losses (the others add 0): one sum over the job reaches every rank.
+  // Only last stages hold losses (the others add 0), and of a tensor-parallel group its first
+  // rank: one sum over the job reaches every rank.
+  if (tensor_ > 0) RETURN_IF_ERROR(ops::Fill(*s, loss_sum, 0.0f));
   ASSIGN_OR_RETURN(std::unique_ptr<Work> w, comm_->AllReduce(loss_sum));
   RETURN_IF_ERROR(WaitOn(*w, *s, "the reduction of the validation loss"));
   std::vector<float> v;

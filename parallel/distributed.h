@@ -220,6 +220,7 @@ class DistributedTrainer {
   // copy to the host.
   absl::Status BeginStep(Stream& s, Pending* p, StepValues* v);
   absl::Status GradientNorm(Stream& s, const Tensor& sumsq);
+  static std::vector<ElementRange> NormRanges(const Stage& stage);
   absl::Status ReduceStepValues(Stream& s, Pending* p);
   absl::Status StepEnd(Stream& s, const StepValues& v, Pending* p);
   absl::StatusOr<MicroBatch> LoadMicroBatch(int64_t row_begin, int64_t rows);
@@ -266,8 +267,15 @@ class DistributedTrainer {
   ParallelConfig c_;
   Communicator* comm_;  // the job's
   JobLayout layout_;
-  int replica_ = 0, stage_index_ = 0;  // this rank's place in the grid
+  int replica_ = 0, stage_index_ = 0, tensor_ = 0;  // this rank's place in the grid
   ProcessGroups groups_;  // the groups split from comm_ (parallel/process_groups.h)
+  // Tensor parallelism: the blocks' collectives over groups_.tp; null without.
+  std::unique_ptr<CommTensorGroup> tensor_group_;
+  // The parts of the stage's flat gradient buffer this rank's norm counts: all but a last
+  // stage's copy of the tied table, and under tensor parallelism the replicated parameters
+  // (the same on every rank of the group) on its first rank only.
+  std::vector<ElementRange> norm_ranges_;
+  int64_t tensor_bytes_ = 0;  // tensor_group_'s bytes when the last step was issued
   TokenDataset data_;
   DataOrder order_;
   std::optional<ValidationSet> val_;

@@ -23,6 +23,12 @@ namespace {
 // default timeout of torch.distributed's process groups.
 constexpr absl::Duration kCheckpointWriteTimeout = absl::Minutes(30);
 
+absl::Status TensorParallelCheckpointsRefused() {
+  return absl::UnimplementedError(
+      "checkpoints of tensor-parallel runs are not written or read yet: train with "
+      "--tensor-parallel=1 to checkpoint");
+}
+
 }  // namespace
 
 std::string DistributedTrainer::ShardName(const std::string& prefix, int stage) const {
@@ -57,6 +63,7 @@ absl::StatusOr<std::vector<Tensor>> DistributedTrainer::GatherOptimizerState() {
 }
 
 absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
+  if (tensor_group_ != nullptr) return TensorParallelCheckpointsRefused();
   if (!pending_.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint at step %d with %d steps not read: Read() them first (their losses decide "
@@ -145,6 +152,7 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
 }
 
 absl::Status DistributedTrainer::LoadCheckpoint(const std::string& prefix) {
+  if (tensor_group_ != nullptr) return TensorParallelCheckpointsRefused();
   if (!pending_.empty()) {
     return absl::FailedPreconditionError("checkpoint loaded with steps not read: Read() first");
   }

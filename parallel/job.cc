@@ -65,6 +65,7 @@ const std::vector<Field>& Fields() {
       Num("virtual_stages", &JobConfig::virtual_stages),
       Str("balance", &JobConfig::balance),
       Num("data_parallel", &JobConfig::data_parallel),
+      Num("tensor_parallel", &JobConfig::tensor_parallel),
       Num("zero", &JobConfig::zero),
       Num("lr", &JobConfig::lr),
       Num("warmup", &JobConfig::warmup),
@@ -152,8 +153,9 @@ absl::StatusOr<ModelConfig> JobConfig::Model() const {
 }
 
 ProcessGrid JobConfig::Grid() const {
-  absl::StatusOr<ProcessGrid> g =
-      ProcessGrid::Make(workers, strategy == "data" ? workers : data_parallel);
+  const int tp = std::max(tensor_parallel, 1);
+  absl::StatusOr<ProcessGrid> g = ProcessGrid::Make(
+      workers, strategy == "data" ? workers / tp : data_parallel, tensor_parallel);
   if (g.ok()) return *g;
   ProcessGrid one;
   one.stages = std::max(workers, 1);
@@ -212,6 +214,7 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   p.virtual_stages = virtual_stages;
   p.balance = balance;
   p.data_parallel = data_parallel;
+  p.tensor_parallel = tensor_parallel;
   p.zero = zero;
   p.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
   p.overlap = overlap;

@@ -42,6 +42,7 @@ struct JobConfig {
   std::string balance = "params";
   int data_parallel = 1;  // pipeline and model: replicas D of a workers / D stage pipeline
   int zero = 0;           // 1: ZeRO-1, the optimizer state sharded over the replicas
+  int tensor_parallel = 1;  // T: ranks each stage's blocks are split over (Megatron's TP)
   double lr = 3e-3;
   int warmup = 20;
   std::string optimizer = "adamw";
@@ -86,9 +87,10 @@ struct JobConfig {
   // The model this job trains (preset plus overrides; a vocab padded by PaddedVocab),
   // validated.
   absl::StatusOr<ModelConfig> Model() const;
-  // The process grid (parallel/grid.h): data parallel is `workers` replicas of one stage;
-  // pipeline and model are data_parallel replicas of workers / data_parallel stages. A D
-  // that does not divide the workers gives the grid of one replica (Validate refuses it).
+  // The process grid (parallel/grid.h): data parallel is workers / T replicas of one stage;
+  // pipeline and model are data_parallel replicas of workers / (T x data_parallel) stages,
+  // each stage over T = tensor_parallel ranks. A T x D that does not divide the workers gives
+  // the grid of one replica (Validate refuses it).
   ProcessGrid Grid() const;
   // Micro-batches per replica after defaults: pipeline 4 x stages where each replica's share
   // of the batch allows (GPipe's rule for a small bubble), else the largest count up to that

@@ -142,7 +142,7 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
     auto estimate = [&](int in_flight, int pending_weights) {
       return EstimateStageMemory(t.model, bounds[g], bounds[g + 1], rows, in_flight,
                                  /*recompute=*/false, t.dtype, t.optimizer.kind, t.device,
-                                 pending_weights);
+                                 pending_weights, c.tensor_parallel);
     };
     const MemoryNeed one = estimate(1, 0);
     n.params += one.params;
@@ -199,10 +199,12 @@ std::vector<MemoryNeed> RankMemory(const ParallelConfig& c, const JobLayout& l, 
     n->optimizer = (numel + l.grid.replicas - 1) / l.grid.replicas * per_element;
   };
   if (!l.pipelined()) {
-    // Every rank: the whole model, its share of the batch, one micro-batch after another.
-    MemoryNeed n =
-        EstimateStageMemory(t.model, 0, l.bounds.back(), t.batch / world / t.micro_batches,
-                            /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind, t.device);
+    // Every rank: the whole model (its tensor-parallel part), its replica's share of the
+    // batch, one micro-batch after another.
+    MemoryNeed n = EstimateStageMemory(
+        t.model, 0, l.bounds.back(), t.batch / l.grid.replicas / t.micro_batches,
+        /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind, t.device,
+        /*pending_weights=*/0, c.tensor_parallel);
     shard_optimizer(&n);
     return std::vector<MemoryNeed>(world, n);
   }
@@ -321,7 +323,9 @@ std::vector<std::string> ScheduleRow(const PipelineSchedule& s, int stage, size_
 
 std::string ExplainLayout(const ParallelConfig& c, const JobLayout& l) {
   const TrainConfig& t = c.train;
-  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(t.model);
+  TensorParallel tp;  // the parts' sizes: the same on every tensor rank
+  tp.size = l.grid.tensors;
+  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(t.model, tp);
   const int world = l.grid.ranks();
   std::string out;
   if (l.pipelined()) {
@@ -339,12 +343,25 @@ std::string ExplainLayout(const ParallelConfig& c, const JobLayout& l) {
   } else {
     absl::StrAppendFormat(&out, "layout: %d rank%s, data parallel; %d micro-batch%s of %d rows\n",
                           world, world == 1 ? "" : "s", t.micro_batches,
-                          t.micro_batches == 1 ? "" : "es", t.batch / world / t.micro_batches);
+                          t.micro_batches == 1 ? "" : "es",
+                          t.batch / l.grid.replicas / t.micro_batches);
+  }
+  if (l.grid.tensors > 1) {
+    absl::StrAppendFormat(
+        &out,
+        "tensor parallel: %d ranks a stage (neighbouring ranks), each %d of the %d heads, %d of "
+        "the MLP's %d channels and %d of the %d-token vocabulary\n",
+        l.grid.tensors, t.model.n_head / l.grid.tensors, t.model.n_head,
+        4 * t.model.d_model / l.grid.tensors, 4 * t.model.d_model,
+        t.model.vocab / l.grid.tensors, t.model.vocab);
   }
   for (int r = 0; r < world; ++r) {
     const int stage = l.grid.StageOf(r);
-    absl::StrAppendFormat(&out, "rank %d (replica %d, stage %d): %s\n", r, l.grid.ReplicaOf(r),
-                          stage, DescribeBlocks(blocks, l.ChunkRanges(stage)));
+    absl::StrAppendFormat(&out, "rank %d %s: %s\n", r,
+                          l.grid.tensors > 1 ? l.grid.Place(r)
+                                             : absl::StrFormat("(replica %d, stage %d)",
+                                                               l.grid.ReplicaOf(r), stage),
+                          DescribeBlocks(blocks, l.ChunkRanges(stage)));
     if (l.grid.replicas > 1) {
       for (const std::string& line : DescribeBuckets(c, l, blocks, r)) {
         absl::StrAppend(&out, "  ", line, "\n");
@@ -402,13 +419,16 @@ absl::StatusOr<JobLayout> ResolveLayout(const ParallelConfig& c, int world,
         "keeps its shard)",
         c.zero));
   }
+  const int tp = c.tensor_parallel;
+  RETURN_IF_ERROR(ProcessGrid::Make(world, 1, tp).status());  // T divides the world
+  RETURN_IF_ERROR(CheckTensorParallel(c.train.model, tp));
   JobLayout l;
   if (c.strategy == StrategyKind::kData) {
-    RETURN_IF_ERROR(CheckDataParallel(c, world));
-    ASSIGN_OR_RETURN(l.grid, ProcessGrid::Make(world, world));
+    RETURN_IF_ERROR(CheckDataParallel(c, world / tp));
+    ASSIGN_OR_RETURN(l.grid, ProcessGrid::Make(world, world / tp, tp));
     l.bounds = {0, c.train.model.num_blocks()};
   } else {
-    ASSIGN_OR_RETURN(l.grid, ProcessGrid::Make(world, c.data_parallel));
+    ASSIGN_OR_RETURN(l.grid, ProcessGrid::Make(world, c.data_parallel, tp));
     RETURN_IF_ERROR(CheckPipeline(c, l.grid));
     const int v = c.strategy == StrategyKind::kModel ? 1 : c.virtual_stages;
     ASSIGN_OR_RETURN(l.bounds, SplitStages(c, l.grid.stages * v, in));

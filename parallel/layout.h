@@ -37,7 +37,8 @@ struct ParallelConfig {
   std::string schedule = "gpipe";    // pipeline: gpipe, 1f1b, zb-h1 or interleaved
   int virtual_stages = 1;            // interleaved: model chunks v per stage (v x K in all)
   std::string balance = "params";    // pipeline: params, time, or explicit sizes "3,3,2"
-  int data_parallel = 1;             // pipeline and model: replicas D (D x stages = world)
+  int data_parallel = 1;             // pipeline and model: replicas D (T x D x stages = world)
+  int tensor_parallel = 1;           // T: ranks each stage's blocks are split over (a GPT)
   int zero = 0;                      // 1: ZeRO-1, optimizer state sharded over the replicas
   int64_t bucket_bytes = 25 << 20;   // data parallel
   bool overlap = true;               // data parallel: all-reduce during backward

@@ -39,6 +39,7 @@ Trained Collect(const Stage& st, std::vector<float> losses) {
   for (const ParamEntry& e : st.layout().entries()) {
     r.params[e.spec.name] = std::vector<float>(flat.begin() + e.offset,
                                                flat.begin() + e.offset + e.spec.shape.numel());
+    r.specs[e.spec.name] = e.spec;
   }
   return r;
 }
@@ -152,6 +153,14 @@ void ExpectSameWeights(const Trained& want, const Trained& got, const std::strin
   for (const auto& [param, values] : got.params) {
     auto it = want.params.find(param);
     ASSERT_NE(it, want.params.end()) << what << ": " << param;
+    auto spec = got.specs.find(param);
+    if (spec != got.specs.end() && spec->second.shard.split()) {
+      ASSERT_EQ(it->second.size(), spec->second.WholeShape().numel()) << what << ": " << param;
+      std::vector<float> part(values.size());
+      ExtractShard(spec->second, it->second.data(), part.data());
+      ExpectClose(part, values, what + " " + param, weight_tol, rank, absolute);
+      continue;
+    }
     ExpectClose(it->second, values, what + " " + param, weight_tol, rank, absolute);
   }
 }
@@ -197,14 +206,15 @@ void ExpectTiedCopiesEqual(const ParallelConfig& pc, Communicator* comm, const T
   const ProcessGrid grid = ResolveLayout(pc, comm->world_size())->grid;
   if (!pc.train.model.tie_embeddings || grid.stages == 1) return;
   const int rank = comm->rank(), replica = grid.ReplicaOf(rank), stage = grid.StageOf(rank);
+  const int tensor = grid.TensorOf(rank);
   if (stage != 0 && stage != grid.stages - 1) return;
   auto it = got.params.find("embed.wte");
   ASSERT_NE(it, got.params.end()) << "rank " << rank << " holds no embed.wte";
   const std::vector<float>& mine = it->second;
   // The first stage's table to its replica's last stage, which compares it with its copy.
   const Tensor t = *Tensor::FromVector(mine, {static_cast<int64_t>(mine.size())});
-  auto w = stage == 0 ? comm->Send(t, grid.RankOf(replica, grid.stages - 1))
-                      : comm->Recv(t, grid.RankOf(replica, 0));
+  auto w = stage == 0 ? comm->Send(t, grid.RankOf(replica, grid.stages - 1, tensor))
+                      : comm->Recv(t, grid.RankOf(replica, 0, tensor));
   ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_TRUE((*w)->Wait(absl::Minutes(2)).ok());
   if (stage == 0) return;

@@ -23,6 +23,8 @@ struct Trained {
   std::vector<float> losses;
   std::vector<float> grad_norms;  // each step's, before clipping
   std::map<std::string, std::vector<float>> params;  // this rank's, by name
+  // Under tensor parallelism, each of `params`' specs: its part of the whole tensor.
+  std::map<std::string, ParamSpec> specs;
 };
 
 // The stage's parameters by name, with `losses`.
@@ -55,7 +57,8 @@ void CheckValidationParity(const Validated& one, const ParallelConfig& pc, Commu
 // when weight_tol is 0.
 void ExpectClose(const std::vector<float>& want, const std::vector<float>& got,
                  const std::string& what, double weight_tol, int rank, bool absolute = false);
-// Every weight of `got` (a rank's stage) close to the same parameter's in `want`.
+// Every weight of `got` (a rank's stage) close to the same parameter's in `want` (under tensor
+// parallelism, to the part of want's whole tensor that got holds).
 void ExpectSameWeights(const Trained& want, const Trained& got, const std::string& what,
                        double weight_tol, int rank, bool absolute = false);
 

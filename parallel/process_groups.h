@@ -1,25 +1,32 @@
 // The process groups a layout needs, split from the job's communicator in one place, in the
 // same order on every rank (as Megatron-LM's initialize_model_parallel makes them all at
-// once): a stage's data-parallel replicas ranked by replica, a replica's pipeline stages by
-// stage, and with tied embeddings across stages each replica's first and last stage (the
-// embedding group). Collective over the job's communicator.
+// once): a stage's tensor-parallel ranks ranked by tensor rank, a stage's data-parallel
+// replicas (of the same tensor rank) by replica, a replica's pipeline stages (of the same
+// tensor rank) by stage, and with tied embeddings across stages each replica's first and last
+// stage (the embedding group, per tensor rank). Collective over the job's communicator.
 #ifndef TANDEM_PARALLEL_PROCESS_GROUPS_H_
 #define TANDEM_PARALLEL_PROCESS_GROUPS_H_
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
+#include "model/tensor_parallel.h"
 #include "parallel/layout.h"
 
 namespace tandem {
 
 struct ProcessGroups {
-  // This stage's data-parallel group: the job's communicator under data parallelism, null
-  // without replicas.
+  // This stage's tensor-parallel group, null without tensor parallelism.
+  std::unique_ptr<Communicator> tp;
+  // This stage's data-parallel group: the job's communicator under data parallelism without
+  // tensor parallelism, null without replicas.
   Communicator* dp = nullptr;
-  // This replica's pipeline: the job's communicator without replicas, null without stages.
+  // This replica's pipeline: the job's communicator without replicas or tensor parallelism,
+  // null without stages.
   Communicator* pp = nullptr;
   // Tied embeddings in a pipeline, on its first and last stage: those two of this replica;
   // null on every other rank and without tying.
@@ -35,6 +42,25 @@ struct ProcessGroups {
 // The groups rank `comm->rank()` belongs to under layout `l`; `tied_embeddings` as the model.
 absl::StatusOr<ProcessGroups> MakeProcessGroups(const JobLayout& l, bool tied_embeddings,
                                                 Communicator* comm);
+
+// The collectives of a stage's blocks (model/tensor_parallel.h) over its tensor-parallel
+// communicator: each issued, and the stream made to wait for it (Work::WaitOn) up to
+// `timeout`; an error names this rank's place and the collective. Counts the bytes it moved.
+class CommTensorGroup : public TensorGroup {
+ public:
+  CommTensorGroup(Communicator* comm, absl::Duration timeout, std::string where)
+      : comm_(comm), timeout_(timeout), where_(std::move(where)) {}
+  absl::Status AllReduceSum(Stream& s, const Tensor& t, const char* what) override;
+  absl::Status AllReduceMax(Stream& s, const Tensor& t, const char* what) override;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  absl::Status AllReduce(Stream& s, const Tensor& t, ReduceOp op, const char* what);
+  Communicator* comm_;
+  absl::Duration timeout_;
+  std::string where_;
+  int64_t bytes_ = 0;
+};
 
 }  // namespace tandem
 

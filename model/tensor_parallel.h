@@ -1,0 +1,47 @@
+// Tensor parallelism inside a block (Megatron-LM's, megatron/core/tensor_parallel): the ranks
+// of a tensor-parallel group each hold a slice of a block's weight matrices and compute their
+// part of its output, and the group's collectives, stream-ordered, join the parts.
+//   attention: the fused QKV projection column-parallel (each rank its heads), the output
+//     projection row-parallel: the partial outputs all-reduced in forward, and the input's
+//     gradient (the LayerNorm's output) all-reduced in backward;
+//   MLP: fc column-parallel, proj row-parallel, the same two all-reduces;
+//   token embedding vocabulary-parallel: each rank a slice of the table's rows, the looked-up
+//     rows all-reduced (a token outside the slice gives zeros); the head and cross-entropy
+//     vocabulary-parallel: each rank its slice of the logits, the rows' max and sum-exp
+//     all-reduced, the full logits never gathered; its input's gradient all-reduced;
+//   LayerNorms, biases after a row-parallel matmul and the position table are replicated:
+//     their inputs and gradients are the same on every rank of the group, so their gradients
+//     need no reduction (Megatron without sequence parallelism).
+// The B/W split of the zero-bubble schedules keeps the collectives in B: W is each rank's
+// weight gradients alone.
+#ifndef TANDEM_MODEL_TENSOR_PARALLEL_H_
+#define TANDEM_MODEL_TENSOR_PARALLEL_H_
+
+#include "absl/status/status.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+
+namespace tandem {
+
+// The collectives a block issues over its tensor-parallel group, in place on `t`, ordered on
+// the stream `s`: they run after the work issued to `s` before them, and work issued to `s`
+// after them waits for them, without the host waiting. `what` names the collective in errors.
+class TensorGroup {
+ public:
+  virtual ~TensorGroup() = default;
+  virtual absl::Status AllReduceSum(Stream& s, const Tensor& t, const char* what) = 0;
+  virtual absl::Status AllReduceMax(Stream& s, const Tensor& t, const char* what) = 0;
+};
+
+// This rank's place in its tensor-parallel group. `group` may be null where nothing runs
+// (the memory estimate, the planner): the blocks' shapes need only size and rank.
+struct TensorParallel {
+  int size = 1;  // T
+  int rank = 0;
+  TensorGroup* group = nullptr;
+  bool enabled() const { return size > 1; }
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_MODEL_TENSOR_PARALLEL_H_

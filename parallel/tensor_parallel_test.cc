@@ -1,0 +1,227 @@
+// Run under mpirun on 2, 4 and 8 ranks (tensor_parallel_test_np2, _np4, _np8): tensor
+// parallelism (model/tensor_parallel.h) against one worker on the same global batch and seed,
+// losses within 1e-5 relative and every rank's part of each weight within the parity
+// tolerance of the same part of one worker's: T over every rank (data strategy), T=2 beside
+// data parallelism and beside a pipeline (1F1B and ZB-H1), tied embeddings, recompute, the
+// validation loss, and on 8 ranks T=2 x D=2 x K=2 with ZeRO-1. And one stage's forward and
+// backward against the whole model's, which a dropped collective or a skipped max breaks.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "comm/mpi_test_main.h"
+#include "gtest/gtest.h"
+#include "model/stage.h"
+#include "parallel/parity_testing.h"
+#include "parallel/process_groups.h"
+#include "runtime/ops.h"
+
+namespace tandem {
+namespace {
+
+Communicator* comm = nullptr;
+constexpr int kSteps = 10;
+constexpr double kWeightTolerance = 1e-4;  // absolute, as the hybrid layouts'
+
+// The parity model with 4 heads (d_model 16), so that T = 2 and T = 4 split it.
+TrainConfig Config(const std::string& optimizer, int micro_batches) {
+  TrainConfig c = ParityConfig(ModelKind::kGpt, micro_batches, optimizer, kSteps);
+  c.model.n_head = 4;
+  return c;
+}
+
+ParallelConfig Layout(int tp, StrategyKind strategy, int micro_batches,
+                      const std::string& optimizer = "adamw") {
+  ParallelConfig pc;
+  pc.train = Config(optimizer, micro_batches);
+  pc.strategy = strategy;
+  pc.tensor_parallel = tp;
+  pc.bucket_bytes = 4096;
+  return pc;
+}
+
+void Check(const ParallelConfig& pc, const std::string& name) {
+  CheckParity(pc, comm, name, kWeightTolerance);
+}
+
+TEST(TensorParallelTest, EveryRankOneStage) {
+  const int T = comm->world_size();
+  if (T > 4) GTEST_SKIP() << "the model's 4 heads split over at most 4 ranks";
+  for (const std::string& opt : {"sgd", "adamw"}) {
+    for (int mbs : {1, 2}) {
+      Check(Layout(T, StrategyKind::kData, mbs, opt),
+            absl::StrFormat("T=%d data mb=%d", T, mbs));
+    }
+  }
+  ParallelConfig recompute = Layout(T, StrategyKind::kData, 2);
+  recompute.recompute = true;
+  Check(recompute, absl::StrFormat("T=%d recompute", T));
+  ParallelConfig tied = Layout(T, StrategyKind::kData, 1);
+  tied.train.model.tie_embeddings = true;
+  Check(tied, absl::StrFormat("T=%d tied", T));
+}
+
+TEST(TensorParallelTest, BesideDataParallelism) {
+  if (comm->world_size() != 4) GTEST_SKIP() << "T=2 x D=2 takes 4 ranks";
+  for (int zero : {0, 1}) {
+    ParallelConfig pc = Layout(2, StrategyKind::kData, 2);
+    pc.zero = zero;
+    Check(pc, absl::StrFormat("T=2 x D=2 data zero=%d", zero));
+  }
+}
+
+TEST(TensorParallelTest, BesideAPipeline) {
+  if (comm->world_size() != 4) GTEST_SKIP() << "T=2 x K=2 takes 4 ranks";
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    for (bool tied : {false, true}) {
+      ParallelConfig pc = Layout(2, StrategyKind::kPipeline, 4);
+      pc.schedule = schedule;
+      pc.train.model.tie_embeddings = tied;
+      Check(pc, absl::StrFormat("T=2 x K=2 %s tied=%d", schedule, tied));
+    }
+  }
+}
+
+TEST(TensorParallelTest, ValidationLoss) {
+  if (comm->world_size() != 4) GTEST_SKIP() << "T=2 x K=2 takes 4 ranks";
+  ParallelConfig pc = Layout(2, StrategyKind::kPipeline, 4);
+  pc.schedule = "1f1b";
+  pc.train.val_fraction = 0.1;
+  pc.train.eval_every = 5;
+  pc.train.eval_batches = 2;
+  CheckValidationParity(TrainOneWorkerValidated(pc.train), pc, comm, "T=2 x K=2 validation");
+}
+
+TEST(TensorParallelTest, EveryAxisWithZeroOne) {
+  if (comm->world_size() != 8) GTEST_SKIP() << "T=2 x D=2 x K=2 takes 8 ranks";
+  ParallelConfig pc = Layout(2, StrategyKind::kPipeline, 4);
+  pc.schedule = "1f1b";
+  pc.data_parallel = 2;
+  pc.zero = 1;
+  Check(pc, "T=2 x D=2 x K=2 1f1b zero=1");
+}
+
+// ---- one stage against the whole model --------------------------------------------------------
+
+// The tensor-parallel group of every rank, forwarding to the real one but for the collective
+// a mutation drops: the `drop`-th sum (0-based), or every max.
+class MutatedGroup : public TensorGroup {
+ public:
+  MutatedGroup(TensorGroup* real, int drop_sum, bool drop_max)
+      : real_(real), drop_sum_(drop_sum), drop_max_(drop_max) {}
+  absl::Status AllReduceSum(Stream& s, const Tensor& t, const char* what) override {
+    if (sums_++ == drop_sum_) return absl::OkStatus();
+    return real_->AllReduceSum(s, t, what);
+  }
+  absl::Status AllReduceMax(Stream& s, const Tensor& t, const char* what) override {
+    if (drop_max_) return absl::OkStatus();
+    return real_->AllReduceMax(s, t, what);
+  }
+
+ private:
+  TensorGroup* real_;
+  int drop_sum_, sums_ = 0;
+  bool drop_max_;
+};
+
+struct Pass {
+  std::vector<float> losses;
+  std::map<std::string, std::vector<float>> grads;  // by name
+  std::map<std::string, ParamSpec> specs;
+};
+
+// One micro-batch forward and backward through a stage of every block: the whole model
+// (group null), or this rank's part over `group`.
+Pass RunStage(const ModelConfig& model, TensorGroup* group) {
+  TensorParallel tp;
+  if (group != nullptr) tp = {comm->world_size(), comm->rank(), group};
+  auto st = Stage::Create(model, {{0, model.num_blocks()}}, Device::Cpu(), 7, DType::kF32, tp);
+  EXPECT_TRUE(st.ok()) << st.status();
+  if (!st.ok()) return {};
+  Stream& s = *Stream::Compute(Device::Cpu()).value();
+  const int64_t B = 2, T = model.seq_len;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 37 + 11) % model.vocab);
+    targets[i] = static_cast<int32_t>((i * 53 + 5) % model.vocab);
+  }
+  MicroBatch mb;
+  mb.tokens = *Tensor::FromInts(tokens, {B, T});
+  mb.targets = *Tensor::FromInts(targets, {B, T});
+  mb.dloss_scale = 1.0f / (B * T);
+  Tensor losses, dx;
+  EXPECT_TRUE((*st)->Forward(s, 0, mb, Tensor(), &losses).ok());
+  EXPECT_TRUE((*st)->Backward(s, 0, mb, Tensor(), &dx).ok());
+  EXPECT_TRUE(s.Synchronize().ok());
+  Pass p;
+  p.losses = *losses.ToFloatVector();
+  const std::vector<float> g = *(*st)->grads().flat().ToFloatVector();
+  for (const ParamEntry& e : (*st)->layout().entries()) {
+    p.grads[e.spec.name].assign(g.begin() + e.offset, g.begin() + e.offset + e.spec.shape.numel());
+    p.specs[e.spec.name] = e.spec;
+  }
+  return p;
+}
+
+// How far `got` (this rank's parts) is from `want` (the whole model's): the largest
+// difference of a loss, relative, and of a gradient element, relative to its tensor's
+// largest magnitude.
+double Distance(const Pass& want, const Pass& got) {
+  double worst = 0;
+  for (size_t i = 0; i < want.losses.size() && i < got.losses.size(); ++i) {
+    worst = std::max(worst, std::fabs(got.losses[i] - want.losses[i]) /
+                                std::max(1e-12, double{std::fabs(want.losses[i])}));
+  }
+  if (got.losses.size() != want.losses.size()) worst = INFINITY;
+  for (const auto& [name, values] : got.grads) {
+    const ParamSpec& spec = got.specs.at(name);
+    std::vector<float> part(values.size());
+    ExtractShard(spec, want.grads.at(name).data(), part.data());
+    double scale = 1e-12;
+    for (float v : part) scale = std::max(scale, double{std::fabs(v)});
+    for (size_t i = 0; i < part.size(); ++i) {
+      const double d = std::fabs(values[i] - part[i]) / scale;
+      worst = std::max(worst, std::isfinite(d) ? d : INFINITY);
+    }
+  }
+  return worst;
+}
+
+TEST(TensorParallelTest, AStageIsTheWholeModelAndEveryCollectiveCounts) {
+  const int T = comm->world_size();
+  if (T > 4) GTEST_SKIP() << "the model's 4 heads split over at most 4 ranks";
+  ModelConfig model = Config("sgd", 1).model;
+  model.tie_embeddings = true;
+  const Pass whole = RunStage(model, nullptr);
+  ParallelConfig pc = Layout(T, StrategyKind::kData, 1);
+  auto layout = ResolveLayout(pc, T);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto groups = MakeProcessGroups(*layout, model.tie_embeddings, comm);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  CommTensorGroup real(groups->tp.get(), absl::Minutes(1), "rank");
+  MutatedGroup intact(&real, -1, false);
+  const double ok = Distance(whole, RunStage(model, &intact));
+  EXPECT_LT(ok, 1e-5) << "T=" << T;
+  // A forward and backward of 3 blocks issues 2 sums in the embedding and each layer's
+  // forward and backward (2 + 3 x 4), 1 in the head's loss and 1 in its backward.
+  const int sums = 1 + 3 * 2 + 1 + 1 + 3 * 2;
+  for (int drop = 0; drop < sums; ++drop) {
+    MutatedGroup mutant(&real, drop, false);
+    EXPECT_GT(Distance(whole, RunStage(model, &mutant)), 1e-3)
+        << "T=" << T << ": dropping sum " << drop << " went unnoticed";
+  }
+  MutatedGroup no_max(&real, -1, true);
+  EXPECT_GT(Distance(whole, RunStage(model, &no_max)), 1e-3)
+      << "T=" << T << ": skipping the vocabulary-parallel max went unnoticed";
+  // The collectives past the last one a pass issues change nothing: the count is right.
+  MutatedGroup past(&real, sums, false);
+  EXPECT_LT(Distance(whole, RunStage(model, &past)), 1e-5);
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::RunMpiTests(argc, argv, &tandem::comm); }

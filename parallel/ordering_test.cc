@@ -234,6 +234,27 @@ TEST(OrderingOnTwoRanksTest, TiedEmbeddings) {
   ExpectTiedCopiesEqual(pc, comm, got);
 }
 
+// Tensor parallelism over both ranks: every block's collectives on the stream between its
+// matmuls, with the data-parallel strategy's step around them.
+TEST(OrderingOnTwoRanksTest, TensorParallel) {
+  REQUIRE_WORLD(2);
+  ParallelConfig pc;
+  pc.train = Base(2);
+  pc.train.model.n_head = 4;
+  pc.strategy = StrategyKind::kData;
+  pc.tensor_parallel = 2;
+  ShortCase(pc, "data, T=2, 2 micro-batches");
+}
+
+// T=2 x K=2 under ZB-H1: the collectives of each B inside the schedule's transfers.
+TEST(OrderingOnFourRanksTest, TensorParallelPipeline) {
+  REQUIRE_WORLD(4);
+  ParallelConfig pc = Pipeline("zb-h1", 4);
+  pc.train.model.n_head = 4;
+  pc.tensor_parallel = 2;
+  ShortCase(pc, "zb-h1, T=2 x K=2, 4 micro-batches");
+}
+
 // D=2 replicas of a K=2 pipeline under ZeRO-1: each stage's gradients reduced over its
 // replicas in buckets, each replica updating its shard and gathering the other's.
 TEST(OrderingOnFourRanksTest, ZeroOneOnReplicasOfAPipeline) {

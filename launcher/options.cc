@@ -497,14 +497,6 @@ struct Validation {
       problem(absl::StrFormat("--checkpoint-every=%d: must be 0 (no checkpoints) or more",
                               o.job.checkpoint_every));
     }
-    if (o.job.tensor_parallel > 1 &&
-        (o.job.checkpoint_every > 0 || !o.job.resume.empty() || !o.job.init_from.empty())) {
-      problem(absl::StrFormat(
-          "--tensor-parallel=%d with --checkpoint-every, --resume or --init-from: tensor-"
-          "parallel runs do not write or read checkpoints yet; use --tensor-parallel=1 for a "
-          "run that checkpoints",
-          o.job.tensor_parallel));
-    }
     if (o.job.log_every < 1) {
       problem(absl::StrFormat("--log-every=%d: must be 1 (every step) or more", o.job.log_every));
     }

@@ -302,14 +302,16 @@ Json Gpt2ConfigJson(const ModelConfig& model, int vocab, bool tied) {
 absl::Status LoadGpt2Params(const SafetensorsFile& file, const std::string& what, Stage& stage) {
   RETURN_IF_ERROR(RefuseMlp(stage.config()));
   const ParamLayout& layout = stage.layout();
+  // The file holds whole tensors; a tensor-parallel stage takes its part of each.
   std::vector<ParamSpec> specs;
-  for (const ParamEntry& e : layout.entries()) specs.push_back(e.spec);
+  for (const ParamEntry& e : layout.entries()) specs.push_back(WholeSpec(e.spec));
   const bool tied = !HasParam(ModelSpecs(stage.config()), "head.weight");
   std::vector<std::vector<float>> values;
   RETURN_IF_ERROR(Import(file, what, specs, tied, /*whole_model=*/false, &values));
   std::vector<float> host(layout.numel());
   for (size_t i = 0; i < specs.size(); ++i) {
-    std::copy(values[i].begin(), values[i].end(), host.begin() + layout.entries()[i].offset);
+    const ParamEntry& e = layout.entries()[i];
+    ExtractShard(e.spec, values[i].data(), host.data() + e.offset);
   }
   RETURN_IF_ERROR(CopyFromHost(stage.params().flat(), host));
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(stage.device()));

@@ -62,6 +62,13 @@ void InsertShard(const ParamSpec& spec, const float* part, float* whole) {
   });
 }
 
+ParamSpec WholeSpec(const ParamSpec& spec) {
+  ParamSpec whole = spec;
+  whole.shape = spec.WholeShape();
+  whole.shard = {};
+  return whole;
+}
+
 bool DecaysByDefault(const ParamSpec& spec) {
   const std::string wpe = "embed.wpe";
   return spec.shape.rank() == 2 && spec.name != wpe;

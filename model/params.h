@@ -36,9 +36,12 @@ struct ParamSpec {
 };
 
 // This rank's part of a whole tensor laid out as `spec.WholeShape()`, and back: `part` holds
-// spec.shape.numel() elements, `whole` WholeShape().numel(). Copies of the elements only.
+// spec.shape.numel() elements, `whole` WholeShape().numel(). Copies of the elements only; a
+// spec that is not split copies the whole tensor.
 void ExtractShard(const ParamSpec& spec, const float* whole, float* part);
 void InsertShard(const ParamSpec& spec, const float* part, float* whole);
+// The spec of the whole tensor `spec` is a part of (itself when it is not split).
+ParamSpec WholeSpec(const ParamSpec& spec);
 
 struct ParamEntry {
   ParamSpec spec;

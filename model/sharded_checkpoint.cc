@@ -376,10 +376,12 @@ absl::Status LoadStateFromShards(
           "checkpoint %s holds no parameter '%s' (blocks %d-%d need it)", what, e.spec.name,
           stage.begin(), stage.end()));
     }
-    if (it->second.numel != e.spec.shape.numel()) {
+    // A checkpoint holds whole tensors; a tensor-parallel stage takes its part of each.
+    const int64_t whole = e.spec.WholeShape().numel();
+    if (it->second.numel != whole) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "checkpoint %s: parameter '%s' has %d values, the model needs %d", what, e.spec.name,
-          it->second.numel, e.spec.shape.numel()));
+          it->second.numel, whole));
     }
   }
   int new_step;
@@ -402,7 +404,7 @@ absl::Status LoadStateFromShards(
     std::vector<float> host(layout.numel());
     for (const ParamEntry& e : layout.entries()) {
       const Source& src = by_name[e.spec.name];
-      std::copy_n(src.arrays[a]->data() + src.offset, src.numel, host.data() + e.offset);
+      ExtractShard(e.spec, src.arrays[a]->data() + src.offset, host.data() + e.offset);
     }
     if (a > 0) host = std::vector<float>(host.begin() + range.begin, host.begin() + end);
     RETURN_IF_ERROR(CopyFromHost(targets[a], host));

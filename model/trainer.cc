@@ -370,17 +370,27 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
                                const LossScaler& scaler, int step,
                                const std::map<std::string, std::string>& extra,
                                CheckpointFileInfo* info) {
-  CheckpointData d;
   // A checkpoint holds the tied table once: the first stage's, not a last stage's copy
   // (the first elements of its buffers), which loads from it.
-  const int64_t skip = stage.embedding_copy_numel();
+  return SaveTrainingState(path, c, stage.layout(), stage.begin(), stage.end(),
+                           stage.embedding_copy_numel(), stage.params().flat(), optimizer_state,
+                           scaler, step, extra, info);
+}
+
+absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c,
+                               const ParamLayout& layout, int begin, int end, int64_t skip,
+                               const Tensor& params, const std::vector<Tensor>& optimizer_state,
+                               const LossScaler& scaler, int step,
+                               const std::map<std::string, std::string>& extra,
+                               CheckpointFileInfo* info) {
+  CheckpointData d;
   auto add = [&](const std::string& name, const Tensor& t) -> absl::Status {
     ASSIGN_OR_RETURN(std::vector<float> v, t.ToFloatVector());
     v.erase(v.begin(), v.begin() + skip);
     d.arrays.emplace_back(name, std::move(v));
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(add("params", stage.params().flat()));
+  RETURN_IF_ERROR(add("params", params));
   for (size_t i = 0; i < optimizer_state.size(); ++i) {
     RETURN_IF_ERROR(add(absl::StrCat("optimizer.", i), optimizer_state[i]));
   }
@@ -390,8 +400,8 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
   if (c.data_vocab > 0 && c.data_vocab < c.model.vocab) {
     d.meta["data_vocab"] = absl::StrCat(c.data_vocab);
   }
-  d.meta["blocks"] = absl::StrCat(stage.begin(), "-", stage.end());
-  d.meta["layout"] = FormatShardLayout(stage.layout(), skip);
+  d.meta["blocks"] = absl::StrCat(begin, "-", end);
+  d.meta["layout"] = FormatShardLayout(layout, skip);
   d.meta["optimizer"] = c.optimizer.kind;
   d.meta["step"] = absl::StrCat(step);
   d.meta["seed"] = absl::StrCat(c.seed);

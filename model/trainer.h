@@ -198,6 +198,15 @@ absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c, co
                                const LossScaler& scaler, int step,
                                const std::map<std::string, std::string>& extra = {},
                                CheckpointFileInfo* info = nullptr);
+// The same from flat arrays laid out by `layout` (the stage's, or under tensor parallelism the
+// whole tensors' its ranks gathered): `params`, then the optimizer's state, for blocks
+// [begin, end), the first `skip` elements a last stage's copy of the tied table (left out).
+absl::Status SaveTrainingState(const std::string& path, const TrainConfig& c,
+                               const ParamLayout& layout, int begin, int end, int64_t skip,
+                               const Tensor& params, const std::vector<Tensor>& optimizer_state,
+                               const LossScaler& scaler, int step,
+                               const std::map<std::string, std::string>& extra,
+                               CheckpointFileInfo* info);
 // Loads what SaveTrainingState wrote, by parameter name, after checking it is of the same
 // model, optimizer and batch and holds every parameter of the stage; on any error nothing
 // is changed.

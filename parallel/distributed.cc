@@ -205,12 +205,8 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, t->layout_.ChunkRanges(t->stage_index_),
                                             c.train.device, c.train.seed, c.train.dtype, tp));
   t->norm_ranges_ = NormRanges(*t->stage_);
-  // --init-from: every rank takes its stage's parameters from the file, by name.
-  if (!c.train.init_from.empty() && grid.tensors > 1) {
-    return absl::InvalidArgumentError(
-        "--init-from with --tensor-parallel: tensor-parallel runs do not read a model file "
-        "yet; use --tensor-parallel=1");
-  }
+  // --init-from: every rank takes its stage's parameters (its parts of them) from the file,
+  // by name.
   if (!c.train.init_from.empty()) {
     RETURN_IF_ERROR(InitFromSafetensors(c.train.init_from, *t->stage_));
   }

@@ -263,6 +263,11 @@ class DistributedTrainer {
   // The optimizer's state for the whole stage: its own, or under ZeRO-1 gathered from the
   // shards (collective among the stage's data-parallel ranks).
   absl::StatusOr<std::vector<Tensor>> GatherOptimizerState();
+  // Under tensor parallelism: the whole tensors of the stage's flat `arrays` (its parameters,
+  // then the optimizer's state), each rank's parts gathered over the tensor-parallel group and
+  // put in their places, on the host, laid out by `*whole` (collective over the group).
+  absl::StatusOr<std::vector<Tensor>> GatherTensorParallel(const std::vector<Tensor>& arrays,
+                                                           std::unique_ptr<ParamLayout>* whole);
 
   ParallelConfig c_;
   Communicator* comm_;  // the job's

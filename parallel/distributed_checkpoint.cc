@@ -23,12 +23,6 @@ namespace {
 // default timeout of torch.distributed's process groups.
 constexpr absl::Duration kCheckpointWriteTimeout = absl::Minutes(30);
 
-absl::Status TensorParallelCheckpointsRefused() {
-  return absl::UnimplementedError(
-      "checkpoints of tensor-parallel runs are not written or read yet: train with "
-      "--tensor-parallel=1 to checkpoint");
-}
-
 }  // namespace
 
 std::string DistributedTrainer::ShardName(const std::string& prefix, int stage) const {
@@ -62,8 +56,38 @@ absl::StatusOr<std::vector<Tensor>> DistributedTrainer::GatherOptimizerState() {
   return state;
 }
 
+absl::StatusOr<std::vector<Tensor>> DistributedTrainer::GatherTensorParallel(
+    const std::vector<Tensor>& arrays, std::unique_ptr<ParamLayout>* whole) {
+  const ParamLayout& mine = stage_->layout();
+  const int T = layout_.grid.tensors;
+  std::vector<ParamSpec> specs;
+  for (const ParamEntry& e : mine.entries()) specs.push_back(WholeSpec(e.spec));
+  *whole = std::make_unique<ParamLayout>(specs);
+  std::vector<Tensor> out;
+  for (const Tensor& a : arrays) {
+    ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({T * a.numel()}, DType::kF32, a.device()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Work> w, groups_.tp->AllGather(all, a));
+    RETURN_IF_ERROR(Wait(*w, "the tensor-parallel parts of the checkpoint",
+                         kCheckpointWriteTimeout));
+    ASSIGN_OR_RETURN(std::vector<float> parts, all.ToFloatVector());
+    std::vector<float> host((*whole)->numel());
+    for (size_t i = 0; i < mine.entries().size(); ++i) {
+      const ParamEntry& e = mine.entries()[i];
+      float* dst = host.data() + (*whole)->entries()[i].offset;
+      // A replicated parameter is the same on every rank: the first rank's.
+      for (int r = 0; r < (e.spec.shard.split() ? T : 1); ++r) {
+        ParamSpec part = e.spec;
+        part.shard.index = r;
+        InsertShard(part, parts.data() + r * a.numel() + e.offset, dst);
+      }
+    }
+    ASSIGN_OR_RETURN(Tensor t, Tensor::FromVector(host, {(*whole)->numel()}));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
-  if (tensor_group_ != nullptr) return TensorParallelCheckpointsRefused();
   if (!pending_.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "checkpoint at step %d with %d steps not read: Read() them first (their losses decide "
@@ -75,23 +99,44 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
   ExpectedHostSync checkpoint;
   const int rank = comm_->rank(), world = comm_->world_size();
   // One file per stage, written by its first replica: the replicas' weights are the same.
-  // A checkpoint holds the whole optimizer state whatever the sharding (ZeRO-1 gathers it).
-  const bool writes = replica_ == 0;
+  // A checkpoint holds the whole optimizer state whatever the sharding (ZeRO-1 gathers it),
+  // and whole tensors (tensor parallelism gathers them to the group's first rank).
+  const bool writes = replica_ == 0 && tensor_ == 0;
   const std::string prefix = CheckpointPrefixFor(dir, step_);
   const std::string path = ShardName(prefix, stage_index_);
   absl::Status saved = absl::OkStatus();
   CheckpointFileInfo info;
   absl::StatusOr<std::vector<Tensor>> state = GatherOptimizerState();
   if (!state.ok()) saved = state.status();
+  // The arrays the file holds: the stage's, or under tensor parallelism the whole tensors.
+  std::vector<Tensor> arrays = {stage_->params().flat()};
+  if (saved.ok()) arrays.insert(arrays.end(), state->begin(), state->end());
+  const ParamLayout* layout = &stage_->layout();
+  int64_t skip = stage_->embedding_copy_numel();
+  std::unique_ptr<ParamLayout> whole;
+  if (tensor_group_ != nullptr && saved.ok()) {
+    absl::StatusOr<std::vector<Tensor>> gathered = GatherTensorParallel(arrays, &whole);
+    if (gathered.ok()) {
+      arrays = std::move(*gathered);
+      layout = whole.get();
+      if (skip > 0) skip = whole->entries().front().spec.shape.numel();
+    } else {
+      saved = gathered.status();
+    }
+  }
   if (writes && saved.ok()) {
     const std::map<std::string, std::string> extra = {
         {"strategy", StrategyName(c_.strategy)},
         {"world_size", absl::StrCat(world)},
         {"data_parallel", absl::StrCat(layout_.grid.replicas)},
+        {"tensor_parallel", absl::StrCat(layout_.grid.tensors)},
         {"zero", absl::StrCat(c_.zero)},
         {"rank", absl::StrCat(rank)},
         {"stage", absl::StrCat(stage_index_)}};
-    saved = SaveTrainingState(path, c_.train, *stage_, *state, scaler_, step_, extra, &info);
+    const std::vector<Tensor> optimizer_state(arrays.begin() + 1, arrays.end());
+    const auto [begin, end] = layout_.BlockRange(stage_index_);
+    saved = SaveTrainingState(path, c_.train, *layout, begin, end, skip, arrays[0],
+                              optimizer_state, scaler_, step_, extra, &info);
   }
   // Every rank's outcome, size and checksum: {state (1 written, 0 none, -1 failed),
   // bytes low, bytes high, checksum low, checksum high} as 32-bit integers.
@@ -152,7 +197,6 @@ absl::Status DistributedTrainer::SaveCheckpoint(const std::string& dir) {
 }
 
 absl::Status DistributedTrainer::LoadCheckpoint(const std::string& prefix) {
-  if (tensor_group_ != nullptr) return TensorParallelCheckpointsRefused();
   if (!pending_.empty()) {
     return absl::FailedPreconditionError("checkpoint loaded with steps not read: Read() first");
   }

@@ -3,10 +3,13 @@
 // losses within 1e-5 relative and every rank's part of each weight within the parity
 // tolerance of the same part of one worker's: T over every rank (data strategy), T=2 beside
 // data parallelism and beside a pipeline (1F1B and ZB-H1), tied embeddings, recompute, the
-// validation loss, and on 8 ranks T=2 x D=2 x K=2 with ZeRO-1. And one stage's forward and
+// validation loss, resumes across T (checkpoints hold whole tensors), and on 8 ranks
+// T=2 x D=2 x K=2 with ZeRO-1. And one stage's forward and
 // backward against the whole model's, which a dropped collective or a skipped max breaks.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +105,47 @@ TEST(TensorParallelTest, EveryAxisWithZeroOne) {
   pc.data_parallel = 2;
   pc.zero = 1;
   Check(pc, "T=2 x D=2 x K=2 1f1b zero=1");
+}
+
+// Checkpoints hold whole tensors: a T=2 x K=2 run resumes as one worker, and one worker's
+// checkpoint as T over every rank, each with the losses and weights of one worker's
+// uninterrupted run (within the parity tolerance: the reductions' order changes with T).
+TEST(TensorParallelTest, ResumeAcrossTensorParallelism) {
+  const int world = comm->world_size();
+  if (world != 4) GTEST_SKIP() << "T=2 x K=2 and T=4 take 4 ranks";
+  ParallelConfig one = Layout(1, StrategyKind::kData, 1);
+  ParallelConfig t2k2 = Layout(2, StrategyKind::kPipeline, 4);
+  t2k2.schedule = "1f1b";
+  ParallelConfig t4 = Layout(4, StrategyKind::kData, 1);
+  t4.data_parallel = world;  // over every rank (CheckResume's convention)
+  CheckResume(t2k2, one, comm, kWeightTolerance, "T=2 x K=2 into one worker");
+  CheckResume(one, t4, comm, kWeightTolerance, "one worker into T=4");
+  ParallelConfig tied = t2k2;
+  tied.train.model.tie_embeddings = true;
+  ParallelConfig tied_one = one;
+  tied_one.train.model.tie_embeddings = true;
+  CheckResume(tied, tied_one, comm, kWeightTolerance, "tied T=2 x K=2 into one worker");
+}
+
+// Stopped and resumed in the same layout, a run gives the losses of one never stopped, bit for
+// bit: the checkpoint's whole tensors cut again into the same parts, the same reductions.
+TEST(TensorParallelTest, ResumeInTheSameLayoutIsBitwise) {
+  if (comm->world_size() != 4) GTEST_SKIP() << "T=2 x D=2 with ZeRO-1 takes 4 ranks";
+  ParallelConfig pc = Layout(2, StrategyKind::kData, 2);
+  pc.zero = 1;
+  const Trained whole = TrainDistributed(pc, comm, kSteps);
+  const std::string save = absl::StrFormat("%s/same-layout", std::getenv("TEST_TMPDIR"));
+  if (comm->rank() == 0) std::filesystem::create_directories(save);
+  auto barrier = comm->Barrier();
+  ASSERT_TRUE(barrier.ok() && (*barrier)->Wait(absl::Minutes(2)).ok());
+  TrainDistributed(pc, comm, kSteps / 2, "", save);
+  const Trained resumed = TrainDistributed(
+      pc, comm, kSteps / 2, absl::StrFormat("%s/step-%06d", save, kSteps / 2));
+  ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(kSteps / 2));
+  for (int i = 0; i < kSteps / 2; ++i) {
+    EXPECT_EQ(resumed.losses[i], whole.losses[kSteps / 2 + i]) << "step " << kSteps / 2 + i;
+  }
+  for (const auto& [name, values] : resumed.params) EXPECT_EQ(values, whole.params.at(name)) << name;
 }
 
 // ---- one stage against the whole model --------------------------------------------------------

@@ -102,6 +102,7 @@ RankTotals Totals(int rank, const std::vector<StepRecord>& steps) {
     t.comm_seconds += s.comm;
     t.step_seconds += s.seconds;
     t.exposed_comm_seconds += s.exposed_comm;
+    t.tensor_comm_seconds += s.tensor_comm;
     t.bubble_seconds += s.bubble;
     t.optimizer_seconds += s.optimizer;
     t.comm_bytes += s.comm_bytes;
@@ -279,6 +280,7 @@ std::string RunJson(const RunRecord& r) {
   const ProcessGrid grid = c.Grid();
   j["replicas"] = grid.replicas;
   j["stages"] = grid.stages;
+  j["tensors"] = grid.tensors;
   j["micro_batches"] = c.EffectiveMicroBatches();
   j["exit"] = r.exit;
   if (r.failed_rank >= 0) j["failed_rank"] = r.failed_rank;
@@ -340,10 +342,12 @@ std::string RunJson(const RunRecord& r) {
         k["hidden_communication_share"] = JsonNumber(t.hidden_comm_share());
       }
       k["exposed_communication_seconds"] = JsonNumber(t.exposed_comm_seconds);
+      k["tensor_parallel_wait_seconds"] = JsonNumber(t.tensor_comm_seconds);
       k["bubble_seconds"] = JsonNumber(t.bubble_seconds);
       k["bubble_fraction"] = JsonNumber(t.bubble_fraction());
       k["busy_seconds"] = JsonNumber(t.compute_seconds + t.optimizer_seconds);
-      k["idle_seconds"] = JsonNumber(t.exposed_comm_seconds + t.bubble_seconds);
+      k["idle_seconds"] =
+          JsonNumber(t.exposed_comm_seconds + t.tensor_comm_seconds + t.bubble_seconds);
     }
     k["peak_activation_bytes"] = t.peak_activation_bytes;
     k["peak_micro_batches_in_flight"] = t.peak_in_flight;
@@ -389,6 +393,16 @@ std::string SummaryTable(const RunRecord& r) {
         MeanBubbleFraction(totals),
         v > 1 ? "interleaved (K-1)/(vM+K-1)" : "GPipe's (K-1)/(M+K-1)",
         GpipeBubbleFraction(grid.stages, v * r.job.EffectiveMicroBatches()));
+  }
+  if (grid.tensors > 1 && !totals.empty()) {
+    // The blocks' all-reduces over each stage's tensor-parallel group, not in compute s.
+    double wait = 0, step = 0;
+    for (const RankTotals& t : totals) {
+      wait += t.tensor_comm_seconds;
+      step += t.step_seconds;
+    }
+    absl::StrAppendFormat(&out, "tp wait     %.3f s a rank, %.3f of its step time (T=%d)\n",
+                          wait / totals.size(), step > 0 ? wait / step : 0.0, grid.tensors);
   }
   const std::vector<StepRecord>* rank0 = r.ranks.empty() ? nullptr : &r.ranks[0];
   const int64_t tokens_per_step = int64_t{r.job.batch} * r.seq_len;

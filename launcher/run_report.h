@@ -59,6 +59,7 @@ struct RankTotals {
   double compute_seconds = 0;
   double comm_seconds = 0;  // the communicator's busy time
   double exposed_comm_seconds = 0;
+  double tensor_comm_seconds = 0;  // waiting for tensor-parallel collectives
   double bubble_seconds = 0;
   double optimizer_seconds = 0;
   double step_seconds = 0;
@@ -73,11 +74,11 @@ struct RankTotals {
   // The median over the steps of the host synchronizations in a step: 1 when the loss is
   // read every step (--log-every=1), 0 when it is read less often.
   double host_syncs_per_step = 0;
-  // Share of communication time hidden behind compute (1 - exposed / busy); -1 when the
-  // busy time is not measured.
+  // Share of communication time hidden behind compute (1 - waited / busy, the waits for
+  // tensor-parallel collectives counted); -1 when the busy time is not measured.
   double hidden_comm_share() const {
     if (comm_seconds <= 0) return -1;
-    return std::max(0.0, 1.0 - exposed_comm_seconds / comm_seconds);
+    return std::max(0.0, 1.0 - (exposed_comm_seconds + tensor_comm_seconds) / comm_seconds);
   }
   // Pipeline bubble: the share of the step's pipeline (all but the gradient norm and the
   // optimizer step) spent waiting on another stage, as SimulateSchedule's bubble counts it.

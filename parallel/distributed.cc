@@ -25,7 +25,8 @@ namespace {
 // Where each phase of a step (parallel/step_phases.h) goes in the trace and in StepTiming.
 const char* TraceCategory(int phase) {
   switch (phase) {
-    case kCompute: return "compute";
+    case kCompute:
+    case kComputePart: return "compute";
     case kOptimizer: return "optimizer";
     default: return "idle";
   }
@@ -33,7 +34,9 @@ const char* TraceCategory(int phase) {
 
 void AddPhase(const StreamTimeline::Phase& p, StepTiming* t) {
   switch (p.kind) {
-    case kCompute: t->compute_seconds += p.seconds; break;
+    case kCompute:
+    case kComputePart: t->compute_seconds += p.seconds; break;
+    case kTensorComm: t->tensor_comm_seconds += p.seconds; break;
     case kExposedComm: t->exposed_comm_seconds += p.seconds; break;
     case kBubble: t->bubble_seconds += p.seconds; break;
     case kOptimizer: t->optimizer_seconds += p.seconds; break;
@@ -380,6 +383,7 @@ absl::Status DistributedTrainer::BeginStep(Stream& s, Pending* p, StepValues* v)
   sync_.StartStep();
   ASSIGN_OR_RETURN(StreamTimeline timeline, StreamTimeline::Start(s));
   p->timeline = std::make_unique<StreamTimeline>(std::move(timeline));
+  if (tensor_group_ != nullptr) tensor_group_->set_timeline(p->timeline.get());
   stage_->ResetPeakInFlight();
   // [0]: this rank's summed token losses, [1]: its share of the squared gradient norm,
   // [2]: 1 if this rank asks to stop after this step (summed: any rank's wish counts),
@@ -478,6 +482,7 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   for (Communicator* c : Comms()) p.last_sequences.push_back(c->last_issued_sequence());
   p.timing.last_sequence = comm_->last_issued_sequence();
   if (tensor_group_ != nullptr) {
+    tensor_group_->set_timeline(nullptr);  // an evaluation's collectives are not the step's
     p.timing.comm_bytes += tensor_group_->bytes() - tensor_bytes_;
     tensor_bytes_ = tensor_group_->bytes();
   }
@@ -582,7 +587,10 @@ absl::Status DistributedTrainer::ReadPending() {
     StepTiming::ActionTimes times;  // the next compute action's
     for (const StreamTimeline::Phase& phase : phases) {
       AddPhase(phase, &done.timing);
-      if (phase.kind == kInput) input += phase.seconds;
+      // A compute action's parts before and during its tensor-parallel collectives are its own.
+      if (phase.kind == kInput || phase.kind == kComputePart || phase.kind == kTensorComm) {
+        input += phase.seconds;
+      }
       if (phase.kind == kBubble && phase.micro_batch >= 0) {  // its receive's wait
         times.wait_us = phase.start_us;
         times.resumed_us = phase.start_us + phase.seconds * 1e6;

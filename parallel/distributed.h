@@ -95,6 +95,9 @@ struct StepTiming {
   double compute_seconds = 0;        // forward and backward
   double comm_seconds = 0;           // the communicator's busy time on the step's operations
   double exposed_comm_seconds = 0;   // the stream waiting for gradient or loss reductions
+  // Tensor parallelism: the stream waiting for the blocks' collectives over the group, on the
+  // critical path of every layer (not in compute_seconds, nor in exposed_comm_seconds).
+  double tensor_comm_seconds = 0;
   // Pipeline: waiting on another stage (for an activation or gradient, for a send to be
   // taken, or at the step's end for the last stage to finish).
   double bubble_seconds = 0;

@@ -42,6 +42,7 @@ std::string MetricsLine(const StepRecord& r) {
     j["compute"] = seconds(r.compute);
     j["comm"] = seconds(r.comm);
     j["exposed_comm"] = seconds(r.exposed_comm);
+    if (r.tensor_comm > 0) j["tensor_comm"] = seconds(r.tensor_comm);
     j["bubble"] = seconds(r.bubble);
     j["optimizer"] = seconds(r.optimizer);
     j["input"] = seconds(r.input);
@@ -101,6 +102,7 @@ absl::StatusOr<StepRecord> ParseMetricsLine(absl::string_view line) {
   r.compute = get("compute");
   r.comm = get("comm");
   r.exposed_comm = get("exposed_comm");
+  r.tensor_comm = get("tensor_comm");
   r.bubble = get("bubble");
   r.optimizer = get("optimizer");
   r.input = get("input");

@@ -37,6 +37,7 @@ struct StepRecord {
   double compute = 0;       // forward and backward
   double comm = 0;          // the communicator's busy time on the step's operations
   double exposed_comm = 0;  // waiting for communication
+  double tensor_comm = 0;   // waiting for tensor-parallel collectives (0 without)
   double bubble = 0;        // pipeline: waiting on another stage (StepTiming::bubble_seconds)
   double optimizer = 0;
   double input = 0;         // waiting for a micro-batch's copy to the device

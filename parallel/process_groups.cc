@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "parallel/step_phases.h"
 #include "runtime/status.h"
 
 namespace tandem {
@@ -79,8 +80,11 @@ absl::Status CommTensorGroup::AllReduce(Stream& s, const Tensor& t, ReduceOp op,
                                         const char* what) {
   AllReduceOptions options;
   options.op = op;
+  absl::Status st =
+      timeline_ != nullptr ? timeline_->Mark(kComputePart, "compute") : absl::OkStatus();
   absl::StatusOr<std::unique_ptr<Work>> w = comm_->AllReduce(t, options);
-  absl::Status st = w.ok() ? (*w)->WaitOn(s, timeout_) : w.status();
+  if (st.ok()) st = w.ok() ? (*w)->WaitOn(s, timeout_) : w.status();
+  if (st.ok() && timeline_ != nullptr) st = timeline_->Mark(kTensorComm, what);
   if (!st.ok()) {
     return absl::Status(st.code(),
                         absl::StrFormat("%s, waiting for %s: %s", where_, what, st.message()));

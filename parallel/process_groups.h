@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "model/tensor_parallel.h"
+#include "runtime/timeline.h"
 #include "parallel/layout.h"
 
 namespace tandem {
@@ -53,6 +54,9 @@ class CommTensorGroup : public TensorGroup {
   absl::Status AllReduceSum(Stream& s, const Tensor& t, const char* what) override;
   absl::Status AllReduceMax(Stream& s, const Tensor& t, const char* what) override;
   int64_t bytes() const { return bytes_; }
+  // Where a step's collectives mark their waits (kComputePart before each, kTensorComm after
+  // the stream's wait, parallel/step_phases.h); null: not marked.
+  void set_timeline(StreamTimeline* timeline) { timeline_ = timeline; }
 
  private:
   absl::Status AllReduce(Stream& s, const Tensor& t, ReduceOp op, const char* what);
@@ -60,6 +64,7 @@ class CommTensorGroup : public TensorGroup {
   absl::Duration timeout_;
   std::string where_;
   int64_t bytes_ = 0;
+  StreamTimeline* timeline_ = nullptr;
 };
 
 }  // namespace tandem

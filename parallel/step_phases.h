@@ -11,6 +11,11 @@ enum StepPhase {
   kBubble,       // pipeline: waiting on another stage
   kOptimizer,    // gradient norm, clipping and the update
   kInput,        // waiting for a micro-batch's copy to the device
+  // Tensor parallelism, inside a compute action: its compute up to one of the blocks'
+  // collectives (the action's next kCompute mark ends the rest), and the stream waiting for
+  // that collective.
+  kComputePart,
+  kTensorComm,
 };
 
 }  // namespace tandem

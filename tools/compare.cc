@@ -264,6 +264,33 @@ std::vector<Run> Runs(int gpus) {
                       absl::StrFormat("%d replicas x %d-stage %s", d, k, s.label), f});
     }
   }
+  // Tensor parallelism within a node (T a power of two up to 8 dividing the workers): over
+  // T ranks beside data parallelism over the rest, and T=2 beside a 1F1B pipeline (with
+  // replicas where the workers leave room). A model whose heads T does not divide is refused
+  // by the launcher's check, and the report says so.
+  for (int t = 2; t <= std::min(gpus, 8); t *= 2) {
+    if (gpus % t != 0) continue;
+    const std::string tp = absl::StrCat("--tensor-parallel=", t);
+    runs.push_back({absl::StrFormat("tp%d", t),
+                    t == gpus ? absl::StrFormat("tensor parallel T=%d", t)
+                              : absl::StrFormat("tensor parallel T=%d x %d replicas", t, gpus / t),
+                    {"--strategy=data", tp, n}});
+  }
+  if (gpus % 4 == 0) {
+    for (int d = 1; d * 4 <= gpus && d <= 2; ++d) {
+      if (gpus % (2 * d) != 0) continue;
+      const int k = gpus / (2 * d);
+      std::vector<std::string> f = flags("1f1b");
+      f.push_back("--tensor-parallel=2");
+      if (d > 1) f.push_back(absl::StrCat("--data-parallel=", d));
+      f.push_back(n);
+      runs.push_back({absl::StrFormat("tp2d%dk%d-1f1b", d, k),
+                      d == 1 ? absl::StrFormat("tensor parallel T=2 x %d-stage 1F1B", k)
+                             : absl::StrFormat("tensor parallel T=2 x %d replicas x %d-stage 1F1B",
+                                               d, k),
+                      f});
+    }
+  }
   return runs;
 }
 

@@ -120,9 +120,12 @@ timeout 500 "$compare" --gpus=4 "${small[@]}" --out="$tmp/four" >"$tmp/four.txt"
 rc=$?
 cat "$tmp/four.txt"
 [ "$rc" -eq 0 ] || fail "--gpus=4: exit $rc, not 0"
-# 11 runs: interleaved on 4 stages needs 8 blocks and is refused in its one line; 2 x 2
-# interleaved runs (4 chunks of one block).
-[ "$(grep -c '"ran": true' "$tmp/four/report.json")" -eq 11 ] || fail "not 11 runs in report.json"
+# 13 runs: interleaved on 4 stages needs 8 blocks and is refused in its one line; 2 x 2
+# interleaved runs (4 chunks of one block); tensor parallelism over 4 ranks needs 4 heads (the
+# model has 2) and is refused, over 2 it runs beside 2 replicas and beside 2 stages.
+[ "$(grep -c '"ran": true' "$tmp/four/report.json")" -eq 13 ] || fail "not 13 runs in report.json"
+grep -qE "\] tensor parallel T=4 +would not start: --tensor-parallel=4 does not divide the attention heads" \
+  "$tmp/four.txt" || fail "--gpus=4: tensor parallel T=4 not reported as refused for the heads"
 grep -qE "\] pipeline interleaved v=2 +would not start: 4 stages x 2 virtual stages need 8 model chunks" \
   "$tmp/four.txt" || fail "--gpus=4: 4-stage interleaved not reported as refused"
 # The results table's rows by their first cell; the columns found by the header's names.
@@ -144,6 +147,8 @@ awk -F' *[|] *' '
     want["2 replicas x 2-stage 1F1B"] = "2 x 2"
     want["2 replicas x 2-stage ZB-H1"] = "2 x 2"
     want["2 replicas x 2-stage interleaved v=2"] = "2 x 2"
+    want["tensor parallel T=2 x 2 replicas"] = "T=2, 2 x 1"
+    want["tensor parallel T=2 x 2-stage 1F1B"] = "T=2, 1 x 2"
     bad = 0
     for (label in want) {
       if (!(label in row)) { print "no row for " label; bad = 1; continue }

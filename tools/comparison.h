@@ -77,6 +77,7 @@ struct RankFigures {
   double step_seconds = 0;
   double compute_seconds = 0;
   double exposed_comm_seconds = 0;
+  double tensor_comm_seconds = 0;  // waiting for tensor-parallel collectives
   double bubble_seconds = 0;
   double optimizer_seconds = 0;
   double other_seconds = 0;  // the rest of the step: data loading, bookkeeping
@@ -97,6 +98,7 @@ struct Figures {
   int workers = 0;
   int replicas = 1;  // D
   int stages = 1;    // K
+  int tensors = 1;   // T
   int zero = 0;      // 1: ZeRO-1
   int micro_batches = 1;
   int steps = 0;              // completed
@@ -107,6 +109,7 @@ struct Figures {
   double efficiency = 0;       // speed-up / workers
   double compute_seconds = 0;  // per step, mean over ranks
   double exposed_comm_seconds = 0;
+  double tensor_comm_seconds = 0;
   double bubble_seconds = 0;
   int64_t peak_bytes = 0;        // the largest rank's
   int64_t activation_bytes = 0;  // the largest rank's
@@ -123,7 +126,8 @@ struct Figures {
 // The figures of `e` against `baseline` (nullptr, or not ran: speed-up and deviation unset).
 Figures ComputeFigures(const Entry& e, const Entry* baseline);
 
-// "2 x 2" (D replicas x K stages), "4 x 1, ZeRO-1"; "-" for a run that did not run.
+// "2 x 2" (D replicas x K stages), "4 x 1, ZeRO-1", with tensor parallelism "T=2, 2 x 1"; "-"
+// for a run that did not run.
 std::string Layout(const Figures& f);
 
 // Fills each strategy's recommendation and returns the report's summary lines: the fastest,

@@ -116,6 +116,7 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
   f.workers = run.workers;
   f.replicas = run.grid.replicas;
   f.stages = run.grid.stages;
+  f.tensors = run.grid.tensors;
   f.zero = run.zero;
   f.micro_batches = run.micro_batches;
   f.steps = run.ranks.empty() ? 0 : static_cast<int>(run.ranks[0].size());
@@ -139,12 +140,13 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
       rf.step_seconds += steps[i].seconds / n;
       rf.compute_seconds += steps[i].compute / n;
       rf.exposed_comm_seconds += steps[i].exposed_comm / n;
+      rf.tensor_comm_seconds += steps[i].tensor_comm / n;
       rf.bubble_seconds += steps[i].bubble / n;
       rf.optimizer_seconds += steps[i].optimizer / n;
     }
     rf.other_seconds =
         std::max(0.0, rf.step_seconds - rf.compute_seconds - rf.exposed_comm_seconds -
-                          rf.bubble_seconds - rf.optimizer_seconds);
+                          rf.tensor_comm_seconds - rf.bubble_seconds - rf.optimizer_seconds);
     for (const StepMetrics& s : steps) rf.peak_bytes = std::max(rf.peak_bytes, s.peak_bytes);
     if (!steps.empty()) {
       rf.param_bytes = steps.back().param_bytes;
@@ -156,6 +158,7 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
         std::max<int64_t>(0, rf.peak_bytes - rf.param_bytes - rf.grad_bytes - rf.optimizer_bytes);
     f.compute_seconds += rf.compute_seconds / run.ranks.size();
     f.exposed_comm_seconds += rf.exposed_comm_seconds / run.ranks.size();
+    f.tensor_comm_seconds += rf.tensor_comm_seconds / run.ranks.size();
     f.bubble_seconds += rf.bubble_seconds / run.ranks.size();
     f.peak_bytes = std::max(f.peak_bytes, rf.peak_bytes);
     f.activation_bytes = std::max(f.activation_bytes, rf.activation_bytes);
@@ -189,7 +192,8 @@ Figures ComputeFigures(const Entry& e, const Entry* baseline) {
 
 std::string Layout(const Figures& f) {
   if (!f.ran) return "-";
-  return absl::StrFormat("%d x %d%s", f.replicas, f.stages, f.zero == 1 ? ", ZeRO-1" : "");
+  return absl::StrFormat("%s%d x %d%s", f.tensors > 1 ? absl::StrFormat("T=%d, ", f.tensors) : "",
+                         f.replicas, f.stages, f.zero == 1 ? ", ZeRO-1" : "");
 }
 
 namespace {
@@ -233,7 +237,8 @@ Standing RankRuns(const std::vector<Figures>& all) {
 }
 
 bool SameLayout(const Figures& a, const Figures& b) {
-  return a.strategy == b.strategy && a.replicas == b.replicas && a.stages == b.stages;
+  return a.strategy == b.strategy && a.replicas == b.replicas && a.stages == b.stages &&
+         a.tensors == b.tensors;
 }
 
 // The verdict on `f` against the fastest run, and its reason.
@@ -501,6 +506,15 @@ int TimelineStep(const RunData& run) {
 
 std::string TimelineCaption(const RunData& run) {
   const ProcessGrid& grid = run.grid;
+  if (grid.tensors > 1) {
+    return absl::StrFormat(
+        "Tensor parallelism over %d neighbouring ranks (%d replica%s x %d stage%s); rows are "
+        "rank (replica, tensor rank, stage). Each layer's forward and backward all-reduce their "
+        "partial outputs and input gradients over the tensor-parallel group, inside the compute "
+        "spans (the stream waits for them between matmuls).",
+        grid.tensors, grid.replicas, grid.replicas == 1 ? "" : "s", grid.stages,
+        grid.stages == 1 ? "" : "s");
+  }
   const bool zero = run.zero == 1;
   // ZeRO-1 reduce-scatters the gradients (each rank keeps its shard's), then all-gathers the
   // parameters each rank updated.
@@ -618,9 +632,13 @@ absl::StatusOr<GanttSpec> StepTimeline(const RunData& run, int step, const std::
   for (size_t r = 0; r < run.traces.size(); ++r) {
     const launcher::RankTrace& t = run.traces[r];
     const Window& w = windows[r];
-    g.rows.push_back(run.grid.hybrid()
-                         ? absl::StrFormat("rank %d (%d, %d)", t.rank, run.grid.ReplicaOf(t.rank),
-                                           run.grid.StageOf(t.rank))
+    const ProcessGrid& grid = run.grid;
+    g.rows.push_back(grid.tensors > 1
+                         ? absl::StrFormat("rank %d (%d, %d, %d)", t.rank, grid.ReplicaOf(t.rank),
+                                           grid.TensorOf(t.rank), grid.StageOf(t.rank))
+                     : grid.hybrid()
+                         ? absl::StrFormat("rank %d (%d, %d)", t.rank, grid.ReplicaOf(t.rank),
+                                           grid.StageOf(t.rank))
                          : absl::StrCat("rank ", t.rank));
     for (const TraceEvent& e : t.events) {
       const double s = e.start_us, end = e.start_us + e.duration_us;

@@ -42,10 +42,12 @@ absl::Status ReadGrid(const Json& run, RunData* d) {
   const int fallback = d->strategy == "data" ? d->workers : d->data_parallel;
   d->grid.replicas = static_cast<int>(NumberOr(run, "replicas", fallback));
   d->grid.stages = static_cast<int>(NumberOr(run, "stages", d->workers / std::max(1, fallback)));
-  if (d->grid.replicas < 1 || d->grid.stages < 1 || d->grid.ranks() != d->workers) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s/run.json: %d replicas x %d stages is not its %d workers", d->dir,
-                        d->grid.replicas, d->grid.stages, d->workers));
+  d->grid.tensors = static_cast<int>(NumberOr(run, "tensors", 1));
+  if (d->grid.replicas < 1 || d->grid.stages < 1 || d->grid.tensors < 1 ||
+      d->grid.ranks() != d->workers) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s/run.json: %d tensor ranks x %d replicas x %d stages is not its %d workers", d->dir,
+        d->grid.tensors, d->grid.replicas, d->grid.stages, d->workers));
   }
   return absl::OkStatus();
 }

@@ -98,7 +98,9 @@ constexpr char kMeasured[] =
     "gradients and of the loss; pipeline bubble = waiting for a neighbouring stage's "
     "activations or gradients) and the profiler's trace events, which the timelines draw "
     "unchanged. Tokens/s = global batch x sequence length / step time, the step time being "
-    "the slowest rank's. Speed-up = tokens/s / the one-worker baseline's; scaling efficiency = "
+    "the slowest rank's. Tensor-parallel wait: the stream waiting for the all-reduces of "
+    "tensor parallelism's layers, on every layer's critical path. Speed-up = tokens/s / the "
+    "one-worker baseline's; scaling efficiency = "
     "speed-up / workers. Memory per rank: the allocator's peak; parameters, gradients and "
     "optimizer state as the worker counts them; activations (with workspace) = peak - those "
     "three. The step's last wait, for the all-reduce of the loss, counts as exposed "
@@ -112,16 +114,18 @@ constexpr char kResultsNote[] =
     "communication and bubble are means over the ranks; the tables below give each rank. "
     "Layout: D data-parallel replicas x K pipeline stages (data parallel is D x 1, model "
     "parallel and a pipeline 1 x K; a rank's place is (replica, stage), rank = stage x D + "
-    "replica); ZeRO-1 shards the optimizer state over the D replicas. Optimizer state: the "
+    "replica), with tensor parallelism (T=2, ...) each stage's blocks split over T neighbouring ranks "
+    "(rank = (stage x D + replica) x T + tensor rank); ZeRO-1 shards the optimizer state over "
+    "the D replicas. Optimizer state: the "
     "bytes the largest rank keeps, as each run measured it.";
 
 std::string ResultsHeader() {
   return "| strategy | workers | layout (D x K) | micro-batches | tokens/s | speed-up | "
-         "scaling efficiency | step | compute | exposed comm | bubble | peak memory (largest "
-         "rank) | optimizer state (largest rank) | final loss | max loss deviation | "
-         "recommendation |\n"
+         "scaling efficiency | step | compute | exposed comm | tensor-parallel wait | bubble | "
+         "peak memory (largest rank) | optimizer state (largest rank) | final loss | max loss "
+         "deviation | recommendation |\n"
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-         "---: | ---: | ---: | --- |\n";
+         "---: | ---: | ---: | ---: | --- |\n";
 }
 
 // The results table's cells between the strategy and the recommendation.
@@ -135,6 +139,7 @@ std::vector<std::string> ResultCells(const Figures& f) {
           Millis(f.step_seconds),
           Millis(f.compute_seconds),
           Millis(f.exposed_comm_seconds),
+          f.tensors > 1 ? Millis(f.tensor_comm_seconds) : "-",
           Millis(f.bubble_seconds),
           Bytes(f.peak_bytes),
           Bytes(f.optimizer_bytes),
@@ -298,6 +303,7 @@ std::string JsonReport(const Report& r) {
       s["step_variation"] = JsonNumber(f.step_variation);
       s["compute_seconds"] = JsonNumber(f.compute_seconds);
       s["exposed_comm_seconds"] = JsonNumber(f.exposed_comm_seconds);
+      s["tensor_parallel_wait_seconds"] = JsonNumber(f.tensor_comm_seconds);
       s["bubble_seconds"] = JsonNumber(f.bubble_seconds);
       s["peak_bytes"] = f.peak_bytes;
       s["activation_bytes"] = f.activation_bytes;
@@ -319,6 +325,7 @@ std::string JsonReport(const Report& r) {
                          {"step_seconds", JsonNumber(rf.step_seconds)},
                          {"compute_seconds", JsonNumber(rf.compute_seconds)},
                          {"exposed_comm_seconds", JsonNumber(rf.exposed_comm_seconds)},
+                         {"tensor_parallel_wait_seconds", JsonNumber(rf.tensor_comm_seconds)},
                          {"bubble_seconds", JsonNumber(rf.bubble_seconds)},
                          {"optimizer_seconds", JsonNumber(rf.optimizer_seconds)},
                          {"other_seconds", JsonNumber(rf.other_seconds)},
@@ -383,7 +390,7 @@ std::string HtmlReport(const Report& r) {
       "</ul>\n<h2>Results</h2>\n<table>\n<tr><th>strategy</th><th>workers</th>"
       "<th>layout (D x K)</th><th>micro-batches</th><th>tokens/s</th><th>speed-up</th>"
       "<th>scaling efficiency</th><th>step</th><th>compute</th><th>exposed comm</th>"
-      "<th>bubble</th><th>peak memory (largest rank)</th><th>optimizer state (largest "
+      "<th>tensor-parallel wait</th><th>bubble</th><th>peak memory (largest rank)</th><th>optimizer state (largest "
       "rank)</th><th>final loss</th><th>max loss deviation</th></tr>\n";
   // Each run's recommendation in a row of its own under its figures, as wide as the table.
   for (const Figures& f : r.figures) {

@@ -299,6 +299,7 @@ absl::Status AppendMetrics(const std::vector<CompletedStep>& done, const Allocat
     m.compute = t.compute_seconds;
     m.comm = t.comm_seconds;
     m.exposed_comm = t.exposed_comm_seconds;
+    m.tensor_comm = t.tensor_comm_seconds;
     m.bubble = t.bubble_seconds;
     m.optimizer = t.optimizer_seconds;
     m.input = t.input_seconds;

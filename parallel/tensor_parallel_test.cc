@@ -7,6 +7,8 @@
 // T=2 x D=2 x K=2 with ZeRO-1. And one stage's forward and
 // backward against the whole model's, which a dropped collective or a skipped max breaks.
 #include <algorithm>
+#include <cstdio>
+#include <utility>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +22,7 @@
 #include "model/stage.h"
 #include "parallel/parity_testing.h"
 #include "parallel/process_groups.h"
+#include "runtime/allocator.h"
 #include "runtime/ops.h"
 
 namespace tandem {
@@ -146,6 +149,41 @@ TEST(TensorParallelTest, ResumeInTheSameLayoutIsBitwise) {
     EXPECT_EQ(resumed.losses[i], whole.losses[kSteps / 2 + i]) << "step " << kSteps / 2 + i;
   }
   for (const auto& [name, values] : resumed.params) EXPECT_EQ(values, whole.params.at(name)) << name;
+}
+
+// The memory check's estimate against the allocator, on every tensor-parallel layout of this
+// world: each rank's parameters are its parts' (the estimate's bytes, exactly), and the peak of
+// the allocator's requested bytes over a second step (the first warms its cache), above what
+// was live before, is the estimate's activations and temporaries within 10% (and 4 KiB, for
+// the smallest stages). The layouts: T over every rank, T=2 x D=2 and T=2 x K=2 (1F1B).
+TEST(TensorParallelTest, MemoryEstimateIsTheAllocatorsPeak) {
+  const int world = comm->world_size();
+  std::vector<std::pair<std::string, ParallelConfig>> layouts;
+  if (world <= 4) layouts.push_back({"T over every rank", Layout(world, StrategyKind::kData, 1)});
+  if (world == 4) {
+    layouts.push_back({"T=2 x D=2", Layout(2, StrategyKind::kData, 1)});
+    ParallelConfig pipe = Layout(2, StrategyKind::kPipeline, 4);
+    pipe.schedule = "1f1b";
+    layouts.push_back({"T=2 x K=2 1f1b", pipe});
+  }
+  if (layouts.empty()) GTEST_SKIP() << "no tensor-parallel layout checked on " << world;
+  for (const auto& [name, pc] : layouts) {
+    SCOPED_TRACE(name);
+    auto t = DistributedTrainer::Create(pc, comm);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const MemoryNeed need = (*t)->memory().need;
+    EXPECT_EQ(need.params, static_cast<int64_t>((*t)->stage().params().flat().bytes()));
+    Allocator* cpu = *GetAllocator(Device::Cpu());
+    ASSERT_TRUE((*t)->Step().ok());
+    const int64_t peak = PeakRequestedDuring(*cpu, [&] { EXPECT_TRUE((*t)->Step().ok()); });
+    const double estimate = static_cast<double>(need.activations + need.workspace);
+    std::printf("%s, rank %d: peak %lld bytes, estimate %.0f (%+.1f%%)\n", name.c_str(),
+                comm->rank(), static_cast<long long>(peak), estimate,
+                100 * (peak - estimate) / estimate);
+    std::fflush(stdout);
+    EXPECT_NEAR(static_cast<double>(peak), estimate, 0.10 * estimate + 4096)
+        << "rank " << comm->rank() << ": the allocator's peak against the estimate";
+  }
 }
 
 // ---- one stage against the whole model --------------------------------------------------------

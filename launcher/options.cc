@@ -68,6 +68,10 @@ ABSL_FLAG(int, tensor_parallel, 1,
           "T: each stage's blocks split over T neighbouring ranks, Megatron-style (a GPT: "
           "attention heads and MLP columns and rows, the vocabulary of the embedding and the "
           "head); with any strategy, T x D x stages = --gpus (1: none)");
+ABSL_FLAG(bool, sequence_parallel, false,
+          "with --tensor-parallel=T >= 2: between the tensor-parallel regions each rank holds "
+          "1/T of the rows (Megatron's sequence parallelism); all-gather and reduce-scatter in "
+          "place of the all-reduce, LayerNorms on the local rows, less activation memory");
 ABSL_FLAG(int, zero, 0,
           "1: ZeRO-1, each data-parallel replica keeps 1/D of the optimizer state and updates "
           "its shard of the parameters (data, or pipeline / model with --data-parallel >= 2); "
@@ -225,7 +229,7 @@ const std::vector<std::string>& FlagNames() {
   static const auto* names = new std::vector<std::string>{
       "strategy", "gpus", "device", "model", "n_layer", "d_model", "n_head", "seq_len",
       "attention", "tie_embeddings", "dtype", "steps", "batch", "micro_batches", "schedule", "virtual_stages", "balance",
-      "data_parallel", "tensor_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
+      "data_parallel", "tensor_parallel", "sequence_parallel", "zero", "lr", "warmup", "optimizer", "weight_decay", "decay_all",
       "clip_norm", "seed", "data", "data_format", "vocab", "synthetic", "val_data",
       "val_fraction", "eval_every", "eval_batches", "run_dir",
       "checkpoint_every", "resume", "init_from", "max_restarts", "hostfile", "coordinator_address",
@@ -271,6 +275,7 @@ Options OptionsFromFlags() {
   o.job.balance = absl::GetFlag(FLAGS_balance);
   o.job.data_parallel = absl::GetFlag(FLAGS_data_parallel);
   o.job.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  o.job.sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
   o.job.zero = absl::GetFlag(FLAGS_zero);
   o.job.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.job.resume = absl::GetFlag(FLAGS_resume);

@@ -246,6 +246,7 @@ std::string RunJson(const RunRecord& r) {
       {"balance", c.balance},
       {"data_parallel", c.data_parallel},
       {"tensor_parallel", c.tensor_parallel},
+      {"sequence_parallel", c.sequence_parallel},
       {"zero", c.zero},
       {"lr", JsonNumber(c.lr)},
       {"warmup", c.warmup},

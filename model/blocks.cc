@@ -58,6 +58,85 @@ absl::Status GroupSum(Stream& s, const TensorParallel& tp, const Tensor& t, cons
   return tp.group->AllReduceSum(s, t, what);
 }
 
+// Sequence parallelism (Megatron's): between the tensor-parallel regions each rank holds the
+// rows [r N/T, (r+1) N/T) of the residual stream's N = B x seq rows, and the LayerNorms run on
+// them alone.
+bool SequenceParallel(const TensorParallel& tp) { return tp.enabled() && tp.sequence; }
+
+// The rows of the residual stream's (N, C) this rank holds: N, or N / T under sequence
+// parallelism; and the shape its activations between blocks take: (B, T, C), or (N / T, 1, C).
+Shape StreamShape(const TensorParallel& tp, int64_t B, int64_t T, int64_t C) {
+  if (!SequenceParallel(tp)) return {B, T, C};
+  return {B * T / tp.size, 1, C};
+}
+
+// Into a tensor-parallel region: every rank's rows (all-gather), where sequence parallelism
+// split them; else `mine` itself. Its backward is ReduceRows.
+absl::StatusOr<Tensor> GatherRows(Stream& s, const TensorParallel& tp, const Tensor& mine,
+                                  const char* what) {
+  if (!SequenceParallel(tp)) return mine;
+  ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({mine.dim(0) * tp.size, mine.dim(1)}, mine.dtype(),
+                                             mine.device()));
+  RETURN_IF_ERROR(tp.group->AllGather(s, all, mine, what));
+  return all;
+}
+
+// Out of a region: the ranks' partial (N, C) summed; under sequence parallelism only this
+// rank's rows of the sum (reduce-scatter), else all of it, in place (all-reduce).
+absl::StatusOr<Tensor> ReduceRows(Stream& s, const TensorParallel& tp, const Tensor& partial,
+                                  const char* what) {
+  if (!SequenceParallel(tp)) {
+    RETURN_IF_ERROR(GroupSum(s, tp, partial, what));
+    return partial;
+  }
+  ASSIGN_OR_RETURN(Tensor mine, Tensor::Empty({partial.dim(0) / tp.size, partial.dim(1)},
+                                              partial.dtype(), partial.device()));
+  RETURN_IF_ERROR(tp.group->ReduceScatterSum(s, mine, partial, what));
+  return mine;
+}
+
+// A LayerNorm's parameter gradients under sequence parallelism: each rank's come from its rows
+// alone, so B computes them into a zeroed buffer (LayerNormGrads::Views), the group sums it,
+// and it is added to the gradients (every rank then holds the same, as without it). Without
+// sequence parallelism the gradients themselves.
+class LayerNormGrads {
+ public:
+  // `count` LayerNorms of C channels; `grads[i]` their weight and bias gradients, in pairs.
+  static absl::StatusOr<LayerNormGrads> Start(Stream& s, const TensorParallel& tp, int64_t C,
+                                              std::vector<Tensor> grads) {
+    LayerNormGrads g;
+    g.tp_ = tp;
+    g.grads_ = std::move(grads);
+    if (!SequenceParallel(tp)) return g;
+    ASSIGN_OR_RETURN(g.buffer_, Tensor::Empty({static_cast<int64_t>(g.grads_.size()) * C},
+                                              DType::kF32, g.grads_[0].device()));
+    RETURN_IF_ERROR(ops::Fill(s, g.buffer_, 0.0f));
+    return g;
+  }
+  // Where LayerNormBackward adds gradient i.
+  absl::StatusOr<Tensor> View(size_t i) const {
+    if (!buffer_.defined()) return grads_[i];
+    const int64_t C = grads_[i].numel();
+    return buffer_.View(static_cast<int64_t>(i) * C, {C});
+  }
+  // Sums the buffer over the group and adds it to the gradients; nothing without a buffer.
+  absl::Status Finish(Stream& s) const {
+    if (!buffer_.defined()) return absl::OkStatus();
+    RETURN_IF_ERROR(tp_.group->AllReduceSum(s, buffer_, "the sum of the LayerNorms' gradients"));
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      ASSIGN_OR_RETURN(Tensor part, View(i));
+      RETURN_IF_ERROR(ops::Axpy(s, grads_[i], 1.0f, part));
+    }
+    return absl::OkStatus();
+  }
+  int64_t bytes() const { return buffer_.defined() ? static_cast<int64_t>(buffer_.bytes()) : 0; }
+
+ private:
+  TensorParallel tp_;
+  std::vector<Tensor> grads_;
+  Tensor buffer_;
+};
+
 // A row-parallel layer's bias: added once, by the group's first rank, before the sum.
 Tensor RowParallelBias(const TensorParallel& tp, const Tensor& bias) {
   return tp.rank == 0 ? bias : Tensor();
@@ -76,21 +155,31 @@ class EmbeddingBlock : public Block {
   }
   absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch& mb,
                        const Tensor&, Tensor* y, Saved*) const override {
-    const int64_t B = mb.tokens.dim(0), T = mb.tokens.dim(1);
-    ASSIGN_OR_RETURN(*y, Like(p[0], {B, T, c_.d_model}));
+    const int64_t B = mb.tokens.dim(0), T = mb.tokens.dim(1), C = c_.d_model;
+    ASSIGN_OR_RETURN(Tensor all, Like(p[0], {B, T, C}));
     // Vocabulary-parallel: each rank's rows (zeros for the other ranks' tokens), the positions
-    // added by one rank, summed over the group: every rank gets the whole rows, and the same
-    // bits as one table (each sum has one addend besides zeros).
+    // added by one rank, summed over the group: every rank gets the whole rows (under sequence
+    // parallelism its share of them), and the same bits as one table (each sum has one addend
+    // besides zeros).
     const Tensor positions = positions_ && tp_.rank == 0 ? p[1] : Tensor();
-    RETURN_IF_ERROR(ops::EmbeddingForward(s, *y, mb.tokens, p[0], positions,
+    RETURN_IF_ERROR(ops::EmbeddingForward(s, all, mb.tokens, p[0], positions,
                                           VocabBegin(c_, tp_), c_.vocab));
-    return GroupSum(s, tp_, *y, "the sum of the embedding's vocabulary slices");
+    ASSIGN_OR_RETURN(Tensor all2, all.Reshape({B * T, C}));
+    ASSIGN_OR_RETURN(Tensor mine,
+                     ReduceRows(s, tp_, all2, "the sum of the embedding's vocabulary slices"));
+    ASSIGN_OR_RETURN(*y, mine.Reshape(StreamShape(tp_, B, T, C)));
+    return absl::OkStatus();
   }
-  // No input gradient: B only keeps dy for the scatter-add.
-  absl::Status BackwardInput(Stream&, const std::vector<Tensor>&, const std::vector<Tensor>&,
-                             const MicroBatch&, const Tensor& dy, const Saved&, Tensor*,
+  // No input gradient: B only keeps dy for the scatter-add (under sequence parallelism every
+  // rank's rows of it, gathered: the collective stays in B).
+  absl::Status BackwardInput(Stream& s, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                             const MicroBatch& mb, const Tensor& dy, const Saved&, Tensor*,
                              Saved* for_w) const override {
-    for_w->t = {dy};
+    const int64_t B = mb.tokens.dim(0), T = mb.tokens.dim(1), C = c_.d_model;
+    ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({dy.numel() / C, C}));
+    ASSIGN_OR_RETURN(Tensor all, GatherRows(s, tp_, dy2, "the embedding's output gradient"));
+    ASSIGN_OR_RETURN(Tensor all3, all.Reshape({B, T, C}));
+    for_w->t = {all3};
     return absl::OkStatus();
   }
   absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>&,
@@ -100,16 +189,19 @@ class EmbeddingBlock : public Block {
                                   VocabBegin(c_, tp_), c_.vocab);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
-    return B * T * c_.d_model * ElemBytes(compute);  // y
+    return Rows(B * T) * c_.d_model * ElemBytes(compute);  // y (this rank's rows)
   }
   int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
-    return B * T * c_.d_model * ElemBytes(compute) + B * T * 4;  // dy, the i32 tokens
+    return B * T * c_.d_model * ElemBytes(compute) + B * T * 4;  // dy (all rows), the tokens
   }
-  int64_t WorkspaceBytes(int64_t, int64_t, DType, Device) const override {
-    return 0;  // Backward: dy, in place of y
+  int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
+    // Backward: dy, in place of y; under sequence parallelism forward's rows before the
+    // reduce-scatter, and backward's after the all-gather.
+    return SequenceParallel(tp_) ? B * T * c_.d_model * ElemBytes(compute) : 0;
   }
 
  private:
+  int64_t Rows(int64_t n) const { return SequenceParallel(tp_) ? n / tp_.size : n; }
   ModelConfig c_;
   bool positions_;
   TensorParallel tp_;
@@ -150,17 +242,23 @@ class TransformerBlock : public Block {
   // Saved tensors, in this order.
   enum S { kX, kLn1, kMean1, kRstd1, kQkv, kAtt, kAttY, kRes2, kLn2, kMean2, kRstd2, kFcPre, kFcAct };
 
+  // Under sequence parallelism x, y, dy and dx hold this rank's rows of the residual stream
+  // (Nl = N / T of them), the LayerNorms run on those, and each region's input is gathered
+  // (GatherRows) and its output reduce-scattered (ReduceRows); without it Nl = N, the gathers
+  // are x itself and the reductions all-reduces. The attention sees every row: B x T.
   absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch&,
                        const Tensor& x, Tensor* y, Saved* saved) const override {
-    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T;
+    const Rows r = RowsOf(x);
+    const int64_t B = r.B, T = r.T, C = c_.d_model, N = r.all, Nl = r.mine;
     const int64_t NH = heads(), Cl = C / tp_.size, Fl = 4 * C / tp_.size;
-    ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
-    ASSIGN_OR_RETURN(Tensor ln1, Like(x, {N, C}));
-    ASSIGN_OR_RETURN(Tensor mean1, F32(x, {N}));
-    ASSIGN_OR_RETURN(Tensor rstd1, F32(x, {N}));
+    ASSIGN_OR_RETURN(Tensor x2, x.Reshape({Nl, C}));
+    ASSIGN_OR_RETURN(Tensor ln1, Like(x, {Nl, C}));
+    ASSIGN_OR_RETURN(Tensor mean1, F32(x, {Nl}));
+    ASSIGN_OR_RETURN(Tensor rstd1, F32(x, {Nl}));
     RETURN_IF_ERROR(ops::LayerNormForward(s, ln1, mean1, rstd1, x2, p[kLn1W], p[kLn1B]));
+    ASSIGN_OR_RETURN(Tensor ln1_all, GatherRows(s, tp_, ln1, "the attention's input rows"));
     ASSIGN_OR_RETURN(Tensor qkv, Like(x, {N, 3 * Cl}));
-    RETURN_IF_ERROR(ops::LinearForward(s, qkv, ln1, p[kQkvW], p[kQkvB]));
+    RETURN_IF_ERROR(ops::LinearForward(s, qkv, ln1_all, p[kQkvW], p[kQkvB]));
     ASSIGN_OR_RETURN(Tensor qkv3, qkv.Reshape({B, T, 3 * Cl}));
     ASSIGN_OR_RETURN(Tensor atty, Like(x, {B, T, Cl}));
     // att: the probabilities (B, NH, T, T), or with flash attention the rows' log-sum-exp
@@ -174,27 +272,32 @@ class TransformerBlock : public Block {
       RETURN_IF_ERROR(ops::AttentionForward(s, atty, att, qkv3, NH));
     }
     ASSIGN_OR_RETURN(Tensor atty2, atty.Reshape({N, Cl}));
-    ASSIGN_OR_RETURN(Tensor proj, Like(x, {N, C}));
+    ASSIGN_OR_RETURN(Tensor proj_parts, Like(x, {N, C}));
     RETURN_IF_ERROR(
-        ops::LinearForward(s, proj, atty2, p[kProjW], RowParallelBias(tp_, p[kProjB])));
-    RETURN_IF_ERROR(GroupSum(s, tp_, proj, "the sum of the attention projection's parts"));
-    ASSIGN_OR_RETURN(Tensor res2, Like(x, {N, C}));
-    ASSIGN_OR_RETURN(Tensor ln2, Like(x, {N, C}));
-    ASSIGN_OR_RETURN(Tensor mean2, F32(x, {N}));
-    ASSIGN_OR_RETURN(Tensor rstd2, F32(x, {N}));
+        ops::LinearForward(s, proj_parts, atty2, p[kProjW], RowParallelBias(tp_, p[kProjB])));
+    ASSIGN_OR_RETURN(Tensor proj,
+                     ReduceRows(s, tp_, proj_parts, "the sum of the attention projection's parts"));
+    ASSIGN_OR_RETURN(Tensor res2, Like(x, {Nl, C}));
+    ASSIGN_OR_RETURN(Tensor ln2, Like(x, {Nl, C}));
+    ASSIGN_OR_RETURN(Tensor mean2, F32(x, {Nl}));
+    ASSIGN_OR_RETURN(Tensor rstd2, F32(x, {Nl}));
     RETURN_IF_ERROR(ops::ResidualLayerNormForward(s, res2, ln2, mean2, rstd2, x2, proj,
                                                   p[kLn2W], p[kLn2B]));
+    ASSIGN_OR_RETURN(Tensor ln2_all, GatherRows(s, tp_, ln2, "the MLP's input rows"));
     ASSIGN_OR_RETURN(Tensor fc_pre, Like(x, {N, Fl}));
     ASSIGN_OR_RETURN(Tensor fc_act, Like(x, {N, Fl}));
-    RETURN_IF_ERROR(ops::LinearGeluForward(s, fc_act, fc_pre, ln2, p[kFcW], p[kFcB]));
-    ASSIGN_OR_RETURN(Tensor fc_out, Like(x, {N, C}));
-    RETURN_IF_ERROR(ops::LinearForward(s, fc_out, fc_act, p[kFcProjW],
+    RETURN_IF_ERROR(ops::LinearGeluForward(s, fc_act, fc_pre, ln2_all, p[kFcW], p[kFcB]));
+    ASSIGN_OR_RETURN(Tensor fc_parts, Like(x, {N, C}));
+    RETURN_IF_ERROR(ops::LinearForward(s, fc_parts, fc_act, p[kFcProjW],
                                        RowParallelBias(tp_, p[kFcProjB])));
-    RETURN_IF_ERROR(GroupSum(s, tp_, fc_out, "the sum of the MLP projection's parts"));
-    ASSIGN_OR_RETURN(*y, Like(x, {B, T, C}));
-    ASSIGN_OR_RETURN(Tensor y2, y->Reshape({N, C}));
+    ASSIGN_OR_RETURN(Tensor fc_out,
+                     ReduceRows(s, tp_, fc_parts, "the sum of the MLP projection's parts"));
+    ASSIGN_OR_RETURN(*y, Like(x, x.shape()));
+    ASSIGN_OR_RETURN(Tensor y2, y->Reshape({Nl, C}));
     RETURN_IF_ERROR(ops::Add(s, y2, res2, fc_out));
     if (saved == nullptr) return absl::OkStatus();  // evaluation: nothing kept
+    // Under sequence parallelism ln1 and ln2 are this rank's rows, gathered again in backward
+    // (Megatron's way: N / T rows kept, not N).
     saved->t = {x2, ln1, mean1, rstd1, qkv3, att, atty2, res2, ln2, mean2, rstd2, fc_pre, fc_act};
     return absl::OkStatus();
   }
@@ -210,26 +313,38 @@ class TransformerBlock : public Block {
                              const std::vector<Tensor>& g, const MicroBatch&, const Tensor& dy,
                              const Saved& saved, Tensor* dx, Saved* for_w) const override {
     const std::vector<Tensor>& v = saved.t;
-    const int64_t B = dy.dim(0), T = dy.dim(1), C = c_.d_model, N = B * T;
+    const Rows r = RowsOf(dy);
+    const int64_t B = r.B, T = r.T, C = c_.d_model, N = r.all, Nl = r.mine;
     const int64_t NH = heads(), Cl = C / tp_.size, Fl = 4 * C / tp_.size;
     const Tensor none;  // the linear layers' parameter gradients, which W computes
-    ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({N, C}));
+    ASSIGN_OR_RETURN(
+        LayerNormGrads lng,
+        LayerNormGrads::Start(s, tp_, C, {g[kLn2W], g[kLn2B], g[kLn1W], g[kLn1B]}));
+    ASSIGN_OR_RETURN(Tensor dy2, dy.Reshape({Nl, C}));
+    ASSIGN_OR_RETURN(Tensor dy_all, GatherRows(s, tp_, dy2, "the block's output gradient"));
     // MLP branch: y = res2 + proj(gelu(fc(ln2(res2)))).
     ASSIGN_OR_RETURN(Tensor dfc_act, Like(dy, {N, Fl}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dfc_act, none, none, dy2, v[kFcAct], p[kFcProjW]));
+    RETURN_IF_ERROR(
+        ops::LinearBackward(s, dfc_act, none, none, dy_all, v[kFcAct], p[kFcProjW]));
     ASSIGN_OR_RETURN(Tensor dfc_pre, Like(dy, {N, Fl}));
     RETURN_IF_ERROR(ops::GeluBackward(s, dfc_pre, v[kFcPre], dfc_act));
-    ASSIGN_OR_RETURN(Tensor dln2, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dln2, none, none, dfc_pre, v[kLn2], p[kFcW]));
+    ASSIGN_OR_RETURN(Tensor ln2_all, GatherRows(s, tp_, v[kLn2], "the MLP's input rows"));
+    ASSIGN_OR_RETURN(Tensor dln2_parts, Like(dy, {N, C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dln2_parts, none, none, dfc_pre, ln2_all, p[kFcW]));
     // Each rank's fc saw all of ln2: its gradient is the sum of the ranks' parts.
-    RETURN_IF_ERROR(GroupSum(s, tp_, dln2, "the sum of the MLP input gradient's parts"));
-    ASSIGN_OR_RETURN(Tensor dres2, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, g[kLn2W], g[kLn2B], dln2, v[kRes2],
-                                           p[kLn2W], v[kMean2], v[kRstd2]));
+    ASSIGN_OR_RETURN(Tensor dln2,
+                     ReduceRows(s, tp_, dln2_parts, "the sum of the MLP input gradient's parts"));
+    ASSIGN_OR_RETURN(Tensor dres2, Like(dy, {Nl, C}));
+    ASSIGN_OR_RETURN(Tensor dln2_w, lng.View(0));
+    ASSIGN_OR_RETURN(Tensor dln2_b, lng.View(1));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dres2, dln2_w, dln2_b, dln2, v[kRes2], p[kLn2W],
+                                           v[kMean2], v[kRstd2]));
     RETURN_IF_ERROR(ops::Axpy(s, dres2, 1.0f, dy2));  // the residual path
+    ASSIGN_OR_RETURN(Tensor dres2_all,
+                     GatherRows(s, tp_, dres2, "the attention's output gradient"));
     // Attention branch: res2 = x + proj(attention(qkv(ln1(x)))).
     ASSIGN_OR_RETURN(Tensor datty, Like(dy, {N, Cl}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, datty, none, none, dres2, v[kAttY], p[kProjW]));
+    RETURN_IF_ERROR(ops::LinearBackward(s, datty, none, none, dres2_all, v[kAttY], p[kProjW]));
     ASSIGN_OR_RETURN(Tensor datty3, datty.Reshape({B, T, Cl}));
     ASSIGN_OR_RETURN(Tensor dqkv, Like(dy, {B, T, 3 * Cl}));
     if (c_.attention == Attention::kFlash) {
@@ -239,15 +354,20 @@ class TransformerBlock : public Block {
       RETURN_IF_ERROR(ops::AttentionBackward(s, dqkv, datty3, v[kQkv], v[kAtt], NH));
     }
     ASSIGN_OR_RETURN(Tensor dqkv2, dqkv.Reshape({N, 3 * Cl}));
-    ASSIGN_OR_RETURN(Tensor dln1, Like(dy, {N, C}));
-    RETURN_IF_ERROR(ops::LinearBackward(s, dln1, none, none, dqkv2, v[kLn1], p[kQkvW]));
-    RETURN_IF_ERROR(GroupSum(s, tp_, dln1, "the sum of the attention input gradient's parts"));
-    ASSIGN_OR_RETURN(*dx, Like(dy, {B, T, C}));
-    ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
-    RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[kLn1W], g[kLn1B], dln1, v[kX], p[kLn1W],
+    ASSIGN_OR_RETURN(Tensor ln1_all, GatherRows(s, tp_, v[kLn1], "the attention's input rows"));
+    ASSIGN_OR_RETURN(Tensor dln1_parts, Like(dy, {N, C}));
+    RETURN_IF_ERROR(ops::LinearBackward(s, dln1_parts, none, none, dqkv2, ln1_all, p[kQkvW]));
+    ASSIGN_OR_RETURN(Tensor dln1, ReduceRows(s, tp_, dln1_parts,
+                                             "the sum of the attention input gradient's parts"));
+    ASSIGN_OR_RETURN(*dx, Like(dy, dy.shape()));
+    ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({Nl, C}));
+    ASSIGN_OR_RETURN(Tensor dln1_w, lng.View(2));
+    ASSIGN_OR_RETURN(Tensor dln1_b, lng.View(3));
+    RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, dln1_w, dln1_b, dln1, v[kX], p[kLn1W],
                                            v[kMean1], v[kRstd1]));
     RETURN_IF_ERROR(ops::Axpy(s, dx2, 1.0f, dres2));
-    for_w->t = {dy2, v[kFcAct], dfc_pre, v[kLn2], dres2, v[kAttY], dqkv2, v[kLn1]};
+    RETURN_IF_ERROR(lng.Finish(s));
+    for_w->t = {dy_all, v[kFcAct], dfc_pre, ln2_all, dres2_all, v[kAttY], dqkv2, ln1_all};
     return absl::OkStatus();
   }
   absl::Status BackwardWeights(Stream& s, const std::vector<Tensor>& p,
@@ -264,12 +384,12 @@ class TransformerBlock : public Block {
     return ops::LinearBackward(s, none, g[kQkvW], g[kQkvB], w[kWDqkv], w[kWLn1], p[kQkvW]);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
-    const int64_t N = B * T, C = c_.d_model, Cl = C / tp_.size, NH = heads();
-    // ln1, res2, ln2 and y (C each), qkv (3Cl), atty (Cl), fc_pre and fc_act (4Cl each) in
-    // the compute dtype; four f32 statistics per row; the f32 probabilities or log-sum-exps
-    // of this rank's heads.
+    const int64_t N = B * T, Nl = MyRows(N), C = c_.d_model, Cl = C / tp_.size, NH = heads();
+    // ln1, res2, ln2 and y (C each, this rank's rows), qkv (3Cl), atty (Cl), fc_pre and fc_act
+    // (4Cl each) in the compute dtype; four f32 statistics per row of this rank's; the f32
+    // probabilities or log-sum-exps of this rank's heads.
     const int64_t att = c_.attention == Attention::kFlash ? B * NH * T : B * NH * T * T;
-    return N * (4 * C + 12 * Cl) * ElemBytes(compute) + (4 * N + att) * 4;
+    return (Nl * 4 * C + N * 12 * Cl) * ElemBytes(compute) + (4 * Nl + att) * 4;
   }
   int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
     // dy, ln2, dres2 and ln1 (C each), fc_act and dfc_pre (4Cl each), atty (Cl) and dqkv (3Cl)
@@ -281,17 +401,36 @@ class TransformerBlock : public Block {
     // Backward (Forward holds 2C per row: proj and fc_out): dy in place of y, then dfc_act and
     // dfc_pre (4Cl each), dln2, dres2 (C each), datty (Cl), dqkv (3Cl), dln1 and dx (C each),
     // all live until it returns; the attention's scratch comes on top of all but dln1 and
-    // dx. (Its forward's scratch is smaller, at a moment that holds none of these.)
-    const int64_t C = c_.d_model, Cl = C / tp_.size, e = B * T * ElemBytes(compute);
+    // dx. (Its forward's scratch is smaller, at a moment that holds none of these.) Under
+    // sequence parallelism dy, dres2 and dx are this rank's rows, and all of the rows of dy,
+    // the parts of dln2, ln2, dres2, the parts of dln1 and ln1 (C each) come on top, with the
+    // LayerNorms' gradient buffer.
+    const int64_t C = c_.d_model, Cl = C / tp_.size, e = ElemBytes(compute);
+    const int64_t N = B * T, Nl = MyRows(N);
     const ops::AttentionScratch att = ops::AttentionScratchBytes(
         device, compute, B, T, Cl, heads(), c_.attention == Attention::kFlash);
-    const int64_t before_dln1 = (2 * C + 12 * Cl) * e;
-    return std::max(before_dln1 + 2 * C * e, before_dln1 + att.backward);
+    const bool sp = SequenceParallel(tp_);
+    const int64_t before_att = (N * 12 * Cl + Nl * 2 * C + (sp ? N * 4 * C : 0)) * e;
+    const int64_t after = (Nl * 2 * C + (sp ? N * 2 * C : 0)) * e + (sp ? 4 * C * 4 : 0);
+    return std::max(before_att + after, before_att + att.backward);
   }
 
  private:
   // The heads this rank computes.
   int64_t heads() const { return c_.n_head / tp_.size; }
+  // Of N rows of the residual stream, those this rank holds.
+  int64_t MyRows(int64_t N) const { return SequenceParallel(tp_) ? N / tp_.size : N; }
+  // The rows of a micro-batch from a tensor of the residual stream, (B, T, C) or under sequence
+  // parallelism (N / T, 1, C): its B samples of T tokens, all N = B x T rows and this rank's.
+  struct Rows {
+    int64_t B, T, all, mine;
+  };
+  Rows RowsOf(const Tensor& x) const {
+    const int64_t mine = x.dim(0) * x.dim(1);
+    if (!SequenceParallel(tp_)) return {x.dim(0), x.dim(1), mine, mine};
+    const int64_t all = mine * tp_.size;
+    return {all / c_.seq_len, c_.seq_len, all, mine};
+  }
   ModelConfig c_;
   int layer_;
   TensorParallel tp_;
@@ -395,16 +534,19 @@ class HeadBlock : public Block {
   }
   absl::Status Forward(Stream& s, const std::vector<Tensor>& p, const MicroBatch& mb,
                        const Tensor& x, Tensor* y, Saved* saved) const override {
-    const int64_t B = x.dim(0), T = x.dim(1), C = c_.d_model, N = B * T;
+    // Under sequence parallelism x holds this rank's Nl rows; the LayerNorm runs on them, and
+    // the projection on every rank's, gathered.
+    const int64_t C = c_.d_model, N = mb.targets.numel(), Nl = x.numel() / C;
     const int64_t V = c_.vocab / tp_.size;  // this rank's slice
-    ASSIGN_OR_RETURN(Tensor x2, x.Reshape({N, C}));
+    ASSIGN_OR_RETURN(Tensor x2, x.Reshape({Nl, C}));
     Tensor h = x2, mean, rstd;
     if (layernorm_) {
-      ASSIGN_OR_RETURN(h, Like(x, {N, C}));
-      ASSIGN_OR_RETURN(mean, F32(x, {N}));
-      ASSIGN_OR_RETURN(rstd, F32(x, {N}));
+      ASSIGN_OR_RETURN(h, Like(x, {Nl, C}));
+      ASSIGN_OR_RETURN(mean, F32(x, {Nl}));
+      ASSIGN_OR_RETURN(rstd, F32(x, {Nl}));
       RETURN_IF_ERROR(ops::LayerNormForward(s, h, mean, rstd, x2, p[0], p[1]));
     }
+    ASSIGN_OR_RETURN(h, GatherRows(s, tp_, h, "the head's input rows"));
     ASSIGN_OR_RETURN(Tensor logits, Like(x, {N, V}));
     RETURN_IF_ERROR(ops::LinearForward(s, logits, h, weight(p), bias(p)));
     ASSIGN_OR_RETURN(*y, F32(x, {N}));
@@ -428,19 +570,24 @@ class HeadBlock : public Block {
                              const std::vector<Tensor>& g, const MicroBatch& mb, const Tensor&,
                              const Saved& saved, Tensor* dx, Saved*) const override {
     const std::vector<Tensor>& v = saved.t;
-    const int64_t N = v[0].dim(0), C = c_.d_model;
+    const int64_t Nl = v[0].dim(0), C = c_.d_model, N = mb.targets.numel();
     const int64_t B = mb.targets.dim(0), T = mb.targets.dim(1);
-    ASSIGN_OR_RETURN(*dx, Like(v[0], {B, T, C}));
-    ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({N, C}));
+    ASSIGN_OR_RETURN(*dx, Like(v[0], StreamShape(tp_, B, T, C)));
+    ASSIGN_OR_RETURN(Tensor dx2, dx->Reshape({Nl, C}));
     const char* what = "the sum of the head input gradient's parts";
     if (!layernorm_) {
       RETURN_IF_ERROR(ops::LinearBackward(s, dx2, Tensor(), Tensor(), v[4], v[1], weight(p)));
       RETURN_IF_ERROR(GroupSum(s, tp_, dx2, what));
     } else {
-      ASSIGN_OR_RETURN(Tensor dh, Like(v[0], {N, C}));
-      RETURN_IF_ERROR(ops::LinearBackward(s, dh, Tensor(), Tensor(), v[4], v[1], weight(p)));
-      RETURN_IF_ERROR(GroupSum(s, tp_, dh, what));
-      RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, g[0], g[1], dh, v[0], p[0], v[2], v[3]));
+      ASSIGN_OR_RETURN(Tensor dh_parts, Like(v[0], {N, C}));
+      RETURN_IF_ERROR(
+          ops::LinearBackward(s, dh_parts, Tensor(), Tensor(), v[4], v[1], weight(p)));
+      ASSIGN_OR_RETURN(Tensor dh, ReduceRows(s, tp_, dh_parts, what));
+      ASSIGN_OR_RETURN(LayerNormGrads lng, LayerNormGrads::Start(s, tp_, C, {g[0], g[1]}));
+      ASSIGN_OR_RETURN(Tensor dw, lng.View(0));
+      ASSIGN_OR_RETURN(Tensor db, lng.View(1));
+      RETURN_IF_ERROR(ops::LayerNormBackward(s, dx2, dw, db, dh, v[0], p[0], v[2], v[3]));
+      RETURN_IF_ERROR(lng.Finish(s));
     }
     return ops::LinearBackward(s, Tensor(), weight(g), bias(g), v[4], v[1], weight(p));
   }
@@ -452,16 +599,25 @@ class HeadBlock : public Block {
     const int64_t N = B * T;
     // The logits (holding their gradient) and the f32 losses; with the LayerNorm its output
     // and two f32 statistics per row.
-    const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * N * 4 : 0;
+    // Under sequence parallelism the LayerNorm's output is kept for all rows, gathered, and
+    // its statistics for this rank's.
+    const int64_t Nl = SequenceParallel(tp_) ? N / tp_.size : N;
+    const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * Nl * 4 : 0;
     return N * (c_.vocab / tp_.size) * ElemBytes(compute) + N * 4 + ln;
   }
   int64_t WeightStashBytes(int64_t, int64_t, DType) const override { return 0; }
   int64_t WorkspaceBytes(int64_t B, int64_t T, DType compute, Device) const override {
     // Backward: dx, and with the LayerNorm the gradient of its output.
     // Backward: dx, and with the LayerNorm the gradient of its output; vocabulary-parallel,
-    // the forward's max and partials (3 f32 a row) too.
-    const int64_t vp = tp_.enabled() ? 3 * B * T * 4 : 0;
-    return (layernorm_ ? 2 : 1) * B * T * c_.d_model * ElemBytes(compute) + vp;
+    // the forward's max and partials (3 f32 a row) too. Under sequence parallelism dx and the
+    // gradient are this rank's rows, the parts of the gradient all rows, and the LayerNorm's
+    // gradient buffer comes on top; forward's LayerNorm output before the gather, this rank's.
+    const int64_t N = B * T, C = c_.d_model, e = ElemBytes(compute);
+    const int64_t vp = tp_.enabled() ? 3 * N * 4 : 0;
+    if (SequenceParallel(tp_) && layernorm_) {
+      return (N + 2 * N / tp_.size) * C * e + vp + 2 * C * 4;
+    }
+    return (layernorm_ ? 2 : 1) * N * C * e + vp;
   }
 
  private:

@@ -28,14 +28,14 @@ MemoryNeed& MemoryNeed::operator+=(const MemoryNeed& o) {
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
                                absl::string_view optimizer, Device device,
-                               int pending_weights, int tensor_parallel) {
+                               int pending_weights, const TensorParallel& tp) {
   // Under tensor parallelism one rank's parts of the blocks (every rank's are the same size).
-  TensorParallel tp;
-  tp.size = tensor_parallel;
   const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model, tp);
-  // What crosses a stage boundary for a micro-batch: (rows, T, C) in the compute dtype.
-  const int64_t boundary =
-      rows * model.seq_len * model.d_model * static_cast<int64_t>(DTypeSize(compute));
+  // What crosses a stage boundary for a micro-batch: (rows, T, C) in the compute dtype, under
+  // sequence parallelism this rank's rows of it.
+  const int64_t boundary = rows * model.seq_len * model.d_model *
+                           static_cast<int64_t>(DTypeSize(compute)) /
+                           (tp.enabled() && tp.sequence ? tp.size : 1);
   // A stage that ends before the head sends its output on and keeps none of it; in backward
   // its last block is given the gradient of that output (so nothing is replaced by it).
   const bool sends = end < model.num_blocks();

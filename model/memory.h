@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 
@@ -40,11 +41,11 @@ struct MemoryNeed {
 // `pending_weights` micro-batches' deferred Ws keep (Block::WeightStashBytes), added to the
 // activations (and with any, a B keeps its later blocks' stashes while it runs the earlier
 // ones, which the temporaries count). The device decides the ops' scratch. Under tensor
-// parallelism over `tensor_parallel` ranks, what one rank holds of it.
+// parallelism (tp.size > 1; its group unused), what one rank holds of it.
 MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int64_t rows,
                                int in_flight, bool recompute, DType compute,
                                absl::string_view optimizer, Device device,
-                               int pending_weights = 0, int tensor_parallel = 1);
+                               int pending_weights = 0, const TensorParallel& tp = {});
 
 // OK when `need` fits in `available` bytes (or available is unknown, < 0); otherwise
 // ResourceExhausted, one line: "not enough memory for <who>: at least ... is needed (...) and

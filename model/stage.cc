@@ -79,6 +79,12 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   return st;
 }
 
+Shape Stage::BoundaryShape(int64_t rows) const {
+  const int64_t T = config_.seq_len, C = config_.d_model;
+  if (tp_.enabled() && tp_.sequence) return {rows * T / tp_.size, 1, C};
+  return {rows, T, C};
+}
+
 std::vector<Tensor> Stage::BlockParams(int b) const {
   std::vector<Tensor> p;
   for (size_t i : block_params_[b]) p.push_back(compute_param(i));

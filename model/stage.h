@@ -69,6 +69,9 @@ class Stage {
   Device device() const { return device_; }
   const ModelConfig& config() const { return config_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // What crosses a stage boundary for a micro-batch of `rows` samples: (rows, T, C), or under
+  // sequence parallelism this rank's rows of it, (rows x T / size, 1, C).
+  Shape BoundaryShape(int64_t rows) const;
   const ParamLayout& layout() const { return *layout_; }
   const FlatBuffer& params() const { return params_; }
   // The 16-bit copy the blocks compute with; undefined in f32.

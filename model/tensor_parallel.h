@@ -11,7 +11,8 @@
 //     all-reduced, the full logits never gathered; its input's gradient all-reduced;
 //   LayerNorms, biases after a row-parallel matmul and the position table are replicated:
 //     their inputs and gradients are the same on every rank of the group, so their gradients
-//     need no reduction (Megatron without sequence parallelism).
+//     need no reduction (Megatron without sequence parallelism); with it (`sequence`) each
+//     rank's LayerNorms see its rows alone, and B sums their gradients over the group.
 // The B/W split of the zero-bubble schedules keeps the collectives in B: W is each rank's
 // weight gradients alone.
 #ifndef TANDEM_MODEL_TENSOR_PARALLEL_H_
@@ -31,6 +32,12 @@ class TensorGroup {
   virtual ~TensorGroup() = default;
   virtual absl::Status AllReduceSum(Stream& s, const Tensor& t, const char* what) = 0;
   virtual absl::Status AllReduceMax(Stream& s, const Tensor& t, const char* what) = 0;
+  // Sequence parallelism: `all` (T x mine's elements) receives every rank's `mine`, in rank
+  // order; and `mine` receives this rank's block of the sum over ranks of `all`.
+  virtual absl::Status AllGather(Stream& s, const Tensor& all, const Tensor& mine,
+                                 const char* what) = 0;
+  virtual absl::Status ReduceScatterSum(Stream& s, const Tensor& mine, const Tensor& all,
+                                        const char* what) = 0;
 };
 
 // This rank's place in its tensor-parallel group. `group` may be null where nothing runs
@@ -39,6 +46,10 @@ struct TensorParallel {
   int size = 1;  // T
   int rank = 0;
   TensorGroup* group = nullptr;
+  // Sequence parallelism (size > 1): between the tensor-parallel regions each rank holds
+  // 1 / size of the rows of the residual stream; the LayerNorms run on them, and each region's
+  // all-reduce becomes an all-gather before it and a reduce-scatter after it.
+  bool sequence = false;
   bool enabled() const { return size > 1; }
 };
 

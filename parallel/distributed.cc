@@ -203,7 +203,7 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
   if (grid.tensors > 1) {
     t->tensor_group_ = std::make_unique<CommTensorGroup>(t->groups_.tp.get(), c.timeout,
                                                          t->Where());
-    tp = {grid.tensors, t->tensor_, t->tensor_group_.get()};
+    tp = {grid.tensors, t->tensor_, t->tensor_group_.get(), c.sequence_parallel};
   }
   ASSIGN_OR_RETURN(t->stage_, Stage::Create(c.train.model, t->layout_.ChunkRanges(t->stage_index_),
                                             c.train.device, c.train.seed, c.train.dtype, tp));
@@ -241,8 +241,8 @@ absl::Status DistributedTrainer::ConnectNeighbours() {
   const int rank = groups_.pp->rank(), world = groups_.pp->world_size();
   if (world == 1) return absl::OkStatus();
   const TrainConfig& tc = c_.train;
-  const Shape activation{tc.batch / layout_.grid.replicas / tc.micro_batches, tc.model.seq_len,
-                         tc.model.d_model};
+  const Shape activation =
+      stage_->BoundaryShape(tc.batch / layout_.grid.replicas / tc.micro_batches);
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
   std::vector<PeerTransfer> group;
   ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(activation, tc.dtype, tc.device));
@@ -504,7 +504,7 @@ absl::StatusOr<float> DistributedTrainer::Evaluate() {
   RETURN_IF_ERROR(ZeroFill(loss_sum, *s));
   // The training's micro-batch size, whose activations were checked to fit.
   const int64_t share = tc.batch / layout_.grid.replicas;
-  const int64_t rows = share / tc.micro_batches, T = tc.model.seq_len, C = tc.model.d_model;
+  const int64_t rows = share / tc.micro_batches;
   const int rank = layout_.grid.stages > 1 ? groups_.pp->rank() : 0;
   // Sends in flight, each holding its activation: at most a step's micro-batches (GPipe's
   // most), so a validation holds no more than the training.
@@ -517,7 +517,7 @@ absl::StatusOr<float> DistributedTrainer::Evaluate() {
         for (int c = 0; c < chunks; ++c) {
           Tensor x;
           if (!stage_->chunk_is_first(c)) {
-            ASSIGN_OR_RETURN(x, Tensor::Empty({rows, T, C}, tc.dtype, tc.device));
+            ASSIGN_OR_RETURN(x, Tensor::Empty(stage_->BoundaryShape(rows), tc.dtype, tc.device));
             ASSIGN_OR_RETURN(std::unique_ptr<Work> w, groups_.pp->Recv(x, (rank + K - 1) % K));
             RETURN_IF_ERROR(
                 WaitOn(*w, *s, "an activation from the previous stage (validation)"));

@@ -89,6 +89,7 @@ const std::vector<Field>& Fields() {
       Num("bucket_mb", &JobConfig::bucket_mb),
       Bool("overlap", &JobConfig::overlap),
       Bool("recompute", &JobConfig::recompute),
+      Bool("sequence_parallel", &JobConfig::sequence_parallel),
       Num("heartbeat_timeout_s", &JobConfig::heartbeat_timeout_s),
       Bool("profile", &JobConfig::profile),
       Num("log_every", &JobConfig::log_every),
@@ -215,6 +216,7 @@ absl::StatusOr<ParallelConfig> JobConfig::ToParallelConfig(Device dev) const {
   p.balance = balance;
   p.data_parallel = data_parallel;
   p.tensor_parallel = tensor_parallel;
+  p.sequence_parallel = sequence_parallel;
   p.zero = zero;
   p.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
   p.overlap = overlap;

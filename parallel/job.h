@@ -43,6 +43,7 @@ struct JobConfig {
   int data_parallel = 1;  // pipeline and model: replicas D of a workers / D stage pipeline
   int zero = 0;           // 1: ZeRO-1, the optimizer state sharded over the replicas
   int tensor_parallel = 1;  // T: ranks each stage's blocks are split over (Megatron's TP)
+  bool sequence_parallel = false;  // T >= 2: the rows between TP regions split over them
   double lr = 3e-3;
   int warmup = 20;
   std::string optimizer = "adamw";

@@ -87,6 +87,15 @@ absl::Status CheckPipeline(const ParallelConfig& c, const ProcessGrid& grid) {
   return absl::OkStatus();
 }
 
+// This rank's tensor parallelism for shapes alone (the memory estimate, the description): the
+// parts' sizes, the same on every tensor rank; no group.
+TensorParallel ShapeOnly(const ParallelConfig& c) {
+  TensorParallel tp;
+  tp.size = c.tensor_parallel;
+  tp.sequence = c.sequence_parallel;
+  return tp;
+}
+
 // The model split into `stages` global stages (K x v) as --balance says.
 absl::StatusOr<StageBounds> SplitStages(const ParallelConfig& c, int stages,
                                         const LayoutInputs& in) {
@@ -131,7 +140,8 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
                                 int64_t rows) {
   const TrainConfig& t = c.train;
   const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
-                           static_cast<int64_t>(DTypeSize(t.dtype));
+                           static_cast<int64_t>(DTypeSize(t.dtype)) /
+                           (c.sequence_parallel ? c.tensor_parallel : 1);
   const std::vector<bool> deferred = DeferredWeights(s, stage);
   const bool defers = std::find(deferred.begin(), deferred.end(), true) != deferred.end();
   MemoryNeed n;
@@ -142,7 +152,7 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
     auto estimate = [&](int in_flight, int pending_weights) {
       return EstimateStageMemory(t.model, bounds[g], bounds[g + 1], rows, in_flight,
                                  /*recompute=*/false, t.dtype, t.optimizer.kind, t.device,
-                                 pending_weights, c.tensor_parallel);
+                                 pending_weights, ShapeOnly(c));
     };
     const MemoryNeed one = estimate(1, 0);
     n.params += one.params;
@@ -204,7 +214,7 @@ std::vector<MemoryNeed> RankMemory(const ParallelConfig& c, const JobLayout& l, 
     MemoryNeed n = EstimateStageMemory(
         t.model, 0, l.bounds.back(), t.batch / l.grid.replicas / t.micro_batches,
         /*in_flight=*/1, c.recompute, t.dtype, t.optimizer.kind, t.device,
-        /*pending_weights=*/0, c.tensor_parallel);
+        /*pending_weights=*/0, ShapeOnly(c));
     shard_optimizer(&n);
     return std::vector<MemoryNeed>(world, n);
   }
@@ -323,9 +333,7 @@ std::vector<std::string> ScheduleRow(const PipelineSchedule& s, int stage, size_
 
 std::string ExplainLayout(const ParallelConfig& c, const JobLayout& l) {
   const TrainConfig& t = c.train;
-  TensorParallel tp;  // the parts' sizes: the same on every tensor rank
-  tp.size = l.grid.tensors;
-  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(t.model, tp);
+  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(t.model, ShapeOnly(c));
   const int world = l.grid.ranks();
   std::string out;
   if (l.pipelined()) {
@@ -410,6 +418,32 @@ std::pair<int, int> JobLayout::BlockRange(int stage) const {
 
 std::string JobLayout::StageSizes() const { return PartitionSizes(bounds); }
 
+namespace {
+
+// Sequence parallelism splits each micro-batch's rows (samples x sequence) over the T ranks.
+absl::Status CheckSequenceParallel(const ParallelConfig& c, int world) {
+  const TrainConfig& t = c.train;
+  if (c.tensor_parallel < 2) {
+    return absl::InvalidArgumentError(
+        "--sequence-parallel needs --tensor-parallel=T with T >= 2: it splits the rows between "
+        "the tensor-parallel regions over those T ranks");
+  }
+  const int replicas = c.strategy == StrategyKind::kData ? world / c.tensor_parallel
+                                                         : c.data_parallel;
+  const int64_t rows = int64_t{t.batch} / std::max(1, replicas) / std::max(1, t.micro_batches) *
+                       t.model.seq_len;
+  if (rows % c.tensor_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--sequence-parallel with --tensor-parallel=%d: a micro-batch's %d rows (samples x "
+        "--seq-len) do not split evenly over the %d ranks; use a --seq-len or --batch that "
+        "makes them a multiple of %d",
+        c.tensor_parallel, rows, c.tensor_parallel, c.tensor_parallel));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<JobLayout> ResolveLayout(const ParallelConfig& c, int world,
                                         const LayoutInputs& in) {
   RETURN_IF_ERROR(c.train.Validate());
@@ -422,6 +456,7 @@ absl::StatusOr<JobLayout> ResolveLayout(const ParallelConfig& c, int world,
   const int tp = c.tensor_parallel;
   RETURN_IF_ERROR(ProcessGrid::Make(world, 1, tp).status());  // T divides the world
   RETURN_IF_ERROR(CheckTensorParallel(c.train.model, tp));
+  if (c.sequence_parallel) RETURN_IF_ERROR(CheckSequenceParallel(c, world));
   JobLayout l;
   if (c.strategy == StrategyKind::kData) {
     RETURN_IF_ERROR(CheckDataParallel(c, world / tp));

@@ -39,6 +39,7 @@ struct ParallelConfig {
   std::string balance = "params";    // pipeline: params, time, or explicit sizes "3,3,2"
   int data_parallel = 1;             // pipeline and model: replicas D (T x D x stages = world)
   int tensor_parallel = 1;           // T: ranks each stage's blocks are split over (a GPT)
+  bool sequence_parallel = false;    // T >= 2: the residual stream's rows split over them too
   int zero = 0;                      // 1: ZeRO-1, optimizer state sharded over the replicas
   int64_t bucket_bytes = 25 << 20;   // data parallel
   bool overlap = true;               // data parallel: all-reduce during backward

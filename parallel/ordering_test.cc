@@ -244,6 +244,8 @@ TEST(OrderingOnTwoRanksTest, TensorParallel) {
   pc.strategy = StrategyKind::kData;
   pc.tensor_parallel = 2;
   ShortCase(pc, "data, T=2, 2 micro-batches");
+  pc.sequence_parallel = true;
+  ShortCase(pc, "data, T=2 sequence parallel, 2 micro-batches");
 }
 
 // T=2 x K=2 under ZB-H1: the collectives of each B inside the schedule's transfers.

@@ -13,7 +13,7 @@ mpirun_test="$1"
 bin="$2"
 out="${TEST_TMPDIR:-$(mktemp -d)}"
 # Ranks, the suite they run, and the fewest cases it records.
-layouts="3:OrderingTest.*:11 2:OrderingOnTwoRanksTest.*:3 4:OrderingOnFourRanksTest.*:3"
+layouts="3:OrderingTest.*:11 2:OrderingOnTwoRanksTest.*:4 4:OrderingOnFourRanksTest.*:3"
 run() {
   mode="$1"; jitter="$2"; name="$3"; ranks="$4"; suite="$5"
   echo "== $ranks ranks, TANDEM_CPU_STREAMS=$mode TANDEM_CPU_STREAM_JITTER_US=$jitter"

@@ -120,7 +120,7 @@ absl::StatusOr<int> PipelineExecutor::WaitFor(std::map<int, size_t>& ready, cons
 absl::Status PipelineExecutor::IssueGroup(size_t g) {
   const std::vector<int>& indices = groups_[g];
   const Stage& st = *io_.stage;
-  const Shape boundary{io_.rows, st.config().seq_len, st.config().d_model};
+  const Shape boundary = st.BoundaryShape(io_.rows);
   const DType dtype = io_.dtype;
   const Device device = st.device();
   std::vector<PeerTransfer> group;

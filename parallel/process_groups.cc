@@ -76,29 +76,38 @@ absl::StatusOr<ProcessGroups> MakeProcessGroups(const JobLayout& l, bool tied_em
   return g;
 }
 
-absl::Status CommTensorGroup::AllReduce(Stream& s, const Tensor& t, ReduceOp op,
-                                        const char* what) {
-  AllReduceOptions options;
-  options.op = op;
+absl::Status CommTensorGroup::Run(
+    Stream& s, int64_t bytes, const char* what,
+    const std::function<absl::StatusOr<std::unique_ptr<Work>>()>& issue) {
   absl::Status st =
       timeline_ != nullptr ? timeline_->Mark(kComputePart, "compute") : absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<Work>> w = comm_->AllReduce(t, options);
+  absl::StatusOr<std::unique_ptr<Work>> w = issue();
   if (st.ok()) st = w.ok() ? (*w)->WaitOn(s, timeout_) : w.status();
   if (st.ok() && timeline_ != nullptr) st = timeline_->Mark(kTensorComm, what);
   if (!st.ok()) {
     return absl::Status(st.code(),
                         absl::StrFormat("%s, waiting for %s: %s", where_, what, st.message()));
   }
-  bytes_ += static_cast<int64_t>(t.bytes());
+  bytes_ += bytes;
   return absl::OkStatus();
 }
 
 absl::Status CommTensorGroup::AllReduceSum(Stream& s, const Tensor& t, const char* what) {
-  return AllReduce(s, t, ReduceOp::kSum, what);
+  return Run(s, t.bytes(), what, [&] { return comm_->AllReduce(t, {ReduceOp::kSum}); });
 }
 
 absl::Status CommTensorGroup::AllReduceMax(Stream& s, const Tensor& t, const char* what) {
-  return AllReduce(s, t, ReduceOp::kMax, what);
+  return Run(s, t.bytes(), what, [&] { return comm_->AllReduce(t, {ReduceOp::kMax}); });
+}
+
+absl::Status CommTensorGroup::AllGather(Stream& s, const Tensor& all, const Tensor& mine,
+                                        const char* what) {
+  return Run(s, all.bytes(), what, [&] { return comm_->AllGather(all, mine); });
+}
+
+absl::Status CommTensorGroup::ReduceScatterSum(Stream& s, const Tensor& mine, const Tensor& all,
+                                               const char* what) {
+  return Run(s, all.bytes(), what, [&] { return comm_->ReduceScatter(mine, all); });
 }
 
 }  // namespace tandem

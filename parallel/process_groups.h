@@ -7,6 +7,7 @@
 #ifndef TANDEM_PARALLEL_PROCESS_GROUPS_H_
 #define TANDEM_PARALLEL_PROCESS_GROUPS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -53,13 +54,19 @@ class CommTensorGroup : public TensorGroup {
       : comm_(comm), timeout_(timeout), where_(std::move(where)) {}
   absl::Status AllReduceSum(Stream& s, const Tensor& t, const char* what) override;
   absl::Status AllReduceMax(Stream& s, const Tensor& t, const char* what) override;
+  absl::Status AllGather(Stream& s, const Tensor& all, const Tensor& mine,
+                         const char* what) override;
+  absl::Status ReduceScatterSum(Stream& s, const Tensor& mine, const Tensor& all,
+                                const char* what) override;
   int64_t bytes() const { return bytes_; }
   // Where a step's collectives mark their waits (kComputePart before each, kTensorComm after
   // the stream's wait, parallel/step_phases.h); null: not marked.
   void set_timeline(StreamTimeline* timeline) { timeline_ = timeline; }
 
  private:
-  absl::Status AllReduce(Stream& s, const Tensor& t, ReduceOp op, const char* what);
+  // Issues one collective of `bytes` (issue), makes the stream wait for it, marks the timeline.
+  absl::Status Run(Stream& s, int64_t bytes, const char* what,
+                   const std::function<absl::StatusOr<std::unique_ptr<Work>>()>& issue);
   Communicator* comm_;
   absl::Duration timeout_;
   std::string where_;

@@ -68,14 +68,26 @@ TEST(TensorParallelTest, EveryRankOneStage) {
   ParallelConfig tied = Layout(T, StrategyKind::kData, 1);
   tied.train.model.tie_embeddings = true;
   Check(tied, absl::StrFormat("T=%d tied", T));
+  for (int mbs : {1, 2}) {
+    ParallelConfig sp = Layout(T, StrategyKind::kData, mbs);
+    sp.sequence_parallel = true;
+    sp.recompute = mbs == 2;
+    Check(sp, absl::StrFormat("T=%d sequence parallel mb=%d recompute=%d", T, mbs, mbs == 2));
+  }
+  ParallelConfig tied_sp = tied;
+  tied_sp.sequence_parallel = true;
+  Check(tied_sp, absl::StrFormat("T=%d tied sequence parallel", T));
 }
 
 TEST(TensorParallelTest, BesideDataParallelism) {
   if (comm->world_size() != 4) GTEST_SKIP() << "T=2 x D=2 takes 4 ranks";
   for (int zero : {0, 1}) {
-    ParallelConfig pc = Layout(2, StrategyKind::kData, 2);
-    pc.zero = zero;
-    Check(pc, absl::StrFormat("T=2 x D=2 data zero=%d", zero));
+    for (bool sp : {false, true}) {
+      ParallelConfig pc = Layout(2, StrategyKind::kData, 2);
+      pc.zero = zero;
+      pc.sequence_parallel = sp;
+      Check(pc, absl::StrFormat("T=2 x D=2 data zero=%d sequence parallel=%d", zero, sp));
+    }
   }
 }
 
@@ -83,10 +95,14 @@ TEST(TensorParallelTest, BesideAPipeline) {
   if (comm->world_size() != 4) GTEST_SKIP() << "T=2 x K=2 takes 4 ranks";
   for (const char* schedule : {"1f1b", "zb-h1"}) {
     for (bool tied : {false, true}) {
-      ParallelConfig pc = Layout(2, StrategyKind::kPipeline, 4);
-      pc.schedule = schedule;
-      pc.train.model.tie_embeddings = tied;
-      Check(pc, absl::StrFormat("T=2 x K=2 %s tied=%d", schedule, tied));
+      for (bool sp : {false, true}) {
+        ParallelConfig pc = Layout(2, StrategyKind::kPipeline, 4);
+        pc.schedule = schedule;
+        pc.train.model.tie_embeddings = tied;
+        pc.sequence_parallel = sp;
+        Check(pc, absl::StrFormat("T=2 x K=2 %s tied=%d sequence parallel=%d", schedule, tied,
+                                  sp));
+      }
     }
   }
 }
@@ -95,10 +111,12 @@ TEST(TensorParallelTest, ValidationLoss) {
   if (comm->world_size() != 4) GTEST_SKIP() << "T=2 x K=2 takes 4 ranks";
   ParallelConfig pc = Layout(2, StrategyKind::kPipeline, 4);
   pc.schedule = "1f1b";
+  pc.sequence_parallel = true;
   pc.train.val_fraction = 0.1;
   pc.train.eval_every = 5;
   pc.train.eval_batches = 2;
-  CheckValidationParity(TrainOneWorkerValidated(pc.train), pc, comm, "T=2 x K=2 validation");
+  CheckValidationParity(TrainOneWorkerValidated(pc.train), pc, comm,
+                        "T=2 x K=2 sequence parallel validation");
 }
 
 TEST(TensorParallelTest, EveryAxisWithZeroOne) {
@@ -108,6 +126,9 @@ TEST(TensorParallelTest, EveryAxisWithZeroOne) {
   pc.data_parallel = 2;
   pc.zero = 1;
   Check(pc, "T=2 x D=2 x K=2 1f1b zero=1");
+  pc.sequence_parallel = true;
+  pc.schedule = "zb-h1";
+  Check(pc, "T=2 x D=2 x K=2 zb-h1 zero=1 sequence parallel");
 }
 
 // Checkpoints hold whole tensors: a T=2 x K=2 run resumes as one worker, and one worker's
@@ -148,7 +169,9 @@ TEST(TensorParallelTest, ResumeInTheSameLayoutIsBitwise) {
   for (int i = 0; i < kSteps / 2; ++i) {
     EXPECT_EQ(resumed.losses[i], whole.losses[kSteps / 2 + i]) << "step " << kSteps / 2 + i;
   }
-  for (const auto& [name, values] : resumed.params) EXPECT_EQ(values, whole.params.at(name)) << name;
+  for (const auto& [name, values] : resumed.params) {
+    EXPECT_EQ(values, whole.params.at(name)) << name;
+  }
 }
 
 // The memory check's estimate against the allocator, on every tensor-parallel layout of this
@@ -165,6 +188,12 @@ TEST(TensorParallelTest, MemoryEstimateIsTheAllocatorsPeak) {
     ParallelConfig pipe = Layout(2, StrategyKind::kPipeline, 4);
     pipe.schedule = "1f1b";
     layouts.push_back({"T=2 x K=2 1f1b", pipe});
+  }
+  const size_t plain = layouts.size();
+  for (size_t i = 0; i < plain; ++i) {
+    ParallelConfig sp = layouts[i].second;
+    sp.sequence_parallel = true;
+    layouts.push_back({layouts[i].first + ", sequence parallel", sp});
   }
   if (layouts.empty()) GTEST_SKIP() << "no tensor-parallel layout checked on " << world;
   for (const auto& [name, pc] : layouts) {
@@ -188,24 +217,40 @@ TEST(TensorParallelTest, MemoryEstimateIsTheAllocatorsPeak) {
 
 // ---- one stage against the whole model --------------------------------------------------------
 
-// The tensor-parallel group of every rank, forwarding to the real one but for the collective
-// a mutation drops: the `drop`-th sum (0-based), or every max.
+// The tensor-parallel group of every rank, forwarding to the real one but for the collective a
+// mutation drops: the `drop`-th of the pass (0-based, of any kind), or with `drop_max` every
+// max. Counts the collectives it is asked for.
 class MutatedGroup : public TensorGroup {
  public:
-  MutatedGroup(TensorGroup* real, int drop_sum, bool drop_max)
-      : real_(real), drop_sum_(drop_sum), drop_max_(drop_max) {}
+  MutatedGroup(TensorGroup* real, int drop, bool drop_max)
+      : real_(real), drop_(drop), drop_max_(drop_max) {}
   absl::Status AllReduceSum(Stream& s, const Tensor& t, const char* what) override {
-    if (sums_++ == drop_sum_) return absl::OkStatus();
+    if (Dropped()) return absl::OkStatus();
     return real_->AllReduceSum(s, t, what);
   }
   absl::Status AllReduceMax(Stream& s, const Tensor& t, const char* what) override {
-    if (drop_max_) return absl::OkStatus();
+    if (Dropped() || drop_max_) return absl::OkStatus();
     return real_->AllReduceMax(s, t, what);
   }
+  // A dropped gather or reduce-scatter leaves its output unwritten: what the allocator's
+  // block held before, which may happen to be the right values (the same rows gathered in
+  // forward), so it is poisoned here.
+  absl::Status AllGather(Stream& s, const Tensor& all, const Tensor& mine,
+                         const char* what) override {
+    if (Dropped()) return ops::Fill(s, all, 1e3f);
+    return real_->AllGather(s, all, mine, what);
+  }
+  absl::Status ReduceScatterSum(Stream& s, const Tensor& mine, const Tensor& all,
+                                const char* what) override {
+    if (Dropped()) return ops::Fill(s, mine, 1e3f);
+    return real_->ReduceScatterSum(s, mine, all, what);
+  }
+  int calls() const { return calls_; }
 
  private:
+  bool Dropped() { return calls_++ == drop_; }
   TensorGroup* real_;
-  int drop_sum_, sums_ = 0;
+  int drop_, calls_ = 0;
   bool drop_max_;
 };
 
@@ -217,9 +262,9 @@ struct Pass {
 
 // One micro-batch forward and backward through a stage of every block: the whole model
 // (group null), or this rank's part over `group`.
-Pass RunStage(const ModelConfig& model, TensorGroup* group) {
+Pass RunStage(const ModelConfig& model, TensorGroup* group, bool sequence = false) {
   TensorParallel tp;
-  if (group != nullptr) tp = {comm->world_size(), comm->rank(), group};
+  if (group != nullptr) tp = {comm->world_size(), comm->rank(), group, sequence};
   auto st = Stage::Create(model, {{0, model.num_blocks()}}, Device::Cpu(), 7, DType::kF32, tp);
   EXPECT_TRUE(st.ok()) << st.status();
   if (!st.ok()) return {};
@@ -235,8 +280,10 @@ Pass RunStage(const ModelConfig& model, TensorGroup* group) {
   mb.targets = *Tensor::FromInts(targets, {B, T});
   mb.dloss_scale = 1.0f / (B * T);
   Tensor losses, dx;
-  EXPECT_TRUE((*st)->Forward(s, 0, mb, Tensor(), &losses).ok());
-  EXPECT_TRUE((*st)->Backward(s, 0, mb, Tensor(), &dx).ok());
+  const absl::Status forward = (*st)->Forward(s, 0, mb, Tensor(), &losses);
+  EXPECT_TRUE(forward.ok()) << forward;
+  const absl::Status backward = (*st)->Backward(s, 0, mb, Tensor(), &dx);
+  EXPECT_TRUE(backward.ok()) << backward;
   EXPECT_TRUE(s.Synchronize().ok());
   Pass p;
   p.losses = *losses.ToFloatVector();
@@ -284,23 +331,24 @@ TEST(TensorParallelTest, AStageIsTheWholeModelAndEveryCollectiveCounts) {
   auto groups = MakeProcessGroups(*layout, model.tie_embeddings, comm);
   ASSERT_TRUE(groups.ok()) << groups.status();
   CommTensorGroup real(groups->tp.get(), absl::Minutes(1), "rank");
-  MutatedGroup intact(&real, -1, false);
-  const double ok = Distance(whole, RunStage(model, &intact));
-  EXPECT_LT(ok, 1e-5) << "T=" << T;
-  // A forward and backward of 3 blocks issues 2 sums in the embedding and each layer's
-  // forward and backward (2 + 3 x 4), 1 in the head's loss and 1 in its backward.
-  const int sums = 1 + 3 * 2 + 1 + 1 + 3 * 2;
-  for (int drop = 0; drop < sums; ++drop) {
-    MutatedGroup mutant(&real, drop, false);
-    EXPECT_GT(Distance(whole, RunStage(model, &mutant)), 1e-3)
-        << "T=" << T << ": dropping sum " << drop << " went unnoticed";
+  for (bool sequence : {false, true}) {
+    SCOPED_TRACE(sequence ? "sequence parallel" : "tensor parallel");
+    MutatedGroup intact(&real, -1, false);
+    EXPECT_LT(Distance(whole, RunStage(model, &intact, sequence)), 1e-5) << "T=" << T;
+    // Without sequence parallelism: a sum in the embedding, 2 in each layer's forward and 2 in
+    // its backward (1 + 3 x 4), the head's max, its loss's sum and its backward's. With it: the
+    // embedding's reduce-scatter and all-gather, each layer's 4 in forward and 7 in backward
+    // (the LayerNorms' sum among them), the head's gather, max, sum, reduce-scatter and sum.
+    EXPECT_EQ(intact.calls(), sequence ? 2 + 3 * 11 + 5 : 1 + 3 * 4 + 3);
+    for (int drop = 0; drop < intact.calls(); ++drop) {
+      MutatedGroup mutant(&real, drop, false);
+      EXPECT_GT(Distance(whole, RunStage(model, &mutant, sequence)), 1e-3)
+          << "T=" << T << ": dropping collective " << drop << " went unnoticed";
+    }
+    MutatedGroup no_max(&real, -1, true);
+    EXPECT_GT(Distance(whole, RunStage(model, &no_max, sequence)), 1e-3)
+        << "T=" << T << ": skipping the vocabulary-parallel max went unnoticed";
   }
-  MutatedGroup no_max(&real, -1, true);
-  EXPECT_GT(Distance(whole, RunStage(model, &no_max)), 1e-3)
-      << "T=" << T << ": skipping the vocabulary-parallel max went unnoticed";
-  // The collectives past the last one a pass issues change nothing: the count is right.
-  MutatedGroup past(&real, sums, false);
-  EXPECT_LT(Distance(whole, RunStage(model, &past)), 1e-5);
 }
 
 }  // namespace

@@ -29,11 +29,11 @@
 namespace tandem {
 
 std::string Layout::Name() const {
-  std::string s;
+  std::string s = tensor_parallel > 1 ? absl::StrFormat("t%d ", tensor_parallel) : "";
   if (strategy == StrategyKind::kData) {
-    s = absl::StrFormat("data D=%d", data_parallel);
+    absl::StrAppendFormat(&s, "data D=%d", data_parallel);
   } else {
-    s = absl::StrFormat("d%dk%d %s", data_parallel, stages,
+    absl::StrAppendFormat(&s, "d%dk%d %s", data_parallel, stages,
                         strategy == StrategyKind::kModel ? "model" : schedule);
     if (virtual_stages > 1) absl::StrAppend(&s, " v=", virtual_stages);
   }
@@ -43,6 +43,7 @@ std::string Layout::Name() const {
   if (zero) absl::StrAppend(&s, " zero1");
   if (recompute) absl::StrAppend(&s, " recompute");
   if (data_parallel > 1) absl::StrAppend(&s, " bucket ", FormatBytes(bucket_bytes));
+  if (sequence_parallel) absl::StrAppend(&s, " sp");
   return s;
 }
 
@@ -58,6 +59,8 @@ std::vector<std::string> Layout::LauncherFlags() const {
   if (zero) f.push_back("--zero=1");
   if (recompute) f.push_back("--recompute");
   f.push_back(absl::StrCat("--bucket-mb=", bucket_bytes / double(1 << 20)));
+  if (tensor_parallel > 1) f.push_back(absl::StrCat("--tensor-parallel=", tensor_parallel));
+  if (sequence_parallel) f.push_back("--sequence-parallel");
   return f;
 }
 
@@ -67,6 +70,7 @@ std::string Prediction::Reason() const {
       {exposed_comm_s, layout.zero ? "exposed reduce-scatter" : "exposed all-reduce"},
       {optimizer_s, layout.zero ? "optimizer and all-gather" : "optimizer"},
       {sharing_s, "workers waiting for a core"},
+      {tensor_comm_s, "tensor-parallel collectives"},
       {spread_s, "waiting for the slowest worker"},
   };
   const auto* top = std::max_element(std::begin(parts), std::end(parts));
@@ -78,8 +82,51 @@ namespace {
 
 // Parameters each stage of `bounds` holds, each once (a tied table too, and a last stage's
 // copy of it), as its flat buffer does (StageParams).
-std::vector<int64_t> StageParamCounts(const ModelConfig& model, const StageBounds& bounds) {
-  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model);
+// One block's tensor-parallel collectives for a micro-batch, in its forward and in its B.
+struct TensorComm {
+  double forward = 0, backward = 0;
+};
+
+// Each block's (TensorComm) under c's tensor parallelism, for micro-batches of `rows` samples,
+// by the tensor-parallel link's ring model over T ranks; zeros without it.
+std::vector<TensorComm> TensorCollectives(const PlanRequest& r, const ParallelConfig& c,
+                                          double rows) {
+  const ModelConfig& model = c.train.model;
+  std::vector<TensorComm> out(model.num_blocks());
+  const int T = c.tensor_parallel;
+  if (T < 2) return out;
+  const LinkModel& link = r.tp_link.bytes_per_s > 0 ? r.tp_link : r.link;
+  // The activations of a micro-batch, (rows x seq, C) in the compute dtype.
+  const double bytes =
+      rows * model.seq_len * model.d_model * static_cast<double>(DTypeSize(c.train.dtype));
+  const double ar = link.AllReduce(bytes, T);
+  const double ag = link.AllGather(bytes, T), rs = link.ReduceScatter(bytes, T);
+  const bool sp = c.sequence_parallel;
+  for (int b = 0; b < model.num_blocks(); ++b) {
+    TensorComm& t = out[b];
+    if (b == 0) {  // the embedding: the looked-up rows' sum; its B gathers dy (sp)
+      t.forward = sp ? rs : ar;
+      t.backward = sp ? ag : 0;
+    } else if (b == model.num_blocks() - 1) {  // the head: its input's gradient
+      // its logits' row maxima (4 bytes a row), then their sums of exp and target logits (8)
+      t.forward = (sp ? ag : 0) + link.AllReduce(rows * model.seq_len * 4.0, T) +
+                  link.AllReduce(rows * model.seq_len * 8.0, T);
+      t.backward = sp ? rs : ar;
+    } else {  // a layer: two regions
+      t.forward = sp ? 2 * (ag + rs) : 2 * ar;
+      t.backward = sp ? 4 * ag + 2 * rs : 2 * ar;
+    }
+  }
+  return out;
+}
+
+// Each stage's parameters, on one of its T tensor-parallel ranks: its parts (the blocks
+// BuildBlocks makes for T).
+std::vector<int64_t> StageParamCounts(const ModelConfig& model, const StageBounds& bounds,
+                                      int tensor_parallel = 1) {
+  TensorParallel tp;
+  tp.size = tensor_parallel;
+  const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model, tp);
   std::vector<int64_t> out;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     int64_t n = 0;
@@ -138,6 +185,8 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   c.zero = layout.zero;
   c.bucket_bytes = layout.bucket_bytes;
   c.balance = layout.balance;
+  c.tensor_parallel = layout.tensor_parallel;
+  c.sequence_parallel = layout.sequence_parallel;
   LayoutInputs in;
   in.schedule = schedule;
   ASSIGN_OR_RETURN(const JobLayout resolved, ResolveLayout(c, r.gpus, in));
@@ -147,15 +196,23 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   p.layout = layout;
   for (const MemoryNeed& n : resolved.memory) p.memory_bytes = std::max(p.memory_bytes, n.total());
 
-  const int K = grid.stages, D = grid.replicas, M = layout.micro_batches;
+  const int K = grid.stages, D = grid.replicas, M = layout.micro_batches, T = grid.tensors;
   const double rows = double(c.train.batch) / D / M;
-  const std::vector<BlockTime> blocks = r.profile.BlocksAt(rows);
+  std::vector<BlockTime> blocks = r.profile.BlocksAt(rows);
+  // Tensor parallelism: each block's work split over T ranks, its collectives on top.
+  const std::vector<TensorComm> tensor_comm = TensorCollectives(r, c, rows);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    blocks[b].forward = blocks[b].forward / T + tensor_comm[b].forward;
+    blocks[b].backward = blocks[b].backward / T + tensor_comm[b].backward;
+    blocks[b].weight /= T;
+  }
   // bounds has K x v global stages; global stage g runs on stage g mod K as its chunk g div K.
   const int V = layout.virtual_stages;
-  const std::vector<int64_t> chunk_params = StageParamCounts(model, bounds);
+  const std::vector<int64_t> chunk_params = StageParamCounts(model, bounds, T);
   std::vector<int64_t> stage_params(K, 0);
   std::vector<std::vector<ComputeSeconds>> chunk(K, std::vector<ComputeSeconds>(V));
   std::vector<ComputeSeconds> stage(K);  // over the stage's chunks
+  std::vector<double> stage_tensor(K, 0);  // a micro-batch's collectives' seconds
   for (int g = 0; g < K * V; ++g) {
     const int s = g % K;
     ComputeSeconds& t = chunk[s][g / K];
@@ -163,6 +220,8 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
       t.forward += blocks[b].forward;
       t.backward += blocks[b].backward;
       t.weight += blocks[b].weight;
+      stage_tensor[s] += tensor_comm[b].forward * (layout.recompute ? 2 : 1) +
+                         tensor_comm[b].backward;
     }
     if (layout.recompute) t.backward += t.forward;  // the forward again first
     stage_params[s] += chunk_params[g];
@@ -217,7 +276,8 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
       p.optimizer_s = end_work[s] + end_wait[s];
     }
   }
-  p.compute_s = sim.busy[slowest];
+  p.tensor_comm_s = M * stage_tensor[slowest];
+  p.compute_s = sim.busy[slowest] - p.tensor_comm_s;
   p.bubble_s = sim.makespan - sim.busy[slowest];
   p.step_s = sim.makespan + tail;
   // CPU workers on fewer cores than workers: the D replicas' stages that compute at each
@@ -263,6 +323,8 @@ std::string ReasonKind(absl::string_view message) {
 }
 
 const char* PureKind(const Layout& l) {
+  if (l.tensor_parallel > 1) return l.data_parallel == 1 && l.stages == 1 ? "tensor parallel"
+                                                                           : nullptr;
   if (l.strategy == StrategyKind::kData) return "data parallel";
   if (l.data_parallel != 1) return nullptr;
   return l.strategy == StrategyKind::kModel ? "model parallel" : "pipeline";
@@ -343,9 +405,18 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
       plan.ranked.push_back(*p);
     }
   };
-  for (int K = 1; K <= r.gpus; ++K) {
-    if (r.gpus % K != 0) continue;
-    const int D = r.gpus / K;
+  // Tensor parallelism within a node: T a power of two dividing the heads, with sequence
+  // parallelism off and on.
+  std::vector<std::pair<int, bool>> tensor_layouts = {{1, false}};
+  for (int t = 2; t <= std::min(r.gpus, r.gpus_per_node); t *= 2) {
+    if (r.gpus % t != 0 || !CheckTensorParallel(model, t).ok()) continue;
+    tensor_layouts.push_back({t, false});
+    tensor_layouts.push_back({t, true});
+  }
+  for (const auto& [T, sp] : tensor_layouts)
+  for (int K = 1; K <= r.gpus / T; ++K) {
+    if (r.gpus / T % K != 0) continue;
+    const int D = r.gpus / T / K;
     if (batch % D != 0) {
       ++plan.dropped[absl::StrFormat("the batch of %d does not split over %d replicas", batch,
                                      D)];
@@ -354,6 +425,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r) {
     Layout base;
     base.data_parallel = D;
     base.stages = K;
+    base.tensor_parallel = T;
+    base.sequence_parallel = sp;
     if (K > 1) {
       if (K > model.num_blocks()) {
         ++plan.dropped[absl::StrFormat("more stages than the model's %d blocks",

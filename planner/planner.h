@@ -11,6 +11,11 @@
 //             interleaving), each stage's activations sent to the next in a transfer timed
 //             by the link model, and for CPU workers each exchange group taking the link's
 //             measured handover;
+//   tensor    under tensor parallelism (T ranks a stage) each block's times over T, and each
+//             layer's collectives on its critical path by the tensor-parallel link's model: in
+//             forward and in B two all-reduces of the micro-batch's activations (sequence
+//             parallelism: an all-gather and a reduce-scatter each, and three all-gathers
+//             more in B), the embedding's one in forward, the head's one in B;
 //   gradients the data-parallel all-reduce (ZeRO-1: reduce-scatter, then the all-gather of the
 //             updated parameters) of each stage's buckets, by an alpha-beta model of the link
 //             (ring algorithms), overlapped with the step's last backward as DDP does;
@@ -192,10 +197,14 @@ struct Layout {
   int zero = 0;
   int64_t bucket_bytes = 25 << 20;
   std::string balance = "params";  // the stage sizes the prediction assumed ("3,3,2")
-  // "d2k2 1f1b M=4 zero1 recompute bucket 4 MB", "d1k2 interleaved v=2 M=4"
+  int tensor_parallel = 1;         // T: each stage over T ranks (T x D x K = N)
+  bool sequence_parallel = false;  // T >= 2
+  // "d2k2 1f1b M=4 zero1 recompute bucket 4 MB", "d1k2 interleaved v=2 M=4", with tensor
+  // parallelism "t2 d2k2 1f1b M=4 sp"
   std::string Name() const;
   // The launcher flags that run it: --strategy, --schedule, --virtual-stages, --data-parallel,
-  // --micro-batches, --zero, --recompute, --bucket-mb, --balance.
+  // --micro-batches, --zero, --recompute, --bucket-mb, --balance, --tensor-parallel,
+  // --sequence-parallel.
   std::vector<std::string> LauncherFlags() const;
 };
 
@@ -207,6 +216,9 @@ struct Prediction {
   // ZeRO-1's all-gather) and the step overhead (BlockProfile::step_overhead, the stage's share
   // by its parameters).
   double compute_s = 0, bubble_s = 0, exposed_comm_s = 0, optimizer_s = 0;
+  // Tensor parallelism: the slowest path's waits for the blocks' collectives over the
+  // tensor-parallel link, on the critical path (not in compute_s).
+  double tensor_comm_s = 0;
   // CPU workers on fewer cores than workers: what the step takes on top of the step with a
   // core each, the ranks computing at each moment sharing the cores.
   double sharing_s = 0;
@@ -234,6 +246,12 @@ struct PlanRequest {
   int64_t device_memory = -1;  // bytes per device; -1: not checked
   BlockProfile profile;
   LinkModel link;
+  // The link within a node, which tensor parallelism's collectives take (--tp-link); without
+  // a bandwidth, `link`.
+  LinkModel tp_link;
+  // Tensor parallelism stays within a node: T a power of two dividing the heads and at most
+  // this (1: none enumerated).
+  int gpus_per_node = 8;
   // The choices enumerated beside D x K and the schedules.
   std::vector<int64_t> bucket_bytes = {int64_t{25} << 20};
   // CPU workers on fewer cores than workers: the steps are simulated sharing the cores.
@@ -257,7 +275,8 @@ struct Plan {
 // stages than blocks, an invalid schedule), as the launcher would refuse it.
 absl::StatusOr<Prediction> Predict(const PlanRequest& r, const Layout& layout);
 
-// Every layout of r.gpus ranks: D x K = N; for K >= 2 each schedule; M among the divisors
+// Every layout of r.gpus ranks: T x D x K = N, T a power of two up to r.gpus_per_node dividing
+// the heads (T >= 2 with sequence parallelism off and on); for K >= 2 each schedule; M among the divisors
 // of the replica's batch (for K >= 2, 1 for the model-parallel split and from 2 up to 8K for the
 // pipelines); recomputation off and on; ZeRO-1 off and on
 // where D >= 2; each bucket size where D >= 2. An error for a request nothing can satisfy

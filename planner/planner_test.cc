@@ -209,6 +209,47 @@ TEST(PlannerTest, DataParallelStepByHand) {
   EXPECT_LT(z.memory_bytes, p.memory_bytes);
 }
 
+// T=2 over both ranks, by hand: each block's work halved, and each collective a ring over 2
+// ranks at 1 GB/s without latency: an all-reduce of n bytes 2 steps of n/2, an all-gather or a
+// reduce-scatter 1 step of n/2. A micro-batch's activations: 2 rows x 16 x 32 f32 = 4096 bytes.
+TEST(PlannerTest, TensorParallelStepByHand) {
+  const PlanRequest r = Request(2, 2);  // 2 rows: the profile's
+  Layout l;
+  l.tensor_parallel = 2;
+  const Prediction p = *Predict(r, l);
+  const double n = 4096, ar = 2 * (n / 2) / 1e9, half = (n / 2) / 1e9;
+  // The head's two small all-reduces: the rows' maxima (4 bytes a row) and their sums of exp
+  // and target logits (8), 32 rows.
+  const double head_small = 2 * (32 * 4 / 2.0) / 1e9 + 2 * (32 * 8 / 2.0) / 1e9;
+  // The embedding's sum, 4 in each of the 2 layers, the head's input gradient.
+  EXPECT_NEAR(p.tensor_comm_s, (1 + 2 * 4 + 1) * ar + head_small, 1e-15);
+  EXPECT_NEAR(p.compute_s, 4 * 3 / 2.0, 1e-12);
+  TensorParallel tp;
+  tp.size = 2;
+  int64_t params = 0;  // one rank's: its parts of the blocks
+  for (const ParamSpec& s : StageParams(BuildBlocks(r.base.train.model, tp), 0, 4)) {
+    params += s.shape.numel();
+  }
+  EXPECT_LT(params, r.base.train.model.num_params());
+  EXPECT_NEAR(p.optimizer_s, params * 1e-6, 1e-12);
+  EXPECT_NEAR(p.step_s, p.compute_s + p.tensor_comm_s + p.optimizer_s, 1e-12);
+  EXPECT_EQ(l.Name(), "t2 data D=1");
+  EXPECT_NE(std::find(l.LauncherFlags().begin(), l.LauncherFlags().end(), "--tensor-parallel=2"),
+            l.LauncherFlags().end());
+  // Sequence parallelism: the embedding's reduce-scatter and its B's all-gather; in each
+  // layer an all-gather and a reduce-scatter a region in forward, 4 all-gathers and 2
+  // reduce-scatters in B; the head's gather, its two small sums and its reduce-scatter.
+  l.sequence_parallel = true;
+  const Prediction sp = *Predict(r, l);
+  EXPECT_NEAR(sp.tensor_comm_s, 2 * half + 2 * (4 * half + 6 * half) + 2 * half + head_small,
+              1e-15);
+  // A request whose heads T does not divide has no such layout.
+  PlanRequest three = Request(3, 3);
+  l = Layout();
+  l.tensor_parallel = 3;
+  EXPECT_FALSE(Predict(three, l).ok());
+}
+
 TEST(PlannerTest, BlockTimesAtOtherRows) {
   BlockProfile p;
   p.rows = 4;

@@ -44,6 +44,13 @@ ABSL_FLAG(std::string, link, "",
           "(NVLink) or 50,5 (InfiniBand); handover_us: what a pipeline's transfer on its "
           "critical path takes beyond its alpha-beta time (default 0); default: measured here "
           "with as many CPU workers as --gpus (2 to 8)");
+ABSL_FLAG(std::string, tp_link, "",
+          "bandwidth_GBps,latency_us of the links within a node, which tensor parallelism's "
+          "collectives take, e.g. 450,3 (NVLink) beside --link=50,5 (InfiniBand across nodes); "
+          "default: --link's");
+ABSL_FLAG(int, gpus_per_node, 8,
+          "devices a node holds: tensor-parallel layouts take T up to this, a power of two "
+          "dividing the heads (1: none)");
 ABSL_FLAG(double, waiting_share, -1,
           "CPU workers on fewer cores than workers: the share of a computing worker's turn on "
           "the cores that a pipeline worker waiting on its neighbour takes, 0 to 1 (default: "
@@ -73,7 +80,7 @@ const launcher::FlagSet& PlanFlags() {
       "tools/plan.cc",
       {"plan", "gpus", "model", "n_layer", "d_model", "n_head", "seq_len", "batch", "dtype",
        "device", "optimizer", "seed", "device_memory", "block_times", "derive_block_times",
-       "write_block_times", "link", "waiting_share",
+       "write_block_times", "link", "tp_link", "gpus_per_node", "waiting_share",
        "run", "steps", "repeats", "top", "bucket_mb", "out"},
       {launcher::kJobFlagsFile},
       {{"steps", "20"}}};
@@ -130,11 +137,12 @@ std::string Share(double part, double whole) {
 }
 
 std::string Row(int rank, const Prediction& p) {
-  return absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+  return absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
                          rank > 0 ? absl::StrCat(rank) : "-", p.layout.Name(), Seconds(p.step_s),
                          Share(p.compute_s, p.step_s), Share(p.bubble_s, p.step_s),
-                         Share(p.exposed_comm_s, p.step_s), Share(p.optimizer_s, p.step_s),
-                         FormatBytes(p.memory_bytes), p.Reason());
+                         Share(p.exposed_comm_s, p.step_s), Share(p.tensor_comm_s, p.step_s),
+                         Share(p.optimizer_s, p.step_s), FormatBytes(p.memory_bytes),
+                         p.Reason());
 }
 
 // "8, 4, 2": the row counts the profile's blocks were timed at.
@@ -175,6 +183,17 @@ void ReadTimingFlags(PlanOptions* o, std::vector<std::string>* problems) {
     if (absl::Status s = ParseLink(o->link).status(); !s.ok()) {
       problems->push_back(std::string(s.message()));
     }
+  }
+  o->tp_link = absl::GetFlag(FLAGS_tp_link);
+  if (!o->tp_link.empty()) {
+    if (absl::Status s = ParseLink(o->tp_link).status(); !s.ok()) {
+      problems->push_back(absl::StrCat("--tp-link: ", s.message()));
+    }
+  }
+  o->gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  if (o->gpus_per_node < 1) {
+    problems->push_back(absl::StrFormat("--gpus-per-node=%d: give 1 or more (1: no tensor "
+                                        "parallelism)", o->gpus_per_node));
   }
   o->waiting_share = absl::GetFlag(FLAGS_waiting_share);
   if (o->waiting_share != -1 && !(o->waiting_share >= 0 && o->waiting_share <= 1)) {
@@ -333,13 +352,18 @@ absl::Status PreparePlan(PlanOptions* o, const std::optional<LinkModel>& measure
     return absl::InvalidArgumentError(
         "no link model: give --link=bandwidth_GBps,latency_us[,handover_us]");
   }
+  if (!o->tp_link.empty()) {
+    ASSIGN_OR_RETURN(r.tp_link, ParseLink(o->tp_link));
+  }
+  r.gpus_per_node = o->gpus_per_node;
   return absl::OkStatus();
 }
 
 std::string PlanTable(const Plan& plan, int top) {
   std::string out =
-      "| rank | layout | step | compute | bubble | exposed comm | optimizer | memory per "
-      "device | why |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      "| rank | layout | step | compute | bubble | exposed comm | tensor-parallel comm | "
+      "optimizer | memory per device | why |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   const int n = std::min<int>(top, plan.ranked.size());
   for (int i = 0; i < n; ++i) absl::StrAppend(&out, Row(i + 1, plan.ranked[i]));
   for (const auto& [kind, i] : plan.best_pure) {
@@ -362,7 +386,10 @@ std::vector<std::string> PlanNotes(const Plan& plan, const PlanRequest& r) {
                       Seconds(r.profile.step_overhead)),
       absl::StrFormat("Link: %s (alpha-beta; ring all-reduce, reduce-scatter, all-gather%s).",
                       r.link.ToString(),
-                      r.link.reduce_scatter.bytes_per_s > 0 ? ", each timed on its own" : "")};
+                      r.link.reduce_scatter.bytes_per_s > 0 ? ", each timed on its own" : ""),
+      r.tp_link.bytes_per_s > 0
+          ? absl::StrFormat("Tensor-parallel link (within a node): %s.", r.tp_link.ToString())
+          : "Tensor parallelism's collectives take the same link."};
   if (r.profile.finish_spread > 0) {
     notes.push_back(absl::StrFormat(
         "Finish spread: the last of %d threads computing alike ends %.1f%% after the cores, "
@@ -615,6 +642,7 @@ absl::Status WritePlanReport(const std::string& dir, const PlanOptions& o, const
                 {"compute_seconds", JsonNumber(p.compute_s)},
                 {"bubble_seconds", JsonNumber(p.bubble_s)},
                 {"exposed_comm_seconds", JsonNumber(p.exposed_comm_s)},
+                {"tensor_comm_seconds", JsonNumber(p.tensor_comm_s)},
                 {"optimizer_seconds", JsonNumber(p.optimizer_s)},
                 {"sharing_seconds", JsonNumber(p.sharing_s)},
                 {"spread_seconds", JsonNumber(p.spread_s)},

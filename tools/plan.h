@@ -20,6 +20,8 @@ struct PlanOptions {
   std::vector<double> derive;  // --derive-block-times: TFLOPS, MFU, TB/s; empty: none
   std::string write_block_times;
   std::string link;          // --link as given; "" to measure
+  std::string tp_link;       // --tp-link as given; "" for the --link's
+  int gpus_per_node = 8;     // --gpus-per-node: tensor parallelism's T at most this
   double waiting_share = -1;  // --waiting-share as given; -1 to fit where it matters
   bool run = true;           // run the top layouts and check the predictions
   int steps = 20;            // of each run

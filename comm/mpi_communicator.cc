@@ -140,7 +140,8 @@ struct QueuedOp {
   OpInfo info;
   std::function<absl::Status(CommState&)> run;  // on Unowned() views of the stash's tensors
   std::shared_ptr<TensorStash> stash;           // shared with the Work
-  std::shared_ptr<Event> ready;  // the compute stream's work issued before this operation
+  // The compute stream's work issued before this operation; null if it had all run at issue.
+  std::unique_ptr<Event> ready;
 };
 
 // What the communicator, its thread and its Works share. Kept alive by all three, so a
@@ -918,6 +919,10 @@ class MpiCommunicator : public Communicator {
     ASSIGN_OR_RETURN(Stream * compute, Stream::Compute(Device::Cpu()));
     ASSIGN_OR_RETURN(std::unique_ptr<Event> ready, Event::Create(Device::Cpu(), false));
     RETURN_IF_ERROR(ready->Record(*compute));
+    // A stream that has already run all of it (idle, or immediate) leaves nothing to wait
+    // for: the communication thread then skips the event.
+    ASSIGN_OR_RETURN(bool idle, ready->Query());
+    if (idle) ready = nullptr;
     absl::MutexLock lock(&s->mu);
     if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
     info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;

@@ -5,6 +5,7 @@
 #define TANDEM_COMM_OP_INFO_H_
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,13 +101,16 @@ class TensorStash {
   explicit TensorStash(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {}
   void Release() {
     std::vector<Tensor> dropped;
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     dropped.swap(tensors_);
   }
 
  private:
-  absl::Mutex mu_;
-  std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
+  // A std::mutex: one is made and destroyed with every operation, and absl::Mutex, where
+  // absl is built with its deadlock detection (without NDEBUG, as the system's is), enters
+  // each mutex it locks in a process-wide graph, under a global lock, until it is destroyed.
+  std::mutex mu_;
+  std::vector<Tensor> tensors_;  // guarded by mu_
 };
 
 // Who is checking: the communicator's rank, size and device, and for a group split from the

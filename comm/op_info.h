@@ -13,7 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
 #include "runtime/device.h"
@@ -84,10 +83,13 @@ class BusyLedger {
   double Seconds() const;
 
  private:
-  mutable absl::Mutex mu_;
-  std::vector<int64_t> sums_ ABSL_GUARDED_BY(mu_) = std::vector<int64_t>(kCapacity, 0);
-  uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;  // the last sequence number added
-  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Not an absl::Mutex: locked for every operation, on the communication thread between
+  // one operation and the next (see TensorStash's).
+  mutable std::mutex mu_;
+  // Guarded by mu_.
+  std::vector<int64_t> sums_ = std::vector<int64_t>(kCapacity, 0);
+  uint64_t last_ = 0;  // the last sequence number added
+  int64_t total_ = 0;
 };
 
 // The tensors of one operation, kept allocated for it (PyTorch's stashed tensors, in its
@@ -106,9 +108,10 @@ class TensorStash {
   }
 
  private:
-  // A std::mutex: one is made and destroyed with every operation, and absl::Mutex, where
-  // absl is built with its deadlock detection (without NDEBUG, as the system's is), enters
-  // each mutex it locks in a process-wide graph, under a global lock, until it is destroyed.
+  // A std::mutex: one is made, locked and destroyed with every operation, and absl::Mutex,
+  // where absl is built with its deadlock detection (without NDEBUG, as the system's is),
+  // enters each mutex it locks in a process-wide graph, under a global lock, until it is
+  // destroyed.
   std::mutex mu_;
   std::vector<Tensor> tensors_;  // guarded by mu_
 };

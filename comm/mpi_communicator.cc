@@ -240,7 +240,7 @@ class MpiWork : public OpWork {
   absl::Status WaitOn(Stream& stream, absl::Duration timeout) override {
     if (!stream.device().is_cpu()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          state_->id.Who(), ": ", description_, " waited on a stream of ",
+          state_->id.Who(), ": ", description(), " waited on a stream of ",
           stream.device().ToString(), "; the MPI communicator's work is the CPU's"));
     }
     if (state_->completed_atomic.load(std::memory_order_acquire) >= info_.sequence) {

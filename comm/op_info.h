@@ -60,13 +60,20 @@ struct OpInfo {
 class OpWork : public Work {
  public:
   uint64_t sequence() const override { return info_.sequence; }
-  const std::string& description() const override { return description_; }
+  // Formatted on first use, not at issue: most operations are never described.
+  const std::string& description() const override {
+    std::call_once(described_, [this] { description_ = info_.Describe(); });
+    return description_;
+  }
 
  protected:
-  explicit OpWork(OpInfo info) : info_(std::move(info)), description_(info_.Describe()) {}
+  explicit OpWork(OpInfo info) : info_(std::move(info)) {}
 
   const OpInfo info_;
-  const std::string description_;
+
+ private:
+  mutable std::once_flag described_;
+  mutable std::string description_;
 };
 
 // The time each operation ran, as running sums by sequence number, so that a step's

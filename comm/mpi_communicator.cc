@@ -144,6 +144,10 @@ struct QueuedOp {
   std::unique_ptr<Event> ready;
 };
 
+// Each operation is made at issue, outside the lock (a deque of QueuedOps would allocate a
+// block under the lock every other operation).
+using OpQueue = std::deque<std::unique_ptr<QueuedOp>>;
+
 // What the communicator, its thread and its Works share. Kept alive by all three, so a
 // Work may outlive its communicator and a thread stuck in MPI after Abort stays valid.
 struct CommState {
@@ -154,7 +158,7 @@ struct CommState {
   std::shared_ptr<const Doorbells> bells;
 
   absl::Mutex mu;
-  std::deque<QueuedOp> queue ABSL_GUARDED_BY(mu);
+  OpQueue queue ABSL_GUARDED_BY(mu);
   // The operation the communication thread is in: the info of the operation it took off
   // the queue, which it keeps until after resetting this; null when idle.
   const OpInfo* running ABSL_GUARDED_BY(mu) = nullptr;
@@ -619,7 +623,7 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
   };
   bool aborted = false;
   uint64_t taken = 0;  // sequence number of the last operation taken from the queue
-  QueuedOp op;         // that operation
+  std::unique_ptr<QueuedOp> op;  // that operation
   absl::Status status;  // its outcome, once run
   // Whether `op` ran and its completion is not reported yet. With the next operation already
   // queued, the report and the take share one critical section (one lock round trip per
@@ -628,10 +632,10 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
   auto report = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     s->running = nullptr;
     if (!status.ok() && s->failed_sequence == 0) {
-      s->failed_sequence = op.info.sequence;
+      s->failed_sequence = op->info.sequence;
       s->failure = status;
     }
-    s->completed_atomic.store(op.info.sequence, std::memory_order_release);
+    s->completed_atomic.store(op->info.sequence, std::memory_order_release);
     unreported = false;
   };
   for (;;) {
@@ -648,6 +652,7 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
       std::this_thread::yield();
     }
     bool skip = false;
+    std::unique_ptr<QueuedOp> finished;  // the operation before, once the next is taken
     {
       absl::MutexLock lock(&s->mu);
       if (unreported) report();
@@ -656,39 +661,38 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
         aborted = s->aborted;
         break;
       }
+      finished = std::move(op);
       op = std::move(s->queue.front());
       s->queue.pop_front();
-      s->running = &op.info;
-      taken = op.info.sequence;
+      s->running = &op->info;
+      taken = op->info.sequence;
       skip = s->failed_sequence != 0;
     }
+    finished = nullptr;  // outside the lock
     // After the compute stream's work issued before this operation (its data, or its
     // buffers' last readers). An error there is the stream's user's to hear; the operation
     // still runs, as the other ranks expect it.
-    if (op.ready != nullptr) (void)op.ready->Synchronize();
+    if (op->ready != nullptr) (void)op->ready->Synchronize();
     if (jitter_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter(rng)));
     status = absl::OkStatus();
     if (!skip) {
       // The profiler's communication lane: when each operation really ran.
-      SpanScope span(Profiler::enabled() ? op.info.Describe() : std::string(), "comm", -1,
-                     static_cast<int64_t>(op.info.sequence), /*thread=*/1);
+      SpanScope span(Profiler::enabled() ? op->info.Describe() : std::string(), "comm", -1,
+                     static_cast<int64_t>(op->info.sequence), /*thread=*/1);
       const auto start = std::chrono::steady_clock::now();
-      status = op.run(*s);
-      s->busy.Add(op.info.sequence, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now() - start)
-                                        .count());
+      status = op->run(*s);
+      s->busy.Add(op->info.sequence, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - start)
+                                         .count());
       if (!status.ok()) {
-        status = OpFailedError(s->id, op.info.Describe(), status);
+        status = OpFailedError(s->id, op->info.Describe(), status);
       }
     }
-    // All but its info goes now, outside the lock.
-    op.run = nullptr;
-    op.ready = nullptr;
+    op->run = nullptr;
     // The operation's progress may have finished another communication thread's transfer,
     // which waits on this process's doorbell.
     if (s->bells != nullptr) s->bells->Ring(s->id.JobRank());
-    op.stash->Release();  // the tensors, before reporting completion
-    op.stash = nullptr;
+    op->stash->Release();  // the tensors, before reporting completion
     unreported = true;
   }
   // After an abort the communicator may be mid-operation on other ranks: leave it alone.
@@ -886,14 +890,14 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
-  std::deque<QueuedOp> AbortLocked(absl::string_view reason)
+  OpQueue AbortLocked(absl::string_view reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     return AbortStateLocked(state_.get(), reason);
   }
 
   // Aborts `s` and every communicator split from it.
   static void AbortTree(CommState* s, absl::string_view reason) {
-    std::deque<QueuedOp> dropped;
+    OpQueue dropped;
     std::vector<std::shared_ptr<CommState>> children;
     {
       absl::MutexLock lock(&s->mu);
@@ -906,13 +910,13 @@ class MpiCommunicator : public Communicator {
     for (const auto& c : children) AbortTree(c.get(), reason);
   }
 
-  static std::deque<QueuedOp> AbortStateLocked(CommState* s, absl::string_view reason)
+  static OpQueue AbortStateLocked(CommState* s, absl::string_view reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->aborted) return {};
     s->aborted = true;
     s->abort_reason = std::string(reason);
     s->completed_at_abort = s->completed_atomic.load(std::memory_order_relaxed);
-    std::deque<QueuedOp> dropped;
+    OpQueue dropped;
     dropped.swap(s->queue);
     return dropped;
   }
@@ -937,15 +941,19 @@ class MpiCommunicator : public Communicator {
     // for: the communication thread then skips the event.
     ASSIGN_OR_RETURN(bool idle, ready->Query());
     if (idle) ready = nullptr;
-    absl::MutexLock lock(&s->mu);
-    if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
-    info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
-    s->issued_atomic.store(info.sequence, std::memory_order_release);
+    // Made before taking the lock, which the communication thread takes for every operation;
+    // only the sequence number is given under it.
     auto stash = std::make_shared<TensorStash>(std::move(tensors));
-    auto work = std::make_unique<MpiWork>(state_, info, stash);
-    s->queue.push_back(
-        QueuedOp{std::move(info), std::move(run), std::move(stash), std::move(ready)});
-    return std::unique_ptr<Work>(std::move(work));
+    auto op = std::make_unique<QueuedOp>(QueuedOp{info, std::move(run), stash, std::move(ready)});
+    {
+      absl::MutexLock lock(&s->mu);
+      if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
+      info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
+      op->info.sequence = info.sequence;
+      s->issued_atomic.store(info.sequence, std::memory_order_release);
+      s->queue.push_back(std::move(op));
+    }
+    return std::unique_ptr<Work>(new MpiWork(state_, std::move(info), std::move(stash)));
   }
 
   std::shared_ptr<CommState> state_;

@@ -177,10 +177,20 @@ struct CommState {
   std::atomic<uint64_t> issued_atomic{0};
   BusyLedger busy;  // time spent in op.run on the communication thread, by operation
   std::atomic<uint64_t> completed_atomic{0};
+  // Set under `mu` when an operation fails or the communicator is aborted, before any later
+  // store to completed_atomic: while it is clear, every operation found finished succeeded.
+  std::atomic<bool> troubled{false};
 
   // f32 staging for 16-bit reductions; communication thread only.
   std::vector<float> scratch;
   std::vector<float> scratch_out;
+
+  // Whether `op` has finished and StatusOf(op) is OK, without the lock (which a waiter would
+  // otherwise take for every operation it waits for).
+  bool FinishedOk(const OpInfo& op) const {
+    return completed_atomic.load(std::memory_order_acquire) >= op.sequence &&
+           !troubled.load(std::memory_order_relaxed);
+  }
 
   // The outcome of a finished (or aborted) operation.
   absl::Status StatusOf(const OpInfo& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -222,6 +232,7 @@ absl::Status WaitForOp(CommState* st, const OpInfo& info, absl::Duration timeout
       std::this_thread::yield();
     }
   }
+  if (st->FinishedOk(info)) return absl::OkStatus();
   absl::MutexLock lock(&st->mu);
   auto done = [st, seq]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return st->completed_atomic.load(std::memory_order_relaxed) >= seq || st->aborted;
@@ -247,10 +258,11 @@ class MpiWork : public OpWork {
           state_->id.Who(), ": ", description(), " waited on a stream of ",
           stream.device().ToString(), "; the MPI communicator's work is the CPU's"));
     }
+    // Finished: nothing to wait for.
+    if (state_->FinishedOk(info_)) return absl::OkStatus();
     if (state_->completed_atomic.load(std::memory_order_acquire) >= info_.sequence) {
       absl::MutexLock lock(&state_->mu);
-      RETURN_IF_ERROR(state_->StatusOf(info_));
-      return absl::OkStatus();  // finished: nothing to wait for
+      return state_->StatusOf(info_);
     }
     RETURN_IF_ERROR(stream.Launch([state = state_, info = info_, timeout]() {
       return WaitForOp(state.get(), info, timeout);
@@ -263,6 +275,7 @@ class MpiWork : public OpWork {
   }
 
   absl::StatusOr<bool> IsCompleted() override {
+    if (state_->FinishedOk(info_)) return true;
     absl::MutexLock lock(&state_->mu);
     if (state_->completed_atomic.load(std::memory_order_relaxed) < info_.sequence &&
         !state_->aborted) {
@@ -634,6 +647,7 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
     if (!status.ok() && s->failed_sequence == 0) {
       s->failed_sequence = op->info.sequence;
       s->failure = status;
+      s->troubled.store(true, std::memory_order_relaxed);
     }
     s->completed_atomic.store(op->info.sequence, std::memory_order_release);
     unreported = false;
@@ -914,6 +928,7 @@ class MpiCommunicator : public Communicator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->aborted) return {};
     s->aborted = true;
+    s->troubled.store(true, std::memory_order_relaxed);
     s->abort_reason = std::string(reason);
     s->completed_at_abort = s->completed_atomic.load(std::memory_order_relaxed);
     OpQueue dropped;

@@ -181,9 +181,12 @@ struct CommState {
   // store to completed_atomic: while it is clear, every operation found finished succeeded.
   std::atomic<bool> troubled{false};
 
-  // f32 staging for 16-bit reductions; communication thread only.
+  // f32 staging for 16-bit reductions, and the parts collectives' counts (PartCounts);
+  // communication thread only, kept so that an operation allocates none.
   std::vector<float> scratch;
   std::vector<float> scratch_out;
+  std::vector<int> part_counts;
+  std::vector<int> part_displacements;
 
   // Whether `op` has finished and StatusOf(op) is OK, without the lock (which a waiter would
   // otherwise take for every operation it waits for).
@@ -357,19 +360,21 @@ absl::Status RunReduceScatter(CommState& st, const Tensor& out, const Tensor& in
   return absl::OkStatus();
 }
 
-// Each rank's element count and displacement in a parts collective, as MPI counts them.
-void PartCounts(const std::vector<int64_t>& offsets, std::vector<int>* counts,
-                std::vector<int>* displacements) {
+// Each rank's element count and displacement in a parts collective, as MPI counts them, into
+// st.part_counts and st.part_displacements.
+void PartCounts(CommState& st, const std::vector<int64_t>& offsets) {
+  st.part_counts.clear();
+  st.part_displacements.clear();
   for (size_t r = 0; r + 1 < offsets.size(); ++r) {
-    counts->push_back(static_cast<int>(offsets[r + 1] - offsets[r]));  // checked at issue
-    displacements->push_back(static_cast<int>(offsets[r]));
+    st.part_counts.push_back(static_cast<int>(offsets[r + 1] - offsets[r]));  // checked at issue
+    st.part_displacements.push_back(static_cast<int>(offsets[r]));
   }
 }
 
 absl::Status RunReduceScatterParts(CommState& st, const Tensor& t,
                                    const std::vector<int64_t>& offsets) {
-  std::vector<int> counts, displacements;
-  PartCounts(offsets, &counts, &displacements);
+  PartCounts(st, offsets);
+  const std::vector<int>& counts = st.part_counts;
   float* base = t.data<float>();
   // In place, MPI takes the whole vector from the buffer and writes this rank's sums at its
   // start; they go to this rank's part.
@@ -382,10 +387,10 @@ absl::Status RunReduceScatterParts(CommState& st, const Tensor& t,
 
 absl::Status RunAllGatherParts(CommState& st, const Tensor& t,
                                const std::vector<int64_t>& offsets) {
-  std::vector<int> counts, displacements;
-  PartCounts(offsets, &counts, &displacements);
-  MPI_RETURN_IF_ERROR(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw(), counts.data(),
-                                     displacements.data(), MPI_FLOAT, st.comm));
+  PartCounts(st, offsets);
+  MPI_RETURN_IF_ERROR(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw(),
+                                     st.part_counts.data(), st.part_displacements.data(), MPI_FLOAT,
+                                     st.comm));
   return absl::OkStatus();
 }
 

@@ -38,6 +38,7 @@ std::unique_ptr<Doorbells> Doorbells::Create(MPI_Comm comm, bool enabled) {
   if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &size) != MPI_SUCCESS) {
     return nullptr;
   }
+  static_assert(sizeof(Bell) <= kLine, "a bell must fit in its cache line");
   std::unique_ptr<Doorbells> d(new Doorbells());
   d->bells_.assign(size, nullptr);
   // Which ranks share this host: the same boot (one monotonic clock, one /dev/shm) and the same
@@ -97,7 +98,7 @@ std::unique_ptr<Doorbells> Doorbells::Create(MPI_Comm comm, bool enabled) {
   if (mapped) {
     char* base = static_cast<char*>(d->base_);
     for (size_t i = 0; i < here.size(); ++i) {
-      d->bells_[here[i]] = reinterpret_cast<std::atomic<uint32_t>*>(base + kLine * i);
+      d->bells_[here[i]] = reinterpret_cast<Bell*>(base + kLine * i);
     }
     d->own_ = d->bells_[rank];
   }
@@ -112,18 +113,26 @@ Doorbells::~Doorbells() {
   if (base_ != nullptr) munmap(base_, bytes_);
 }
 
+// A ring and a wait each write their own word, then read the other's (both sequentially
+// consistent): either the ring sees the sleeper and wakes it, or the wait's futex call sees
+// the new count and does not sleep.
 void Doorbells::Ring(int r) const {
-  std::atomic<uint32_t>* bell = bells_[r];
-  bell->fetch_add(1, std::memory_order_release);
+  Bell* bell = bells_[r];
+  bell->count.fetch_add(1, std::memory_order_seq_cst);
+  if (bell->sleepers.load(std::memory_order_seq_cst) == 0) return;
   // Shared between processes: not FUTEX_PRIVATE_FLAG.
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(bell), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell->count), FUTEX_WAKE, INT_MAX, nullptr,
+          nullptr, 0);
 }
 
 void Doorbells::Wait(uint32_t seen, std::chrono::microseconds timeout) const {
   const int64_t us = timeout.count();
   timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+  own_->sleepers.fetch_add(1, std::memory_order_seq_cst);
   // Returns at once if the count moved since `seen` (a ring this wait would have missed).
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(own_), FUTEX_WAIT, seen, &ts, nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&own_->count), FUTEX_WAIT, seen, &ts, nullptr,
+          0);
+  own_->sleepers.fetch_sub(1, std::memory_order_relaxed);
 }
 
 #else  // no futexes: every wait polls on its timer

@@ -38,19 +38,26 @@ class Doorbells {
   // Whether rank `r` of the communicator given to Create has a bell here (is on this host).
   bool Reaches(int r) const { return r >= 0 && r < static_cast<int>(bells_.size()) && bells_[r]; }
   // Wakes rank r's waiting threads (those in Wait now, and a Wait about to sleep on a count
-  // taken before the ring). r must be reachable.
+  // taken before the ring). r must be reachable. Costs a system call only while a thread
+  // sleeps on that bell: the communication thread rings its own after every operation.
   void Ring(int r) const;
   // This rank's count: take it before looking for work, then Wait on it.
-  uint32_t Count() const { return own_->load(std::memory_order_acquire); }
+  uint32_t Count() const { return own_->count.load(std::memory_order_acquire); }
   // Sleeps until this rank's count is no longer `seen` (a ring), or `timeout` passed.
   void Wait(uint32_t seen, std::chrono::microseconds timeout) const;
 
  private:
+  // One rank's bell: the count its waits sleep on, and how many threads sleep on it now (so
+  // that a ring with no one to wake skips the futex call).
+  struct Bell {
+    std::atomic<uint32_t> count;
+    std::atomic<uint32_t> sleepers;
+  };
   Doorbells() = default;
   void* base_ = nullptr;
   size_t bytes_ = 0;
-  std::vector<std::atomic<uint32_t>*> bells_;  // by rank; null for a rank on another host
-  std::atomic<uint32_t>* own_ = nullptr;
+  std::vector<Bell*> bells_;  // by rank; null for a rank on another host
+  Bell* own_ = nullptr;
 };
 
 }  // namespace tandem

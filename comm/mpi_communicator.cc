@@ -140,8 +140,13 @@ struct QueuedOp {
   OpInfo info;
   std::function<absl::Status(CommState&)> run;  // on Unowned() views of the stash's tensors
   std::shared_ptr<TensorStash> stash;           // shared with the Work
-  std::shared_ptr<Event> ready;  // the compute stream's work issued before this operation
+  // The compute stream's work issued before this operation; null if it had all run at issue.
+  std::unique_ptr<Event> ready;
 };
+
+// Each operation is made at issue, outside the lock (a deque of QueuedOps would allocate a
+// block under the lock every other operation).
+using OpQueue = std::deque<std::unique_ptr<QueuedOp>>;
 
 // What the communicator, its thread and its Works share. Kept alive by all three, so a
 // Work may outlive its communicator and a thread stuck in MPI after Abort stays valid.
@@ -153,7 +158,7 @@ struct CommState {
   std::shared_ptr<const Doorbells> bells;
 
   absl::Mutex mu;
-  std::deque<QueuedOp> queue ABSL_GUARDED_BY(mu);
+  OpQueue queue ABSL_GUARDED_BY(mu);
   // The operation the communication thread is in: the info of the operation it took off
   // the queue, which it keeps until after resetting this; null when idle.
   const OpInfo* running ABSL_GUARDED_BY(mu) = nullptr;
@@ -172,10 +177,23 @@ struct CommState {
   std::atomic<uint64_t> issued_atomic{0};
   BusyLedger busy;  // time spent in op.run on the communication thread, by operation
   std::atomic<uint64_t> completed_atomic{0};
+  // Set under `mu` when an operation fails or the communicator is aborted, before any later
+  // store to completed_atomic: while it is clear, every operation found finished succeeded.
+  std::atomic<bool> troubled{false};
 
-  // f32 staging for 16-bit reductions; communication thread only.
+  // f32 staging for 16-bit reductions, and the parts collectives' counts (PartCounts);
+  // communication thread only, kept so that an operation allocates none.
   std::vector<float> scratch;
   std::vector<float> scratch_out;
+  std::vector<int> part_counts;
+  std::vector<int> part_displacements;
+
+  // Whether `op` has finished and StatusOf(op) is OK, without the lock (which a waiter would
+  // otherwise take for every operation it waits for).
+  bool FinishedOk(const OpInfo& op) const {
+    return completed_atomic.load(std::memory_order_acquire) >= op.sequence &&
+           !troubled.load(std::memory_order_relaxed);
+  }
 
   // The outcome of a finished (or aborted) operation.
   absl::Status StatusOf(const OpInfo& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -217,6 +235,7 @@ absl::Status WaitForOp(CommState* st, const OpInfo& info, absl::Duration timeout
       std::this_thread::yield();
     }
   }
+  if (st->FinishedOk(info)) return absl::OkStatus();
   absl::MutexLock lock(&st->mu);
   auto done = [st, seq]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return st->completed_atomic.load(std::memory_order_relaxed) >= seq || st->aborted;
@@ -239,13 +258,14 @@ class MpiWork : public OpWork {
   absl::Status WaitOn(Stream& stream, absl::Duration timeout) override {
     if (!stream.device().is_cpu()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          state_->id.Who(), ": ", description_, " waited on a stream of ",
+          state_->id.Who(), ": ", description(), " waited on a stream of ",
           stream.device().ToString(), "; the MPI communicator's work is the CPU's"));
     }
+    // Finished: nothing to wait for.
+    if (state_->FinishedOk(info_)) return absl::OkStatus();
     if (state_->completed_atomic.load(std::memory_order_acquire) >= info_.sequence) {
       absl::MutexLock lock(&state_->mu);
-      RETURN_IF_ERROR(state_->StatusOf(info_));
-      return absl::OkStatus();  // finished: nothing to wait for
+      return state_->StatusOf(info_);
     }
     RETURN_IF_ERROR(stream.Launch([state = state_, info = info_, timeout]() {
       return WaitForOp(state.get(), info, timeout);
@@ -258,6 +278,7 @@ class MpiWork : public OpWork {
   }
 
   absl::StatusOr<bool> IsCompleted() override {
+    if (state_->FinishedOk(info_)) return true;
     absl::MutexLock lock(&state_->mu);
     if (state_->completed_atomic.load(std::memory_order_relaxed) < info_.sequence &&
         !state_->aborted) {
@@ -339,19 +360,21 @@ absl::Status RunReduceScatter(CommState& st, const Tensor& out, const Tensor& in
   return absl::OkStatus();
 }
 
-// Each rank's element count and displacement in a parts collective, as MPI counts them.
-void PartCounts(const std::vector<int64_t>& offsets, std::vector<int>* counts,
-                std::vector<int>* displacements) {
+// Each rank's element count and displacement in a parts collective, as MPI counts them, into
+// st.part_counts and st.part_displacements.
+void PartCounts(CommState& st, const std::vector<int64_t>& offsets) {
+  st.part_counts.clear();
+  st.part_displacements.clear();
   for (size_t r = 0; r + 1 < offsets.size(); ++r) {
-    counts->push_back(static_cast<int>(offsets[r + 1] - offsets[r]));  // checked at issue
-    displacements->push_back(static_cast<int>(offsets[r]));
+    st.part_counts.push_back(static_cast<int>(offsets[r + 1] - offsets[r]));  // checked at issue
+    st.part_displacements.push_back(static_cast<int>(offsets[r]));
   }
 }
 
 absl::Status RunReduceScatterParts(CommState& st, const Tensor& t,
                                    const std::vector<int64_t>& offsets) {
-  std::vector<int> counts, displacements;
-  PartCounts(offsets, &counts, &displacements);
+  PartCounts(st, offsets);
+  const std::vector<int>& counts = st.part_counts;
   float* base = t.data<float>();
   // In place, MPI takes the whole vector from the buffer and writes this rank's sums at its
   // start; they go to this rank's part.
@@ -364,10 +387,10 @@ absl::Status RunReduceScatterParts(CommState& st, const Tensor& t,
 
 absl::Status RunAllGatherParts(CommState& st, const Tensor& t,
                                const std::vector<int64_t>& offsets) {
-  std::vector<int> counts, displacements;
-  PartCounts(offsets, &counts, &displacements);
-  MPI_RETURN_IF_ERROR(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw(), counts.data(),
-                                     displacements.data(), MPI_FLOAT, st.comm));
+  PartCounts(st, offsets);
+  MPI_RETURN_IF_ERROR(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw(),
+                                     st.part_counts.data(), st.part_displacements.data(), MPI_FLOAT,
+                                     st.comm));
   return absl::OkStatus();
 }
 
@@ -618,7 +641,27 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
   };
   bool aborted = false;
   uint64_t taken = 0;  // sequence number of the last operation taken from the queue
+  std::unique_ptr<QueuedOp> op;  // that operation
+  absl::Status status;  // its outcome, once run
+  // Whether `op` ran and its completion is not reported yet. With the next operation already
+  // queued, the report and the take share one critical section (one lock round trip per
+  // operation); otherwise it goes at once, before the thread looks for more.
+  bool unreported = false;
+  auto report = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+    s->running = nullptr;
+    if (!status.ok() && s->failed_sequence == 0) {
+      s->failed_sequence = op->info.sequence;
+      s->failure = status;
+      s->troubled.store(true, std::memory_order_relaxed);
+    }
+    s->completed_atomic.store(op->info.sequence, std::memory_order_release);
+    unreported = false;
+  };
   for (;;) {
+    if (unreported && s->issued_atomic.load(std::memory_order_acquire) == taken) {
+      absl::MutexLock lock(&s->mu);
+      report();
+    }
     // A caller that waits on each operation issues the next within microseconds of the last
     // finishing; polling briefly (yielding the core) is cheaper than waking from a sleep,
     // which costs several microseconds (allreduce_bench's "waited" column shows it).
@@ -627,54 +670,49 @@ void CommunicationLoop(std::shared_ptr<CommState> st) {
            std::chrono::steady_clock::now() < spin_until) {
       std::this_thread::yield();
     }
-    QueuedOp op;
     bool skip = false;
+    std::unique_ptr<QueuedOp> finished;  // the operation before, once the next is taken
     {
       absl::MutexLock lock(&s->mu);
+      if (unreported) report();
       s->mu.Await(absl::Condition(&has_work));
       if (s->aborted || s->queue.empty()) {
         aborted = s->aborted;
         break;
       }
+      finished = std::move(op);
       op = std::move(s->queue.front());
       s->queue.pop_front();
-      s->running = &op.info;
-      taken = op.info.sequence;
+      s->running = &op->info;
+      taken = op->info.sequence;
       skip = s->failed_sequence != 0;
     }
+    finished = nullptr;  // outside the lock
     // After the compute stream's work issued before this operation (its data, or its
     // buffers' last readers). An error there is the stream's user's to hear; the operation
     // still runs, as the other ranks expect it.
-    if (op.ready != nullptr) (void)op.ready->Synchronize();
+    if (op->ready != nullptr) (void)op->ready->Synchronize();
     if (jitter_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter(rng)));
-    absl::Status status;
+    status = absl::OkStatus();
     if (!skip) {
       // The profiler's communication lane: when each operation really ran.
-      SpanScope span(Profiler::enabled() ? op.info.Describe() : std::string(), "comm", -1,
-                     static_cast<int64_t>(op.info.sequence), /*thread=*/1);
+      SpanScope span(Profiler::enabled() ? op->info.Describe() : std::string(), "comm", -1,
+                     static_cast<int64_t>(op->info.sequence), /*thread=*/1);
       const auto start = std::chrono::steady_clock::now();
-      status = op.run(*s);
-      s->busy.Add(op.info.sequence, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now() - start)
-                                        .count());
+      status = op->run(*s);
+      s->busy.Add(op->info.sequence, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - start)
+                                         .count());
       if (!status.ok()) {
-        status = OpFailedError(s->id, op.info.Describe(), status);
+        status = OpFailedError(s->id, op->info.Describe(), status);
       }
     }
-    op.run = nullptr;
+    op->run = nullptr;
     // The operation's progress may have finished another communication thread's transfer,
     // which waits on this process's doorbell.
     if (s->bells != nullptr) s->bells->Ring(s->id.JobRank());
-    op.stash->Release();  // the tensors, before reporting completion
-    {
-      absl::MutexLock lock(&s->mu);
-      s->running = nullptr;
-      if (!status.ok() && s->failed_sequence == 0) {
-        s->failed_sequence = op.info.sequence;
-        s->failure = status;
-      }
-      s->completed_atomic.store(op.info.sequence, std::memory_order_release);
-    }
+    op->stash->Release();  // the tensors, before reporting completion
+    unreported = true;
   }
   // After an abort the communicator may be mid-operation on other ranks: leave it alone.
   if (!aborted) MPI_Comm_free(&s->comm);
@@ -871,14 +909,14 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
-  std::deque<QueuedOp> AbortLocked(absl::string_view reason)
+  OpQueue AbortLocked(absl::string_view reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     return AbortStateLocked(state_.get(), reason);
   }
 
   // Aborts `s` and every communicator split from it.
   static void AbortTree(CommState* s, absl::string_view reason) {
-    std::deque<QueuedOp> dropped;
+    OpQueue dropped;
     std::vector<std::shared_ptr<CommState>> children;
     {
       absl::MutexLock lock(&s->mu);
@@ -891,13 +929,14 @@ class MpiCommunicator : public Communicator {
     for (const auto& c : children) AbortTree(c.get(), reason);
   }
 
-  static std::deque<QueuedOp> AbortStateLocked(CommState* s, absl::string_view reason)
+  static OpQueue AbortStateLocked(CommState* s, absl::string_view reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
     if (s->aborted) return {};
     s->aborted = true;
+    s->troubled.store(true, std::memory_order_relaxed);
     s->abort_reason = std::string(reason);
     s->completed_at_abort = s->completed_atomic.load(std::memory_order_relaxed);
-    std::deque<QueuedOp> dropped;
+    OpQueue dropped;
     dropped.swap(s->queue);
     return dropped;
   }
@@ -918,15 +957,23 @@ class MpiCommunicator : public Communicator {
     ASSIGN_OR_RETURN(Stream * compute, Stream::Compute(Device::Cpu()));
     ASSIGN_OR_RETURN(std::unique_ptr<Event> ready, Event::Create(Device::Cpu(), false));
     RETURN_IF_ERROR(ready->Record(*compute));
-    absl::MutexLock lock(&s->mu);
-    if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
-    info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
-    s->issued_atomic.store(info.sequence, std::memory_order_release);
+    // A stream that has already run all of it (idle, or immediate) leaves nothing to wait
+    // for: the communication thread then skips the event.
+    ASSIGN_OR_RETURN(bool idle, ready->Query());
+    if (idle) ready = nullptr;
+    // Made before taking the lock, which the communication thread takes for every operation;
+    // only the sequence number is given under it.
     auto stash = std::make_shared<TensorStash>(std::move(tensors));
-    auto work = std::make_unique<MpiWork>(state_, info, stash);
-    s->queue.push_back(
-        QueuedOp{std::move(info), std::move(run), std::move(stash), std::move(ready)});
-    return std::unique_ptr<Work>(std::move(work));
+    auto op = std::make_unique<QueuedOp>(QueuedOp{info, std::move(run), stash, std::move(ready)});
+    {
+      absl::MutexLock lock(&s->mu);
+      if (s->aborted) return RefusedAfterAbortError(s->id, info.kind, s->abort_reason);
+      info.sequence = s->issued_atomic.load(std::memory_order_relaxed) + 1;
+      op->info.sequence = info.sequence;
+      s->issued_atomic.store(info.sequence, std::memory_order_release);
+      s->queue.push_back(std::move(op));
+    }
+    return std::unique_ptr<Work>(new MpiWork(state_, std::move(info), std::move(stash)));
   }
 
   std::shared_ptr<CommState> state_;

@@ -241,7 +241,7 @@ class NcclWork : public OpWork {
     if (stream.device() != state_->id.device || stream.native() == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: %s waited on a stream of %s; the NCCL communicator's work is on %s",
-          state_->id.Who(), description_, stream.device().ToString(),
+          state_->id.Who(), description(), stream.device().ToString(),
           state_->id.device.ToString()));
     }
     absl::MutexLock lock(&state_->mu);
@@ -271,7 +271,7 @@ class NcclWork : public OpWork {
     if (e != cudaErrorNotReady) return CudaErrorStatus(e, "cudaEventQuery", __FILE__, __LINE__);
     cudaGetLastError();
     absl::Status async = state_->AsyncErrorLocked();
-    if (!async.ok()) return OpFailedError(state_->id, description_, async);
+    if (!async.ok()) return OpFailedError(state_->id, description(), async);
     return false;
   }
 

@@ -332,14 +332,14 @@ absl::Status RefusedAfterAbortError(const CommIdentity& c, OpKind kind,
 }
 
 void BusyLedger::Add(uint64_t sequence, int64_t ns) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   total_ += ns;
   last_ = sequence;
   sums_[sequence % kCapacity] = total_;
 }
 
 double BusyLedger::SecondsThrough(uint64_t sequence) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (sequence == 0) return 0;
   if (sequence >= last_) return total_ * 1e-9;
   if (last_ - sequence >= kCapacity) sequence = last_ - kCapacity + 1;  // the oldest kept
@@ -347,7 +347,7 @@ double BusyLedger::SecondsThrough(uint64_t sequence) const {
 }
 
 double BusyLedger::Seconds() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return total_ * 1e-9;
 }
 

@@ -5,6 +5,7 @@
 #define TANDEM_COMM_OP_INFO_H_
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
 #include "runtime/device.h"
@@ -60,13 +60,20 @@ struct OpInfo {
 class OpWork : public Work {
  public:
   uint64_t sequence() const override { return info_.sequence; }
-  const std::string& description() const override { return description_; }
+  // Formatted on first use, not at issue: most operations are never described.
+  const std::string& description() const override {
+    std::call_once(described_, [this] { description_ = info_.Describe(); });
+    return description_;
+  }
 
  protected:
-  explicit OpWork(OpInfo info) : info_(std::move(info)), description_(info_.Describe()) {}
+  explicit OpWork(OpInfo info) : info_(std::move(info)) {}
 
   const OpInfo info_;
-  const std::string description_;
+
+ private:
+  mutable std::once_flag described_;
+  mutable std::string description_;
 };
 
 // The time each operation ran, as running sums by sequence number, so that a step's
@@ -83,10 +90,13 @@ class BusyLedger {
   double Seconds() const;
 
  private:
-  mutable absl::Mutex mu_;
-  std::vector<int64_t> sums_ ABSL_GUARDED_BY(mu_) = std::vector<int64_t>(kCapacity, 0);
-  uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;  // the last sequence number added
-  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Not an absl::Mutex: locked for every operation, on the communication thread between
+  // one operation and the next (see TensorStash's).
+  mutable std::mutex mu_;
+  // Guarded by mu_.
+  std::vector<int64_t> sums_ = std::vector<int64_t>(kCapacity, 0);
+  uint64_t last_ = 0;  // the last sequence number added
+  int64_t total_ = 0;
 };
 
 // The tensors of one operation, kept allocated for it (PyTorch's stashed tensors, in its
@@ -100,13 +110,17 @@ class TensorStash {
   explicit TensorStash(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {}
   void Release() {
     std::vector<Tensor> dropped;
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     dropped.swap(tensors_);
   }
 
  private:
-  absl::Mutex mu_;
-  std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
+  // A std::mutex: one is made, locked and destroyed with every operation, and absl::Mutex,
+  // where absl is built with its deadlock detection (without NDEBUG, as the system's is),
+  // enters each mutex it locks in a process-wide graph, under a global lock, until it is
+  // destroyed.
+  std::mutex mu_;
+  std::vector<Tensor> tensors_;  // guarded by mu_
 };
 
 // Who is checking: the communicator's rank, size and device, and for a group split from the

@@ -99,10 +99,7 @@ struct CpuQueue {
   }
 
   // The ticket of the last item issued so far.
-  uint64_t Tail() {
-    absl::MutexLock lock(&mu);
-    return enqueued;
-  }
+  uint64_t Tail() const { return enqueued.load(std::memory_order_acquire); }
 
   void Run() {
     DeviceThreadScope device_thread;
@@ -144,7 +141,9 @@ struct CpuQueue {
   const uint64_t seed;
   absl::Mutex mu;
   std::deque<std::function<absl::Status()>> tasks ABSL_GUARDED_BY(mu);
-  uint64_t enqueued ABSL_GUARDED_BY(mu) = 0;
+  // Written under `mu`; read without it by Tail(), which every event recorded by the host
+  // calls (a communicator's operation records one each).
+  std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> completed{0};  // written under `mu`
   absl::Status error ABSL_GUARDED_BY(mu);
   bool failed_unreported ABSL_GUARDED_BY(mu) = false;

@@ -48,6 +48,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "comm/mpi_communicator.h"
 #include "parallel/distributed.h"
 #include "runtime/allocator.h"
@@ -655,6 +656,48 @@ int Main(int argc, char** argv) {
                 {"bubble_measured", JsonRounded(m->bubble_fraction, 4)}});
         }
       }
+    } else if (mode == "tensor") {
+      // Tensor parallelism over every rank, with sequence parallelism and without, against
+      // data parallelism on the same ranks; on 4 also T=2 beside 2 replicas and 2 stages.
+      struct Case { std::string name; StrategyKind strategy; int tensors, micro_batches;
+                    bool sequence; };
+      std::vector<Case> cases = {
+          {"data parallel", StrategyKind::kData, 1, 1, false},
+          {absl::StrFormat("T=%d", world), StrategyKind::kData, world, 1, false},
+          {absl::StrFormat("T=%d, sequence parallel", world), StrategyKind::kData, world, 1,
+           true}};
+      if (world == 4) {
+        cases.push_back({"T=2 x 2 replicas", StrategyKind::kData, 2, 1, false});
+        cases.push_back({"T=2 x 2 stages 1F1B", StrategyKind::kPipeline, 2, 4, false});
+      }
+      for (int round = 0; round <= 3 && rc == 0; ++round) {
+        for (size_t i = 0; i < (round == 0 ? 1 : cases.size()); ++i) {
+          const Case& k = cases[i];
+          ParallelConfig pc;
+          pc.train = Tiny(32, k.micro_batches);
+          pc.strategy = k.strategy;
+          pc.schedule = "1f1b";
+          pc.tensor_parallel = k.tensors;
+          pc.sequence_parallel = k.sequence;
+          auto m = Run(pc, comm->get());
+          if (Failed(m.status(), &rc)) break;
+          if (round == 0) continue;
+          auto layout = ResolveLayout(pc, world);
+          if (Failed(layout.status(), &rc)) break;
+          const MemoryNeed& need = layout->memory[0];
+          emit({{"bench", "tensor"},
+                {"case", k.name},
+                {"round", round},
+                {"workers", world},
+                {"tensors", k.tensors},
+                {"sequence_parallel", k.sequence},
+                {"tokens_per_second",
+                 JsonRounded(32 * pc.train.model.seq_len / m->step_seconds, 1)},
+                {"step_seconds", JsonRounded(m->step_seconds, 6)},
+                {"peak_activation_bytes", m->peak_activation_bytes},
+                {"estimated_activation_bytes", need.activations + need.workspace}});
+        }
+      }
     } else if (mode == "handover") {
       // 1F1B over every rank, M = 2K: the handover its steps measure (compare --plan's
       // per-transfer cost for CPU workers, with the activation's bytes it carried).
@@ -687,8 +730,8 @@ int Main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: strategy_bench data|pipeline|streams|zero|hybrid|handover (under "
-                   "mpirun)\n");
+                   "usage: strategy_bench data|pipeline|streams|zero|hybrid|tensor|handover "
+                   "(under mpirun)\n");
       rc = 2;
     }
   }

@@ -3,7 +3,8 @@
 # BENCHMARKS.md (in the directory `bazel run` was started from) rewritten from the results:
 # communicator vs raw MPI (all-reduce, all-gather, reduce-scatter), runtime matmul vs raw
 # sgemm, memory-bound ops vs memcpy, one-worker training, data-parallel scaling, overlap and
-# bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, ZeRO-1's optimizer state per
+# bucket sizes, the pipeline bubble, hybrid layouts on 4 workers, tensor parallelism on 2 and 4,
+# ZeRO-1's optimizer state per
 # rank, CPU streams (asynchronous against immediate), MPI doorbells (on against off), the
 # planner's predictions against runs (the development configuration and two held out from
 # it), and PyTorch on the same model where it is installed. Takes about 25 minutes on 2 cores.
@@ -69,6 +70,10 @@ for np in 2 4; do
 done
 step "hybrid: 2 replicas x 2 stages against data parallel and 4 stages, 4 workers, 3 rounds"
 "${mpi[@]}" -np 4 "$runfiles/parallel/strategy_bench" hybrid >"$out_dir/hybrid.jsonl"
+step "tensor parallelism: T=2 and T=4 (sequence parallel too) against data parallel, 3 rounds"
+for np in 2 4; do
+  "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" tensor >>"$out_dir/tensor.jsonl"
+done
 step "ZeRO-1: optimizer state bytes per rank on 1, 2 and 4 workers"
 for np in 1 2 4; do
   "${mpi[@]}" -np "$np" "$runfiles/parallel/strategy_bench" zero >>"$out_dir/zero.jsonl"

@@ -323,6 +323,45 @@ def zero_section(d):
     print()
 
 
+def tensor_section(d, cores):
+    """Tokens/s of tensor parallelism against data parallel on the same workers (each case's
+    ratio the median over rounds of its ratio in the same round), and rank 0's activation peak
+    against the memory check's estimate (parallel/strategy_bench tensor)."""
+    path = os.path.join(d, "tensor.jsonl")
+    if not os.path.exists(path):
+        return
+    runs = lines(path)
+    mid = lambda v: sorted(v)[len(v) // 2]
+    print("## Tensor parallelism (gpt-tiny, global batch 32)\n")
+    print("`--tensor-parallel=T` over every worker, with `--sequence-parallel` and without, and "
+          "on 4 workers T=2 beside 2 replicas and beside 2 stages (1F1B, 4 micro-batches), "
+          "against data parallel on the same workers; `parallel/strategy_bench tensor` runs "
+          "each case in turn, in rounds, in one job. `vs data parallel` is the median over "
+          "rounds of the case's tokens/s over data parallel's in the same round. Activations: "
+          "rank 0's peak of the allocator's requested bytes over a step above its model state, "
+          "against the memory check's estimate (activations and temporaries). "
+          "Every layer's collectives sit on its critical path, over shared memory here; "
+          f"{cores_phrase(4, cores)}.\n")
+    for workers in sorted({r["workers"] for r in runs}):
+        rs_w = [r for r in runs if r["workers"] == workers]
+        data = {r["round"]: r["tokens_per_second"] for r in rs_w if r["case"] == "data parallel"}
+        cases = {}
+        for r in rs_w:
+            cases.setdefault(r["case"], []).append(r)
+        print(f"{workers} workers:\n")
+        print("| layout | rounds | tokens/s (median) | vs data parallel | activations (peak) | "
+              "estimate | peak vs estimate |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for case, rs in cases.items():
+            ratios = [r["tokens_per_second"] / data[r["round"]] for r in rs if r["round"] in data]
+            peak = mid([r["peak_activation_bytes"] for r in rs])
+            est = rs[0]["estimated_activation_bytes"]
+            print(f"| {case} | {len(rs)} | {mid([r['tokens_per_second'] for r in rs]):.0f} | "
+                  f"{mid(ratios):.2f} | {peak / 2**20:.1f} MB | {est / 2**20:.1f} MB | "
+                  f"{100 * (peak - est) / est:+.1f}% |")
+        print()
+
+
 def hybrid_section(d, cores):
     """Tokens/s of hybrid layouts on 4 workers against data parallel on the same 4, each case's
     ratio the median over rounds of its ratio to data parallel in the same round
@@ -724,6 +763,7 @@ def main():
               + "\n")
     pipeline_section([s for s in strat if s["bench"] == "pipeline"], base, cores)
     hybrid_section(d, cores)
+    tensor_section(d, cores)
     zero_section(d)
     planner_section(d)
     print("## Against PyTorch on the same model\n")

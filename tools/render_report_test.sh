@@ -1,6 +1,6 @@
 #!/bin/bash
 # Renders a real comparison report in headless Chromium: compare runs a tiny model on 2 CPU
-# workers under every strategy (no hybrid layout on 2), then report.html is screenshotted and the screenshot checked
+# workers under every strategy (no hybrid layout on 2; tensor parallelism over both), then report.html is screenshotted and the screenshot checked
 # (exists, the page's size, the charts' colours present). Usage: render_report_test.sh COMPARE
 set -u
 . "$(dirname "$0")/junit.sh"  # check, fail, skip; the checks as JUnit XML
@@ -32,7 +32,8 @@ check "the report's files, merged traces, op tables and inlined charts"
 
 for f in report.md report.html report.json throughput.svg step-time.svg memory.svg \
   timeline-baseline.svg timeline-data.svg timeline-data-zero1.svg timeline-model.svg \
-  timeline-gpipe.svg timeline-1f1b.svg timeline-zb-h1.svg timeline-interleaved.svg; do
+  timeline-gpipe.svg timeline-1f1b.svg timeline-zb-h1.svg timeline-interleaved.svg \
+  timeline-tp2.svg; do
   [ -s "$out/$f" ] || fail "no $f"
 done
 # The launcher's --profile ending: one merged trace with a lane per rank, the op tables printed.
@@ -48,10 +49,10 @@ grep -q "op table, rank 1:" "$out/logs/1f1b.log" || fail "no op table for rank 1
 # have no hybrid layout, which the report says.
 svgs="$(grep -o '<svg' "$out/report.html" | wc -l)"
 closed="$(grep -o '</svg>' "$out/report.html" | wc -l)"
-[ "$svgs" -eq 11 ] || fail "report.html has $svgs <svg> elements, not 11"
-[ "$closed" -eq 11 ] || fail "report.html closes $closed <svg> elements, not 11"
+[ "$svgs" -eq 12 ] || fail "report.html has $svgs <svg> elements, not 12"
+[ "$closed" -eq 12 ] || fail "report.html closes $closed <svg> elements, not 12"
 ran="$(grep -c '"ran": true' "$out/report.json")"
-[ "$ran" -eq 8 ] || fail "report.json: $ran strategies ran, not 8"
+[ "$ran" -eq 9 ] || fail "report.json: $ran strategies ran, not 9"
 grep -qF "<li>No hybrid layout: 2 workers" "$out/report.html" || fail "report.html lacks the note"
 grep -q 'rank 1' "$out/timeline-gpipe.svg" || fail "the GPipe timeline has no row for rank 1"
 if grep -q -E '<script|<link|src=' "$out/report.html"; then

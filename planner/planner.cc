@@ -99,8 +99,11 @@ std::vector<TensorComm> TensorCollectives(const PlanRequest& r, const ParallelCo
   // The activations of a micro-batch, (rows x seq, C) in the compute dtype.
   const double bytes =
       rows * model.seq_len * model.d_model * static_cast<double>(DTypeSize(c.train.dtype));
-  const double ar = link.AllReduce(bytes, T);
-  const double ag = link.AllGather(bytes, T), rs = link.ReduceScatter(bytes, T);
+  // CPU workers: each collective the stream waits for on the critical path also takes the
+  // link's handover (the threads woken on the way, as a pipeline's transfer does).
+  const double h = link.handover_s;
+  const double ar = link.AllReduce(bytes, T) + h;
+  const double ag = link.AllGather(bytes, T) + h, rs = link.ReduceScatter(bytes, T) + h;
   const bool sp = c.sequence_parallel;
   for (int b = 0; b < model.num_blocks(); ++b) {
     TensorComm& t = out[b];
@@ -110,11 +113,12 @@ std::vector<TensorComm> TensorCollectives(const PlanRequest& r, const ParallelCo
     } else if (b == model.num_blocks() - 1) {  // the head: its input's gradient
       // its logits' row maxima (4 bytes a row), then their sums of exp and target logits (8)
       t.forward = (sp ? ag : 0) + link.AllReduce(rows * model.seq_len * 4.0, T) +
-                  link.AllReduce(rows * model.seq_len * 8.0, T);
+                  link.AllReduce(rows * model.seq_len * 8.0, T) + 2 * h;
       t.backward = sp ? rs : ar;
     } else {  // a layer: two regions
       t.forward = sp ? 2 * (ag + rs) : 2 * ar;
-      t.backward = sp ? 4 * ag + 2 * rs : 2 * ar;
+      // (with sequence parallelism the LayerNorms' sum of 4C values too)
+      t.backward = sp ? 4 * ag + 2 * rs + link.AllReduce(16.0 * model.d_model, T) + h : 2 * ar;
     }
   }
   return out;
@@ -281,10 +285,11 @@ absl::StatusOr<Prediction> PredictWith(const PlanRequest& r, const Layout& layou
   p.bubble_s = sim.makespan - sim.busy[slowest];
   p.step_s = sim.makespan + tail;
   // CPU workers on fewer cores than workers: the D replicas' stages that compute at each
-  // moment share the cores (each replica's like stage computes at the same moments), in the
-  // step's compute and in its end, which starts for all once the compute is done.
+  // moment share the cores (each replica's like stage computes at the same moments, and each
+  // stage's T tensor-parallel ranks together), in the step's compute and in its end, which
+  // starts for all once the compute is done.
   if (r.SharesCores()) {
-    const double cores = double(r.host_cores) / D;
+    const double cores = double(r.host_cores) / (D * T);
     const double computed = K == 1 ? sim.makespan / ShareRate(1, cores)
                                    : SharedCoresStep(*schedule, d, cores, r.waiting_share);
     std::vector<double> release(K);

@@ -241,8 +241,16 @@ TEST(PlannerTest, TensorParallelStepByHand) {
   // reduce-scatters in B; the head's gather, its two small sums and its reduce-scatter.
   l.sequence_parallel = true;
   const Prediction sp = *Predict(r, l);
-  EXPECT_NEAR(sp.tensor_comm_s, 2 * half + 2 * (4 * half + 6 * half) + 2 * half + head_small,
-              1e-15);
+  // (and in each layer's B the LayerNorms' sum: 4 x 32 f32, an all-reduce of 512 bytes)
+  const double ln = 2 * (512 / 2.0) / 1e9;
+  EXPECT_NEAR(sp.tensor_comm_s,
+              2 * half + 2 * (4 * half + 6 * half + ln) + 2 * half + head_small, 1e-15);
+  // CPU workers: each of the 12 collectives the stream waits for (the embedding's, 4 in each
+  // layer, the head's 3) also takes the link's handover.
+  PlanRequest slow = r;
+  slow.link.handover_s = 1e-4;
+  l.sequence_parallel = false;
+  EXPECT_NEAR(Predict(slow, l)->tensor_comm_s, p.tensor_comm_s + 12 * 1e-4, 1e-12);
   // A request whose heads T does not divide has no such layout.
   PlanRequest three = Request(3, 3);
   l = Layout();

@@ -497,6 +497,8 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
 
 absl::StatusOr<float> DistributedTrainer::Evaluate() {
   if (!val_) return absl::FailedPreconditionError("no validation data to evaluate on");
+  // An evaluation's collectives are no step's (and a step that failed to issue left none).
+  if (tensor_group_ != nullptr) tensor_group_->set_timeline(nullptr);
   const TrainConfig& tc = c_.train;
   ASSIGN_OR_RETURN(Stream * s, Stream::Compute(tc.device));
   ASSIGN_OR_RETURN(Tensor loss_sum, Tensor::Empty({1}, DType::kF32, tc.device));

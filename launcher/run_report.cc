@@ -386,6 +386,8 @@ std::string SummaryTable(const RunRecord& r) {
                           FormatBytes(t.peak_activation_bytes), FormatBytes(t.optimizer_bytes),
                           FormatBytes(t.peak_memory_bytes), t.host_syncs_per_step);
   }
+  // Tensor parallelism: each rank's tensor rank beside its replica and stage.
+  if (grid.tensors > 1) absl::StrAppend(&out, "places      ", grid.Places(), "\n");
   if (r.job.strategy != "data" && !r.ranks.empty()) {
     // Interleaving v chunks a stage: (K-1)/(vM+K-1) (Narayanan et al.).
     const int v = r.job.schedule == "interleaved" ? r.job.virtual_stages : 1;

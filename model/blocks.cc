@@ -61,13 +61,13 @@ absl::Status GroupSum(Stream& s, const TensorParallel& tp, const Tensor& t, cons
 // Sequence parallelism (Megatron's): between the tensor-parallel regions each rank holds the
 // rows [r N/T, (r+1) N/T) of the residual stream's N = B x seq rows, and the LayerNorms run on
 // them alone.
-bool SequenceParallel(const TensorParallel& tp) { return tp.enabled() && tp.sequence; }
+bool SequenceParallel(const TensorParallel& tp) { return tp.splits_rows(); }
 
 // The rows of the residual stream's (N, C) this rank holds: N, or N / T under sequence
 // parallelism; and the shape its activations between blocks take: (B, T, C), or (N / T, 1, C).
 Shape StreamShape(const TensorParallel& tp, int64_t B, int64_t T, int64_t C) {
   if (!SequenceParallel(tp)) return {B, T, C};
-  return {B * T / tp.size, 1, C};
+  return {tp.RowsHeld(B * T), 1, C};
 }
 
 // Into a tensor-parallel region: every rank's rows (all-gather), where sequence parallelism
@@ -189,7 +189,7 @@ class EmbeddingBlock : public Block {
                                   VocabBegin(c_, tp_), c_.vocab);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
-    return Rows(B * T) * c_.d_model * ElemBytes(compute);  // y (this rank's rows)
+    return tp_.RowsHeld(B * T) * c_.d_model * ElemBytes(compute);  // y (this rank's rows)
   }
   int64_t WeightStashBytes(int64_t B, int64_t T, DType compute) const override {
     return B * T * c_.d_model * ElemBytes(compute) + B * T * 4;  // dy (all rows), the tokens
@@ -201,7 +201,6 @@ class EmbeddingBlock : public Block {
   }
 
  private:
-  int64_t Rows(int64_t n) const { return SequenceParallel(tp_) ? n / tp_.size : n; }
   ModelConfig c_;
   bool positions_;
   TensorParallel tp_;
@@ -384,7 +383,7 @@ class TransformerBlock : public Block {
     return ops::LinearBackward(s, none, g[kQkvW], g[kQkvB], w[kWDqkv], w[kWLn1], p[kQkvW]);
   }
   int64_t ActivationBytes(int64_t B, int64_t T, DType compute) const override {
-    const int64_t N = B * T, Nl = MyRows(N), C = c_.d_model, Cl = C / tp_.size, NH = heads();
+    const int64_t N = B * T, Nl = tp_.RowsHeld(N), C = c_.d_model, Cl = C / tp_.size, NH = heads();
     // ln1, res2, ln2 and y (C each, this rank's rows), qkv (3Cl), atty (Cl), fc_pre and fc_act
     // (4Cl each) in the compute dtype; four f32 statistics per row of this rank's; the f32
     // probabilities or log-sum-exps of this rank's heads.
@@ -406,7 +405,7 @@ class TransformerBlock : public Block {
     // the parts of dln2, ln2, dres2, the parts of dln1 and ln1 (C each) come on top, with the
     // LayerNorms' gradient buffer.
     const int64_t C = c_.d_model, Cl = C / tp_.size, e = ElemBytes(compute);
-    const int64_t N = B * T, Nl = MyRows(N);
+    const int64_t N = B * T, Nl = tp_.RowsHeld(N);
     const ops::AttentionScratch att = ops::AttentionScratchBytes(
         device, compute, B, T, Cl, heads(), c_.attention == Attention::kFlash);
     const bool sp = SequenceParallel(tp_);
@@ -418,8 +417,6 @@ class TransformerBlock : public Block {
  private:
   // The heads this rank computes.
   int64_t heads() const { return c_.n_head / tp_.size; }
-  // Of N rows of the residual stream, those this rank holds.
-  int64_t MyRows(int64_t N) const { return SequenceParallel(tp_) ? N / tp_.size : N; }
   // The rows of a micro-batch from a tensor of the residual stream, (B, T, C) or under sequence
   // parallelism (N / T, 1, C): its B samples of T tokens, all N = B x T rows and this rank's.
   struct Rows {
@@ -601,7 +598,7 @@ class HeadBlock : public Block {
     // and two f32 statistics per row.
     // Under sequence parallelism the LayerNorm's output is kept for all rows, gathered, and
     // its statistics for this rank's.
-    const int64_t Nl = SequenceParallel(tp_) ? N / tp_.size : N;
+    const int64_t Nl = tp_.RowsHeld(N);
     const int64_t ln = layernorm_ ? N * c_.d_model * ElemBytes(compute) + 2 * Nl * 4 : 0;
     return N * (c_.vocab / tp_.size) * ElemBytes(compute) + N * 4 + ln;
   }

@@ -33,9 +33,8 @@ MemoryNeed EstimateStageMemory(const ModelConfig& model, int begin, int end, int
   const std::vector<std::unique_ptr<Block>> blocks = BuildBlocks(model, tp);
   // What crosses a stage boundary for a micro-batch: (rows, T, C) in the compute dtype, under
   // sequence parallelism this rank's rows of it.
-  const int64_t boundary = rows * model.seq_len * model.d_model *
-                           static_cast<int64_t>(DTypeSize(compute)) /
-                           (tp.enabled() && tp.sequence ? tp.size : 1);
+  const int64_t boundary = tp.RowsHeld(rows * model.seq_len) * model.d_model *
+                           static_cast<int64_t>(DTypeSize(compute));
   // A stage that ends before the head sends its output on and keeps none of it; in backward
   // its last block is given the gradient of that output (so nothing is replaced by it).
   const bool sends = end < model.num_blocks();

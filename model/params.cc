@@ -74,18 +74,25 @@ bool DecaysByDefault(const ParamSpec& spec) {
   return spec.shape.rank() == 2 && spec.name != wpe;
 }
 
-std::vector<ElementRange> DecayedRanges(const ParamLayout& layout, bool decay_all) {
+std::vector<ElementRange> PickedRanges(const ParamLayout& layout,
+                                       const std::function<bool(const ParamSpec&)>& pick,
+                                       int64_t skip) {
   std::vector<ElementRange> ranges;
   for (const ParamEntry& e : layout.entries()) {
-    if (!decay_all && !DecaysByDefault(e.spec)) continue;
-    const int64_t end = e.offset + e.spec.shape.numel();
-    if (!ranges.empty() && ranges.back().end == e.offset) {
+    const int64_t begin = std::max(e.offset, skip), end = e.offset + e.spec.shape.numel();
+    if (end <= begin || !pick(e.spec)) continue;
+    if (!ranges.empty() && ranges.back().end == begin) {
       ranges.back().end = end;
     } else {
-      ranges.push_back({e.offset, end});
+      ranges.push_back({begin, end});
     }
   }
   return ranges;
+}
+
+std::vector<ElementRange> DecayedRanges(const ParamLayout& layout, bool decay_all) {
+  return PickedRanges(layout,
+                      [decay_all](const ParamSpec& s) { return decay_all || DecaysByDefault(s); });
 }
 
 absl::StatusOr<FlatBuffer> FlatBuffer::Create(const ParamLayout& layout, DType dtype,

@@ -5,6 +5,7 @@
 #define TANDEM_MODEL_PARAMS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,11 @@ bool DecaysByDefault(const ParamSpec& spec);
 // The elements of `layout`'s flat buffer weight decay applies to, in order, neighbours merged:
 // every parameter with `decay_all`, else those DecaysByDefault picks.
 std::vector<ElementRange> DecayedRanges(const ParamLayout& layout, bool decay_all);
+// The elements of the parameters `pick` accepts, in order, neighbours merged, leaving out the
+// first `skip` elements of the buffer.
+std::vector<ElementRange> PickedRanges(const ParamLayout& layout,
+                                       const std::function<bool(const ParamSpec&)>& pick,
+                                       int64_t skip = 0);
 
 // A flat buffer laid out by a ParamLayout, with one view per entry.
 class FlatBuffer {

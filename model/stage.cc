@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
 
 Shape Stage::BoundaryShape(int64_t rows) const {
   const int64_t T = config_.seq_len, C = config_.d_model;
-  if (tp_.enabled() && tp_.sequence) return {rows * T / tp_.size, 1, C};
+  if (tp_.splits_rows()) return {tp_.RowsHeld(rows * T), 1, C};
   return {rows, T, C};
 }
 

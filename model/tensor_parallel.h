@@ -18,6 +18,8 @@
 #ifndef TANDEM_MODEL_TENSOR_PARALLEL_H_
 #define TANDEM_MODEL_TENSOR_PARALLEL_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -51,6 +53,10 @@ struct TensorParallel {
   // all-reduce becomes an all-gather before it and a reduce-scatter after it.
   bool sequence = false;
   bool enabled() const { return size > 1; }
+  // Whether the residual stream's rows are split (sequence parallelism), and of its n rows
+  // those this rank holds.
+  bool splits_rows() const { return enabled() && sequence; }
+  int64_t RowsHeld(int64_t n) const { return splits_rows() ? n / size : n; }
 };
 
 }  // namespace tandem

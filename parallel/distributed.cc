@@ -403,18 +403,10 @@ std::vector<ElementRange> DistributedTrainer::NormRanges(const Stage& stage) {
   // first elements of its buffer); and a parameter every rank of a tensor-parallel group
   // holds whole, once: on the group's first rank.
   const bool first_tensor_rank = stage.tensor_parallel().rank == 0;
-  std::vector<ElementRange> ranges;
-  for (const ParamEntry& e : stage.layout().entries()) {
-    const int64_t begin = std::max(e.offset, stage.embedding_copy_numel());
-    const int64_t end = e.offset + e.spec.shape.numel();
-    if (end <= begin || (!e.spec.shard.split() && !first_tensor_rank)) continue;
-    if (!ranges.empty() && ranges.back().end == begin) {
-      ranges.back().end = end;
-    } else {
-      ranges.push_back({begin, end});
-    }
-  }
-  return ranges;
+  return PickedRanges(
+      stage.layout(),
+      [first_tensor_rank](const ParamSpec& s) { return s.shard.split() || first_tensor_rank; },
+      stage.embedding_copy_numel());
 }
 
 absl::Status DistributedTrainer::GradientNorm(Stream& s, const Tensor& sumsq) {
@@ -481,11 +473,7 @@ absl::Status DistributedTrainer::Issue(const std::function<bool()>& stop_request
   RETURN_IF_ERROR(StepEnd(*s, v, &p));
   for (Communicator* c : Comms()) p.last_sequences.push_back(c->last_issued_sequence());
   p.timing.last_sequence = comm_->last_issued_sequence();
-  if (tensor_group_ != nullptr) {
-    tensor_group_->set_timeline(nullptr);  // an evaluation's collectives are not the step's
-    p.timing.comm_bytes += tensor_group_->bytes() - tensor_bytes_;
-    tensor_bytes_ = tensor_group_->bytes();
-  }
+  if (tensor_group_ != nullptr) p.timing.comm_bytes += tensor_group_->TakeBytes();
   p.timing.peak_in_flight = stage_->peak_in_flight();
   p.timing.host_syncs = HostSync::Count() - syncs_before;
   pending_.push_back(std::move(p));

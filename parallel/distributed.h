@@ -283,7 +283,6 @@ class DistributedTrainer {
   // stage's copy of the tied table, and under tensor parallelism the replicated parameters
   // (the same on every rank of the group) on its first rank only.
   std::vector<ElementRange> norm_ranges_;
-  int64_t tensor_bytes_ = 0;  // tensor_group_'s bytes when the last step was issued
   TokenDataset data_;
   DataOrder order_;
   std::optional<ValidationSet> val_;

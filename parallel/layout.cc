@@ -139,9 +139,8 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
                                 const std::vector<std::vector<int>>& groups, int stage,
                                 int64_t rows) {
   const TrainConfig& t = c.train;
-  const int64_t boundary = rows * t.model.seq_len * t.model.d_model *
-                           static_cast<int64_t>(DTypeSize(t.dtype)) /
-                           (c.sequence_parallel ? c.tensor_parallel : 1);
+  const int64_t boundary = ShapeOnly(c).RowsHeld(rows * t.model.seq_len) * t.model.d_model *
+                           static_cast<int64_t>(DTypeSize(t.dtype));
   const std::vector<bool> deferred = DeferredWeights(s, stage);
   const bool defers = std::find(deferred.begin(), deferred.end(), true) != deferred.end();
   MemoryNeed n;

@@ -58,7 +58,8 @@ class CommTensorGroup : public TensorGroup {
                          const char* what) override;
   absl::Status ReduceScatterSum(Stream& s, const Tensor& mine, const Tensor& all,
                                 const char* what) override;
-  int64_t bytes() const { return bytes_; }
+  // The bytes its collectives moved since the last call.
+  int64_t TakeBytes() { return std::exchange(bytes_, 0); }
   // Where a step's collectives mark their waits (kComputePart before each, kTensorComm after
   // the stream's wait, parallel/step_phases.h); null: not marked.
   void set_timeline(StreamTimeline* timeline) { timeline_ = timeline; }

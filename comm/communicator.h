@@ -108,8 +108,10 @@ class Communicator {
   // move ZeRO's gradient and parameter shards, which are f32.
   // Each rank's part of `t` becomes the sum over all ranks of that part; the rest of `t` is
   // left unspecified (MPI_Reduce_scatter with counts; NCCL: grouped ncclReduce to each owner).
+  // With `out` (f32, this rank's part's count, on t's device) the sum goes there instead and
+  // `t` is only read: ZeRO-2's gradient bucket, freed once reduced, into the rank's shard.
   virtual absl::StatusOr<std::unique_ptr<Work>> ReduceScatterParts(
-      const Tensor& t, const std::vector<int64_t>& offsets) = 0;
+      const Tensor& t, const std::vector<int64_t>& offsets, const Tensor& out = Tensor()) = 0;
   // Every rank's part of `t` goes to every rank (MPI_Allgatherv; NCCL: grouped ncclBroadcast
   // from each owner).
   virtual absl::StatusOr<std::unique_ptr<Work>> AllGatherParts(

@@ -372,10 +372,15 @@ void PartCounts(CommState& st, const std::vector<int64_t>& offsets) {
 }
 
 absl::Status RunReduceScatterParts(CommState& st, const Tensor& t,
-                                   const std::vector<int64_t>& offsets) {
+                                   const std::vector<int64_t>& offsets, const Tensor& out) {
   PartCounts(st, offsets);
   const std::vector<int>& counts = st.part_counts;
   float* base = t.data<float>();
+  if (out.defined()) {
+    MPI_RETURN_IF_ERROR(MPI_Reduce_scatter(base, out.data<float>(), counts.data(), MPI_FLOAT,
+                                           MPI_SUM, st.comm));
+    return absl::OkStatus();
+  }
   // In place, MPI takes the whole vector from the buffer and writes this rank's sums at its
   // start; they go to this rank's part.
   MPI_RETURN_IF_ERROR(
@@ -789,13 +794,14 @@ class MpiCommunicator : public Communicator {
   }
 
   absl::StatusOr<std::unique_ptr<Work>> ReduceScatterParts(
-      const Tensor& t, const std::vector<int64_t>& offsets) override {
+      const Tensor& t, const std::vector<int64_t>& offsets, const Tensor& out) override {
     ASSIGN_OR_RETURN(OpInfo info,
-                     CheckParts(state_->id, OpKind::kReduceScatterParts, t, offsets));
+                     CheckParts(state_->id, OpKind::kReduceScatterParts, t, offsets, out));
     RETURN_IF_ERROR(CheckIntCount(info, t.numel()));
-    return Enqueue(std::move(info), {t}, [u = t.Unowned(), offsets](CommState& st) {
-      return RunReduceScatterParts(st, u, offsets);
-    });
+    return Enqueue(std::move(info), {t, out},
+                   [u = t.Unowned(), offsets, o = out.Unowned()](CommState& st) {
+                     return RunReduceScatterParts(st, u, offsets, o);
+                   });
   }
 
   absl::StatusOr<std::unique_ptr<Work>> AllGatherParts(

@@ -426,6 +426,18 @@ TEST_F(MpiCommunicatorTest, ReduceScatterAndAllGatherParts) {
     for (int64_t i = offsets[rank_]; i < offsets[rank_ + 1]; ++i) {
       ASSERT_EQ(got[i], SumOver(world_, i)) << "element " << i << " of " << n;
     }
+    // Into `out`: the same sums, and the tensor reduced from left as it was.
+    const int64_t mine = offsets[rank_ + 1] - offsets[rank_];
+    Tensor from = Make(RankValues(rank_, n));
+    Tensor out = Make(std::vector<float>(mine, -1.0f));
+    ASSERT_TRUE(Run(comm_->ReduceScatterParts(from, offsets, out)).ok());
+    const std::vector<float> sums = Floats(out);
+    for (int64_t i = 0; i < mine; ++i) {
+      ASSERT_EQ(sums[i], SumOver(world_, offsets[rank_] + i)) << "element " << i << " of out";
+    }
+    ASSERT_EQ(Floats(from), RankValues(rank_, n));
+    Tensor wrong = Make(std::vector<float>(mine + 1, 0.0f));
+    ASSERT_FALSE(comm_->ReduceScatterParts(from, offsets, wrong).ok());
     // Each rank's part, written by its owner, reaches everyone.
     Tensor u = Make(std::vector<float>(n, -1.0f));
     {

@@ -373,13 +373,16 @@ class NcclCommunicator : public Communicator {
   }
 
   absl::StatusOr<std::unique_ptr<Work>> ReduceScatterParts(
-      const Tensor& t, const std::vector<int64_t>& offsets) override {
+      const Tensor& t, const std::vector<int64_t>& offsets, const Tensor& out) override {
     ASSIGN_OR_RETURN(OpInfo info,
-                     CheckParts(state_->id, OpKind::kReduceScatterParts, t, offsets));
-    return Issue(info, {t}, [&](ncclComm_t comm, cudaStream_t stream) {
+                     CheckParts(state_->id, OpKind::kReduceScatterParts, t, offsets, out));
+    const int me = state_->id.rank;
+    return Issue(info, {t, out}, [&](ncclComm_t comm, cudaStream_t stream) {
       return EachPart(offsets, [&](int r, int64_t begin, int64_t count) {
         float* part = static_cast<float*>(t.raw()) + begin;
-        return ncclReduce(part, part, count, ncclFloat32, ncclSum, r, comm, stream);
+        // The root's receive buffer only is written; the others' is ignored.
+        float* sum = r == me && out.defined() ? static_cast<float*>(out.raw()) : part;
+        return ncclReduce(part, sum, count, ncclFloat32, ncclSum, r, comm, stream);
       });
     });
   }

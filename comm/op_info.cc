@@ -260,7 +260,7 @@ absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
 }
 
 absl::StatusOr<OpInfo> CheckParts(const CommIdentity& c, OpKind kind, const Tensor& t,
-                                  const std::vector<int64_t>& offsets) {
+                                  const std::vector<int64_t>& offsets, const Tensor& out) {
   OpInfo info;
   info.kind = kind;
   RETURN_IF_ERROR(CheckTensor(c, kind, "t", t));
@@ -273,6 +273,15 @@ absl::StatusOr<OpInfo> CheckParts(const CommIdentity& c, OpKind kind, const Tens
     return Bad(c, kind,
                absl::StrFormat("offsets [%s] do not split %d elements into %d parts in order",
                                absl::StrJoin(offsets, ", "), t.numel(), c.world_size));
+  }
+  if (out.defined()) {
+    RETURN_IF_ERROR(CheckTensor(c, kind, "out", out));
+    const int64_t mine = offsets[c.rank + 1] - offsets[c.rank];
+    if (out.dtype() != DType::kF32 || out.numel() != mine || out.device() != t.device()) {
+      return Bad(c, kind,
+                 absl::StrFormat("out is %s; this rank's part takes f32 x %d on %s",
+                                 out.ToString(), mine, t.device().ToString()));
+    }
   }
   info.dtype = t.dtype();
   info.count = t.numel();

@@ -158,9 +158,11 @@ absl::StatusOr<OpInfo> CheckRecv(const CommIdentity& c, const Tensor& t, int pee
 absl::StatusOr<OpInfo> CheckSendRecv(const CommIdentity& c,
                                      const std::vector<PeerTransfer>& transfers);
 // ReduceScatterParts and AllGatherParts: `t` f32 and `offsets` a split of it into one part
-// per rank (Communicator::ReduceScatterParts).
+// per rank (Communicator::ReduceScatterParts); `out`, when defined, f32 on t's device with as
+// many elements as this rank's part.
 absl::StatusOr<OpInfo> CheckParts(const CommIdentity& c, OpKind kind, const Tensor& t,
-                                  const std::vector<int64_t>& offsets);
+                                  const std::vector<int64_t>& offsets,
+                                  const Tensor& out = Tensor());
 OpInfo BarrierInfo();
 OpInfo SplitInfo();
 // OK when a group `group` split from `parent` has the `members` its caller expects: one job

@@ -51,7 +51,7 @@ std::string StrategyWords(const JobConfig& job) {
                             job.strategy == "model" ? "model-parallel split" : "pipeline");
   }
   if (grid.tensors > 1) absl::StrAppendFormat(&words, ", tensor parallel over %d", grid.tensors);
-  if (job.zero == 1 && grid.replicas > 1) absl::StrAppend(&words, ", ZeRO-1");
+  if (job.zero >= 1 && grid.replicas > 1) absl::StrAppend(&words, ", ZeRO-", job.zero);
   return words;
 }
 

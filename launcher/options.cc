@@ -75,7 +75,8 @@ ABSL_FLAG(bool, sequence_parallel, false,
 ABSL_FLAG(int, zero, 0,
           "1: ZeRO-1, each data-parallel replica keeps 1/D of the optimizer state and updates "
           "its shard of the parameters (data, or pipeline / model with --data-parallel >= 2); "
-          "0: every replica keeps all of it");
+          "2: ZeRO-2, its 1/D of the gradients too (each bucket reduce-scattered into the shard "
+          "and freed); 0: every replica keeps all of it");
 ABSL_FLAG(std::string, run_dir, "",
           "where logs, metrics, checkpoints and run.json go; empty: "
           "runs/<YYYYmmdd-HHMMSS>-<strategy> in the directory the launcher was started from");
@@ -184,8 +185,8 @@ absl::StatusOr<std::string> CheckLocalMemory(const ParallelConfig& pc, const Job
   const ProcessGrid& grid = layout.grid;
   const std::string state = absl::StrFormat(
       "optimizer state %s%s per rank%s", grid.stages > 1 ? "up to " : "", FormatBytes(optimizer),
-      pc.zero == 1 && grid.replicas > 1
-          ? absl::StrFormat(" (ZeRO-1: a 1/%d shard of each stage's)", grid.replicas)
+      pc.zero >= 1 && grid.replicas > 1
+          ? absl::StrFormat(" (ZeRO-%d: a 1/%d shard of each stage's)", pc.zero, grid.replicas)
           : "");
   if (gpus) {
     const int64_t gpu =

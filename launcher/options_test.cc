@@ -608,7 +608,7 @@ TEST(Validate, EachBadInputGivesItsLine) {
          o.job.data_parallel = 0;
        },
        "--data-parallel=0: must be at least 1"},
-      {[](Options& o) { o.job.zero = 2; }, "--zero=2: use 0"},
+      {[](Options& o) { o.job.zero = 3; }, "--zero=3: use 0"},
       {[](Options& o) {
          o.job.strategy = "pipeline";
          o.job.zero = 1;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "model/rng.h"
 #include "runtime/status.h"
 
@@ -104,6 +106,68 @@ absl::StatusOr<FlatBuffer> FlatBuffer::Create(const ParamLayout& layout, DType d
     b.views_.push_back(v);
   }
   return b;
+}
+
+absl::StatusOr<FlatBuffer> FlatBuffer::CreateSegmented(const ParamLayout& layout, DType dtype,
+                                                       Device device,
+                                                       std::vector<ElementRange> segments) {
+  FlatBuffer b;
+  b.layout_ = &layout;
+  b.dtype_ = dtype;
+  b.device_ = device;
+  const auto& entries = layout.entries();
+  b.views_.resize(entries.size());
+  b.segment_of_.assign(entries.size(), segments.size());
+  int64_t covered = 0;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const ElementRange& r = segments[k];
+    covered += r.end - r.begin;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const int64_t begin = entries[i].offset, end = begin + entries[i].spec.shape.numel();
+      if (begin >= r.end || end <= r.begin) continue;
+      if (begin < r.begin || end > r.end || b.segment_of_[i] != segments.size()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "segment [%d, %d) splits %s [%d, %d) or overlaps another segment", r.begin, r.end,
+            entries[i].spec.name, begin, end));
+      }
+      b.segment_of_[i] = k;
+    }
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (b.segment_of_[i] == segments.size() && entries[i].spec.shape.numel() > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no segment holds ", entries[i].spec.name));
+    }
+  }
+  if (covered != layout.numel() || segments.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d segments cover %d elements of a buffer of %d", segments.size(), covered,
+        layout.numel()));
+  }
+  b.segments_ = std::move(segments);
+  b.memory_.resize(b.segments_.size());
+  return b;
+}
+
+absl::StatusOr<Tensor> FlatBuffer::Materialize(size_t k, Stream& s) {
+  if (memory_[k].defined()) return memory_[k];
+  const ElementRange& r = segments_[k];
+  ASSIGN_OR_RETURN(Tensor m, Tensor::Empty({r.end - r.begin}, dtype_, device_));
+  RETURN_IF_ERROR(ZeroFill(m, s));
+  const auto& entries = layout_->entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (segment_of_[i] != k) continue;
+    ASSIGN_OR_RETURN(views_[i], m.View(entries[i].offset - r.begin, entries[i].spec.shape));
+  }
+  memory_[k] = m;
+  return m;
+}
+
+void FlatBuffer::Release(size_t k) {
+  memory_[k] = Tensor();
+  for (size_t i = 0; i < views_.size(); ++i) {
+    if (segment_of_[i] == k) views_[i] = Tensor();
+  }
 }
 
 absl::Status InitializeParams(const ParamLayout& layout, const FlatBuffer& params,

@@ -85,13 +85,42 @@ class FlatBuffer {
  public:
   static absl::StatusOr<FlatBuffer> Create(const ParamLayout& layout, DType dtype,
                                            Device device);
+  // The same buffer in segments, each its own allocation, none made yet: `segments` tile
+  // [0, layout.numel()) in any order, each a whole number of entries. A segment is allocated
+  // (zeroed) by Materialize and given back by Release; flat() stays undefined, and an entry's
+  // view is undefined while its segment is not allocated. ZeRO-2's gradients: one segment per
+  // bucket, alive from the step's first write into it to its reduce-scatter. `layout` must
+  // outlive the buffer.
+  static absl::StatusOr<FlatBuffer> CreateSegmented(const ParamLayout& layout, DType dtype,
+                                                    Device device,
+                                                    std::vector<ElementRange> segments);
   const Tensor& flat() const { return flat_; }
   const Tensor& view(size_t i) const { return views_[i]; }
   size_t size() const { return views_.size(); }
 
+  bool segmented() const { return !segments_.empty(); }
+  size_t num_segments() const { return segments_.size(); }
+  const ElementRange& segment_range(size_t k) const { return segments_[k]; }
+  // The segment holding entry i.
+  size_t SegmentOf(size_t i) const { return segment_of_[i]; }
+  bool materialized(size_t k) const { return memory_[k].defined(); }
+  // Segment k's memory, allocated and zero-filled in `s`'s order when it is not allocated;
+  // the views of its entries then point into it.
+  absl::StatusOr<Tensor> Materialize(size_t k, Stream& s);
+  // Drops the buffer's hold on segment k's memory and its entries' views; work queued on the
+  // memory (a collective reducing it) keeps it until that work is done.
+  void Release(size_t k);
+
  private:
   Tensor flat_;
   std::vector<Tensor> views_;
+  // Segmented: the ranges, each entry's, and each one's memory while allocated.
+  const ParamLayout* layout_ = nullptr;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::Cpu();
+  std::vector<ElementRange> segments_;
+  std::vector<size_t> segment_of_;
+  std::vector<Tensor> memory_;
 };
 
 // Fills `params` (f32) deterministically: each parameter's values depend only on `seed` and

@@ -91,10 +91,48 @@ std::vector<Tensor> Stage::BlockParams(int b) const {
   return p;
 }
 
-std::vector<Tensor> Stage::BlockGrads(int b) const {
+absl::StatusOr<std::vector<Tensor>> Stage::BlockGrads(Stream& s, int b) {
   std::vector<Tensor> g;
-  for (size_t i : block_params_[b]) g.push_back(grads_.view(i));
+  for (size_t i : block_params_[b]) {
+    ASSIGN_OR_RETURN(Tensor t, Grad(i, s));
+    g.push_back(std::move(t));
+  }
   return g;
+}
+
+absl::StatusOr<Tensor> Stage::GradSegment(size_t k, Stream& s) {
+  if (grad_segment_reduced_[k]) {
+    const ElementRange& r = grads_.segment_range(k);
+    return absl::FailedPreconditionError(absl::StrCat(
+        Name(), ": gradients [", r.begin, ", ", r.end,
+        ") asked for after their bucket was reduced this step; their bucket must be issued "
+        "after the last backward that writes into it"));
+  }
+  return grads_.Materialize(k, s);
+}
+
+absl::StatusOr<Tensor> Stage::Grad(size_t i, Stream& s) {
+  if (grads_.segmented() && !grads_.view(i).defined()) {
+    RETURN_IF_ERROR(GradSegment(grads_.SegmentOf(i), s).status());
+  }
+  return grads_.view(i);
+}
+
+void Stage::ReleaseGradSegment(size_t k) {
+  grads_.Release(k);
+  grad_segment_reduced_[k] = true;
+}
+
+absl::Status Stage::SegmentGrads(std::vector<ElementRange> segments) {
+  ASSIGN_OR_RETURN(grads_, FlatBuffer::CreateSegmented(*layout_, DType::kF32, device_,
+                                                       std::move(segments)));
+  grad_segment_reduced_.assign(grads_.num_segments(), false);
+  // The whole buffer, given back, is not kept cached: that memory is what ZeRO-2 saves.
+  ASSIGN_OR_RETURN(Allocator * a, GetAllocator(device_));
+  ASSIGN_OR_RETURN(Stream * s, Stream::Compute(device_));
+  RETURN_IF_ERROR(s->Synchronize());
+  a->EmptyCache();
+  return absl::OkStatus();
 }
 
 std::string Stage::Name(int chunk) const {
@@ -187,8 +225,9 @@ absl::Status Stage::BackwardWeights(Stream& s, int id, const MicroBatch& mb,
   }
   const int start = chunk_start_[chunk];
   for (int b = chunk_start_[chunk + 1] - 1; b >= start; --b) {
-    RETURN_IF_ERROR(blocks_[b]->BackwardWeights(s, BlockParams(b), BlockGrads(b), mb,
-                                                it->second[b - start]));
+    ASSIGN_OR_RETURN(std::vector<Tensor> grads, BlockGrads(s, b));
+    RETURN_IF_ERROR(
+        blocks_[b]->BackwardWeights(s, BlockParams(b), grads, mb, it->second[b - start]));
     it->second[b - start].t.clear();
     if (block_done) RETURN_IF_ERROR(block_done(b));
   }
@@ -216,12 +255,12 @@ absl::Status Stage::RunBackward(Stream& s, int chunk, int id, const MicroBatch& 
   for (int b = chunk_start_[chunk + 1] - 1; b >= start; --b) {
     Tensor dprev;
     Saved& saved = it->second[b - start];
+    ASSIGN_OR_RETURN(std::vector<Tensor> grads, BlockGrads(s, b));
     if (for_w != nullptr) {
-      RETURN_IF_ERROR(blocks_[b]->BackwardInput(s, BlockParams(b), BlockGrads(b), mb, d, saved,
-                                                &dprev, &(*for_w)[b - start]));
+      RETURN_IF_ERROR(blocks_[b]->BackwardInput(s, BlockParams(b), grads, mb, d, saved, &dprev,
+                                                &(*for_w)[b - start]));
     } else {
-      RETURN_IF_ERROR(
-          blocks_[b]->Backward(s, BlockParams(b), BlockGrads(b), mb, d, saved, &dprev));
+      RETURN_IF_ERROR(blocks_[b]->Backward(s, BlockParams(b), grads, mb, d, saved, &dprev));
     }
     saved.t.clear();  // free this block's activations as soon as possible
     if (block_done) RETURN_IF_ERROR(block_done(b));
@@ -236,7 +275,12 @@ std::vector<int> Stage::ParamBlocks() const {
   return ParamOwners(block_params_, layout_->entries().size(), embedding_copy_numel_ > 0);
 }
 
-absl::Status Stage::ZeroGrads(Stream& s) { return ZeroFill(grads_.flat(), s); }
+absl::Status Stage::ZeroGrads(Stream& s) {
+  if (!grads_.segmented()) return ZeroFill(grads_.flat(), s);
+  for (size_t k = 0; k < grads_.num_segments(); ++k) grads_.Release(k);
+  grad_segment_reduced_.assign(grads_.num_segments(), false);
+  return absl::OkStatus();
+}
 
 absl::Status Stage::ParamsChanged(Stream& s) {
   if (compute_ == DType::kF32) return absl::OkStatus();

@@ -80,6 +80,16 @@ class Stage {
   // (broadcast, checkpoint load); a no-op in f32.
   absl::Status ParamsChanged(Stream& s);
   const FlatBuffer& grads() const { return grads_; }
+  // ZeRO-2: the gradients in segments (FlatBuffer::CreateSegmented), the whole buffer given
+  // back; a segment is allocated (zeroed) when backward first writes into it, or GradSegment
+  // asks for it, and given back by ReleaseGradSegment.
+  absl::Status SegmentGrads(std::vector<ElementRange> segments);
+  // Segment k's gradients (allocated if they are not), and parameter i's. Once segment k was
+  // given back in a step, asking for it again before ZeroGrads is an error (FailedPrecondition):
+  // a gradient written after its bucket was reduced would be lost.
+  absl::StatusOr<Tensor> GradSegment(size_t k, Stream& s);
+  absl::StatusOr<Tensor> Grad(size_t i, Stream& s);
+  void ReleaseGradSegment(size_t k);
 
   // Runs micro-batch `id` forward through the stage's blocks. x is the previous stage's
   // output (undefined for the first stage); y is this stage's output, or for the last stage
@@ -137,6 +147,7 @@ class Stage {
   int peak_in_flight() const { return peak_in_flight_; }
   void ResetPeakInFlight() { peak_in_flight_ = in_flight(); }
 
+  // Zeroes the gradients; segmented, gives every segment back.
   absl::Status ZeroGrads(Stream& s);
 
   // Re-materialization (GPipe's): Forward keeps only the stage's input for each micro-batch
@@ -166,8 +177,10 @@ class Stage {
   bool recompute_ = false;
   int peak_in_flight_ = 0;
   int64_t embedding_copy_numel_ = 0;
+  std::vector<bool> grad_segment_reduced_;  // segmented: given back this step
   std::vector<Tensor> BlockParams(int b) const;
-  std::vector<Tensor> BlockGrads(int b) const;
+  // Block b's parameters' gradients; segmented, their segments allocated first.
+  absl::StatusOr<std::vector<Tensor>> BlockGrads(Stream& s, int b);
   // "stage [2, 4)", or with chunks "stage [0, 2) [4, 6)", and " chunk 1" where it has several.
   std::string Name(int chunk = -1) const;
   absl::Status CheckChunk(int chunk) const;

@@ -214,8 +214,8 @@ absl::StatusOr<std::unique_ptr<DistributedTrainer>> DistributedTrainer::Create(
     RETURN_IF_ERROR(InitFromSafetensors(c.train.init_from, *t->stage_));
   }
   t->stage_->set_recompute(c.recompute);
-  t->sync_ = GradientSync(*t->stage_, t->groups_.dp, c.bucket_bytes, c.zero == 1,
-                          t->groups_.embed != nullptr);
+  ASSIGN_OR_RETURN(t->sync_, GradientSync::Create(*t->stage_, t->groups_.dp, c.bucket_bytes,
+                                                 c.zero, t->groups_.embed != nullptr));
   ASSIGN_OR_RETURN(t->optimizer_,
                    Optimizer::Create(c.train.optimizer, t->stage_->layout(),
                                      t->sync_.shard_begin(), t->sync_.shard_end(),
@@ -287,8 +287,7 @@ absl::StatusOr<MicroBatch> DistributedTrainer::LoadMicroBatch(int64_t row_begin,
 absl::Status DistributedTrainer::ReduceEmbeddingGrads(Stream& s, Pending* p) {
   if (groups_.embed == nullptr) return absl::OkStatus();
   // The table is parameter 0 of both stages' buffers (StageParams puts the copy first).
-  const ParamEntry& table = stage_->layout().entries().front();
-  ASSIGN_OR_RETURN(Tensor g, stage_->grads().flat().View(0, {table.spec.shape.numel()}));
+  ASSIGN_OR_RETURN(Tensor g, stage_->Grad(0, s));
   // Two addends: each rank's sum is the same bits. The data-parallel reduction of the
   // table's bucket, then the norm and the optimizer, wait for it on the stream.
   ASSIGN_OR_RETURN(std::unique_ptr<Work> w, groups_.embed->AllReduce(g));
@@ -410,15 +409,13 @@ std::vector<ElementRange> DistributedTrainer::NormRanges(const Stage& stage) {
 }
 
 absl::Status DistributedTrainer::GradientNorm(Stream& s, const Tensor& sumsq) {
-  const Tensor& grads = stage_->grads().flat();
   // Under ZeRO-1 each rank holds the reduced gradients of its shard only; the shards' sums of
   // squares add up to the stage's.
-  const int64_t shard_begin = zero() ? sync_.shard_begin() : 0;
-  const int64_t shard_end = zero() ? sync_.shard_end() : grads.numel();
+  const int64_t shard_begin = sync_.shard_begin(), shard_end = sync_.shard_end();
   for (const ElementRange& r : norm_ranges_) {
     const int64_t begin = std::max(r.begin, shard_begin), end = std::min(r.end, shard_end);
     if (end <= begin) continue;
-    ASSIGN_OR_RETURN(Tensor counted, grads.View(begin, {end - begin}));
+    ASSIGN_OR_RETURN(Tensor counted, sync_.ReducedGrads(begin, end));
     RETURN_IF_ERROR(ops::SumSquaresAccumulate(s, sumsq, counted));
   }
   if (zero() || !replicated()) return absl::OkStatus();

@@ -9,6 +9,15 @@
 //     (EvenShards); buckets are reduce-scattered to the shards, each replica updates its
 //     part of each bucket, and the bucket's parameters are all-gathered as soon as its part
 //     is updated.
+//   - ZeRO-2: as ZeRO-1, and the rank keeps only its shard of the gradients. The stage's
+//     gradients are one allocation per bucket (Stage::SegmentGrads), made when backward first
+//     writes into the bucket; each is reduce-scattered into the rank's shard (out of place)
+//     and given back as soon as that is issued: the communicator holds it until the reduction
+//     ran (stream-ordered), and nothing else does. Gradient accumulation is Megatron's:
+//     a step's micro-batches accumulate into the buckets, reduced once, after the last
+//     micro-batch's backward (not DeepSpeed's reduction per micro-batch): the same traffic as
+//     ZeRO-1, and the full gradients live only between a bucket's first write in a step and
+//     its reduction.
 //   - With tied embeddings across stages the table's bucket is the last, issued only after
 //     the embedding group summed the table's gradient (and all-reduced even under ZeRO-1, so
 //     the first and last stage's copies stay equal bit for bit).
@@ -22,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "model/optimizer.h"
 #include "model/stage.h"
@@ -37,21 +47,26 @@ class GradientSync {
 
   GradientSync() = default;
   // `dp`: the stage's data-parallel group (null or of one rank: nothing to synchronize);
-  // `zero`: ZeRO-1; `tied_table`: the stage holds the tied table or its copy, which the
-  // embedding group sums first. Plans the buckets of `stage` of about `bucket_bytes`.
-  GradientSync(Stage& stage, Communicator* dp, int64_t bucket_bytes, bool zero,
-               bool tied_table);
+  // `zero`: the ZeRO level, 0 to 2; `tied_table`: the stage holds the tied table or its copy,
+  // which the embedding group sums first. Plans the buckets of `stage` of about
+  // `bucket_bytes`; under ZeRO-2 segments the stage's gradients by them.
+  static absl::StatusOr<GradientSync> Create(Stage& stage, Communicator* dp,
+                                             int64_t bucket_bytes, int zero, bool tied_table);
 
-  // Whether there are replicas to synchronize with, and whether the optimizer state is
-  // sharded over them.
+  // Whether there are replicas to synchronize with, whether the optimizer state is sharded
+  // over them (ZeRO-1 and up), and whether the gradients are (ZeRO-2).
   bool replicated() const { return dp_ != nullptr && dp_->world_size() > 1; }
-  bool zero() const { return zero_ && replicated(); }
+  bool zero() const { return zero_ >= 1 && replicated(); }
+  bool grads_sharded() const { return zero_ >= 2 && replicated(); }
   // This rank's shard of the stage's flat buffer (the whole buffer without ZeRO-1), and every
   // replica's: shard r is [shards()[r], shards()[r + 1]).
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_end() const { return shard_end_; }
   const std::vector<int64_t>& shards() const { return shards_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // After WaitAll: the reduced gradients of elements [begin, end) of the stage's flat buffer,
+  // within this rank's shard (under ZeRO-2 its own shard buffer, else the stage's gradients).
+  absl::StatusOr<Tensor> ReducedGrads(int64_t begin, int64_t end) const;
 
   // A new step: no bucket issued yet.
   void StartStep();
@@ -74,10 +89,17 @@ class GradientSync {
   // Each replica's part of bucket `i`, relative to the bucket.
   std::vector<int64_t> BucketParts(size_t i) const;
   absl::Status Issue(size_t i, int64_t* comm_bytes);
+  // Whether bucket `i` is the tied table's, held for the embedding group and all-reduced.
+  bool IsTable(size_t i) const { return tied_table_ && i + 1 == buckets_.size(); }
 
   Communicator* dp_ = nullptr;
   Stage* stage_ = nullptr;
-  bool zero_ = false, tied_table_ = false;
+  int zero_ = 0;
+  bool tied_table_ = false;
+  // ZeRO-2: this rank's shard of the reduced gradients, and the tied table's bucket between
+  // its all-reduce and the copy of this rank's part of it into the shard.
+  Tensor grad_shard_;
+  Tensor table_grads_;
   int replica_ = 0;
   std::vector<int64_t> shards_;
   int64_t shard_begin_ = 0, shard_end_ = 0;

@@ -62,12 +62,13 @@ absl::Status CheckPipeline(const ParallelConfig& c, const ProcessGrid& grid) {
         "would hold the whole model; use --strategy=data, or --data-parallel=D with D < %d",
         StrategyName(c.strategy), grid.replicas, grid.ranks(), grid.ranks()));
   }
-  if (c.zero == 1 && grid.replicas < 2) {
+  if (c.zero >= 1 && grid.replicas < 2) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--zero=1 with --strategy=%s and --data-parallel=1: ZeRO-1 shards the optimizer "
-        "state over data-parallel replicas; add --data-parallel=D (D >= 2 dividing --gpus) or "
-        "use --strategy=data",
-        StrategyName(c.strategy)));
+        "--zero=%d with --strategy=%s and --data-parallel=1: ZeRO-%d shards the %s over "
+        "data-parallel replicas; add --data-parallel=D (D >= 2 dividing --gpus) or use "
+        "--strategy=data",
+        c.zero, StrategyName(c.strategy), c.zero,
+        c.zero == 1 ? "optimizer state" : "optimizer state and the gradients"));
   }
   if (grid.replicas > 1 && c.bucket_bytes < 1) {
     return absl::InvalidArgumentError("--bucket-mb must be positive");
@@ -198,14 +199,18 @@ MemoryNeed ScheduledStageMemory(const ParallelConfig& c, const StageBounds& boun
 
 // Each rank's need: the data-parallel replica's, or its stage's under the schedule (a stage's
 // D replicas need the same). Under ZeRO-1 a rank keeps the optimizer state of its shard,
-// ceil(numel / D) elements.
+// ceil(numel / D) elements; under ZeRO-2 the gradients of its shard too (what it holds
+// between steps; a step's buckets come and go during backward, counted as none, as the
+// estimate is a lower bound).
 std::vector<MemoryNeed> RankMemory(const ParallelConfig& c, const JobLayout& l, int world) {
   const TrainConfig& t = c.train;
   auto shard_optimizer = [&](MemoryNeed* n) {
-    if (c.zero != 1) return;
+    if (c.zero < 1) return;
     const int64_t numel = n->grads / 4;  // f32 gradients
     const int64_t per_element = numel > 0 ? n->optimizer / numel : 0;
-    n->optimizer = (numel + l.grid.replicas - 1) / l.grid.replicas * per_element;
+    const int64_t shard = (numel + l.grid.replicas - 1) / l.grid.replicas;
+    n->optimizer = shard * per_element;
+    if (c.zero >= 2) n->grads = 4 * shard;
   };
   if (!l.pipelined()) {
     // Every rank: the whole model (its tensor-parallel part), its replica's share of the
@@ -262,7 +267,7 @@ std::vector<std::string> DescribeBuckets(const ParallelConfig& c, const JobLayou
   const bool last = held_blocks.back() == static_cast<int>(blocks.size()) - 1;
   const std::vector<Bucket> buckets =
       PlanBuckets(params, plan.owners, c.bucket_bytes, tied && (first || last) ? 0 : -1);
-  const bool zero = c.zero == 1;
+  const bool zero = c.zero >= 1;
   const bool table = tied && (first || last);  // the last bucket, held for the embedding group
   std::vector<std::string> lines;
   lines.push_back(absl::StrFormat(
@@ -275,7 +280,9 @@ std::vector<std::string> DescribeBuckets(const ParallelConfig& c, const JobLayou
       : l.pipelined()                     ? "during the last action writing the gradients"
       : c.train.micro_batches > 1         ? "during the last micro-batch's backward"
                                           : "during backward",
-      zero ? ", then its shard updated and all-gathered" : ""));
+      c.zero >= 2 ? " into the rank's shard and freed, then its shard updated and all-gathered"
+      : zero      ? ", then its shard updated and all-gathered"
+                  : ""));
   const auto& e = params.entries();
   for (size_t i = 0; i < buckets.size(); ++i) {
     const Bucket& b = buckets[i];
@@ -292,8 +299,9 @@ std::vector<std::string> DescribeBuckets(const ParallelConfig& c, const JobLayou
     const std::vector<int64_t> shards = EvenShards(params.numel(), l.grid.replicas);
     const int r = l.grid.ReplicaOf(rank);
     lines.push_back(absl::StrFormat(
-        "ZeRO-1: its optimizer state is elements [%d, %d) of the stage's %d (shard %d of %d)",
-        shards[r], shards[r + 1], params.numel(), r, l.grid.replicas));
+        "ZeRO-%d: its optimizer state%s is elements [%d, %d) of the stage's %d (shard %d of %d)",
+        c.zero, c.zero >= 2 ? " and gradients" : "", shards[r], shards[r + 1], params.numel(), r,
+        l.grid.replicas));
   }
   return lines;
 }
@@ -446,10 +454,10 @@ absl::Status CheckSequenceParallel(const ParallelConfig& c, int world) {
 absl::StatusOr<JobLayout> ResolveLayout(const ParallelConfig& c, int world,
                                         const LayoutInputs& in) {
   RETURN_IF_ERROR(c.train.Validate());
-  if (c.zero != 0 && c.zero != 1) {
+  if (c.zero < 0 || c.zero > 2) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--zero=%d: use 0 (every replica keeps the whole optimizer state) or 1 (ZeRO-1: each "
-        "keeps its shard)",
+        "--zero=%d: use 0 (every replica keeps the whole optimizer state), 1 (ZeRO-1: each "
+        "keeps its shard of it) or 2 (ZeRO-2: its shard of the gradients too)",
         c.zero));
   }
   const int tp = c.tensor_parallel;
